@@ -1,0 +1,1 @@
+"""Adapters holding third-party implementations to paritybench's contracts."""

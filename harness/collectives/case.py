@@ -1,0 +1,230 @@
+"""One collectives conformance case: its inputs, its exact expected output, and its check on a rank.
+
+Inputs are integer-valued, depend on the group rank AND the element index, and are bounded so that
+every partial result is exactly representable in the dtype (DESIGN.md, "Oracles"): |x| <= L // N for
+sum/avg with L the dtype's largest exact integer (float16 2048, bfloat16 256, float32 2^24, ...),
+|x| <= 2 for product (|result| <= 2^N), and any reduction order then gives the same bits. Each rank
+computes the expected result itself from the same formula: there is no communication in the oracle.
+AVG is held to at most 1 ulp of the exact quotient (one rounding, in whatever order the sum ran).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .. import registry
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
+REDUCING = ("all_reduce", "reduce_scatter", "reduce")
+ROOTED = {"broadcast": "src", "reduce": "dst"}
+IN_PLACE_OPTIONAL = ("reduce_scatter", "all_gather", "all_to_all")
+DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")
+OPS = ("sum", "avg", "max", "min", "product")
+
+# Largest integer up to which every integer is exactly representable (2^(mantissa bits + 1)).
+_EXACT = {"float16": 2**11, "bfloat16": 2**8, "float32": 2**24, "float64": 2**53,
+          "int32": 2**31 - 1, "int64": 2**63 - 1}
+_MANTISSA = {"float16": 10, "bfloat16": 7, "float32": 23, "float64": 52}
+_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_POISON = 77  # what output buffers hold before the call: an untouched element shows up as wrong
+_MAX_BOUND = 2**30  # keeps the generator's arithmetic inside int64
+
+
+@dataclass(frozen=True)
+class Case:
+    """One collective call. ``numel`` is the tensor's size for all_reduce/broadcast/reduce, the
+    per-rank block (output of reduce_scatter, input of all_gather, one peer's block of all_to_all)
+    otherwise. ``group`` lists the global ranks of a subgroup (None: the world); ``root`` is a rank
+    within it."""
+
+    impl: str
+    collective: str
+    dtype: str = "float32"
+    numel: int = 1
+    op: str = "sum"
+    root: int = 0
+    in_place: bool = False
+    group: tuple[int, ...] | None = None
+    seed: int = 0
+
+    def line(self, world_size: int) -> str:
+        """The case as one readable line (what a failure prints after shrinking)."""
+        op = self.op if self.collective in REDUCING else "-"
+        root = self.root if self.collective in ROOTED else "-"
+        in_place = self.in_place if self.collective in IN_PLACE_OPTIONAL else "-"
+        group = "world" if self.group is None else "ranks " + ",".join(map(str, self.group))
+        return (f"impl={self.impl} collective={self.collective} op={op} world_size={world_size} "
+                f"dtype={self.dtype} numel={self.numel} root={root} in_place={in_place} "
+                f"group={group} seed={self.seed}")
+
+    def as_row(self) -> dict:
+        row = asdict(self)
+        row["group"] = "" if self.group is None else ",".join(map(str, self.group))
+        return row
+
+
+def bound(case: Case, n: int) -> int:
+    """The largest |input| that keeps every partial result of this case exact (see module doc)."""
+    limit = min(_EXACT[case.dtype], _MAX_BOUND)
+    if case.collective in REDUCING and case.op == "product":
+        return 2
+    if case.collective in REDUCING and case.op in ("sum", "avg"):
+        return max(1, limit // n)
+    return limit
+
+
+def inputs(case: Case, group_rank: int, n: int, count: int, wide=torch.int64) -> torch.Tensor:
+    """Rank ``group_rank``'s integer-valued input (as ``wide``), a function of rank, index and seed."""
+    b = bound(case, n)
+    idx = torch.arange(count, dtype=torch.int64)
+    mixed = idx * 2654435761 + (group_rank + 1) * 40503 + case.seed * 97 + (idx * (group_rank + 3)) % 13
+    return (mixed % (2 * b + 1) - b).to(wide)
+
+
+def _reduce(stacked: torch.Tensor, op: str) -> torch.Tensor:
+    if op in ("sum", "avg"):
+        return stacked.sum(0)
+    if op == "max":
+        return stacked.amax(0)
+    if op == "min":
+        return stacked.amin(0)
+    return stacked.prod(0)
+
+
+def expected(case: Case, group_rank: int, n: int) -> torch.Tensor:
+    """What this rank's output must hold, computed locally: int64 for integer dtypes, float64 for
+    floating ones (exact for these bounded integers, and IEEE-signed: a product with a zero and an odd
+    number of negative factors is -0.0 in any order), the float64 quotient for AVG."""
+    c, r = case.numel, group_rank
+    wide = torch.int64 if case.dtype.startswith("int") else torch.float64
+    if case.collective == "all_reduce" or case.collective == "reduce":
+        total = _reduce(torch.stack([inputs(case, q, n, c, wide) for q in range(n)]), case.op)
+    elif case.collective == "reduce_scatter":
+        total = _reduce(torch.stack([inputs(case, q, n, n * c, wide)[r * c:(r + 1) * c] for q in range(n)]), case.op)
+    elif case.collective == "broadcast":
+        return inputs(case, case.root, n, c, wide)
+    elif case.collective == "all_gather":
+        return torch.cat([inputs(case, q, n, c, wide) for q in range(n)])
+    else:  # all_to_all: block q of my output is block r of rank q's input
+        return torch.cat([inputs(case, q, n, n * c, wide)[r * c:(r + 1) * c] for q in range(n)])
+    return total.double() / n if case.op == "avg" else total
+
+
+def compare(got: torch.Tensor, want: torch.Tensor, case: Case) -> tuple[int, str]:
+    """(number of wrong elements, one-line description of the first); bitwise except AVG (<= 1 ulp)."""
+    got = got.reshape(-1).cpu()
+    if case.op == "avg" and case.collective in REDUCING:
+        exact = want.double()
+        mag = exact.abs().clamp_min(torch.finfo(torch.float64).tiny)
+        ulp = torch.exp2(torch.floor(torch.log2(mag)) - _MANTISSA[case.dtype])
+        bad = (got.double() - exact).abs() > torch.where(exact == 0, torch.zeros_like(ulp), ulp)
+    else:
+        want = want.to(got.dtype)
+        if got.dtype.is_floating_point:
+            bits = _BITS[got.element_size()]
+            bad = got.view(bits) != want.view(bits)
+        else:
+            bad = got != want
+    wrong = int(bad.sum())
+    if not wrong:
+        return 0, ""
+    i = int(bad.nonzero()[0])
+    return wrong, f"{wrong} of {got.numel()} elements wrong, first at [{i}]: got {got[i].item()!r}, expected {want[i].item()!r}"
+
+
+_GROUPS: dict[tuple[int, ...], object] = {}
+
+
+def _group(ranks: tuple[int, ...] | None):
+    """The process group for ``ranks`` (created once per rank process; every rank must ask)."""
+    import torch.distributed as dist
+
+    if ranks is None:
+        return None
+    if ranks not in _GROUPS:
+        _GROUPS[ranks] = dist.new_group(list(ranks))
+    return _GROUPS[ranks]
+
+
+def make_buffers(case: Case, group_rank: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, input) tensors for this rank, filled per the case; equal objects when in place."""
+    dtype = getattr(torch, case.dtype)
+    c, r = case.numel, group_rank
+    if case.collective in ("all_reduce", "broadcast", "reduce"):
+        t = inputs(case, r, n, c).to(dtype).to(device)
+        return t, t
+    big = n * c
+    if case.collective == "all_gather":
+        out = torch.full((big,), _POISON, dtype=dtype, device=device)
+        if case.in_place:
+            out[r * c:(r + 1) * c] = inputs(case, r, n, c).to(dtype)
+            return out, out[r * c:(r + 1) * c]
+        return out, inputs(case, r, n, c).to(dtype).to(device)
+    inp = inputs(case, r, n, big).to(dtype).to(device)
+    if case.in_place:  # reduce_scatter: output is my block of input; all_to_all: output is input
+        return (inp[r * c:(r + 1) * c] if case.collective == "reduce_scatter" else inp), inp
+    size = c if case.collective == "reduce_scatter" else big
+    return torch.full((size,), _POISON, dtype=dtype, device=device), inp
+
+
+def call(impl, case: Case, out: torch.Tensor, inp: torch.Tensor, group) -> None:
+    """Invoke the case's collective on ``impl`` through the contract."""
+    name = case.collective
+    if name == "all_reduce":
+        impl.all_reduce(out, op=case.op, group=group)
+    elif name == "broadcast":
+        impl.broadcast(out, case.root, group=group)
+    elif name == "reduce":
+        impl.reduce(out, case.root, op=case.op, group=group)
+    elif name == "reduce_scatter":
+        impl.reduce_scatter(out, inp, op=case.op, group=group)
+    elif name == "all_gather":
+        impl.all_gather(out, inp, group=group)
+    elif name == "all_to_all":
+        impl.all_to_all(out, inp, group=group)
+    else:
+        raise ValueError(f"collective must be one of {', '.join(COLLECTIVES)}; got {name!r}.")
+
+
+def run_case(case: Case) -> dict:
+    """Rank side: build this rank's buffers, run the collective, check it. Returns
+    {"outcome": "pass" | "fail" | "unsupported" | "idle", "wrong": int, "detail": str, "bytes_sent"}."""
+    import torch.distributed as dist
+
+    from ..world import rank_device
+
+    group = _group(case.group)
+    me = dist.get_rank()
+    if case.group is not None and me not in case.group:
+        return {"outcome": "idle", "wrong": 0, "detail": "", "bytes_sent": 0}
+    r = dist.get_rank(group)
+    n = dist.get_world_size(group)
+    impl = registry.load(case.impl, "collectives")
+    out, inp = make_buffers(case, r, n, rank_device())
+    try:
+        call(impl, case, out, inp, group)
+    except NotImplementedError as exc:  # Unsupported included
+        return {"outcome": "unsupported", "wrong": 0, "detail": str(exc), "bytes_sent": 0}
+    if case.collective == "reduce" and r != case.root:
+        wrong, detail = 0, ""  # only dst's tensor is specified
+    else:
+        wrong, detail = compare(out, expected(case, r, n), case)
+    return {"outcome": "fail" if wrong else "pass", "wrong": wrong,
+            "detail": f"rank {me}: {detail}" if detail else "", "bytes_sent": getattr(impl, "bytes_sent", None)}
+
+
+def merge(results: list[dict]) -> dict:
+    """Driver side: one verdict from every rank's result (any failure fails; idle ranks are ignored)."""
+    active = [r for r in results if r["outcome"] != "idle"]
+    for outcome in ("fail", "unsupported"):
+        hit = [r for r in active if r["outcome"] == outcome]
+        if hit:
+            return {"outcome": outcome, "wrong": sum(r["wrong"] for r in active),
+                    "detail": "; ".join(r["detail"] for r in hit if r["detail"])}
+    return {"outcome": "pass", "wrong": 0, "detail": ""}
+
+
+__all__ = ["COLLECTIVES", "Case", "DTYPES", "OPS", "bound", "compare", "expected", "inputs",
+           "make_buffers", "merge", "run_case"]

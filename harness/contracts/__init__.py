@@ -1,0 +1,13 @@
+"""One contract per paradigm, as a ``typing.Protocol``; implementations satisfy them structurally.
+
+An implementation that does not support an operation raises ``Unsupported`` (any
+``NotImplementedError`` counts): the suites report it as ``unsupported``, never as a pass or a failure.
+"""
+
+from reference.collectives.p2p import Unsupported
+
+from .collectives import Collectives
+
+CONTRACTS = {"collectives": Collectives}
+
+__all__ = ["CONTRACTS", "Collectives", "Unsupported"]

@@ -1,0 +1,153 @@
+"""The registry of implementations: built-in names, entry points, and ``package.module:object`` specs.
+
+A spec names an implementation in three ways:
+
+- a built-in name (``reference``, ``reference-rhd``, ``torch``, ...);
+- a name registered by another package under the entry-point group ``paritybench.implementations``;
+- ``package.module:object`` — an object importable from the user's own code.
+
+The object is an implementation (it satisfies the paradigm's contract), or a class / zero-argument
+factory that returns one. Specs are resolved on the driver (to fail early, in one sentence) and loaded
+again inside each rank process (``load``, cached per process).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import inspect
+import re
+from dataclasses import dataclass, field
+
+from .contracts import CONTRACTS
+
+ENTRY_POINT_GROUP = "paritybench.implementations"
+_SPEC_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+
+
+class RegistryError(ValueError):
+    """A spec that names no usable implementation; the message is one sentence for the user."""
+
+
+@dataclass(frozen=True)
+class ImplSpec:
+    """How to build one implementation."""
+
+    name: str
+    """The name used on the command line and in results."""
+    paradigm: str
+    """The contract it satisfies, a key of ``harness.contracts.CONTRACTS``."""
+    target: str
+    """``module:object`` to import."""
+    kwargs: dict = field(default_factory=dict)
+    """Keyword arguments for the object when it is a class or factory."""
+    requires: tuple[str, ...] = ()
+    """Packages that must be importable; when one is missing the implementation is skipped."""
+    description: str = ""
+
+
+BUILTINS: dict[str, ImplSpec] = {
+    spec.name: spec
+    for spec in [
+        ImplSpec("reference", "collectives", "reference.collectives:ReferenceCollectives",
+                 {"all_reduce_algorithm": "ring"}, description="ours, p2p only; ring all-reduce"),
+        ImplSpec("reference-rhd", "collectives", "reference.collectives:ReferenceCollectives",
+                 {"all_reduce_algorithm": "rhd"}, description="ours; recursive halving/doubling all-reduce"),
+        ImplSpec("reference-tree", "collectives", "reference.collectives:ReferenceCollectives",
+                 {"all_reduce_algorithm": "tree"}, description="ours; binomial tree reduce + broadcast"),
+        ImplSpec("reference-naive", "collectives", "reference.collectives:ReferenceCollectives",
+                 {"all_reduce_algorithm": "naive"}, description="ours; central root all-reduce"),
+        ImplSpec("torch", "collectives", "harness.adapters.torch_collectives:TorchCollectives",
+                 requires=("torch",), description="native torch.distributed on the current backend"),
+    ]
+}
+
+
+def _entry_points() -> dict[str, ImplSpec]:
+    """Implementations other packages register; their paradigm is checked when they are loaded."""
+    eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    return {ep.name: ImplSpec(ep.name, "", ep.value, description="entry point") for ep in eps}
+
+
+def names(paradigm: str) -> list[str]:
+    """Every registered implementation name for ``paradigm`` (built-ins first)."""
+    builtin = [n for n, s in BUILTINS.items() if s.paradigm == paradigm]
+    return builtin + [n for n, s in _entry_points().items() if s.paradigm in ("", paradigm)]
+
+
+def resolve(spec: str, paradigm: str) -> ImplSpec:
+    """Turn a spec string into an ``ImplSpec``, or raise ``RegistryError`` saying what is valid."""
+    if paradigm not in CONTRACTS:
+        raise RegistryError(f"unknown paradigm {paradigm!r}; known: {', '.join(CONTRACTS)}.")
+    if spec in BUILTINS:
+        found = BUILTINS[spec]
+        if found.paradigm != paradigm:
+            raise RegistryError(f"implementation {spec!r} is a {found.paradigm} implementation, not {paradigm}.")
+        return found
+    entry = _entry_points().get(spec)
+    if entry is not None:
+        return ImplSpec(entry.name, paradigm, entry.target, description=entry.description)
+    if ":" not in spec:
+        raise RegistryError(
+            f"unknown implementation {spec!r}; known for {paradigm}: {', '.join(names(paradigm))}, "
+            "or package.module:object for your own.")
+    if not _SPEC_RE.match(spec):
+        raise RegistryError(f"malformed implementation {spec!r}: expected package.module:object, "
+                            "e.g. mypkg.collectives:MyCollectives.")
+    return ImplSpec(spec, paradigm, spec, description="user")
+
+
+def skip_reason(impl: ImplSpec) -> str | None:
+    """Why this implementation cannot run here (a required package is missing), or None."""
+    for package in impl.requires:
+        if importlib.util.find_spec(package) is None:
+            return f"implementation {impl.name!r} needs the package {package!r}, which is not installed"
+    return None
+
+
+_LOADED: dict[tuple[str, str], object] = {}
+
+
+def load(spec: str, paradigm: str):
+    """The implementation object for ``spec``, built once per process; checked against the contract."""
+    key = (spec, paradigm)
+    if key not in _LOADED:
+        impl = resolve(spec, paradigm)
+        reason = skip_reason(impl)
+        if reason:
+            raise RegistryError(reason + ".")
+        _LOADED[key] = _build(impl, paradigm)
+    return _LOADED[key]
+
+
+def _build(impl: ImplSpec, paradigm: str):
+    module_name, _, attr = impl.target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise RegistryError(f"cannot import module {module_name!r} for implementation {impl.name!r}: {exc}.") from exc
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise RegistryError(f"module {module_name!r} has no attribute {attr!r} (implementation {impl.name!r}).")
+        obj = getattr(obj, part)
+    if inspect.isclass(obj) or inspect.isfunction(obj):
+        obj = obj(**impl.kwargs)
+    contract = CONTRACTS[paradigm]
+    missing = [m for m in _methods(contract) if not callable(getattr(obj, m, None))]
+    if missing:
+        raise RegistryError(f"{impl.name!r} is not a {paradigm} implementation: it lacks {', '.join(missing)}.")
+    return obj
+
+
+def _methods(contract) -> list[str]:
+    return sorted(n for n, v in vars(contract).items() if inspect.isfunction(v) and not n.startswith("_"))
+
+
+def check(spec: str, paradigm: str) -> ImplSpec:
+    """Resolve and, unless it must be skipped, build once on the driver, so bad specs fail early."""
+    impl = resolve(spec, paradigm)
+    if skip_reason(impl) is None:
+        load(spec, paradigm)
+    return impl

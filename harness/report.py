@@ -1,0 +1,132 @@
+"""``paritybench report RUN_DIR``: report.md (pandas tables) and PNG plots, from CSV/JSON only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .results import read_run
+
+# The reference/native target the foundation issue sets: ring all-reduce busbw >= 0.9x gloo's at 16-64 MiB.
+RATIO_BAND = (16 << 20, 64 << 20)
+RATIO_TARGET = 0.9
+
+
+def human_bytes(n: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:g} {unit}"
+    return f"{int(n)} B"
+
+
+def _md(df, floatfmt=".3f") -> str:
+    return df.to_markdown(floatfmt=floatfmt) if len(df) else "_(no rows)_"
+
+
+def busbw_table(bench, op: str):
+    """busbw (GB/s) by size (rows) and (world size, implementation) (columns) for one collective."""
+    rows = bench[(bench["suite"] == "collectives") & (bench["op"] == op) & (bench["status"] == "ok")]
+    if rows.empty:
+        return rows
+    table = rows.pivot_table(index="bytes", columns=["world_size", "impl"], values="busbw_gbps", aggfunc="first")
+    table.index = [human_bytes(b) for b in table.index]
+    table.index.name = "size"
+    return table
+
+
+def ratio_table(bench, native: str = "torch"):
+    """busbw of each reference implementation / busbw of ``native``, per op, world size and size."""
+    import pandas as pd
+
+    ok = bench[(bench["suite"] == "collectives") & (bench["status"] == "ok")]
+    base = ok[ok["impl"] == native][["op", "world_size", "bytes", "busbw_gbps"]]
+    mine = ok[ok["impl"].str.startswith("reference")]
+    if base.empty or mine.empty:
+        return pd.DataFrame()
+    merged = mine.merge(base, on=["op", "world_size", "bytes"], suffixes=("", "_native"))
+    merged = merged[merged["busbw_gbps_native"] > 0]
+    merged["ratio"] = merged["busbw_gbps"] / merged["busbw_gbps_native"]
+    return merged[["op", "impl", "world_size", "bytes", "busbw_gbps", "busbw_gbps_native", "ratio"]]
+
+
+def ratio_summary(ratios):
+    """Mean ratio in the 16-64 MiB band per (op, impl, world size), and whether it meets the target."""
+    band = ratios[(ratios["bytes"] >= RATIO_BAND[0]) & (ratios["bytes"] <= RATIO_BAND[1])]
+    if band.empty:
+        return band
+    summary = band.groupby(["op", "impl", "world_size"])["ratio"].agg(["mean", "min", "count"]).reset_index()
+    summary["meets_0.9"] = summary["mean"] >= RATIO_TARGET
+    return summary
+
+
+def plot_busbw(bench, op: str, path: Path) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = bench[(bench["suite"] == "collectives") & (bench["op"] == op) & (bench["status"] == "ok")]
+    if rows.empty:
+        return False
+    sizes = sorted(rows["world_size"].unique())
+    fig, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 3.8), squeeze=False, sharey=True)
+    for ax, n in zip(axes[0], sizes):
+        for impl, g in rows[rows["world_size"] == n].groupby("impl"):
+            g = g.sort_values("bytes")
+            ax.plot(g["bytes"], g["busbw_gbps"], marker="o", ms=3, label=impl)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{op}, {n} ranks ({rows['backend'].iloc[0]})")
+        ax.set_xlabel("size S (bytes)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("busbw (GB/s)")
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write_report(run_dir) -> Path:
+    """Write ``report.md`` (and ``busbw_<op>.png`` plots) into the run folder; return its path."""
+    run_dir = Path(run_dir)
+    meta, frames = read_run(run_dir)
+    bench, conf = frames["benchmarks.csv"], frames["conformance.csv"]
+    out = [f"# paritybench report — run {meta.get('run_id')}", ""]
+    if meta.get("status") != "complete":
+        out += [f"> **This run is {meta.get('status', 'unknown')}**: it stopped before the end; "
+                "the tables show the rows it finished.", ""]
+    env = {k: meta.get(k) for k in ("command", "started", "finished", "backend", "python", "torch",
+                                    "cpu", "cpu_count", "gpus", "host", "git_revision") if meta.get(k)}
+    out += ["## Where it ran", "", *[f"- **{k}**: `{v}`" for k, v in env.items()], ""]
+    dispatch = bench[bench["suite"] == "world"] if len(bench) else bench
+    if len(dispatch):
+        out += ["## World dispatch overhead (warm no-op `World.run`, µs)", "",
+                _md(dispatch.set_index("world_size")[["iters", "time_p50_us", "time_p95_us", "time_min_us",
+                                                      "time_max_us", "time_cv"]], ".1f"), ""]
+    coll = bench[bench["suite"] == "collectives"] if len(bench) else bench
+    if len(coll):
+        ratios = ratio_table(coll)
+        if len(ratios):
+            out += ["## Reference vs native (busbw ratio)", "",
+                    f"Target: reference ring all-reduce ≥ {RATIO_TARGET}× native busbw, mean over "
+                    f"{human_bytes(RATIO_BAND[0])}–{human_bytes(RATIO_BAND[1])}.", ""]
+            summary = ratio_summary(ratios)
+            out += [_md(summary.set_index(["op", "impl", "world_size"])) if len(summary)
+                    else "_(no sizes in the 16–64 MiB band in this run)_", ""]
+        for op in coll["op"].unique():
+            out += [f"## {op}: busbw (GB/s) by size", "", _md(busbw_table(coll, op)), ""]
+            if plot_busbw(coll, op, run_dir / f"busbw_{op}.png"):
+                out += [f"![{op} busbw](busbw_{op}.png)", ""]
+        unsupported = coll[coll["status"] == "unsupported"]
+        if len(unsupported):
+            out += ["## Unsupported (reported, not emulated)", "",
+                    _md(unsupported.groupby(["impl", "op"])["detail"].first().to_frame()), ""]
+        wrong = coll[coll["wrong"].fillna(0) > 0]
+        out += ["## Correctness of timed implementations", "",
+                f"{len(wrong)} of {len(coll)} timed cases had wrong elements in the exact check."
+                + ("" if wrong.empty else "\n\n" + _md(wrong.set_index(["impl", "op", "world_size", "bytes"])[["wrong", "detail"]])), ""]
+    if len(conf):
+        counts = conf.groupby(["suite", "impl", "outcome"]).size().unstack(fill_value=0)
+        out += ["## Conformance rows", "", _md(counts, "g"), ""]
+    path = run_dir / "report.md"
+    path.write_text("\n".join(out))
+    return path

@@ -1,0 +1,194 @@
+"""Run folders: ``run.json`` plus tidy CSVs, written incrementally and atomically.
+
+A run folder ``<results-dir>/<run-id>/`` holds ``run.json`` (what ran, where), ``conformance.csv`` and
+``benchmarks.csv``. Each CSV row is written with a single ``write`` of one whole line to a file opened
+for appending, then flushed to disk (fsync): a run that is killed keeps every finished row, and never a
+half-written line. ``run.json`` is replaced atomically (write a temporary file, fsync, rename). The
+schema is versioned and documented in ``results/README.md``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import platform
+import secrets
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+
+COMMON = ["schema_version", "run_id", "suite", "impl", "backend", "world_size", "dtype"]
+CONFORMANCE_COLUMNS = COMMON + [
+    "property", "collective", "op", "numel", "root", "in_place", "group", "seed",
+    "outcome", "wrong", "detail",
+]
+BENCHMARK_COLUMNS = COMMON + [
+    "op", "reduce_op", "bytes", "count", "iters", "warmup",
+    "time_p50_us", "time_p95_us", "time_min_us", "time_max_us", "time_mean_us", "time_cv",
+    "algbw_gbps", "busbw_gbps", "wrong", "status", "detail",
+]
+FILES = {"conformance.csv": CONFORMANCE_COLUMNS, "benchmarks.csv": BENCHMARK_COLUMNS}
+
+
+class ResultsError(ValueError):
+    """A results folder that cannot be written, or a path that is not a run; one sentence."""
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` so that readers see the old or the new file, never a mix."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class CsvAppender:
+    """Append rows with fixed columns to a CSV; one whole line per ``write``, fsynced."""
+
+    def __init__(self, path: Path, columns: list[str]):
+        self.path, self.columns = Path(path), list(columns)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        if os.fstat(self._fd).st_size == 0:
+            self._write(self.columns)
+
+    def _write(self, values: list) -> None:
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerow(values)
+        data = buf.getvalue().encode()
+        written = os.write(self._fd, data)
+        if written != len(data):  # a regular file takes the whole buffer; anything else is an error
+            raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
+        os.fsync(self._fd)
+
+    def append(self, row: dict) -> None:
+        unknown = set(row) - set(self.columns)
+        if unknown:
+            raise KeyError(f"columns {sorted(unknown)} are not in the schema of {self.path.name}")
+        self._write(["" if row.get(c) is None else row.get(c) for c in self.columns])
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)
+
+
+def _git_revision() -> str:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return f"{rev}{'-dirty' if rev and dirty else ''}"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _version(dist_name: str) -> str | None:
+    try:
+        return metadata.version(dist_name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment() -> dict:
+    """Where this run happens: versions, hardware, host, git revision."""
+    import torch
+
+    env = {
+        "python": platform.python_version(), "torch": torch.__version__,
+        "deepspeed": _version("deepspeed"), "megatron_core": _version("megatron-core"),
+        "cpu": _cpu_model(), "cpu_count": os.cpu_count(), "host": platform.node(),
+        "os": platform.platform(), "git_revision": _git_revision(),
+        "cuda": torch.version.cuda if torch.cuda.is_available() else None,
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if torch.cuda.is_available() else [],
+    }
+    return {k: v for k, v in env.items() if v is not None}
+
+
+class RunDir:
+    """A run folder being written: ``run.json`` first (status "running"), rows as they finish."""
+
+    def __init__(self, results_dir: str | os.PathLike, meta: dict, run_id: str | None = None):
+        base = Path(results_dir)
+        self.run_id = run_id or new_run_id()
+        self.path = base / self.run_id
+        try:
+            self.path.mkdir(parents=True, exist_ok=False)
+            probe = self.path / ".write-test"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            raise ResultsError(f"cannot write results under {str(base)!r}: {exc.strerror or exc}.") from exc
+        self.meta = {
+            "schema_version": SCHEMA_VERSION, "run_id": self.run_id, "status": "running",
+            "command": " ".join(sys.argv), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **environment(), **meta,
+        }
+        self._write_meta()
+        self._files: dict[str, CsvAppender] = {}
+
+    def _write_meta(self) -> None:
+        atomic_write_text(self.path / "run.json", json.dumps(self.meta, indent=2, sort_keys=True) + "\n")
+
+    def append(self, filename: str, row: dict) -> None:
+        if filename not in self._files:
+            self._files[filename] = CsvAppender(self.path / filename, FILES[filename])
+        self._files[filename].append({"schema_version": SCHEMA_VERSION, "run_id": self.run_id, **row})
+
+    def update(self, **meta) -> None:
+        self.meta.update(meta)
+        self._write_meta()
+
+    def finish(self, status: str = "complete") -> None:
+        for appender in self._files.values():
+            appender.close()
+        self.update(status=status, finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+
+def read_run(run_dir: str | os.PathLike) -> tuple[dict, dict]:
+    """(run.json, {csv name: pandas DataFrame}) of a run folder, or ``ResultsError`` if it is not one."""
+    import pandas as pd
+
+    path = Path(run_dir)
+    meta_path = path / "run.json"
+    if not path.is_dir() or not meta_path.is_file():
+        raise ResultsError(f"{str(path)!r} is not a run folder: it has no run.json "
+                           "(run folders are made by 'paritybench bench' under results/runs/).")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ResultsError(f"{str(meta_path)!r} is not valid JSON: {exc}.") from exc
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        raise ResultsError(f"{str(path)!r} has results schema version {meta.get('schema_version')!r}; "
+                           f"this paritybench reads version {SCHEMA_VERSION}.")
+    frames = {}
+    for name, columns in FILES.items():
+        if (path / name).is_file():
+            frames[name] = pd.read_csv(path / name, keep_default_na=False, na_values=[""])
+        else:
+            frames[name] = pd.DataFrame(columns=columns)
+    return meta, frames

@@ -1,0 +1,65 @@
+"""Timing inside the ranks, and the statistics the driver makes of it (DESIGN.md, "Benchmarks").
+
+Every iteration is timed on every rank, after a barrier (synchronisation happens before the timed
+region, never inside it); on CUDA with events and one synchronise at the end. The driver keeps every
+sample: per iteration it takes the max across ranks (an operation is done when its slowest rank is),
+then reports p50, p95, min, max, mean and the coefficient of variation.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+
+def time_iterations(step, iters: int, warmup: int, device) -> list[float]:
+    """Run ``step()`` ``warmup`` times untimed, then ``iters`` times timed; seconds per iteration."""
+    import torch
+    import torch.distributed as dist
+
+    cuda = device.type == "cuda"
+    for _ in range(warmup):
+        step()
+    if cuda:
+        torch.cuda.synchronize(device)
+    samples, events = [], []
+    for _ in range(iters):
+        dist.barrier()
+        if cuda:
+            torch.cuda.synchronize(device)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            events.append((start, end))
+        else:
+            t0 = time.perf_counter()
+            step()
+            samples.append(time.perf_counter() - t0)
+    if cuda:
+        torch.cuda.synchronize(device)
+        samples = [s.elapsed_time(e) * 1e-3 for s, e in events]
+    return samples
+
+
+def summarize(per_rank: list[list[float]]) -> dict:
+    """Per-iteration max across ranks, then p50/p95/min/max/mean (microseconds) and CV."""
+    worst = [max(samples) for samples in zip(*per_rank)]
+    if not worst:
+        return {}
+    us = sorted(t * 1e6 for t in worst)
+    mean = statistics.fmean(us)
+    return {
+        "time_p50_us": statistics.median(us),
+        "time_p95_us": _percentile(us, 95),
+        "time_min_us": us[0], "time_max_us": us[-1], "time_mean_us": mean,
+        "time_cv": statistics.pstdev(us) / mean if mean > 0 else 0.0,
+    }
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    pos = (len(sorted_values) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)

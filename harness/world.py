@@ -1,0 +1,319 @@
+"""The World: ``size`` rank processes kept alive, one call runs a function on all of them.
+
+    with World(4) as world:
+        per_rank = world.run(fn, *args, timeout=30)   # list indexed by rank
+
+Each rank is a spawned process with an initialised ``torch.distributed`` default group (gloo on CPU,
+nccl with one GPU per rank on CUDA), rendezvous through a FileStore in a private temporary folder, so
+nothing listens on the network. The parent enforces every call's deadline itself:
+
+- a rank that raises        -> ``RankFailure`` with each failing rank's traceback;
+- a rank that dies           -> ``RankFailure`` at once (its process sentinel fires), with its exit code;
+- a call past its deadline   -> ``WorldTimeout`` with the Python stack (faulthandler) of every rank
+                                that never returned.
+
+After a failure that leaves ranks stuck or dead, the ranks are killed and the next ``run`` spawns a
+fresh world; the World object stays usable either way.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import signal
+import tempfile
+import time
+import traceback
+from multiprocessing import connection, get_context
+
+__all__ = ["World", "RankFailure", "WorldTimeout", "rank_device", "default_backend"]
+
+# Threads per CPU rank: 2 cores run up to 8 ranks, so any intra-op parallelism only oversubscribes.
+_RANK_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+# A rank that raised leaves its peers blocked in a collective; they get this long to finish anyway.
+_PEER_GRACE_S = 3.0
+_STACK_WAIT_S = 1.0
+
+
+class RankFailure(RuntimeError):
+    """One or more ranks raised or died.
+
+    ``failures`` maps each failing rank -> its traceback (or how it died); ``stuck`` maps each other
+    rank that was still blocked (typically in a collective with the failing one) -> its stack.
+    """
+
+    def __init__(self, message: str, failures: dict[int, str], stuck: dict[int, str] | None = None):
+        self.failures = dict(sorted(failures.items()))
+        self.stuck = dict(sorted((stuck or {}).items()))
+        parts = [f"--- rank {r} ---\n{t.rstrip()}" for r, t in self.failures.items()]
+        parts += [f"--- rank {r} (stuck) ---\n{t.rstrip()}" for r, t in self.stuck.items()]
+        super().__init__("\n".join([message, *parts]))
+
+    @property
+    def ranks(self) -> list[int]:
+        """The failing ranks (for ``WorldTimeout``: the ranks that never returned)."""
+        return list(self.failures)
+
+
+class WorldTimeout(RankFailure):
+    """The call passed its deadline. ``failures`` maps each rank that never returned -> its stack."""
+
+
+def default_backend(size: int) -> str:
+    """nccl when there is one CUDA device per rank, gloo otherwise."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() >= size:
+        return "nccl"
+    return "gloo"
+
+
+def rank_device():
+    """The device this rank's tensors live on: ``cuda:<local rank>`` under nccl, else the CPU."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _rank_main(rank: int, size: int, backend: str, store_path: str, stack_path: str, conn, timeout_s):
+    """Body of a rank process: initialise the default group, then serve calls until told to stop."""
+    import faulthandler
+
+    for key, value in _RANK_ENV.items():
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # ranks of a World share one machine
+    stack_file = open(stack_path, "w")  # noqa: SIM115 - must outlive this frame for faulthandler
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    store = dist.FileStore(store_path, size)
+    dist.init_process_group(
+        backend, store=store, rank=rank, world_size=size, timeout=timedelta(seconds=timeout_s)
+    )
+    conn.send(("ready", 0, None))
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            break
+        if not data:
+            break
+        call_id = -1
+        try:
+            call_id, fn, args, kwargs = pickle.loads(data)
+            result = fn(*args, **kwargs)
+            conn.send_bytes(pickle.dumps(("ok", call_id, result)))
+        except BaseException:  # noqa: BLE001 - everything a rank raises goes back to the parent
+            conn.send(("err", call_id, traceback.format_exc()))
+    dist.destroy_process_group()
+
+
+class World:
+    """``size`` long-lived rank processes; ``run(fn, ...)`` calls module-level ``fn`` on each rank.
+
+    Args:
+        size: number of ranks (>= 1).
+        backend: "gloo", "nccl", or None for ``default_backend(size)``.
+        timeout: default deadline in seconds for ``run`` and for spawning.
+    """
+
+    def __init__(self, size: int, backend: str | None = None, timeout: float = 60.0):
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"World size must be a whole number >= 1, got {size!r}.")
+        if backend not in (None, "gloo", "nccl"):
+            raise ValueError(f"backend must be 'gloo', 'nccl' or None (automatic), got {backend!r}.")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive seconds, got {timeout!r}.")
+        self.size = size
+        self.backend = backend or default_backend(size)
+        self.timeout = float(timeout)
+        self._procs: list | None = None
+        self._conns: list = []
+        self._tmpdir: str | None = None
+        self._call_id = 0
+        self.spawn_count = 0
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    def __enter__(self) -> World:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "alive" if self._procs else "idle"
+        return f"World(size={self.size}, backend={self.backend!r}, {state})"
+
+    @property
+    def alive(self) -> bool:
+        return self._procs is not None
+
+    def _spawn(self) -> None:
+        ctx = get_context("spawn")
+        self._tmpdir = tempfile.mkdtemp(prefix="paritybench-world-")
+        store_path = os.path.join(self._tmpdir, "store")
+        self._procs, self._conns = [], []
+        collective_timeout = max(1800.0, self.timeout)
+        for rank in range(self.size):
+            parent_end, child_end = ctx.Pipe(duplex=True)
+            stack_path = self._stack_path(rank)
+            proc = ctx.Process(
+                target=_rank_main,
+                args=(rank, self.size, self.backend, store_path, stack_path, child_end,
+                      collective_timeout),
+                name=f"paritybench-rank{rank}",
+                daemon=True,
+            )
+            proc.start()
+            child_end.close()
+            self._procs.append(proc)
+            self._conns.append(parent_end)
+        self.spawn_count += 1
+        try:
+            self._collect(call_id=0, deadline=time.monotonic() + self.timeout, what="start-up")
+        except RankFailure:
+            self._kill()
+            raise
+
+    def _stack_path(self, rank: int) -> str:
+        return os.path.join(self._tmpdir, f"rank{rank}.stack")
+
+    def close(self) -> None:
+        """Stop the ranks (politely, then by force) and remove the rendezvous folder."""
+        if self._procs is None:
+            return
+        for conn in self._conns:
+            try:
+                conn.send_bytes(b"")
+            except OSError:
+                pass
+        for proc in self._procs:
+            proc.join(timeout=5)
+        self._kill()
+
+    def _kill(self) -> None:
+        for proc in self._procs or []:
+            if proc.is_alive():
+                proc.kill()
+        for proc in self._procs or []:
+            proc.join(timeout=10)
+        for conn in self._conns:
+            conn.close()
+        self._procs, self._conns = None, []
+        if self._tmpdir:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+
+    # --- calls ---------------------------------------------------------------------------------
+    def run(self, fn, *args, timeout: float | None = None, **kwargs) -> list:
+        """Call ``fn(*args, **kwargs)`` on every rank; return the per-rank results, indexed by rank.
+
+        ``fn`` must be importable by name (a module-level function): it is pickled by reference.
+        Raises ``RankFailure`` if any rank raises or dies, ``WorldTimeout`` past the deadline
+        (``timeout`` seconds, default the World's).
+        """
+        self._call_id += 1
+        try:
+            payload = pickle.dumps((self._call_id, fn, args, kwargs))
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            raise TypeError(
+                f"World.run needs a module-level function and picklable arguments; {fn!r} is not: {exc}"
+            ) from exc
+        if self._procs is None:
+            self._spawn()
+        deadline = time.monotonic() + (self.timeout if timeout is None else float(timeout))
+        for rank, conn in enumerate(self._conns):
+            try:
+                conn.send_bytes(payload)
+            except OSError:
+                pass  # a dead rank: its sentinel reports it below, with the exit code
+        return self._collect(self._call_id, deadline, what=getattr(fn, "__qualname__", repr(fn)))
+
+    def _collect(self, call_id: int, deadline: float, what: str) -> list:
+        results: dict[int, object] = {}
+        errors: dict[int, str] = {}
+        dead: dict[int, str] = {}
+        pending = set(range(self.size))
+        by_conn = {id(c): r for r, c in enumerate(self._conns)}
+        by_sentinel = {p.sentinel: r for r, p in enumerate(self._procs)}
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            waitables = [self._conns[r] for r in pending] + [self._procs[r].sentinel for r in pending]
+            for obj in connection.wait(waitables, timeout=remaining):
+                rank = by_sentinel[obj] if isinstance(obj, int) else by_conn[id(obj)]
+                while rank in pending and self._conns[rank].poll():
+                    try:
+                        status, got_id, value = self._conns[rank].recv()
+                    except (EOFError, OSError):
+                        break  # the pipe closed: the process is gone
+                    if got_id != call_id:
+                        continue  # stale answer to a call that already failed
+                    pending.discard(rank)
+                    (results if status in ("ok", "ready") else errors)[rank] = value
+                if rank in pending and not self._procs[rank].is_alive():
+                    self._procs[rank].join(timeout=1)  # reap it, so the exit code is known
+                    code = self._procs[rank].exitcode
+                    dead[rank] = f"rank {rank} died with exit code {code} during {what}"
+                    pending.discard(rank)
+            if dead:
+                break  # a dead rank breaks the group; the others cannot finish
+            if errors:
+                deadline = min(deadline, time.monotonic() + _PEER_GRACE_S)
+        if not pending and not errors and not dead:
+            return [results[r] for r in range(self.size)]
+        return self._fail(what, pending, errors, dead)
+
+    def _fail(self, what: str, pending: set[int], errors: dict, dead: dict):
+        stuck = {} if dead else self._stacks(sorted(pending))
+        if pending or dead:
+            self._kill()  # stuck or broken ranks: the next call spawns a fresh world
+        if dead:
+            failures = {**errors, **dead}
+            raise RankFailure(
+                f"{len(dead)} rank(s) {sorted(dead)} of {self.size} died during {what}; "
+                "the world will be respawned on the next call.", failures)
+        if errors:
+            note = f"; ranks {sorted(stuck)} were stuck waiting for them and were restarted" if stuck else ""
+            raise RankFailure(
+                f"rank(s) {sorted(errors)} of {self.size} raised during {what}{note}.", errors, stuck)
+        raise WorldTimeout(
+            f"rank(s) {sorted(stuck)} of {self.size} did not return from {what} within the deadline; "
+            "the world was restarted.", stuck)
+
+    def _stacks(self, ranks: list[int]) -> dict[int, str]:
+        """Ask each rank for its Python stack (faulthandler on SIGUSR1) and read what it wrote."""
+        if not ranks or self._tmpdir is None:
+            return {}
+        sizes = {}
+        for rank in ranks:
+            path = self._stack_path(rank)
+            sizes[rank] = os.path.getsize(path) if os.path.exists(path) else 0
+            if self._procs[rank].is_alive():
+                os.kill(self._procs[rank].pid, signal.SIGUSR1)
+        stacks: dict[int, str] = {}
+        end = time.monotonic() + _STACK_WAIT_S
+        while len(stacks) < len(ranks) and time.monotonic() < end:
+            time.sleep(0.02)
+            for rank in ranks:
+                path = self._stack_path(rank)
+                if rank not in stacks and os.path.exists(path) and os.path.getsize(path) > sizes[rank]:
+                    time.sleep(0.02)  # let faulthandler finish the dump
+                    with open(path) as f:
+                        f.seek(sizes[rank])
+                        stacks[rank] = f.read()
+        for rank in ranks:
+            stacks.setdefault(rank, "(no stack: the rank did not answer SIGUSR1)")
+        return stacks

@@ -1,0 +1,1 @@
+"""Reference implementations of the parallelism primitives: clean, readable, held to single-device."""
