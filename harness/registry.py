@@ -44,6 +44,9 @@ class ImplSpec:
     """Keyword arguments for the object when it is a class or factory."""
     requires: tuple[str, ...] = ()
     """Packages that must be importable; when one is missing the implementation is skipped."""
+    only_ops: tuple[str, ...] = ()
+    """A variant that differs from another registered implementation only in these operations (the
+    suites and benchmarks exercise it there only); empty: every operation is its own."""
     description: str = ""
 
 
@@ -53,11 +56,11 @@ BUILTINS: dict[str, ImplSpec] = {
         ImplSpec("reference", "collectives", "reference.collectives:ReferenceCollectives",
                  {"all_reduce_algorithm": "ring"}, description="ours, p2p only; ring all-reduce"),
         ImplSpec("reference-rhd", "collectives", "reference.collectives:ReferenceCollectives",
-                 {"all_reduce_algorithm": "rhd"}, description="ours; recursive halving/doubling all-reduce"),
+                 {"all_reduce_algorithm": "rhd"}, only_ops=("all_reduce",), description="ours; recursive halving/doubling all-reduce"),
         ImplSpec("reference-tree", "collectives", "reference.collectives:ReferenceCollectives",
-                 {"all_reduce_algorithm": "tree"}, description="ours; binomial tree reduce + broadcast"),
+                 {"all_reduce_algorithm": "tree"}, only_ops=("all_reduce",), description="ours; binomial tree reduce + broadcast"),
         ImplSpec("reference-naive", "collectives", "reference.collectives:ReferenceCollectives",
-                 {"all_reduce_algorithm": "naive"}, description="ours; central root all-reduce"),
+                 {"all_reduce_algorithm": "naive"}, only_ops=("all_reduce",), description="ours; central root all-reduce"),
         ImplSpec("torch", "collectives", "harness.adapters.torch_collectives:TorchCollectives",
                  requires=("torch",), description="native torch.distributed on the current backend"),
     ]

@@ -10,6 +10,7 @@ size, run outside the timed loop.
 
 from __future__ import annotations
 
+import itertools
 import sys
 from dataclasses import dataclass, field
 
@@ -109,25 +110,30 @@ def dispatch_row(world, iters: int) -> dict:
 def run_sweep(cfg: SweepConfig, get_world, run_dir, progress=sys.stderr) -> int:
     """Run the sweep, appending a benchmark and a conformance row per case; return rows written."""
     sizes = sweep_sizes(cfg.min_bytes, cfg.max_bytes, cfg.factor)
-    total = len(cfg.world_sizes) * len(cfg.impls) * len(cfg.ops) * len(sizes)
+    pairs = [(impl, op) for impl in cfg.impls for op in cfg.ops if _own(impl, op)]
+    total = len(cfg.world_sizes) * len(pairs) * len(sizes)
     done = 0
     for n in cfg.world_sizes:
         world = get_world(n)
         run_dir.append("benchmarks.csv", dispatch_row(world, cfg.dispatch_iters))
-        for impl in cfg.impls:
-            for collective in cfg.ops:
-                for nbytes in sizes:
-                    done += 1
-                    row = _one(world, cfg, impl, collective, nbytes)
-                    numel = row.pop("numel")
-                    run_dir.append("benchmarks.csv", row)
-                    run_dir.append("conformance.csv", _conformance_row(row, numel))
-                    if progress:
-                        bw = f"busbw {row['busbw_gbps']:.3f} GB/s" if row["status"] == "ok" else row["status"]
-                        print(f"[{done}/{total}] n={n} {impl} {collective} {row['bytes']} B: {bw}"
-                              f"{'' if not row['wrong'] else ' WRONG=' + str(row['wrong'])}",
-                              file=progress, flush=True)
+        for (impl, collective), nbytes in itertools.product(pairs, sizes):
+            done += 1
+            row = _one(world, cfg, impl, collective, nbytes)
+            numel = row.pop("numel")
+            run_dir.append("benchmarks.csv", row)
+            run_dir.append("conformance.csv", _conformance_row(row, numel))
+            if progress:
+                bw = f"busbw {row['busbw_gbps']:.3f} GB/s" if row["status"] == "ok" else row["status"]
+                wrong = f" WRONG={row['wrong']}" if row["wrong"] else ""
+                print(f"[{done}/{total}] n={n} {impl} {collective} {row['bytes']} B: {bw}{wrong}",
+                      file=progress, flush=True)
     return done
+
+
+def _own(impl: str, collective: str) -> bool:
+    """False for a variant that shares this collective with another implementation (no new number)."""
+    only = registry.resolve(impl, "collectives").only_ops
+    return not only or collective in only
 
 
 def _one(world, cfg: SweepConfig, impl: str, collective: str, nbytes: int) -> dict:

@@ -44,21 +44,25 @@ class ReferenceCollectives:
     ``bytes_sent`` holds what this rank sent in the last call (for the communication-volume checks).
     """
 
-    def __init__(self, all_reduce_algorithm: str = "ring"):
+    def __init__(self, all_reduce_algorithm: str = "ring", piece_bytes: int | None = None):
         if all_reduce_algorithm not in ALL_REDUCE_ALGORITHMS:
             raise ValueError(f"all_reduce_algorithm must be one of {', '.join(ALL_REDUCE_ALGORITHMS)}; "
                              f"got {all_reduce_algorithm!r}.")
         self.all_reduce_algorithm = all_reduce_algorithm
+        self.piece_bytes = piece_bytes  # ring pipelining granularity; None: automatic
         self.bytes_sent = 0
 
     def all_reduce(self, tensor, op="sum", group=None):
-        self.bytes_sent = ALL_REDUCE_ALGORITHMS[self.all_reduce_algorithm](tensor, op, group)
+        if self.all_reduce_algorithm == "ring":
+            self.bytes_sent = ring_all_reduce(tensor, op, group, self.piece_bytes)
+        else:
+            self.bytes_sent = ALL_REDUCE_ALGORITHMS[self.all_reduce_algorithm](tensor, op, group)
 
     def reduce_scatter(self, output, input, op="sum", group=None):
-        self.bytes_sent = ring_reduce_scatter(output, input, op, group)
+        self.bytes_sent = ring_reduce_scatter(output, input, op, group, self.piece_bytes)
 
     def all_gather(self, output, input, group=None):
-        self.bytes_sent = ring_all_gather(output, input, group)
+        self.bytes_sent = ring_all_gather(output, input, group, self.piece_bytes)
 
     def broadcast(self, tensor, src, group=None):
         self.bytes_sent = tree_broadcast(tensor, src, group)

@@ -46,7 +46,7 @@ def _ring_reduce_scatter_flat(peers: Peers, flat: torch.Tensor, bounds, op: str,
     sends = [peers.isend(right, flat[a:b]) for a, b in _pieces(*bounds[r], piece)]
     # Everything this rank receives, in arrival order: step s brings chunk (r - s - 1) mod N.
     stream = [(s, a, b) for s in range(n - 1) for a, b in _pieces(*bounds[(r - s - 1) % n], piece)]
-    piece = min(piece, max(b - a for _, a, b in stream))
+    piece = min(piece, max((b - a for _, a, b in stream), default=0))
     bufs = [torch.empty(piece, dtype=flat.dtype, device=flat.device) for _ in range(2)]
     recvs = [peers.irecv(left, bufs[j][: b - a]) for j, (_, a, b) in enumerate(stream[:2])]
     for j, (s, a, b) in enumerate(stream):

@@ -1,0 +1,159 @@
+"""The pytest plugin: shared Worlds, implementation parametrisation, hypothesis profiles, results.
+
+Options:
+  --world-sizes 1,2,3,4   world sizes properties draw from (a non-power of two catches chunking bugs)
+  --backend gloo|nccl     default: nccl with one GPU per rank, else gloo
+  --impl SPEC             implementation(s) to test (repeatable; default: every registered one)
+  --results-dir DIR       also write a run folder with a conformance row per executed example
+
+Fixtures: ``world_cache`` (session: one World per (size, backend), spawned on first use, closed at the
+end), ``world_sizes``, ``world`` (parametrised over --world-sizes), ``collectives_impl`` (parametrised
+over the implementations, skipped with a reason where a package is missing), ``conformance`` (records
+rows). A test that also takes ``collective_name`` is parametrised over (implementation, collective)
+pairs, leaving out variants where they share the collective with another implementation. Worlds are
+never spawned per test or per example.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from . import registry
+from .collectives.case import COLLECTIVES
+from .world import World, default_backend
+
+# The World fixtures are session-cached and safe to reuse across examples.
+_SUPPRESS = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large]
+settings.register_profile("dev", max_examples=25, deadline=None, suppress_health_check=_SUPPRESS)
+settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True, database=None,
+                          print_blob=True, suppress_health_check=_SUPPRESS)
+settings.register_profile("thorough", max_examples=500, deadline=None, suppress_health_check=_SUPPRESS)
+settings.load_profile(os.environ.get("PARITYBENCH_HYPOTHESIS_PROFILE", "dev"))
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("paritybench")
+    group.addoption("--world-sizes", default="1,2,3,4", help="comma-separated world sizes (default 1,2,3,4)")
+    group.addoption("--backend", default=None, choices=["gloo", "nccl"], help="default: automatic")
+    group.addoption("--impl", action="append", default=[], metavar="SPEC",
+                    help="implementation to test: a registered name or package.module:object (repeatable)")
+    group.addoption("--results-dir", default=None, help="write a run folder with conformance rows here")
+
+
+def _world_sizes(config) -> list[int]:
+    text = config.getoption("--world-sizes")
+    try:
+        sizes = sorted({int(t) for t in text.split(",") if t.strip()})
+    except ValueError:
+        raise pytest.UsageError(f"--world-sizes {text!r} must be comma-separated whole numbers, e.g. 1,2,3,4.") from None
+    if not sizes or sizes[0] < 1:
+        raise pytest.UsageError(f"--world-sizes {text!r}: every world size must be at least 1.")
+    return sizes
+
+
+def _impl_specs(config, paradigm: str) -> list[str]:
+    specs = config.getoption("--impl") or registry.names(paradigm)
+    for spec in specs:
+        try:
+            registry.resolve(spec, paradigm)
+        except registry.RegistryError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    return specs
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "world: the test runs ranks on a World")
+    _world_sizes(config)
+    config._paritybench_run = None
+    results_dir = config.getoption("--results-dir")
+    if results_dir and not hasattr(config, "workerinput"):
+        from .results import ResultsError, RunDir
+
+        try:
+            config._paritybench_run = RunDir(results_dir, {"suite": "pytest", "world_sizes": _world_sizes(config)})
+        except ResultsError as exc:
+            raise pytest.UsageError(str(exc)) from None
+
+
+def pytest_unconfigure(config):
+    run = getattr(config, "_paritybench_run", None)
+    if run is not None:
+        run.finish("complete")
+
+
+def pytest_generate_tests(metafunc):
+    if "world" in metafunc.fixturenames:
+        metafunc.parametrize("world_size", _world_sizes(metafunc.config), indirect=False, scope="session")
+    if "collectives_impl" in metafunc.fixturenames:
+        ops = COLLECTIVES if "collective_name" in metafunc.fixturenames else (None,)
+        params = []
+        for spec in _impl_specs(metafunc.config, "collectives"):
+            impl = registry.resolve(spec, "collectives")
+            reason = registry.skip_reason(impl)
+            marks = [pytest.mark.skip(reason=reason)] if reason else []
+            for op in ops:
+                if op is None:
+                    params.append(pytest.param(spec, id=spec, marks=marks))
+                elif not impl.only_ops or op in impl.only_ops:  # variants: only where they differ
+                    params.append(pytest.param(spec, op, id=f"{spec}-{op}", marks=marks))
+        names = "collectives_impl" if ops == (None,) else "collectives_impl,collective_name"
+        metafunc.parametrize(names, params)
+
+
+class WorldCache:
+    """One World per (size, backend) for the whole session."""
+
+    def __init__(self, backend: str | None):
+        self.backend = backend
+        self._worlds: dict[tuple[int, str], World] = {}
+
+    def get(self, size: int) -> World:
+        backend = self.backend or default_backend(size)
+        key = (size, backend)
+        if key not in self._worlds:
+            self._worlds[key] = World(size, backend=backend, timeout=120)
+        return self._worlds[key]
+
+    def close(self) -> None:
+        for world in self._worlds.values():
+            world.close()
+        self._worlds.clear()
+
+
+@pytest.fixture(scope="session")
+def world_cache(request):
+    cache = WorldCache(request.config.getoption("--backend"))
+    yield cache
+    cache.close()
+
+
+@pytest.fixture(scope="session")
+def world_sizes(request) -> list[int]:
+    return _world_sizes(request.config)
+
+
+@pytest.fixture
+def world(world_cache, world_size) -> World:
+    return world_cache.get(world_size)
+
+
+class Conformance:
+    """Records one conformance row per executed example into the run folder (if --results-dir)."""
+
+    def __init__(self, run, property_name: str):
+        self.run, self.property = run, property_name
+        self.counts: dict[str, int] = {}
+
+    def record(self, outcome: str, **row) -> None:
+        self.counts[outcome] = self.counts.get(outcome, 0) + 1
+        if self.run is not None:
+            self.run.append("conformance.csv", {"property": self.property, "outcome": outcome, **row})
+
+
+@pytest.fixture
+def conformance(request) -> Conformance:
+    return Conformance(request.config._paritybench_run, request.node.name)
+

@@ -1,0 +1,38 @@
+"""Implementations the suites load by ``package.module:object`` spec, exactly as a user's own would be.
+
+``ring_small_pieces`` exercises the ring's pipelining on small tensors. The others plant one classic
+bug each in the reference, to show the properties catch it and shrink it to its minimal case.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from reference.collectives import ReferenceCollectives
+
+
+def ring_small_pieces():
+    """The reference ring with 12-byte pieces: many pieces per chunk, even for tiny tensors."""
+    return ReferenceCollectives("ring", piece_bytes=12)
+
+
+class DropsRemainder(ReferenceCollectives):
+    """Planted bug: all-reduces only the first numel - numel % N elements (a dropped remainder chunk)."""
+
+    def all_reduce(self, tensor, op="sum", group=None):
+        flat = tensor.view(-1)
+        super().all_reduce(flat[: flat.numel() - flat.numel() % dist.get_world_size(group)], op, group)
+
+
+class ForgetsAverage(ReferenceCollectives):
+    """Planted bug: AVG returns the sum (a missing division by the group size)."""
+
+    def all_reduce(self, tensor, op="sum", group=None):
+        super().all_reduce(tensor, "sum" if op == "avg" else op, group)
+
+
+class IgnoresSrc(ReferenceCollectives):
+    """Planted bug: broadcast always from rank 0."""
+
+    def broadcast(self, tensor, src, group=None):
+        super().broadcast(tensor, 0, group)

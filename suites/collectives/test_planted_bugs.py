@@ -1,0 +1,44 @@
+"""The properties catch classic collective bugs and shrink each to its minimal case.
+
+Each planted bug lives in a subclass of the reference (suites/collectives/impls.py), loaded by spec
+like a user's implementation. ``hypothesis.find`` searches the same case strategy the conformance
+property uses for a failing case and shrinks it; the minimal case is then known exactly.
+"""
+
+from __future__ import annotations
+
+from hypothesis import find, settings
+
+from .property import verdict
+from .strategies import cases
+
+_SEARCH = settings(max_examples=300, database=None, deadline=None)
+
+
+def minimal_failure(impl: str, collective: str, world_cache, world_sizes):
+    def fails(drawn) -> bool:
+        n, case = drawn
+        return verdict(world_cache, n, case)["outcome"] == "fail"
+
+    return find(cases(impl, collective, world_sizes), fails, settings=_SEARCH)
+
+
+def test_dropped_remainder_shrinks_to_two_ranks_one_element(world_cache, world_sizes):
+    if max(world_sizes) < 2:
+        return  # needs two ranks; covered whenever --world-sizes has one
+    n, case = minimal_failure("suites.collectives.impls:DropsRemainder", "all_reduce", world_cache, world_sizes)
+    assert (n, case.numel, case.group) == (2, 1, None), case.line(n)
+
+
+def test_missing_average_is_caught_only_for_avg(world_cache, world_sizes):
+    if max(world_sizes) < 2:
+        return
+    n, case = minimal_failure("suites.collectives.impls:ForgetsAverage", "all_reduce", world_cache, world_sizes)
+    assert case.op == "avg" and n == 2 and case.numel == 1, case.line(n)
+
+
+def test_ignored_broadcast_source_is_caught_with_root_one(world_cache, world_sizes):
+    if max(world_sizes) < 2:
+        return
+    n, case = minimal_failure("suites.collectives.impls:IgnoresSrc", "broadcast", world_cache, world_sizes)
+    assert (n, case.root, case.numel, case.group) == (2, 1, 1, None), case.line(n)

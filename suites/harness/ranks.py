@@ -1,0 +1,41 @@
+"""Rank-side functions for the World tests (module-level, so a World can call them)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def rank_and_sum() -> tuple[int, int, float]:
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t)
+    return dist.get_rank(), dist.get_world_size(), t.item()
+
+
+def raise_on(rank: int) -> None:
+    if dist.get_rank() == rank:
+        raise ValueError(f"planted failure on rank {rank}")
+    dist.barrier()  # the others wait in a collective the failing rank never joins
+
+
+def hang_on(rank: int) -> None:
+    if dist.get_rank() == rank:
+        time.sleep(3600)
+    dist.barrier()
+
+
+def exit_on(rank: int, code: int) -> None:
+    if dist.get_rank() == rank:
+        os._exit(code)
+    dist.barrier()
+
+
+def threads() -> tuple[int, str]:
+    return torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS", "")
+
+
+def unpicklable_result():
+    return lambda: None

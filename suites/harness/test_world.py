@@ -1,0 +1,96 @@
+"""The World: per-rank results, and failures that name the rank, within the deadline, recoverably.
+
+These tests time failure *detection* (a dead rank is reported long before the deadline), never
+performance: every bound is a fraction of a deadline set far above any normal latency.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from harness.world import RankFailure, World, WorldTimeout
+
+from . import ranks
+
+N = 3  # not a power of two, and small enough to respawn quickly
+
+
+@pytest.fixture
+def world3(world_cache):
+    return world_cache.get(N)
+
+
+def test_run_returns_results_indexed_by_rank(world):
+    got = world.run(ranks.rank_and_sum)
+    n = world.size
+    assert got == [(r, n, n * (n - 1) / 2) for r in range(n)]
+
+
+def test_cpu_ranks_use_one_intra_op_thread(world3):
+    assert world3.run(ranks.threads) == [(1, "1")] * N
+
+
+def test_rank_that_raises_is_named_with_its_traceback(world3):
+    with pytest.raises(RankFailure) as info:
+        world3.run(ranks.raise_on, 1, timeout=60)
+    assert not isinstance(info.value, WorldTimeout)
+    assert info.value.ranks == [1]
+    assert "ValueError: planted failure on rank 1" in info.value.failures[1]
+    assert sorted(info.value.stuck) == [0, 2]  # they waited in the barrier and show where
+    assert "barrier" in info.value.stuck[0]
+    assert world3.run(ranks.rank_and_sum)[0] == (0, N, 3.0)  # the same World object works again
+
+
+def test_rank_that_hangs_times_out_with_stacks(world3):
+    start = time.monotonic()
+    with pytest.raises(WorldTimeout) as info:
+        world3.run(ranks.hang_on, 2, timeout=4)
+    elapsed = time.monotonic() - start
+    assert elapsed < 4 + 10, f"deadline 4 s, reported after {elapsed:.1f} s"
+    assert 2 in info.value.ranks
+    assert "in hang_on" in info.value.failures[2] and "sleep" not in info.value.failures[0]
+    assert "barrier" in info.value.failures[0]
+    spawned = world3.spawn_count
+    assert world3.run(ranks.rank_and_sum)[2] == (2, N, 3.0)
+    assert world3.spawn_count == spawned + 1  # the stuck world was replaced by a fresh one
+
+
+def test_rank_that_dies_is_reported_at_once_with_its_exit_code(world3):
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        world3.run(ranks.exit_on, 1, 3, timeout=60)
+    elapsed = time.monotonic() - start
+    assert elapsed < 30, f"a dead rank must be seen at once, not at the 60 s deadline ({elapsed:.1f} s)"
+    assert 1 in info.value.ranks and "exit code 3" in info.value.failures[1]
+    assert world3.run(ranks.rank_and_sum)[1] == (1, N, 3.0)
+
+
+def test_unpicklable_function_is_refused_clearly(world3):
+    with pytest.raises(TypeError, match="module-level function"):
+        world3.run(lambda: None)
+
+
+def test_unpicklable_result_is_a_rank_failure(world3):
+    with pytest.raises(RankFailure) as info:
+        world3.run(ranks.unpicklable_result)
+    assert info.value.ranks == [0, 1, 2]
+    assert world3.run(ranks.rank_and_sum)[0][0] == 0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"size": 0}, "World size must be a whole number >= 1"),
+    ({"size": 2, "backend": "mpi"}, "backend must be 'gloo', 'nccl' or None"),
+    ({"size": 2, "timeout": 0}, "timeout must be positive"),
+])
+def test_bad_arguments_are_one_clear_sentence(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        World(**kwargs)
+
+
+def test_context_manager_closes_the_ranks():
+    with World(1, timeout=60) as w:
+        assert w.run(ranks.rank_and_sum) == [(0, 1, 0.0)]
+        procs = list(w._procs)
+    assert not w.alive and all(not p.is_alive() for p in procs)
