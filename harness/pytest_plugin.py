@@ -48,7 +48,8 @@ def _world_sizes(config) -> list[int]:
     try:
         sizes = sorted({int(t) for t in text.split(",") if t.strip()})
     except ValueError:
-        raise pytest.UsageError(f"--world-sizes {text!r} must be comma-separated whole numbers, e.g. 1,2,3,4.") from None
+        raise pytest.UsageError(
+            f"--world-sizes {text!r} must be comma-separated whole numbers, e.g. 1,2,3,4.") from None
     if not sizes or sizes[0] < 1:
         raise pytest.UsageError(f"--world-sizes {text!r}: every world size must be at least 1.")
     return sizes

@@ -69,7 +69,7 @@ def plot_busbw(bench, op: str, path: Path) -> bool:
         return False
     sizes = sorted(rows["world_size"].unique())
     fig, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 3.8), squeeze=False, sharey=True)
-    for ax, n in zip(axes[0], sizes):
+    for ax, n in zip(axes[0], sizes, strict=True):
         for impl, g in rows[rows["world_size"] == n].groupby("impl"):
             g = g.sort_values("bytes")
             ax.plot(g["bytes"], g["busbw_gbps"], marker="o", ms=3, label=impl)
@@ -123,7 +123,8 @@ def write_report(run_dir) -> Path:
         wrong = coll[coll["wrong"].fillna(0) > 0]
         out += ["## Correctness of timed implementations", "",
                 f"{len(wrong)} of {len(coll)} timed cases had wrong elements in the exact check."
-                + ("" if wrong.empty else "\n\n" + _md(wrong.set_index(["impl", "op", "world_size", "bytes"])[["wrong", "detail"]])), ""]
+                + ("" if wrong.empty else "\n\n" + _md(wrong.set_index(["impl", "op", "world_size", "bytes"])
+                                                       [["wrong", "detail"]])), ""]
     if len(conf):
         counts = conf.groupby(["suite", "impl", "outcome"]).size().unstack(fill_value=0)
         out += ["## Conformance rows", "", _md(counts, "g"), ""]

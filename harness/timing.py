@@ -44,7 +44,7 @@ def time_iterations(step, iters: int, warmup: int, device) -> list[float]:
 
 def summarize(per_rank: list[list[float]]) -> dict:
     """Per-iteration max across ranks, then p50/p95/min/max/mean (microseconds) and CV."""
-    worst = [max(samples) for samples in zip(*per_rank)]
+    worst = [max(samples) for samples in zip(*per_rank, strict=True)]
     if not worst:
         return {}
     us = sorted(t * 1e6 for t in worst)

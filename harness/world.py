@@ -18,6 +18,7 @@ fresh world; the World object stays usable either way.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import shutil
@@ -194,10 +195,8 @@ class World:
         if self._procs is None:
             return
         for conn in self._conns:
-            try:
+            with contextlib.suppress(OSError):  # a dead rank's pipe
                 conn.send_bytes(b"")
-            except OSError:
-                pass
         for proc in self._procs:
             proc.join(timeout=5)
         self._kill()
@@ -233,11 +232,9 @@ class World:
         if self._procs is None:
             self._spawn()
         deadline = time.monotonic() + (self.timeout if timeout is None else float(timeout))
-        for rank, conn in enumerate(self._conns):
-            try:
+        for conn in self._conns:
+            with contextlib.suppress(OSError):  # a dead rank: its sentinel reports it, with the exit code
                 conn.send_bytes(payload)
-            except OSError:
-                pass  # a dead rank: its sentinel reports it below, with the exit code
         return self._collect(self._call_id, deadline, what=getattr(fn, "__qualname__", repr(fn)))
 
     def _collect(self, call_id: int, deadline: float, what: str) -> list:

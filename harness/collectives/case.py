@@ -102,7 +102,8 @@ def expected(case: Case, group_rank: int, n: int) -> torch.Tensor:
     if case.collective == "all_reduce" or case.collective == "reduce":
         total = _reduce(torch.stack([inputs(case, q, n, c, wide) for q in range(n)]), case.op)
     elif case.collective == "reduce_scatter":
-        total = _reduce(torch.stack([inputs(case, q, n, n * c, wide)[r * c:(r + 1) * c] for q in range(n)]), case.op)
+        blocks = [inputs(case, q, n, n * c, wide)[r * c:(r + 1) * c] for q in range(n)]
+        total = _reduce(torch.stack(blocks), case.op)
     elif case.collective == "broadcast":
         return inputs(case, case.root, n, c, wide)
     elif case.collective == "all_gather":
@@ -131,7 +132,8 @@ def compare(got: torch.Tensor, want: torch.Tensor, case: Case) -> tuple[int, str
     if not wrong:
         return 0, ""
     i = int(bad.nonzero()[0])
-    return wrong, f"{wrong} of {got.numel()} elements wrong, first at [{i}]: got {got[i].item()!r}, expected {want[i].item()!r}"
+    return wrong, (f"{wrong} of {got.numel()} elements wrong, first at [{i}]: "
+                   f"got {got[i].item()!r}, expected {want[i].item()!r}")
 
 
 _GROUPS: dict[tuple[int, ...], object] = {}

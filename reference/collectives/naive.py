@@ -29,7 +29,7 @@ def naive_all_reduce(tensor: torch.Tensor, op: str = "sum", group: dist.ProcessG
     others = [p for p in range(n) if p != root]
     if peers.rank == root:
         bufs = [torch.empty_like(flat) for _ in others]
-        peers.exchange([], list(zip(others, bufs)))
+        peers.exchange([], list(zip(others, bufs, strict=True)))
         for buf in bufs:  # fixed order: the same bits on every run
             combine(flat, buf, op)
         finish_avg(flat, op, n)

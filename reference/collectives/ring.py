@@ -75,7 +75,7 @@ def _ring_all_gather_flat(peers: Peers, flat: torch.Tensor, bounds, owned: int,
     # Every receive lands in its own place, so all of them are posted up front, in arrival order.
     stream = [(s, a, b) for s in range(n - 1) for a, b in _pieces(*bounds[(owned - s - 1) % n], piece)]
     recvs = [peers.irecv(left, flat[a:b]) for _, a, b in stream]
-    for (s, a, b), work in zip(stream, recvs):
+    for (s, a, b), work in zip(stream, recvs, strict=True):
         work.wait()
         if s < n - 2:
             sends.append(peers.isend(right, flat[a:b]))

@@ -1,0 +1,69 @@
+"""The CLI: every bad input is one sentence on stderr and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.cli import main, parse_bytes
+
+
+def run_cli(capsys, *argv) -> tuple[int, str]:
+    code = main(list(argv))
+    err = capsys.readouterr().err
+    return code, err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["bench", "collectives", "--impls", "nccl-magic"], "unknown implementation 'nccl-magic'"),
+    (["bench", "collectives", "--impl", "my pkg:obj"], "malformed implementation 'my pkg:obj'"),
+    (["bench", "collectives", "--impl", "no_such_module_xyz:Impl"], "cannot import module 'no_such_module_xyz'"),
+    (["bench", "collectives", "--impl", "harness.cli:NotThere"], "has no attribute 'NotThere'"),
+    (["bench", "collectives", "--impl", "harness.world:rank_device"], "lacks all_gather"),
+    (["bench", "collectives", "--impls", "reference", "--world-sizes", "0"], "at least 1"),
+    (["bench", "collectives", "--impls", "reference", "--world-sizes", "two"], "whole numbers"),
+    (["bench", "collectives", "--impls", "reference", "--min-bytes", "64M", "--max-bytes", "1M"],
+     "--min-bytes (67108864) must be at least 1 and at most --max-bytes (1048576)"),
+    (["bench", "collectives", "--impls", "reference", "--max-bytes", "12 parsecs"], "is not a byte count"),
+    (["bench", "collectives", "--impls", "reference", "--factor", "1"], "--factor must be"),
+    (["bench", "collectives", "--impls", "reference", "--ops", "all_reduce,gossip"], "gossip not known"),
+    (["bench", "collectives", "--impls", "reference", "--iters", "0"], "--iters must be >= 1"),
+    (["bench", "collectives", "--dtype", "float8"], "invalid choice: 'float8'"),
+    (["bench", "telepathy"], "invalid choice: 'telepathy'"),
+    ([], "the following arguments are required"),
+])
+def test_bad_input_is_one_sentence_and_exit_2(capsys, argv, needle):
+    code, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert needle in err
+    assert err.count("\n") == 1 and err.startswith("paritybench: error: ") and "Traceback" not in err
+
+
+def test_unwritable_results_dir(capsys, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, err = run_cli(capsys, "bench", "collectives", "--impls", "reference", "--world-sizes", "1",
+                        "--results-dir", str(blocker / "runs"))
+    assert code == 2 and "cannot write results under" in err and err.count("\n") == 1
+
+
+def test_report_of_a_folder_that_is_not_a_run(capsys, tmp_path):
+    code, err = run_cli(capsys, "report", str(tmp_path))
+    assert code == 2 and "is not a run folder" in err and err.count("\n") == 1
+
+
+def test_report_of_a_missing_folder(capsys, tmp_path):
+    code, err = run_cli(capsys, "report", str(tmp_path / "nope"))
+    assert code == 2 and "is not a run folder" in err
+
+
+@pytest.mark.parametrize("text, value", [("1024", 1024), ("8K", 8192), ("64M", 64 << 20), ("1G", 1 << 30),
+                                         ("64MiB", 64 << 20), ("1GB", 10**9), ("4kb", 4000)])
+def test_byte_sizes(text, value):
+    assert parse_bytes(text) == value
+
+
+def test_impls_lists_every_builtin(capsys):
+    assert main(["impls"]) == 0
+    out = capsys.readouterr().out
+    for name in ("reference", "reference-rhd", "reference-tree", "reference-naive", "torch"):
+        assert f" {name} " in out
