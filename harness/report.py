@@ -28,6 +28,7 @@ def busbw_table(bench, op: str):
     if rows.empty:
         return rows
     table = rows.pivot_table(index="bytes", columns=["world_size", "impl"], values="busbw_gbps", aggfunc="first")
+    table.columns = [f"n={n} {impl}" for n, impl in table.columns]
     table.index = [human_bytes(b) for b in table.index]
     table.index.name = "size"
     return table
@@ -100,8 +101,8 @@ def write_report(run_dir) -> Path:
     dispatch = bench[bench["suite"] == "world"] if len(bench) else bench
     if len(dispatch):
         out += ["## World dispatch overhead (warm no-op `World.run`, µs)", "",
-                _md(dispatch.set_index("world_size")[["iters", "time_p50_us", "time_p95_us", "time_min_us",
-                                                      "time_max_us", "time_cv"]], ".1f"), ""]
+                _md(dispatch.astype({"iters": str}).set_index("world_size")[
+                    ["iters", "time_p50_us", "time_p95_us", "time_min_us", "time_max_us", "time_cv"]], ".2f"), ""]
     coll = bench[bench["suite"] == "collectives"] if len(bench) else bench
     if len(coll):
         ratios = ratio_table(coll)
@@ -110,7 +111,7 @@ def write_report(run_dir) -> Path:
                     f"Target: reference ring all-reduce ≥ {RATIO_TARGET}× native busbw, mean over "
                     f"{human_bytes(RATIO_BAND[0])}–{human_bytes(RATIO_BAND[1])}.", ""]
             summary = ratio_summary(ratios)
-            out += [_md(summary.set_index(["op", "impl", "world_size"])) if len(summary)
+            out += [_md(summary.set_index("op")) if len(summary)
                     else "_(no sizes in the 16–64 MiB band in this run)_", ""]
         for op in coll["op"].unique():
             out += [f"## {op}: busbw (GB/s) by size", "", _md(busbw_table(coll, op)), ""]
@@ -126,7 +127,7 @@ def write_report(run_dir) -> Path:
                 + ("" if wrong.empty else "\n\n" + _md(wrong.set_index(["impl", "op", "world_size", "bytes"])
                                                        [["wrong", "detail"]])), ""]
     if len(conf):
-        counts = conf.groupby(["suite", "impl", "outcome"]).size().unstack(fill_value=0)
+        counts = conf.groupby(["impl", "outcome"]).size().unstack(fill_value=0)
         out += ["## Conformance rows", "", _md(counts, "g"), ""]
     path = run_dir / "report.md"
     path.write_text("\n".join(out))

@@ -96,6 +96,13 @@ class Peers:
         self.exchange([], [(peer, tensor)])
 
 
+def check_blocks(what: str, whole: torch.Tensor, block: torch.Tensor, n: int) -> None:
+    """``whole`` must hold exactly ``n`` blocks the size of ``block`` (both flat)."""
+    if whole.numel() != n * block.numel():
+        raise ValueError(f"{what}: the larger tensor must hold group size * the smaller one's elements; "
+                         f"{whole.numel()} != {n} * {block.numel()}.")
+
+
 def wait_all(works) -> None:
     for work in works:
         if work is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .p2p import Peers, check_op, chunk_bounds, combine, finish_avg, flat_view, wait_all
+from .p2p import Peers, check_blocks, check_op, chunk_bounds, combine, finish_avg, flat_view, wait_all
 
 # Chunks move in pieces: a received piece is reduced while the next one is still arriving, and is
 # forwarded as soon as it is reduced (the pipelining gloo and nccl use). Each piece costs a Python-level
@@ -111,10 +111,7 @@ def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, op: str = "su
     peers = Peers(group)
     n = peers.size
     flat_in, flat_out = flat_view(input, "input"), flat_view(output, "output")
-    if flat_in.numel() != n * flat_out.numel():
-        raise ValueError(
-            f"reduce_scatter needs input.numel() == group size * output.numel(): "
-            f"{flat_in.numel()} != {n} * {flat_out.numel()}.")
+    check_blocks("reduce_scatter", flat_in, flat_out, n)
     block = flat_out.numel()
     if n == 1 or block == 0:
         flat_out.copy_(flat_in)
@@ -139,10 +136,7 @@ def ring_all_gather(output: torch.Tensor, input: torch.Tensor, group: dist.Proce
     peers = Peers(group)
     n = peers.size
     flat_in, flat_out = flat_view(input, "input"), flat_view(output, "output")
-    if flat_out.numel() != n * flat_in.numel():
-        raise ValueError(
-            f"all_gather needs output.numel() == group size * input.numel(): "
-            f"{flat_out.numel()} != {n} * {flat_in.numel()}.")
+    check_blocks("all_gather", flat_out, flat_in, n)
     block = flat_in.numel()
     mine = flat_out[peers.rank * block:(peers.rank + 1) * block]
     if block and mine.data_ptr() != flat_in.data_ptr():

@@ -38,3 +38,31 @@ def torch_all_to_all_aliased(numel: int) -> int:
     dist.all_to_all_single(t, t)
     want = torch.cat([torch.arange(r * numel, (r + 1) * numel, dtype=torch.float64) + q * 1000 for q in range(n)])
     return int((t != want).sum())
+
+
+def reference_error(call: str) -> str:
+    """Call a reference collective with a bad argument; return the ValueError's message."""
+    t = torch.zeros(6)
+    n = dist.get_world_size()
+    bad = {
+        "reduce_scatter_sizes": lambda: rc.ring_reduce_scatter(torch.zeros(2), torch.zeros(2 * n + 1)),
+        "all_gather_sizes": lambda: rc.ring_all_gather(torch.zeros(2 * n + 1), torch.zeros(2)),
+        "all_to_all_sizes": lambda: rc.pairwise_all_to_all(torch.zeros(n * 2 + 1), torch.zeros(n * 2 + 1)),
+        "non_contiguous": lambda: rc.ring_all_reduce(torch.zeros(4, 4).t()),
+        "unknown_op": lambda: rc.ring_all_reduce(t, "median"),
+        "bad_root": lambda: rc.tree_broadcast(t, n),
+        "bad_algorithm": lambda: rc.ReferenceCollectives("butterfly"),
+    }[call]
+    try:
+        bad()
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+def reference_avg_on_integers() -> str:
+    try:
+        rc.ring_all_reduce(torch.zeros(3, dtype=torch.int32), "avg")
+    except rc.Unsupported as exc:
+        return str(exc)
+    return "no error"

@@ -1,0 +1,26 @@
+"""Bad arguments to the reference collectives: one clear sentence naming the value and what is valid."""
+
+from __future__ import annotations
+
+import pytest
+
+from .ranks import reference_avg_on_integers, reference_error
+
+
+@pytest.mark.parametrize("call, needle", [
+    ("reduce_scatter_sizes", "reduce_scatter: the larger tensor must hold group size * the smaller"),
+    ("all_gather_sizes", "all_gather: the larger tensor must hold group size * the smaller"),
+    ("all_to_all_sizes", "divisible by the group size"),
+    ("non_contiguous", "tensor must be contiguous"),
+    ("unknown_op", "op must be one of sum, avg, max, min, product; got 'median'"),
+    ("bad_root", "src must be a rank of the group"),
+    ("bad_algorithm", "all_reduce_algorithm must be one of ring, rhd, tree, naive; got 'butterfly'"),
+])
+def test_reference_rejects_bad_arguments(world_cache, world_sizes, call, needle):
+    messages = world_cache.get(max(world_sizes)).run(reference_error, call)
+    assert all(needle in m for m in messages), messages
+
+
+def test_avg_on_integers_is_unsupported_not_emulated(world_cache, world_sizes):
+    messages = world_cache.get(max(world_sizes)).run(reference_avg_on_integers)
+    assert all("AVG is defined for floating dtypes only" in m for m in messages), messages
