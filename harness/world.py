@@ -13,7 +13,8 @@ nothing listens on the network. The parent enforces every call's deadline itself
                                 that never returned.
 
 After a failure that leaves ranks stuck or dead, the ranks are killed and the next ``run`` spawns a
-fresh world; the World object stays usable either way.
+fresh world; the World object stays usable either way. Under torchrun the same calls go to the
+job's ranks instead (``harness.spmd``): rank 0 drives, the others follow.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import tempfile
 import time
 import traceback
 from multiprocessing import connection, get_context
+
+from . import spmd
 
 __all__ = ["World", "RankFailure", "WorldTimeout", "rank_device", "default_backend"]
 
@@ -136,8 +139,12 @@ class World:
             raise ValueError(f"backend must be 'gloo', 'nccl' or None (automatic), got {backend!r}.")
         if timeout <= 0:
             raise ValueError(f"timeout must be positive seconds, got {timeout!r}.")
+        self._spmd = spmd.active()
+        if self._spmd and size != spmd.world_size():
+            raise ValueError(f"under torchrun a World has exactly the job's {spmd.world_size()} ranks; "
+                             f"got size {size} (pass --world-sizes {spmd.world_size()}).")
         self.size = size
-        self.backend = backend or default_backend(size)
+        self.backend = spmd.backend() if self._spmd else (backend or default_backend(size))
         self.timeout = float(timeout)
         self._procs: list | None = None
         self._conns: list = []
@@ -229,6 +236,8 @@ class World:
             raise TypeError(
                 f"World.run needs a module-level function and picklable arguments; {fn!r} is not: {exc}"
             ) from exc
+        if self._spmd:
+            return self._run_spmd(fn, args, kwargs)
         if self._procs is None:
             self._spawn()
         deadline = time.monotonic() + (self.timeout if timeout is None else float(timeout))
@@ -236,6 +245,14 @@ class World:
             with contextlib.suppress(OSError):  # a dead rank: its sentinel reports it, with the exit code
                 conn.send_bytes(payload)
         return self._collect(self._call_id, deadline, what=getattr(fn, "__qualname__", repr(fn)))
+
+    def _run_spmd(self, fn, args, kwargs) -> list:
+        results = spmd.call_all(fn, args, kwargs)
+        errors = {r: value for r, (status, value) in enumerate(results) if status != "ok"}
+        if errors:
+            raise RankFailure(f"rank(s) {sorted(errors)} of {self.size} raised during "
+                              f"{getattr(fn, '__qualname__', fn)} (torchrun).", errors)
+        return [value for _, value in results]
 
     def _collect(self, call_id: int, deadline: float, what: str) -> list:
         results: dict[int, object] = {}

@@ -33,6 +33,10 @@ def exit_on(rank: int, code: int) -> None:
     dist.barrier()
 
 
+def pid() -> int:
+    return os.getpid()
+
+
 def threads() -> tuple[int, str]:
     return torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS", "")
 

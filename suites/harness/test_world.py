@@ -10,9 +10,12 @@ import time
 
 import pytest
 
+from harness import spmd
 from harness.world import RankFailure, World, WorldTimeout
 
 from . import ranks
+
+pytestmark = pytest.mark.skipif(spmd.active(), reason="under torchrun the World cannot kill or respawn ranks")
 
 N = 3  # not a power of two, and small enough to respawn quickly
 
