@@ -1,0 +1,59 @@
+"""The registry: built-in names, entry points, package.module:object specs, skips with a reason."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+
+import pytest
+
+from harness import registry
+from harness.registry import ImplSpec, RegistryError
+
+
+def test_builtins_resolve_and_load_as_collectives():
+    for name in ("reference", "reference-rhd", "reference-tree", "reference-naive", "torch"):
+        impl = registry.resolve(name, "collectives")
+        assert impl.name == name and registry.skip_reason(impl) is None
+        assert callable(registry.load(name, "collectives").all_to_all)
+
+
+def test_variants_declare_where_they_differ():
+    assert registry.resolve("reference-rhd", "collectives").only_ops == ("all_reduce",)
+    assert registry.resolve("reference", "collectives").only_ops == ()
+
+
+def test_user_spec_loads_a_factory_and_checks_the_contract():
+    impl = registry.load("suites.collectives.impls:ring_small_pieces", "collectives")
+    assert impl.piece_bytes == 12
+    with pytest.raises(RegistryError, match="is not a collectives implementation: it lacks"):
+        registry.load("harness.timing:summarize", "collectives")
+
+
+def test_missing_package_is_a_skip_reason_not_a_silent_drop():
+    impl = ImplSpec("deepspeed", "collectives", "deepspeed.comm:x", requires=("no_such_package_xyz",))
+    assert registry.skip_reason(impl) == (
+        "implementation 'deepspeed' needs the package 'no_such_package_xyz', which is not installed")
+
+
+def test_unknown_paradigm_and_name_are_one_sentence():
+    with pytest.raises(RegistryError, match="unknown paradigm 'zero3'"):
+        registry.resolve("reference", "zero3")
+    with pytest.raises(RegistryError, match=r"known for collectives: reference, .*, torch, or package.module:object"):
+        registry.resolve("refrence", "collectives")
+
+
+def test_entry_point_group_is_discovered(tmp_path, monkeypatch):
+    """A distribution that registers an implementation under paritybench.implementations."""
+    info = tmp_path / "my_collectives-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-collectives\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[paritybench.implementations]\nmy-ring = suites.collectives.impls:ring_small_pieces\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    assert "my-ring" in registry.names("collectives")
+    impl = registry.resolve("my-ring", "collectives")
+    assert impl.target == "suites.collectives.impls:ring_small_pieces" and impl.paradigm == "collectives"
+    assert registry.load("my-ring", "collectives").piece_bytes == 12
+    assert str(tmp_path) in sys.path
