@@ -3,6 +3,7 @@
     paritybench bench collectives [--impls ...] [--ops ...] [--world-sizes 2,4] [--min-bytes 1K] ...
     paritybench report RUN_DIR
     paritybench impls
+    paritybench plan --params 70B --dp 64 --tp 8 --pp 4 --hidden 8192 --heads 64 --layers 80 ...
 
 Every bad input gets one sentence on stderr and exit code 2; never a traceback.
 """
@@ -13,7 +14,7 @@ import argparse
 import re
 import sys
 
-from . import registry
+from . import plan, registry
 from .collectives.case import COLLECTIVES, DTYPES, OPS
 
 EXIT_USAGE = 2
@@ -81,6 +82,7 @@ def _build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("report", help="write report.md and plots for a run folder")
     r.add_argument("run_dir")
     sub.add_parser("impls", help="list the registered implementations and whether they can run here")
+    plan.add_parser(sub)
     return p
 
 
@@ -163,8 +165,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "report":
             print(write_report(args.run_dir))
             return 0
+        if args.command == "plan":
+            return plan.run(args)
         return _impls(args)
-    except (UsageError, ResultsError, registry.RegistryError) as exc:
+    except (UsageError, ResultsError, registry.RegistryError, plan.PlanError) as exc:
         print(f"paritybench: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

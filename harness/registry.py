@@ -139,7 +139,11 @@ def _build(impl: ImplSpec, paradigm: str):
             raise RegistryError(f"module {module_name!r} has no attribute {attr!r} (implementation {impl.name!r}).")
         obj = getattr(obj, part)
     if inspect.isclass(obj) or inspect.isfunction(obj):
-        obj = obj(**impl.kwargs)
+        try:
+            obj = obj(**impl.kwargs)
+        except Exception as exc:  # noqa: BLE001 - whatever the user's factory raises, say so in one line
+            raise RegistryError(f"could not build implementation {impl.name!r} from {impl.target!r} "
+                                f"(it must be an implementation, a class or a zero-argument factory): {exc}.") from exc
     contract = CONTRACTS[paradigm]
     missing = [m for m in _methods(contract) if not callable(getattr(obj, m, None))]
     if missing:

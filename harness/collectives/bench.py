@@ -14,20 +14,13 @@ import itertools
 import sys
 from dataclasses import dataclass, field
 
+from reference.cost_model import busbw_factor
+
 from .. import registry
 from ..timing import summarize, time_iterations
 from .case import COLLECTIVES, REDUCING, Case, call, make_buffers, merge, run_case
 
 ELEMENT_BYTES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8}
-
-
-def busbw_factor(collective: str, n: int) -> float:
-    """nccl-tests' bus-bandwidth factor (PERFORMANCE.md there)."""
-    if collective == "all_reduce":
-        return 2 * (n - 1) / n
-    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    return 1.0
 
 
 def sweep_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:

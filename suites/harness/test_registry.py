@@ -26,7 +26,9 @@ def test_variants_declare_where_they_differ():
 def test_user_spec_loads_a_factory_and_checks_the_contract():
     impl = registry.load("suites.collectives.impls:ring_small_pieces", "collectives")
     assert impl.piece_bytes == 12
-    with pytest.raises(RegistryError, match="is not a collectives implementation: it lacks"):
+    with pytest.raises(RegistryError, match="is not a collectives implementation: it lacks all_gather"):
+        registry.load("harness.world:rank_device", "collectives")
+    with pytest.raises(RegistryError, match="a zero-argument factory.*missing 1 required positional argument"):
         registry.load("harness.timing:summarize", "collectives")
 
 

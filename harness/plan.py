@@ -1,0 +1,209 @@
+"""``paritybench plan``: per-device memory and per-step communication of a layout, from the cost model.
+
+    paritybench plan --params 70B --zero 1 --dp 64 --tp 8 --pp 4 --seq 4096 --batch 1 --hidden 8192 \
+        --heads 64 --layers 80 [--device-memory 80GB] [--json]
+
+Answers "does it fit, and how must I split it": with --device-memory it also lists every layout of the
+same GPU count (tp within one 8-GPU node, pp dividing the layers, ZeRO 0-3) that fits, ranked by
+1F1B bubble fraction, then communication per step, then memory.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+
+from reference.cost_model import (
+    activation_memory,
+    bubble_fraction,
+    dp_step_comm_bytes,
+    tp_layer_comm_bytes,
+    training_memory,
+)
+
+_COUNT = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
+_MEMORY = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
+           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+MAX_TP = 8  # tensor parallelism stays inside one node's NVLink domain
+
+
+class PlanError(ValueError):
+    """A bad plan argument; one sentence."""
+
+
+def parse_count(text: str) -> float:
+    """'70B', '7.5e9', '350M', '1T' -> a number of parameters."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*([A-Za-z]?)\s*", str(text))
+    if not m or m.group(2).upper() not in _COUNT or float(m.group(1)) <= 0:
+        raise PlanError(f"--params {text!r} is not a parameter count; use e.g. 70B, 7.5e9, 350M or 1T.")
+    return float(m.group(1)) * _COUNT[m.group(2).upper()]
+
+
+def parse_memory(text: str) -> float:
+    """'80GB', '1TB', '80GiB', '8e10' -> bytes (GB = 1e9, GiB = 2^30)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*", str(text))
+    unit = (m.group(2).upper() or "B") if m else ""
+    if not m or unit not in _MEMORY or float(m.group(1)) <= 0:
+        raise PlanError(f"--device-memory {text!r} is not a memory size; use e.g. 80GB, 1TB or 80GiB.")
+    return float(m.group(1)) * _MEMORY[unit]
+
+
+@dataclass(frozen=True)
+class Model:
+    params: float
+    seq: int
+    batch: int
+    """Micro-batch size."""
+    hidden: int
+    heads: int
+    layers: int
+    microbatches: int = 1
+    """Microbatches per step (gradient accumulation / pipeline microbatches)."""
+    sequence_parallel: bool = False
+    recompute: str = "none"
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp: int
+    tp: int
+    pp: int
+    zero: int
+
+
+def estimate(model: Model, layout: Layout) -> dict:
+    """Per-device bytes (weights, gradients, optimizer, activations, total) and per-step communication."""
+    if model.layers % layout.pp:
+        raise PlanError(f"--pp ({layout.pp}) must divide --layers ({model.layers}).")
+    try:
+        states = training_memory(model.params, zero_stage=layout.zero, dp=layout.dp, tp=layout.tp, pp=layout.pp)
+        stage_layers = model.layers // layout.pp
+        # 1F1B's first stage holds min(pp, m) microbatches in flight, each for layers / pp layers.
+        in_flight = min(layout.pp, model.microbatches)
+        acts = in_flight * activation_memory(model.seq, model.batch, model.hidden, model.heads, stage_layers,
+                                             tp=layout.tp, sequence_parallel=model.sequence_parallel,
+                                             recompute=model.recompute)
+        dp_comm = dp_step_comm_bytes(model.params / (layout.tp * layout.pp), layout.zero, layout.dp)
+        tp_comm = tp_layer_comm_bytes(model.batch, model.seq, model.hidden, layout.tp) * stage_layers \
+            * model.microbatches
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
+    # A middle stage sends each microbatch's activations forward and their gradients backward.
+    pp_comm = 2 * model.batch * model.seq * model.hidden * 2 * model.microbatches if layout.pp > 1 else 0.0
+    memory = {"weights": states.weights, "gradients": states.gradients, "optimizer": states.optimizer,
+              "activations": acts}
+    memory["total"] = sum(memory.values())
+    comm = {"dp": dp_comm, "tp": tp_comm, "pp": pp_comm}
+    comm["total"] = sum(comm.values())
+    return {"layout": asdict(layout), "memory_bytes": memory, "comm_bytes_per_step": comm,
+            "bubble_fraction_1f1b": bubble_fraction("1f1b", layout.pp, model.microbatches)}
+
+
+def layouts(model: Model, gpus: int):
+    """Every (dp, tp, pp, zero) with dp * tp * pp == gpus, tp <= 8 dividing heads, pp dividing layers."""
+    for tp in (t for t in range(1, min(MAX_TP, gpus) + 1) if gpus % t == 0 and model.heads % t == 0):
+        for pp in (p for p in range(1, gpus // tp + 1) if (gpus // tp) % p == 0 and model.layers % p == 0):
+            for zero in range(4):
+                yield Layout(dp=gpus // (tp * pp), tp=tp, pp=pp, zero=zero)
+
+
+def fitting(model: Model, gpus: int, device_memory: float) -> list[dict]:
+    """Layouts that fit, ranked by 1F1B bubble, then communication per step, then memory."""
+    fits = [e for e in (estimate(model, lay) for lay in layouts(model, gpus))
+            if e["memory_bytes"]["total"] <= device_memory]
+    return sorted(fits, key=lambda e: (round(e["bubble_fraction_1f1b"], 12), e["comm_bytes_per_step"]["total"],
+                                       e["memory_bytes"]["total"]))
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:,.1f}"
+
+
+def render(model: Model, plan: dict, device_memory: float | None, ranked: list[dict] | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(110, Console().width))
+    lay = plan["layout"]
+    title = (f"{model.params / 1e9:g}B parameters, dp={lay['dp']} tp={lay['tp']} pp={lay['pp']} "
+             f"ZeRO-{lay['zero']}: per device")
+    console.print(f"[bold]{title}[/bold]")
+    mem = Table()
+    mem.add_column("memory")
+    mem.add_column("GB (1e9 bytes)", justify="right")
+    for key, value in plan["memory_bytes"].items():
+        mem.add_row(key, _gb(value))
+    console.print(mem)
+    console.print("[bold]communication per step, bytes each device sends[/bold]")
+    comm = Table()
+    comm.add_column("paradigm")
+    comm.add_column("GB", justify="right")
+    for key, value in plan["comm_bytes_per_step"].items():
+        comm.add_row(key, _gb(value))
+    console.print(comm)
+    if device_memory is not None:
+        total = plan["memory_bytes"]["total"]
+        verdict = "fits" if total <= device_memory else "does NOT fit"
+        console.print(f"This layout needs {_gb(total)} GB per device: it {verdict} in {_gb(device_memory)} GB.")
+        console.print(f"[bold]layouts of {lay['dp'] * lay['tp'] * lay['pp']} GPUs that fit: least bubble, "
+                      "then least communication[/bold]")
+        table = Table()
+        for col in ("rank", "dp", "tp", "pp", "ZeRO", "memory GB", "comm GB/step", "1F1B bubble"):
+            table.add_column(col, justify="right")
+        for i, e in enumerate((ranked or [])[:15], 1):
+            lo = e["layout"]
+            table.add_row(str(i), str(lo["dp"]), str(lo["tp"]), str(lo["pp"]), str(lo["zero"]),
+                          _gb(e["memory_bytes"]["total"]), _gb(e["comm_bytes_per_step"]["total"]),
+                          f"{e['bubble_fraction_1f1b']:.3f}")
+        console.print(table if ranked else "No layout of this GPU count fits.")
+
+
+def run(args) -> int:
+    model = Model(params=parse_count(args.params), seq=args.seq, batch=args.batch, hidden=args.hidden,
+                  heads=args.heads, layers=args.layers, microbatches=args.microbatches,
+                  sequence_parallel=args.sequence_parallel, recompute=args.recompute)
+    layout = Layout(dp=args.dp, tp=args.tp, pp=args.pp, zero=args.zero)
+    plan = estimate(model, layout)
+    device_memory = parse_memory(args.device_memory) if args.device_memory else None
+    ranked = fitting(model, args.dp * args.tp * args.pp, device_memory) if device_memory else None
+    if args.json:
+        out = {"model": asdict(model), **plan}
+        if device_memory is not None:
+            out.update(device_memory_bytes=device_memory, fits=plan["memory_bytes"]["total"] <= device_memory,
+                       fitting_layouts=ranked)
+        print(json.dumps(out, indent=2))
+    else:
+        render(model, plan, device_memory, ranked)
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plan", help="per-device memory and communication of a parallel layout")
+    p.add_argument("--params", required=True, help="parameter count: 70B, 7.5e9, 350M")
+    p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3])
+    for name in ("dp", "tp", "pp"):
+        p.add_argument(f"--{name}", type=_positive_int, default=1)
+    for name, default in (("seq", 2048), ("batch", 1), ("hidden", None), ("heads", None), ("layers", None)):
+        p.add_argument(f"--{name}", type=_positive_int, default=default, required=default is None)
+    p.add_argument("--microbatches", type=_positive_int, default=1, help="microbatches per step")
+    p.add_argument("--sequence-parallel", action="store_true")
+    p.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
+    p.add_argument("--device-memory", default=None, help="e.g. 80GB: also list the layouts that fit")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _positive_int(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+__all__ = ["Layout", "Model", "PlanError", "estimate", "fitting", "layouts", "parse_count", "parse_memory",
+           "run"]

@@ -1,0 +1,16 @@
+"""The analytic cost model: memory, communication and bubble, as exact documented formulas.
+
+Units are bytes (reports print GB = 1e9 bytes, as the papers do) and seconds. Every function cites its
+source. Later suites compare their measurements against these predictions, so they are oracles.
+"""
+
+from .communication import alpha_beta_time, busbw_factor, collective_bytes, dp_step_comm_bytes, tp_layer_comm_bytes
+from .memory import MemoryBreakdown, activation_memory, training_memory
+from .pipeline import bubble_fraction
+from .recompute import checkpoint_segments, recompute_overhead, sqrt_checkpoint_memory
+
+__all__ = [
+    "MemoryBreakdown", "activation_memory", "alpha_beta_time", "bubble_fraction", "busbw_factor",
+    "checkpoint_segments", "collective_bytes", "dp_step_comm_bytes", "recompute_overhead",
+    "sqrt_checkpoint_memory", "tp_layer_comm_bytes", "training_memory",
+]

@@ -1,0 +1,80 @@
+"""``paritybench plan``: the seed's 70B question answered in a table and in JSON; bad input exits 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.cli import main
+from harness.plan import parse_count, parse_memory
+
+SEED = ["plan", "--params", "70B", "--zero", "1", "--dp", "64", "--tp", "8", "--pp", "4", "--seq", "4096",
+        "--batch", "1", "--hidden", "8192", "--heads", "64", "--layers", "80"]
+
+
+def test_seed_layout_as_json(capsys):
+    assert main([*SEED, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    mem = out["memory_bytes"]
+    psi = 70e9 / 32
+    assert mem["weights"] == pytest.approx(2 * psi) and mem["optimizer"] == pytest.approx(12 * psi / 64)
+    # 1 microbatch in flight x 20 layers x sbh(10 + 24/8 + 5*64*4096/(8192*8))
+    assert mem["activations"] == pytest.approx(20 * 4096 * 8192 * (10 + 3 + 20))
+    assert mem["total"] == pytest.approx(sum(v for k, v in mem.items() if k != "total"))
+    assert out["comm_bytes_per_step"]["dp"] == pytest.approx(2 * 63 / 64 * psi * 2)
+
+
+def test_one_device_does_not_fit_and_the_answer_says_how_to_split(capsys):
+    argv = ["plan", "--params", "70B", "--hidden", "8192", "--heads", "64", "--layers", "80", "--seq", "4096",
+            "--microbatches", "8", "--sequence-parallel", "--recompute", "selective", "--device-memory", "80GB",
+            "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert not out["fits"] and out["memory_bytes"]["total"] > 1.12e12
+    assert out["fitting_layouts"] == []  # one GPU: no other layout either
+
+
+def test_device_memory_ranks_fitting_layouts(capsys):
+    argv = [*SEED, "--microbatches", "16", "--sequence-parallel", "--recompute", "selective",
+            "--device-memory", "80GB", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fits"]
+    ranked = out["fitting_layouts"]
+    assert ranked and all(e["memory_bytes"]["total"] <= 80e9 for e in ranked)
+    assert all(lay["layout"]["dp"] * lay["layout"]["tp"] * lay["layout"]["pp"] == 2048 for lay in ranked)
+    keys = [(e["bubble_fraction_1f1b"], e["comm_bytes_per_step"]["total"]) for e in ranked]
+    assert keys == sorted(keys)
+
+
+def test_table_output(capsys):
+    assert main([*SEED, "--device-memory", "80GB"]) == 0
+    out = capsys.readouterr().out
+    for needle in ("weights", "optimizer", "activations", "communication per step", "it fits in 80.0 GB"):
+        assert needle in out
+
+
+@pytest.mark.parametrize("text, value", [("70B", 70e9), ("7.5e9", 7.5e9), ("350M", 350e6), ("1T", 1e12)])
+def test_parse_count(text, value):
+    assert parse_count(text) == value
+
+
+@pytest.mark.parametrize("text, value", [("80GB", 80e9), ("1TB", 1e12), ("80GiB", 80 * 2**30), ("8e10", 8e10)])
+def test_parse_memory(text, value):
+    assert parse_memory(text) == value
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--params", "lots"], "--params 'lots' is not a parameter count"),
+    (["--params", "70B", "--device-memory", "huge"], "--device-memory 'huge' is not a memory size"),
+    (["--params", "70B", "--pp", "3"], "--pp (3) must divide --layers (80)"),
+    (["--params", "70B", "--tp", "3"], "tp (3) must divide the number of heads (64)"),
+    (["--params", "70B", "--dp", "0"], "0 must be at least 1"),
+    (["--params", "70B", "--zero", "5"], "invalid choice: 5"),
+])
+def test_bad_input_exit_2(capsys, extra, needle):
+    base = ["plan", "--hidden", "8192", "--heads", "64", "--layers", "80"]
+    assert main([*base, *extra]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1 and "Traceback" not in err
