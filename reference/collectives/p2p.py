@@ -67,6 +67,9 @@ class Peers:
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
         self.bytes_sent = 0
+        # nccl runs a pair's point-to-point ops in order on one stream: a send posted before the
+        # matching receive can deadlock unless both are grouped (``exchange``). gloo's are independent.
+        self.streamed = dist.get_backend(group) != "nccl"
 
     def exchange(self, sends: list[tuple[int, torch.Tensor]], recvs: list[tuple[int, torch.Tensor]]):
         """Post every send and receive at once, then wait for all; empty tensors are not sent.

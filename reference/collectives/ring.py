@@ -16,6 +16,7 @@ from .p2p import Peers, check_blocks, check_op, chunk_bounds, combine, finish_av
 # forwarded as soon as it is reduced (the pipelining gloo and nccl use). Each piece costs a Python-level
 # send/recv, so pieces are large: half a chunk, within [1 MiB, 4 MiB] (measured best on gloo/CPU at
 # 16-64 MiB, 2 and 4 ranks; see the closing note of the foundation issue).
+# piece_bytes=0 turns pipelining off: one grouped send + receive per step, as on nccl.
 PIECE_MIN_BYTES, PIECE_MAX_BYTES = 1 << 20, 4 << 20
 
 
@@ -42,6 +43,8 @@ def _ring_reduce_scatter_flat(peers: Peers, flat: torch.Tensor, bounds, op: str,
     """
     n, r = peers.size, peers.rank
     right, left = (r + 1) % n, (r - 1) % n
+    if piece_bytes == 0 or not peers.streamed:
+        return _ring_reduce_scatter_grouped(peers, flat, bounds, op)
     piece = _piece_elems(bounds, flat.element_size(), piece_bytes)
     sends = [peers.isend(right, flat[a:b]) for a, b in _pieces(*bounds[r], piece)]
     # Everything this rank receives, in arrival order: step s brings chunk (r - s - 1) mod N.
@@ -61,6 +64,18 @@ def _ring_reduce_scatter_flat(peers: Peers, flat: torch.Tensor, bounds, op: str,
     return (r + 1) % n
 
 
+def _ring_reduce_scatter_grouped(peers: Peers, flat: torch.Tensor, bounds, op: str) -> int:
+    """The same ring, one grouped send + receive per step: nccl's path (its kernels pipeline by
+    themselves), or any backend's with piece_bytes=0."""
+    n, r = peers.size, peers.rank
+    buf = torch.empty(max(hi - lo for lo, hi in bounds), dtype=flat.dtype, device=flat.device)
+    for s in range(n - 1):
+        send, (lo, hi) = bounds[(r - s) % n], bounds[(r - s - 1) % n]
+        peers.exchange([((r + 1) % n, flat[slice(*send)])], [((r - 1) % n, buf[: hi - lo])])
+        combine(flat[lo:hi], buf[: hi - lo], op)
+    return (r + 1) % n
+
+
 def _ring_all_gather_flat(peers: Peers, flat: torch.Tensor, bounds, owned: int,
                           piece_bytes: int | None = None) -> None:
     """Circulate chunks so that every rank ends with all of them; this rank starts owning ``owned``.
@@ -70,6 +85,11 @@ def _ring_all_gather_flat(peers: Peers, flat: torch.Tensor, bounds, owned: int,
     """
     n = peers.size
     right, left = (peers.rank + 1) % n, (peers.rank - 1) % n
+    if piece_bytes == 0 or not peers.streamed:  # one grouped send + receive per step
+        for s in range(n - 1):
+            send, recv = bounds[(owned - s) % n], bounds[(owned - s - 1) % n]
+            peers.exchange([(right, flat[slice(*send)])], [(left, flat[slice(*recv)])])
+        return
     piece = _piece_elems(bounds, flat.element_size(), piece_bytes)
     sends = [peers.isend(right, flat[a:b]) for a, b in _pieces(*bounds[owned], piece)]
     # Every receive lands in its own place, so all of them are posted up front, in arrival order.

@@ -16,6 +16,11 @@ def ring_small_pieces():
     return ReferenceCollectives("ring", piece_bytes=12)
 
 
+def ring_unpipelined():
+    """The reference ring with one grouped send + receive per step: the path nccl takes."""
+    return ReferenceCollectives("ring", piece_bytes=0)
+
+
 class DropsRemainder(ReferenceCollectives):
     """Planted bug: all-reduces only the first numel - numel % N elements (a dropped remainder chunk)."""
 

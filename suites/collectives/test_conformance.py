@@ -19,8 +19,10 @@ def test_collective_matches_exact_oracle(collectives_impl, collective_name, worl
 
 
 @pytest.mark.parametrize("collective_name", ["all_reduce", "reduce_scatter", "all_gather"])
-def test_ring_pipelining_with_many_pieces(collective_name, world_cache, world_sizes, conformance):
-    """The ring cut into 12-byte pieces (loaded as a user's package.module:object would be): up to
-    ~100 pieces per chunk, and chunks of 0, 1 or several pieces; larger tensors only add time."""
-    check_collective("suites.collectives.impls:ring_small_pieces", collective_name, world_cache,
+@pytest.mark.parametrize("variant", ["ring_small_pieces", "ring_unpipelined"])
+def test_ring_variants(variant, collective_name, world_cache, world_sizes, conformance):
+    """The ring cut into 12-byte pieces (up to ~100 pieces per chunk, chunks of 0, 1 or several
+    pieces), and the ring with one grouped exchange per step (nccl's path), each loaded as a user's
+    package.module:object would be. Larger tensors would only add time."""
+    check_collective(f"suites.collectives.impls:{variant}", collective_name, world_cache,
                      world_sizes, conformance, numels=st.integers(0, 1200))
