@@ -25,13 +25,14 @@ def test_suite_runs_under_torchrun_with_rank_zero_driving(tmp_path):
            "suites/harness/test_world.py::test_run_returns_results_indexed_by_rank",
            "suites/harness/test_spmd.py::test_rank_zero_is_the_driver_only_under_torchrun",
            f"--results-dir={tmp_path}"]
-    env = {**os.environ, "PARITYBENCH_HYPOTHESIS_PROFILE": "dev", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PARITYBENCH_HYPOTHESIS_PROFILE": "ci", "OMP_NUM_THREADS": "1"}
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-3000:]
     assert "2 passed, 1 skipped" in log, log[-3000:]  # test_world is skipped there: it kills ranks
     rows = pd.read_csv(next(tmp_path.glob("*/conformance.csv")))
-    assert len(rows) >= 10 and (rows["world_size"] == 2).all() and (rows["outcome"] == "pass").all()
+    assert len(rows) >= 10 and (rows["world_size"] == 2).all()
+    assert set(rows["outcome"]) <= {"pass", "unsupported"} and (rows["outcome"] == "pass").sum() >= 10
 
 
 def test_rank_zero_is_the_driver_only_under_torchrun(world_cache, world_sizes):
