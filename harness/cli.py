@@ -83,6 +83,14 @@ def _build_parser() -> argparse.ArgumentParser:
     r.add_argument("run_dir")
     sub.add_parser("impls", help="list the registered implementations and whether they can run here")
     plan.add_parser(sub)
+    s = sub.add_parser("schedule", help="print (and draw) a pipeline schedule and its simulated metrics")
+    s.add_argument("name", choices=["gpipe", "1f1b", "interleaved", "zb-h1"])
+    s.add_argument("--p", type=int, required=True, help="pipeline ranks")
+    s.add_argument("--m", type=int, required=True, help="microbatches")
+    s.add_argument("--v", type=int, default=2, help="model chunks per rank (interleaved)")
+    s.add_argument("--costs", default="F=1,B=2,I=1,W=1,comm=0", help="per-kind costs for the simulation")
+    s.add_argument("--lowered", action="store_true", help="show explicit SEND/RECV actions")
+    s.add_argument("--png", default=None, help="also draw a Gantt chart to this file")
     return p
 
 
@@ -145,6 +153,36 @@ def _bench_collectives(args) -> int:
     return 0
 
 
+def _schedule(args) -> int:
+    from reference.pipeline import GENERATORS, add_send_recv, simulate, validate
+    from reference.pipeline.draw import gantt_png, metrics_text, text_grid
+
+    try:
+        costs = {k.strip(): float(v) for k, v in (kv.split("=") for kv in args.costs.split(","))}
+    except ValueError:
+        raise UsageError(f"--costs {args.costs!r} must look like F=1,B=2,I=1,W=1,comm=0.") from None
+    bad = set(costs) - {"F", "B", "I", "W", "comm"}
+    if bad or any(v < 0 for v in costs.values()):
+        raise UsageError(f"--costs takes non-negative F, B, I, W and comm; got {args.costs!r}.")
+    try:
+        schedule = GENERATORS[args.name](args.p, args.m, args.v) if args.name == "interleaved" \
+            else GENERATORS[args.name](args.p, args.m)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.lowered:
+        schedule = add_send_recv(schedule)
+    validate(schedule)
+    timeline = simulate(schedule, costs)
+    print(schedule)
+    print()
+    print(text_grid(timeline))
+    print(metrics_text(timeline))
+    if args.png:
+        gantt_png(timeline, args.png, f"{schedule.name}, p={args.p}, m={args.m}: {metrics_text(timeline)}")
+        print(f"wrote {args.png}")
+    return 0
+
+
 def _impls(_args) -> int:
     for paradigm in ("collectives",):
         for name in registry.names(paradigm):
@@ -167,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "plan":
             return plan.run(args)
+        if args.command == "schedule":
+            return _schedule(args)
         return _impls(args)
     except (UsageError, ResultsError, registry.RegistryError, plan.PlanError) as exc:
         print(f"paritybench: error: {exc}", file=sys.stderr)

@@ -18,7 +18,9 @@ def bubble_fraction(schedule: str, p: int, m: int, v: int = 1) -> float:
       shrinks by v (Narayanan et al. 2021, section 2.2.2: bubble time (p - 1)(F + B) / v).
     - zb-h1: (p - 1)(F + I - W) / (m (F + I + W) + (p - 1)(F + I - W)) (Qi et al. 2023, "Zero Bubble
       Pipeline Parallelism", section 3), evaluated at F = I = W = 1: (p - 1) / (3 m + p - 1), a third
-      of 1F1B's bubble time.
+      of 1F1B's bubble time. The paper assumes m >= p; with fewer microbatches the critical path binds
+      instead (the last microbatch's p forwards and p input-backwards, then rank 0's m weight
+      gradients after its last I): makespan max(3m + p - 1, 2m + 2p - 1), idle 1 - 3m / makespan.
     """
     choice("schedule", schedule, SCHEDULES)
     whole("p", p)
@@ -33,4 +35,5 @@ def bubble_fraction(schedule: str, p: int, m: int, v: int = 1) -> float:
         return (p - 1) / (m + p - 1)
     if schedule == "interleaved":
         return (p - 1) / (v * m + p - 1)
-    return (p - 1) / (3 * m + p - 1)
+    makespan = max(3 * m + p - 1, 2 * m + 2 * p - 1)
+    return 1 - 3 * m / makespan
