@@ -97,7 +97,7 @@ def simulate(schedule: Schedule, costs: dict | None = None) -> Timeline:
                 if any(d not in end for d, _ in deps):
                     break
                 start = max([free[r]] + [end[d] + (c["comm"] if cross else 0.0) for d, cross in deps])
-                finish = start + (c[a.kind] if a.kind in c else 0.0)
+                finish = start + c.get(a.kind, 0.0)  # sends and receives take no time
                 end[a] = finish
                 free[r] = finish
                 events[r].append((a, start, finish))
