@@ -114,7 +114,7 @@ def write_report(run_dir) -> Path:
             out += [_md(summary.set_index("op")) if len(summary)
                     else "_(no sizes in the 16–64 MiB band in this run)_", ""]
         for op in coll["op"].unique():
-            out += [f"## {op}: busbw (GB/s) by size", "", _md(busbw_table(coll, op)), ""]
+            out += [f"## {op}: busbw (GB/s) by size", "", _md(busbw_table(coll, op), ".4g"), ""]
             if plot_busbw(coll, op, run_dir / f"busbw_{op}.png"):
                 out += [f"![{op} busbw](busbw_{op}.png)", ""]
         unsupported = coll[coll["status"] == "unsupported"]
