@@ -50,8 +50,8 @@ class ImplSpec:
     description: str = ""
 
 
-BUILTINS: dict[str, ImplSpec] = {
-    spec.name: spec
+BUILTINS: dict[tuple[str, str], ImplSpec] = {
+    (spec.paradigm, spec.name): spec
     for spec in [
         ImplSpec("reference", "collectives", "reference.collectives:ReferenceCollectives",
                  {"all_reduce_algorithm": "ring"}, description="ours, p2p only; ring all-reduce"),
@@ -66,6 +66,11 @@ BUILTINS: dict[str, ImplSpec] = {
                  description="ours; central root all-reduce"),
         ImplSpec("torch", "collectives", "harness.adapters.torch_collectives:TorchCollectives",
                  requires=("torch",), description="native torch.distributed on the current backend"),
+        ImplSpec("reference", "pipeline", "reference.pipeline.runtime:ReferencePipeline",
+                 description="ours: one interpreter of schedules-as-data"),
+        ImplSpec("torch", "pipeline", "harness.adapters.torch_pipeline:TorchPipeline",
+                 requires=("torch.distributed.pipelining",),
+                 description="torch.distributed.pipelining schedules with PipelineStage"),
     ]
 }
 
@@ -78,7 +83,7 @@ def _entry_points() -> dict[str, ImplSpec]:
 
 def names(paradigm: str) -> list[str]:
     """Every registered implementation name for ``paradigm`` (built-ins first)."""
-    builtin = [n for n, s in BUILTINS.items() if s.paradigm == paradigm]
+    builtin = [name for (par, name) in BUILTINS if par == paradigm]
     return builtin + [n for n, s in _entry_points().items() if s.paradigm in ("", paradigm)]
 
 
@@ -86,11 +91,12 @@ def resolve(spec: str, paradigm: str) -> ImplSpec:
     """Turn a spec string into an ``ImplSpec``, or raise ``RegistryError`` saying what is valid."""
     if paradigm not in CONTRACTS:
         raise RegistryError(f"unknown paradigm {paradigm!r}; known: {', '.join(CONTRACTS)}.")
-    if spec in BUILTINS:
-        found = BUILTINS[spec]
-        if found.paradigm != paradigm:
-            raise RegistryError(f"implementation {spec!r} is a {found.paradigm} implementation, not {paradigm}.")
-        return found
+    if (paradigm, spec) in BUILTINS:
+        return BUILTINS[(paradigm, spec)]
+    other = [par for (par, name) in BUILTINS if name == spec]
+    if other:
+        raise RegistryError(f"implementation {spec!r} is a {' and '.join(other)} implementation, not {paradigm}; "
+                            f"known for {paradigm}: {', '.join(names(paradigm))}.")
     entry = _entry_points().get(spec)
     if entry is not None:
         return ImplSpec(entry.name, paradigm, entry.target, description=entry.description)

@@ -4,10 +4,11 @@ An implementation that does not support an operation raises ``Unsupported`` (any
 ``NotImplementedError`` counts): the suites report it as ``unsupported``, never as a pass or a failure.
 """
 
-from reference.collectives.p2p import Unsupported
+from reference.errors import Unsupported
 
 from .collectives import Collectives
+from .pipeline import Pipeline
 
-CONTRACTS = {"collectives": Collectives}
+CONTRACTS = {"collectives": Collectives, "pipeline": Pipeline}
 
-__all__ = ["CONTRACTS", "Collectives", "Unsupported"]
+__all__ = ["CONTRACTS", "Collectives", "Pipeline", "Unsupported"]

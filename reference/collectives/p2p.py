@@ -10,11 +10,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..errors import Unsupported
+
 REDUCE_OPS = ("sum", "avg", "max", "min", "product")
-
-
-class Unsupported(NotImplementedError):
-    """The implementation does not support this operation (reported, never emulated)."""
+__all__ = ["REDUCE_OPS", "Unsupported"]
 
 
 def check_op(op: str, dtype: torch.dtype) -> None:

@@ -1,0 +1,151 @@
+"""One pipeline equivalence case: train a few steps pipelined and on one device, and compare.
+
+The model (reference/pipeline/model.py) has integer weights and inputs, so the first step's loss and
+every gradient are integers: pipelined and single-device must agree bit for bit. Later steps carry
+SGD updates with lr = 2^-10, no longer integers; they are compared with ``step_tolerance``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from reference.pipeline.model import batch, build_layers, split_stages, sum_squared_error
+
+from .. import registry
+
+LR, MOMENTUM = 2.0**-10, 0.5
+EPS = 2.0**-53  # float64 unit roundoff
+
+
+@dataclass(frozen=True)
+class PipelineCase:
+    impl: str
+    schedule: str
+    p: int
+    m: int
+    v: int = 1
+    batch: int = 8
+    hidden: int = 4
+    layers_per_stage: int = 1
+    steps: int = 3
+    seed: int = 0
+
+    @property
+    def num_stages(self) -> int:
+        return self.p * self.v
+
+    @property
+    def num_layers(self) -> int:
+        return self.num_stages * self.layers_per_stage
+
+    def line(self) -> str:
+        return (f"impl={self.impl} schedule={self.schedule} p={self.p} m={self.m} v={self.v} "
+                f"batch={self.batch} hidden={self.hidden} layers={self.num_layers} seed={self.seed}")
+
+    def as_row(self) -> dict:
+        return asdict(self)
+
+
+def _train(modules: list[torch.nn.Module], step_fn, steps: int) -> tuple[list, list, list]:
+    params = [p for mod in modules for p in mod.parameters()]
+    opt = torch.optim.SGD(params, lr=LR, momentum=MOMENTUM)
+    losses, first_grads = [], None
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        losses.append(step_fn())
+        if step == 0:
+            first_grads = [None if p.grad is None else p.grad.detach().clone() for p in params]
+        opt.step()
+    return losses, first_grads, [p.detach().clone() for p in params]
+
+
+def single_device(case: PipelineCase) -> dict:
+    """The oracle: the same layers, the whole batch, one device."""
+    layers = build_layers(case.num_layers, case.hidden, case.seed)
+    model = torch.nn.Sequential(*layers)
+    x, y = batch(case.batch, case.hidden, case.seed)
+    losses, grads, params = _train([model], lambda: _backward(sum_squared_error(model(x), y)), case.steps)
+    return {"losses": losses, "grads": grads, "params": params}
+
+
+def _backward(loss: torch.Tensor) -> torch.Tensor:
+    loss.backward()
+    return loss.detach()
+
+
+def run_rank(case: PipelineCase) -> dict:
+    """Rank side: build this rank's stages (s on rank s mod p), train ``steps`` steps, return per stage
+    its first-step gradients and final parameters, the losses on the last stage's rank, and the
+    runtime's per-action events of the last step where the implementation records them."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    stages = split_stages(build_layers(case.num_layers, case.hidden, case.seed), case.num_stages)
+    mine = {s: stages[s] for s in range(case.num_stages) if s % case.p == rank}
+    impl = registry.load(case.impl, "pipeline")
+    try:
+        trainer = impl.build(mine, case.num_stages, case.schedule, case.m, case.v, sum_squared_error,
+                             case.batch, (case.hidden,))
+    except NotImplementedError as exc:
+        return {"unsupported": str(exc)}
+    x, y = batch(case.batch, case.hidden, case.seed)
+    first, last = 0 in mine, case.num_stages - 1 in mine
+    order = sorted(mine)
+    losses, grads, params = _train([mine[s] for s in order],
+                                   lambda: trainer.step(x if first else None, y if last else None), case.steps)
+    counts = [sum(1 for _ in mine[s].parameters()) for s in order]
+    per_stage, k = {}, 0
+    for s, c in zip(order, counts, strict=True):
+        per_stage[s] = {"grads": grads[k:k + c], "params": params[k:k + c]}
+        k += c
+    return {"stages": per_stage, "losses": losses if last else None,
+            "events": getattr(trainer, "events", None)}
+
+
+def step_tolerance(case: PipelineCase, reference: dict) -> float:
+    """Bound on |pipelined - single-device| for parameters after ``steps`` SGD steps.
+
+    Step 1 is exact (integers). After it, the two runs differ only in rounding: a weight gradient is
+    a sum over the batch, done per microbatch then accumulated instead of at once (and matmul blocking
+    may differ with the row count), so each element differs by at most (batch + hidden) * eps relative
+    to the sum of absolute terms, which is bounded by |g| magnified by the forward/backward depth: we
+    take 2 * layers * (batch + hidden) * eps * max|g|. Each later step adds that to the update, times
+    lr, and momentum < 1 at most doubles it, plus one ulp of the parameter when the update is applied;
+    ``steps - 1`` such steps.
+    """
+    gmax = max(float(g.abs().max()) for g in reference["grads"] if g is not None)
+    wmax = max(float(w.abs().max()) for w in reference["params"])
+    per_step = 2 * case.num_layers * (case.batch + case.hidden) * EPS * gmax
+    # Plus the final rounding of w - lr * v: two nearly equal updates may round to neighbouring
+    # floats, one ulp (<= 2 eps |w|) apart, once per step.
+    return (case.steps - 1) * (2 * LR * per_step + 2 * EPS * wmax)
+
+
+def compare(case: PipelineCase, reference: dict, per_rank: list[dict]) -> dict:
+    """One verdict: step-1 loss and gradients bitwise, later losses within 2 (batch * hidden) eps of
+    the loss (a sum of non-negative terms regrouped), final parameters within ``step_tolerance``."""
+    unsupported = [r["unsupported"] for r in per_rank if "unsupported" in r]
+    if unsupported:
+        return {"outcome": "unsupported", "detail": unsupported[0], "max_param_error": None}
+    stages = {s: d for r in per_rank for s, d in r["stages"].items()}
+    grads = [g for s in sorted(stages) for g in stages[s]["grads"]]
+    params = [q for s in sorted(stages) for q in stages[s]["params"]]
+    losses = next(r["losses"] for r in per_rank if r["losses"] is not None)
+    problems = []
+    if not torch.equal(losses[0], reference["losses"][0]):
+        problems.append(f"step-1 loss {losses[0].item()!r} != {reference['losses'][0].item()!r}")
+    for k in range(1, case.steps):
+        bound = 2 * case.batch * case.hidden * EPS * float(reference["losses"][k])
+        if abs(float(losses[k] - reference["losses"][k])) > bound:
+            problems.append(f"step-{k + 1} loss {losses[k].item()!r} vs {reference['losses'][k].item()!r} (bound {bound:.3g})")
+    for i, (g, want) in enumerate(zip(grads, reference["grads"], strict=True)):
+        if not torch.equal(g, want):
+            problems.append(f"step-1 gradient of parameter {i}: max diff {float((g - want).abs().max())!r}")
+            break
+    tol = step_tolerance(case, reference)
+    err = max(float((q - want).abs().max()) for q, want in zip(params, reference["params"], strict=True))
+    if err > tol:
+        problems.append(f"parameters after {case.steps} steps differ by {err:.3g} > tolerance {tol:.3g}")
+    return {"outcome": "fail" if problems else "pass", "detail": "; ".join(problems), "max_param_error": err}
