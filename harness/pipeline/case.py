@@ -139,7 +139,8 @@ def compare(case: PipelineCase, reference: dict, per_rank: list[dict]) -> dict:
     for k in range(1, case.steps):
         bound = 2 * case.batch * case.hidden * EPS * float(reference["losses"][k])
         if abs(float(losses[k] - reference["losses"][k])) > bound:
-            problems.append(f"step-{k + 1} loss {losses[k].item()!r} vs {reference['losses'][k].item()!r} (bound {bound:.3g})")
+            problems.append(f"step-{k + 1} loss {losses[k].item()!r} vs {reference['losses'][k].item()!r} "
+                            f"(bound {bound:.3g})")
     for i, (g, want) in enumerate(zip(grads, reference["grads"], strict=True)):
         if not torch.equal(g, want):
             problems.append(f"step-1 gradient of parameter {i}: max diff {float((g - want).abs().max())!r}")
