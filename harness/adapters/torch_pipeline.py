@@ -30,6 +30,8 @@ class TorchPipeline:
     """torch.distributed.pipelining: ScheduleGPipe, Schedule1F1B (one stage per rank),
     ScheduleInterleaved1F1B and ScheduleInterleavedZeroBubble (stages rank, rank + p, ...)."""
 
+    scale_grads = False  # the contract's loss is a sum
+
     def build(self, stages, num_stages, schedule, num_microbatches, virtual_stages, loss_fn, batch_size,
               sample_shape, group=None):
         from torch.distributed import pipelining
@@ -53,7 +55,7 @@ class TorchPipeline:
         cls = getattr(pipelining, SCHEDULES[schedule])
         target = pstages[0] if schedule in ("gpipe", "1f1b") else pstages
         try:
-            built = cls(target, num_microbatches, loss_fn=loss_fn, scale_grads=False)
+            built = cls(target, num_microbatches, loss_fn=loss_fn, scale_grads=self.scale_grads)
         except (ValueError, AssertionError, NotImplementedError) as exc:
             raise Unsupported(f"torch {SCHEDULES[schedule]} rejects p={p}, m={num_microbatches}, "
                               f"v={virtual_stages}: {exc}") from exc
