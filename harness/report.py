@@ -18,8 +18,8 @@ def human_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
-def _md(df, floatfmt=".3f") -> str:
-    return df.to_markdown(floatfmt=floatfmt) if len(df) else "_(no rows)_"
+def _md(df, floatfmt=".3f", index=True) -> str:
+    return df.to_markdown(floatfmt=floatfmt, index=index) if len(df) else "_(no rows)_"
 
 
 def busbw_table(bench, op: str):
@@ -86,6 +86,35 @@ def plot_busbw(bench, op: str, path: Path) -> bool:
     return True
 
 
+def pipeline_section(pipe, run_dir: Path) -> list[str]:
+    """Step time per implementation x schedule x (p, m); our runtime's bubble, measured vs simulated."""
+    ok = pipe[pipe["status"] == "ok"].copy()
+    out = ["## Pipeline: step time and bubble", "",
+           f"Pipeline ranks measured here: {sorted(set(pipe['world_size']))} "
+           "(on 2 CPU cores only p = 2 is meaningful; p >= 4 is for GPU nodes). The bubble is measured from "
+           "our runtime's per-action timestamps and predicted by simulating the same schedule with the "
+           "measured mean cost of each action kind and the measured hop latency.", ""]
+    if len(ok):
+        ok["step_ms"] = ok["time_p50_us"] / 1e3
+        table = ok.pivot_table(index=["world_size", "op", "microbatches"], columns="impl", values="step_ms",
+                               aggfunc="first")
+        out += ["Step time p50 (ms):", "", _md(table.reset_index(), ".2f", index=False), ""]
+        bub = ok.dropna(subset=["bubble_measured"])
+        if len(bub):
+            cols = ["world_size", "op", "microbatches", "bubble_measured", "bubble_predicted", "time_p50_us",
+                    "makespan_predicted_us"]
+            out += ["Bubble of our runtime, measured vs simulated:", "", _md(bub[cols], ".3f", index=False), ""]
+            for _, r in bub.iterrows():
+                stem = f"pipeline_{r['impl']}_{r['op']}_p{r['world_size']}_m{r['microbatches']}"
+                if (run_dir / f"{stem}_measured.png").exists():
+                    out += [f"![{stem} measured]({stem}_measured.png) ![{stem} simulated]({stem}_simulated.png)", ""]
+    unsupported = pipe[pipe["status"] == "unsupported"]
+    if len(unsupported):
+        out += ["Unsupported (reported, not emulated):", "",
+                _md(unsupported.set_index(["impl", "op", "world_size", "microbatches"])[["detail"]]), ""]
+    return out
+
+
 def write_report(run_dir) -> Path:
     """Write ``report.md`` (and ``busbw_<op>.png`` plots) into the run folder; return its path."""
     run_dir = Path(run_dir)
@@ -126,6 +155,9 @@ def write_report(run_dir) -> Path:
                 f"{len(wrong)} of {len(coll)} timed cases had wrong elements in the exact check."
                 + ("" if wrong.empty else "\n\n" + _md(wrong.set_index(["impl", "op", "world_size", "bytes"])
                                                        [["wrong", "detail"]])), ""]
+    pipe = bench[bench["suite"] == "pipeline"] if len(bench) else bench
+    if len(pipe):
+        out += pipeline_section(pipe, run_dir)
     if len(conf):
         counts = conf.groupby(["impl", "outcome"]).size().unstack(fill_value=0)
         out += ["## Conformance rows", "", _md(counts, "g"), ""]

@@ -32,6 +32,7 @@ BENCHMARK_COLUMNS = COMMON + [
     "op", "reduce_op", "bytes", "count", "iters", "warmup",
     "time_p50_us", "time_p95_us", "time_min_us", "time_max_us", "time_mean_us", "time_cv",
     "algbw_gbps", "busbw_gbps", "wrong", "status", "detail",
+    "microbatches", "virtual_stages", "bubble_measured", "bubble_predicted", "makespan_predicted_us",
 ]
 FILES = {"conformance.csv": CONFORMANCE_COLUMNS, "benchmarks.csv": BENCHMARK_COLUMNS}
 

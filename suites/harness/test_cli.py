@@ -29,6 +29,10 @@ def run_cli(capsys, *argv) -> tuple[int, str]:
     (["bench", "collectives", "--impls", "reference", "--iters", "0"], "--iters must be >= 1"),
     (["bench", "collectives", "--dtype", "float8"], "invalid choice: 'float8'"),
     (["bench", "telepathy"], "invalid choice: 'telepathy'"),
+    (["bench", "pipeline", "--microbatches", "2,x"], "--microbatches '2,x' must be comma-separated"),
+    (["bench", "pipeline", "--schedules", "1f1b,pipedream"], "schedule(s) pipedream not known"),
+    (["bench", "pipeline", "--impls", "reference-rhd"], "'reference-rhd' is a collectives implementation, not pipeline"),
+    (["bench", "all", "--virtual-stages", "0"], "--virtual-stages and --hidden must be >= 1"),
     ([], "the following arguments are required"),
 ])
 def test_bad_input_is_one_sentence_and_exit_2(capsys, argv, needle):

@@ -1,0 +1,147 @@
+"""``paritybench bench collectives | pipeline | all``: sweeps into one new run folder, then report.md."""
+
+from __future__ import annotations
+
+import sys
+
+from . import registry
+from .collectives.case import COLLECTIVES, DTYPES, OPS
+from .errors import UsageError
+from .parsing import parse_bytes, parse_list, parse_world_sizes
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+
+
+def add_parsers(sub) -> None:
+    bench = sub.add_parser("bench", help="run benchmark sweeps into a new run folder")
+    bsub = bench.add_subparsers(dest="suite", required=True, parser_class=type(bench))
+    for name, helptext in (("collectives", "nccl-tests-style size sweep of every collective"),
+                           ("pipeline", "step time and bubble per schedule, measured vs simulated"),
+                           ("all", "collectives, then pipeline, into one run folder")):
+        p = bsub.add_parser(name, help=helptext)
+        p.add_argument("--impls", default=None, help="comma-separated implementations (default: all registered)")
+        p.add_argument("--impl", action="append", default=[], metavar="SPEC",
+                       help="add an implementation: a registered name or package.module:object (repeatable)")
+        p.add_argument("--world-sizes", default="2,4" if name != "pipeline" else "2")
+        p.add_argument("--iters", type=int, default=10 if name != "pipeline" else 5)
+        p.add_argument("--warmup", type=int, default=3 if name != "pipeline" else 2)
+        p.add_argument("--backend", default=None, choices=["gloo", "nccl"])
+        p.add_argument("--results-dir", default="results/runs")
+        p.add_argument("--no-report", action="store_true", help="do not write report.md at the end")
+        if name in ("collectives", "all"):
+            p.add_argument("--ops", default=",".join(COLLECTIVES), help="comma-separated collectives")
+            p.add_argument("--min-bytes", default="1K")
+            p.add_argument("--max-bytes", default="64M")
+            p.add_argument("--factor", type=int, default=4, help="size multiplier between steps (>= 2)")
+            p.add_argument("--dtype", default="float32", choices=DTYPES)
+            p.add_argument("--reduce-op", default="sum", choices=OPS)
+        if name in ("pipeline", "all"):
+            p.add_argument("--schedules", default=",".join(SCHEDULES))
+            p.add_argument("--pipeline-world-sizes", default="2",
+                           help="pipeline ranks p (2 cores: 2; p >= 4 is for GPU nodes)")
+            p.add_argument("--microbatches", default="2,4,8")
+            p.add_argument("--virtual-stages", type=int, default=2)
+            p.add_argument("--hidden", type=int, default=512)
+
+
+def _impls(args, paradigm: str) -> list[str]:
+    specs = [s.strip() for s in args.impls.split(",") if s.strip()] if args.impls else \
+        (registry.names(paradigm) if not args.impl else [])
+    specs += args.impl
+    runnable = []
+    for spec in specs:
+        try:
+            impl = registry.check(spec, paradigm)
+        except registry.RegistryError as exc:
+            raise UsageError(str(exc)) from None
+        reason = registry.skip_reason(impl)
+        if reason:
+            print(f"paritybench: skipping {spec}: {reason}.", file=sys.stderr)
+        else:
+            runnable.append(spec)
+    if not runnable:
+        raise UsageError(f"no {paradigm} implementation can run here (every one requested was skipped).")
+    return runnable
+
+
+def _check_counts(args) -> None:
+    if args.iters < 1 or args.warmup < 0:
+        raise UsageError(f"--iters must be >= 1 and --warmup >= 0; got {args.iters} and {args.warmup}.")
+
+
+def collectives_config(args):
+    from .collectives.bench import SweepConfig
+
+    cfg = SweepConfig(
+        impls=_impls(args, "collectives"), ops=parse_list(args.ops, COLLECTIVES, "collective(s)"),
+        world_sizes=parse_world_sizes(args.world_sizes), min_bytes=parse_bytes(args.min_bytes),
+        max_bytes=parse_bytes(args.max_bytes), factor=args.factor, iters=args.iters, warmup=args.warmup,
+        dtype=args.dtype, reduce_op=args.reduce_op)
+    if cfg.min_bytes < 1 or cfg.min_bytes > cfg.max_bytes:
+        raise UsageError(f"--min-bytes ({cfg.min_bytes}) must be at least 1 and at most --max-bytes ({cfg.max_bytes}).")
+    if cfg.factor < 2:
+        raise UsageError(f"--factor must be a whole number of at least 2; got {cfg.factor}.")
+    return cfg
+
+
+def pipeline_config(args):
+    from .pipeline.bench import PipelineSweep
+
+    sizes = args.pipeline_world_sizes if args.suite == "all" else args.world_sizes
+    micro = [int(t) for t in args.microbatches.split(",") if t.strip().isdigit()]
+    if not micro or len(micro) != len([t for t in args.microbatches.split(",") if t.strip()]) or min(micro) < 1:
+        raise UsageError(f"--microbatches {args.microbatches!r} must be comma-separated whole numbers >= 1.")
+    if args.virtual_stages < 1 or args.hidden < 1:
+        raise UsageError(f"--virtual-stages and --hidden must be >= 1; got {args.virtual_stages}, {args.hidden}.")
+    if args.suite == "pipeline":
+        impls = _impls(args, "pipeline")
+    else:  # bench all: --impls/--impl choose collectives; every runnable pipeline implementation runs
+        impls = [s for s in registry.names("pipeline") if registry.skip_reason(registry.resolve(s, "pipeline")) is None]
+    return PipelineSweep(impls=impls, schedules=parse_list(args.schedules, SCHEDULES, "schedule(s)"),
+                         world_sizes=parse_world_sizes(sizes), microbatches=micro,
+                         virtual_stages=args.virtual_stages, hidden=args.hidden, iters=args.iters,
+                         warmup=args.warmup)
+
+
+def run(args) -> int:
+    from dataclasses import asdict
+
+    from .collectives import bench as coll_bench
+    from .pipeline import bench as pipe_bench
+    from .results import RunDir
+    from .world import World
+
+    _check_counts(args)
+    plans = []
+    if args.suite in ("collectives", "all"):
+        plans.append(("collectives", collectives_config(args), coll_bench.run_sweep))
+    if args.suite in ("pipeline", "all"):
+        plans.append(("pipeline", pipeline_config(args), pipe_bench.run_sweep))
+    run = RunDir(args.results_dir, {"suite": args.suite, "config": {name: asdict(cfg) for name, cfg, _ in plans}})
+    print(f"paritybench: run folder {run.path}", file=sys.stderr)
+    worlds: dict[int, World] = {}
+
+    def get_world(n: int) -> World:
+        for size in [s for s in worlds if s != n]:  # one world at a time: 2 cores, up to 8 ranks
+            worlds.pop(size).close()
+        if n not in worlds:
+            worlds[n] = World(n, backend=args.backend, timeout=600)
+        return worlds[n]
+
+    try:
+        run.update(backend=get_world(plans[0][1].world_sizes[0]).backend)
+        for _, cfg, sweep in plans:
+            sweep(cfg, get_world, run)
+    except BaseException:
+        run.finish("incomplete")
+        raise
+    finally:
+        for w in worlds.values():
+            w.close()
+    run.finish("complete")
+    if not args.no_report:
+        from .report import write_report
+
+        print(f"paritybench: report {write_report(run.path)}", file=sys.stderr)
+    print(run.path)
+    return 0

@@ -1,0 +1,157 @@
+"""The pipeline benchmark: step time per implementation x schedule x (p, m), and the bubble measured
+from the reference runtime's per-action timestamps against the simulator's prediction with the
+measured per-action costs.
+
+Timestamps are time.perf_counter (CLOCK_MONOTONIC on Linux: one clock for every process of a host),
+relative to a barrier before each step. Measured bubble = 1 - busy / (p * makespan), busy being the
+summed F/B/I/W durations, makespan the last compute's end on any rank; the prediction simulates the
+same schedule with each kind's mean measured duration and the measured median hop latency between
+ranks (``hop_latency``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import sys
+from dataclasses import dataclass, field
+
+from .. import registry
+from ..timing import summarize
+
+COMPUTE = ("F", "B", "I", "W")
+
+
+@dataclass
+class PipelineSweep:
+    """What ``paritybench bench pipeline`` runs."""
+
+    impls: list[str] = field(default_factory=lambda: ["reference", "torch"])
+    schedules: list[str] = field(default_factory=lambda: ["gpipe", "1f1b", "interleaved", "zb-h1"])
+    world_sizes: list[int] = field(default_factory=lambda: [2])
+    """Pipeline ranks p. On 2 CPU cores only p = 2 is meaningful; p >= 4 is for GPU nodes."""
+    microbatches: list[int] = field(default_factory=lambda: [2, 4, 8])
+    virtual_stages: int = 2
+    """Model chunks per rank for the interleaved schedule."""
+    hidden: int = 512
+    layers_per_stage: int = 2
+    rows_per_microbatch: int = 64
+    iters: int = 5
+    warmup: int = 2
+
+
+def bench_rank(impl_spec: str, schedule: str, p: int, m: int, v: int, hidden: int, layers_per_stage: int,
+               rows: int, iters: int, warmup: int) -> dict:
+    """Rank side: build this rank's stages in float32 and time ``iters`` training steps."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from reference.pipeline.model import batch, build_layers, split_stages, sum_squared_error
+
+    num_stages = p * v
+    rank = dist.get_rank()
+    stages = split_stages(build_layers(num_stages * layers_per_stage, hidden, 0, torch.float32), num_stages)
+    mine = {s: stages[s] for s in range(num_stages) if s % p == rank}
+    try:
+        trainer = registry.load(impl_spec, "pipeline").build(
+            mine, num_stages, schedule, m, v, sum_squared_error, rows * m, (hidden,))
+    except NotImplementedError as exc:
+        return {"unsupported": str(exc)}
+    x, y = batch(rows * m, hidden, 0, torch.float32)
+    x, y = x / hidden, y / hidden  # keep float32 activations far from overflow at this width
+    times, events = [], None
+    for it in range(warmup + iters):
+        for mod in mine.values():
+            mod.zero_grad(set_to_none=True)
+        dist.barrier()
+        t0 = time.perf_counter()
+        trainer.step(x if 0 in mine else None, y if num_stages - 1 in mine else None)
+        if it >= warmup:
+            times.append(time.perf_counter() - t0)
+            events = getattr(trainer, "events", None)
+    return {"times": times, "events": events}
+
+
+def measured_timeline(per_rank_events):
+    """The last timed step's events as a Timeline (compute actions only), with its measured bubble."""
+    from reference.pipeline import Action, Timeline
+
+    rows = [[(Action.parse(a), s, e) for a, s, e in events if Action.parse(a).kind in COMPUTE]
+            for events in per_rank_events]
+    makespan = max((e for row in rows for _, _, e in row), default=0.0)
+    busy = sum(e - s for row in rows for _, s, e in row)
+    bubble = 1 - busy / (len(rows) * makespan) if makespan > 0 else 0.0
+    return Timeline(rows, makespan, bubble, [])
+
+
+def hop_latency(measured, p: int) -> float:
+    """Median cross-rank hop, measured: consumer start - producer end, over the edges where the
+    consumer's rank was already idle when the producer finished (so the gap is the transfer alone)."""
+    ends = {(a.stage, a.kind, a.microbatch): e for row in measured.events for a, _, e in row}
+    gaps = []
+    for row in measured.events:
+        prev_end = 0.0
+        for a, start, end in row:
+            src = None
+            if a.kind == "F" and a.stage > 0:
+                src = (a.stage - 1, "F", a.microbatch)
+            elif a.kind in ("B", "I"):
+                nxt = [(a.stage + 1, k, a.microbatch) for k in ("B", "I")]
+                src = next((key for key in nxt if key in ends), None)
+            if src and src in ends and (src[0] % p) != (a.stage % p) and prev_end <= ends[src]:
+                gaps.append(start - ends[src])
+            prev_end = end
+    return statistics.median(gaps) if gaps else 0.0
+
+
+def predicted_timeline(schedule: str, p: int, m: int, v: int, measured):
+    """Simulate the schedule with each kind's mean measured duration and the measured hop latency."""
+    from reference.pipeline import GENERATORS, simulate
+
+    durations: dict[str, list[float]] = {}
+    for row in measured.events:
+        for a, s, e in row:
+            durations.setdefault(a.kind, []).append(e - s)
+    costs = {k: statistics.fmean(d) for k, d in durations.items()}
+    sched = GENERATORS[schedule](p, m, v) if schedule == "interleaved" else GENERATORS[schedule](p, m)
+    return simulate(sched, {**costs, "comm": max(0.0, hop_latency(measured, p))})
+
+
+def run_sweep(cfg: PipelineSweep, get_world, run_dir, progress=sys.stderr) -> int:
+    """Append one benchmark row per case; draw measured and simulated Gantt charts for ours."""
+    from reference.pipeline.draw import gantt_png
+
+    cases = list(itertools.product(cfg.world_sizes, cfg.impls, cfg.schedules, cfg.microbatches))
+    for done, (p, impl, schedule, m) in enumerate(cases, 1):
+        v = cfg.virtual_stages if schedule == "interleaved" else 1
+        world = get_world(p)
+        per_rank = world.run(bench_rank, impl, schedule, p, m, v, cfg.hidden, cfg.layers_per_stage,
+                             cfg.rows_per_microbatch, cfg.iters, cfg.warmup, timeout=600)
+        row = {"suite": "pipeline", "op": schedule, "impl": impl, "backend": world.backend, "world_size": p,
+               "dtype": "float32", "microbatches": m, "virtual_stages": v, "iters": cfg.iters,
+               "warmup": cfg.warmup, "count": cfg.rows_per_microbatch * m}
+        unsupported = [r["unsupported"] for r in per_rank if "unsupported" in r]
+        if unsupported:
+            row.update(status="unsupported", detail=unsupported[0])
+        else:
+            row.update(status="ok", **summarize([r["times"] for r in per_rank]))
+            if all(r["events"] for r in per_rank):
+                measured = measured_timeline([r["events"] for r in per_rank])
+                predicted = predicted_timeline(schedule, p, m, v, measured)
+                row.update(bubble_measured=measured.bubble_fraction, bubble_predicted=predicted.bubble_fraction,
+                           makespan_predicted_us=predicted.makespan * 1e6)
+                stem = f"pipeline_{impl}_{schedule}_p{p}_m{m}"
+                gantt_png(measured, run_dir.path / f"{stem}_measured.png",
+                          f"{schedule} p={p} m={m}, measured: bubble {measured.bubble_fraction:.3f}")
+                gantt_png(predicted, run_dir.path / f"{stem}_simulated.png",
+                          f"{schedule} p={p} m={m}, simulated with measured costs: "
+                          f"bubble {predicted.bubble_fraction:.3f}")
+        run_dir.append("benchmarks.csv", row)
+        if progress:
+            extra = (f" step p50 {row['time_p50_us'] / 1e3:.2f} ms" if row["status"] == "ok" else f" {row['status']}")
+            if "bubble_measured" in row:
+                extra += f", bubble measured {row['bubble_measured']:.3f} vs predicted {row['bubble_predicted']:.3f}"
+            print(f"[{done}/{len(cases)}] pipeline p={p} {impl} {schedule} m={m}:{extra}", file=progress, flush=True)
+    return len(cases)

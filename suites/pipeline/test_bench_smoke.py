@@ -1,0 +1,34 @@
+"""The pipeline benchmark and its report section run end to end on a tiny model. No timings asserted."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.pipeline.bench import PipelineSweep, run_sweep
+from harness.report import write_report
+from harness.results import RunDir, read_run
+
+
+def test_pipeline_sweep_rows_plots_and_report(world_cache, world_sizes, tmp_path):
+    if 2 not in world_sizes:
+        pytest.skip("needs a 2-rank world")
+    cfg = PipelineSweep(world_sizes=[2], microbatches=[1, 3], hidden=8, rows_per_microbatch=2, iters=2, warmup=1)
+    run = RunDir(tmp_path, {"suite": "pipeline"})
+    assert run_sweep(cfg, world_cache.get, run, progress=None) == 2 * 4 * 2
+    run.finish()
+    _, frames = read_run(run.path)
+    rows = frames["benchmarks.csv"]
+    ours = rows[rows["impl"] == "reference"]
+    # Ours runs every schedule; interleaved needs m a multiple of p (neither 1 nor 3): reported, not run.
+    assert set(ours[ours["status"] == "unsupported"]["op"]) == {"interleaved"}
+    timed = ours[ours["status"] == "ok"]
+    assert len(timed) == 6 and timed["bubble_measured"].between(0, 1).all()
+    assert timed["bubble_predicted"].between(0, 1).all() and (timed["time_p50_us"] > 0).all()
+    torch_rows = rows[rows["impl"] == "torch"]
+    assert set(torch_rows["status"]) <= {"ok", "unsupported"} and torch_rows["bubble_measured"].isna().all()
+    for _, r in timed.iterrows():
+        stem = f"pipeline_reference_{r['op']}_p2_m{r['microbatches']}"
+        assert (run.path / f"{stem}_measured.png").stat().st_size > 1000
+        assert (run.path / f"{stem}_simulated.png").stat().st_size > 1000
+    report = write_report(run.path).read_text()
+    assert "## Pipeline: step time and bubble" in report and "bubble_measured" in report
