@@ -128,20 +128,16 @@ def render(model: Model, plan: dict, device_memory: float | None, ranked: list[d
     lay = plan["layout"]
     title = (f"{model.params / 1e9:g}B parameters, dp={lay['dp']} tp={lay['tp']} pp={lay['pp']} "
              f"ZeRO-{lay['zero']}: per device")
-    console.print(f"[bold]{title}[/bold]")
-    mem = Table()
-    mem.add_column("memory")
-    mem.add_column("GB (1e9 bytes)", justify="right")
-    for key, value in plan["memory_bytes"].items():
-        mem.add_row(key, _gb(value))
-    console.print(mem)
-    console.print("[bold]communication per step, bytes each device sends[/bold]")
-    comm = Table()
-    comm.add_column("paradigm")
-    comm.add_column("GB", justify="right")
-    for key, value in plan["comm_bytes_per_step"].items():
-        comm.add_row(key, _gb(value))
-    console.print(comm)
+    for heading, (label, unit), values in (
+            (title, ("memory", "GB (1e9 bytes)"), plan["memory_bytes"]),
+            ("communication per step, bytes each device sends", ("paradigm", "GB"), plan["comm_bytes_per_step"])):
+        console.print(f"[bold]{heading}[/bold]")
+        table = Table()
+        table.add_column(label)
+        table.add_column(unit, justify="right")
+        for key, value in values.items():
+            table.add_row(key, _gb(value))
+        console.print(table)
     if device_memory is not None:
         total = plan["memory_bytes"]["total"]
         verdict = "fits" if total <= device_memory else "does NOT fit"

@@ -22,14 +22,21 @@ EPS = 2.0**-53  # float64 unit roundoff
 @dataclass(frozen=True)
 class PipelineCase:
     impl: str
+    """Pipeline implementation spec (registry name or package.module:object)."""
     schedule: str
+    """gpipe, 1f1b, interleaved or zb-h1."""
     p: int
+    """Pipeline ranks."""
     m: int
+    """Microbatches per step."""
     v: int = 1
+    """Stages per rank (interleaved)."""
     batch: int = 8
+    """Global batch rows, split into m microbatches with tensor_split (unequal when m does not divide)."""
     hidden: int = 4
     layers_per_stage: int = 1
     steps: int = 3
+    """SGD-with-momentum steps compared."""
     seed: int = 0
 
     @property
