@@ -88,7 +88,7 @@ def plot_busbw(bench, op: str, path: Path) -> bool:
 
 def pipeline_section(pipe, run_dir: Path) -> list[str]:
     """Step time per implementation x schedule x (p, m); our runtime's bubble, measured vs simulated."""
-    ok = pipe[pipe["status"] == "ok"].copy()
+    ok = pipe[pipe["status"] == "ok"].astype({"microbatches": int, "world_size": int})
     out = ["## Pipeline: step time and bubble", "",
            f"Pipeline ranks measured here: {sorted(set(pipe['world_size']))} "
            "(on 2 CPU cores only p = 2 is meaningful; p >= 4 is for GPU nodes). The bubble is measured from "

@@ -53,14 +53,16 @@ def bench_rank(impl_spec: str, schedule: str, p: int, m: int, v: int, hidden: in
     num_stages = p * v
     rank = dist.get_rank()
     stages = split_stages(build_layers(num_stages * layers_per_stage, hidden, 0, torch.float32), num_stages)
-    mine = {s: stages[s] for s in range(num_stages) if s % p == rank}
+    from ..world import rank_device
+
+    device = rank_device()
+    mine = {s: stages[s].to(device) for s in range(num_stages) if s % p == rank}
     try:
         trainer = registry.load(impl_spec, "pipeline").build(
             mine, num_stages, schedule, m, v, sum_squared_error, rows * m, (hidden,))
     except NotImplementedError as exc:
         return {"unsupported": str(exc)}
-    x, y = batch(rows * m, hidden, 0, torch.float32)
-    x, y = x / hidden, y / hidden  # keep float32 activations far from overflow at this width
+    x, y = (t.to(device) / hidden for t in batch(rows * m, hidden, 0, torch.float32))  # far from overflow
     times, events = [], None
     for it in range(warmup + iters):
         for mod in mine.values():

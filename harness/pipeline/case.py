@@ -63,9 +63,9 @@ def _train(modules: list[torch.nn.Module], step_fn, steps: int) -> tuple[list, l
         opt.zero_grad(set_to_none=True)
         losses.append(step_fn())
         if step == 0:
-            first_grads = [None if p.grad is None else p.grad.detach().clone() for p in params]
+            first_grads = [None if p.grad is None else p.grad.detach().cpu().clone() for p in params]
         opt.step()
-    return losses, first_grads, [p.detach().clone() for p in params]
+    return losses, first_grads, [p.detach().cpu().clone() for p in params]
 
 
 def single_device(case: PipelineCase) -> dict:
@@ -90,14 +90,17 @@ def run_rank(case: PipelineCase) -> dict:
 
     rank = dist.get_rank()
     stages = split_stages(build_layers(case.num_layers, case.hidden, case.seed), case.num_stages)
-    mine = {s: stages[s] for s in range(case.num_stages) if s % case.p == rank}
+    from ..world import rank_device
+
+    device = rank_device()
+    mine = {s: stages[s].to(device) for s in range(case.num_stages) if s % case.p == rank}
     impl = registry.load(case.impl, "pipeline")
     try:
         trainer = impl.build(mine, case.num_stages, case.schedule, case.m, case.v, sum_squared_error,
                              case.batch, (case.hidden,))
     except NotImplementedError as exc:
         return {"unsupported": str(exc)}
-    x, y = batch(case.batch, case.hidden, case.seed)
+    x, y = (t.to(device) for t in batch(case.batch, case.hidden, case.seed))
     first, last = 0 in mine, case.num_stages - 1 in mine
     order = sorted(mine)
     losses, grads, params = _train([mine[s] for s in order],
@@ -107,7 +110,7 @@ def run_rank(case: PipelineCase) -> dict:
     for s, c in zip(order, counts, strict=True):
         per_stage[s] = {"grads": grads[k:k + c], "params": params[k:k + c]}
         k += c
-    return {"stages": per_stage, "losses": losses if last else None,
+    return {"stages": per_stage, "losses": [loss.cpu() for loss in losses] if last else None,
             "events": getattr(trainer, "events", None)}
 
 
