@@ -7,8 +7,9 @@ Options:
   --results-dir DIR       also write a run folder with a conformance row per executed example
 
 Fixtures: ``world_cache`` (session: one World per (size, backend), spawned on first use, closed at the
-end), ``world_sizes``, ``world`` (parametrised over --world-sizes), ``collectives_impl`` (parametrised
-over the implementations, skipped with a reason where a package is missing), ``conformance`` (records
+end), ``world_sizes``, ``world`` (parametrised over --world-sizes), ``collectives_impl`` and
+``pipeline_impl`` (parametrised over the implementations of that paradigm among --impl, or every
+registered one; skipped with a reason where a package is missing), ``conformance`` (records
 rows). A test that also takes ``collective_name`` is parametrised over (implementation, collective)
 pairs, leaving out variants where they share the collective with another implementation. Worlds are
 never spawned per test or per example.
@@ -23,6 +24,7 @@ from hypothesis import HealthCheck, settings
 
 from . import registry
 from .collectives.case import COLLECTIVES
+from .contracts import CONTRACTS
 from .world import World, default_backend
 
 # The World fixtures are session-cached and safe to reuse across examples.
@@ -55,19 +57,30 @@ def _world_sizes(config) -> list[int]:
     return sizes
 
 
+def _fits(spec: str, paradigm: str) -> str | None:
+    """None if ``spec`` names a ``paradigm`` implementation (one that can be skipped counts), else why not."""
+    try:
+        impl = registry.resolve(spec, paradigm)
+        if registry.skip_reason(impl) is None:
+            registry.load(spec, paradigm)
+    except registry.RegistryError as exc:
+        return str(exc)
+    return None
+
+
 def _impl_specs(config, paradigm: str) -> list[str]:
-    specs = config.getoption("--impl") or registry.names(paradigm)
-    for spec in specs:
-        try:
-            registry.resolve(spec, paradigm)
-        except registry.RegistryError as exc:
-            raise pytest.UsageError(str(exc)) from None
-    return specs
+    """--impl's specs that are ``paradigm`` implementations (each suite takes its own), else every registered one."""
+    specs = config.getoption("--impl")
+    return [s for s in specs if _fits(s, paradigm) is None] if specs else registry.names(paradigm)
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "world: the test runs ranks on a World")
     _world_sizes(config)
+    for spec in config.getoption("--impl"):
+        reasons = [_fits(spec, paradigm) for paradigm in CONTRACTS]
+        if all(reasons):
+            raise pytest.UsageError(reasons[0])
     config._paritybench_run = None
     results_dir = config.getoption("--results-dir")
     if results_dir and not hasattr(config, "workerinput"):
@@ -86,6 +99,12 @@ def pytest_unconfigure(config):
 
 
 def pytest_generate_tests(metafunc):
+    if "pipeline_impl" in metafunc.fixturenames:
+        params = []
+        for spec in _impl_specs(metafunc.config, "pipeline"):
+            reason = registry.skip_reason(registry.resolve(spec, "pipeline"))
+            params.append(pytest.param(spec, id=spec, marks=[pytest.mark.skip(reason=reason)] if reason else []))
+        metafunc.parametrize("pipeline_impl", params)
     if "world" in metafunc.fixturenames:
         metafunc.parametrize("world_size", _world_sizes(metafunc.config), indirect=False, scope="session")
     if "collectives_impl" in metafunc.fixturenames:

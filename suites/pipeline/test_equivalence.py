@@ -12,11 +12,9 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from harness import registry
 from harness.pipeline.case import PipelineCase, compare, run_rank, single_device
 
 SCHEDULES = ["gpipe", "1f1b", "interleaved", "zb-h1"]
-IMPLS = ["reference", "torch"]
 
 
 @st.composite
@@ -30,11 +28,8 @@ def pipeline_cases(draw, impl: str, schedule: str, world_sizes: list[int]) -> Pi
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize("impl", IMPLS)
-def test_pipelined_training_equals_one_device(impl, schedule, world_cache, world_sizes, conformance):
-    reason = registry.skip_reason(registry.resolve(impl, "pipeline"))
-    if reason:
-        pytest.skip(reason)
+def test_pipelined_training_equals_one_device(pipeline_impl, schedule, world_cache, world_sizes, conformance):
+    impl = pipeline_impl
 
     @settings(max_examples=max(5, settings.default.max_examples // 5))
     @given(data=st.data())

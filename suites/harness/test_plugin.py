@@ -1,0 +1,45 @@
+"""The pytest plugin's options, as a user passes them: --impl SPEC selects implementations; bad values
+are a usage error in one sentence."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def pytest_run(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PARITYBENCH_HYPOTHESIS_PROFILE": "dev"}
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_impl_option_runs_a_users_implementation_only():
+    out = pytest_run("suites/collectives/test_conformance.py", "suites/pipeline/test_equivalence.py",
+                     "--collect-only", "--impl", "suites.collectives.impls:ring_unpipelined", "--impl", "torch",
+                     "-k", "test_collective_matches or test_pipelined")
+    assert out.returncode == 0, out.stdout + out.stderr
+    ids = [line for line in out.stdout.splitlines() if "[" in line]
+    collectives = [i for i in ids if "test_collective_matches_exact_oracle[" in i]
+    pipelines = [i for i in ids if "test_pipelined_training_equals_one_device[" in i]
+    # Each suite takes the specs of its own paradigm: the user's collectives and torch's, torch's pipeline.
+    assert len(collectives) == 12 and len(pipelines) == 4, ids
+    assert all("ring_unpipelined-" in i or "[torch-" in i for i in collectives)
+    assert all("[torch-" in i for i in pipelines)
+
+
+def test_impl_option_runs_and_passes_on_the_world():
+    out = pytest_run("suites/collectives/test_conformance.py", "--world-sizes", "2,3", "--impl",
+                     "suites.collectives.impls:ring_unpipelined", "-k", "test_collective_matches and all_gather")
+    assert out.returncode == 0 and "1 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_bad_options_are_usage_errors():
+    for args, needle in ((["--impl", "nccl-magic"], "unknown implementation 'nccl-magic'"),
+                         (["--world-sizes", "0,2"], "every world size must be at least 1"),
+                         (["--world-sizes", "two"], "must be comma-separated whole numbers")):
+        out = pytest_run("suites/collectives/test_bad_input.py", *args)
+        assert out.returncode == 4 and needle in out.stderr, (args, out.stderr[-1000:])
