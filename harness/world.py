@@ -26,15 +26,13 @@ import shutil
 import signal
 import tempfile
 import time
-import traceback
 from multiprocessing import connection, get_context
 
 from . import spmd
+from .rank import _rank_main, default_backend, rank_device
 
 __all__ = ["World", "RankFailure", "WorldTimeout", "rank_device", "default_backend"]
 
-# Threads per CPU rank: 2 cores run up to 8 ranks, so any intra-op parallelism only oversubscribes.
-_RANK_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 # A rank that raised leaves its peers blocked in a collective; they get this long to finish anyway.
 _PEER_GRACE_S = 3.0
 _STACK_WAIT_S = 1.0
@@ -62,65 +60,6 @@ class RankFailure(RuntimeError):
 
 class WorldTimeout(RankFailure):
     """The call passed its deadline. ``failures`` maps each rank that never returned -> its stack."""
-
-
-def default_backend(size: int) -> str:
-    """nccl when there is one CUDA device per rank, gloo otherwise."""
-    import torch
-
-    if torch.cuda.is_available() and torch.cuda.device_count() >= size:
-        return "nccl"
-    return "gloo"
-
-
-def rank_device():
-    """The device this rank's tensors live on: ``cuda:<local rank>`` under nccl, else the CPU."""
-    import torch
-    import torch.distributed as dist
-
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _rank_main(rank: int, size: int, backend: str, store_path: str, stack_path: str, conn, timeout_s):
-    """Body of a rank process: initialise the default group, then serve calls until told to stop."""
-    import faulthandler
-
-    for key, value in _RANK_ENV.items():
-        os.environ.setdefault(key, value)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # ranks of a World share one machine
-    stack_file = open(stack_path, "w")  # noqa: SIM115 - must outlive this frame for faulthandler
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
-
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-    store = dist.FileStore(store_path, size)
-    dist.init_process_group(
-        backend, store=store, rank=rank, world_size=size, timeout=timedelta(seconds=timeout_s)
-    )
-    conn.send(("ready", 0, None))
-    while True:
-        try:
-            data = conn.recv_bytes()
-        except (EOFError, OSError):
-            break
-        if not data:
-            break
-        call_id = -1
-        try:
-            call_id, fn, args, kwargs = pickle.loads(data)
-            result = fn(*args, **kwargs)
-            conn.send_bytes(pickle.dumps(("ok", call_id, result)))
-        except BaseException:  # noqa: BLE001 - everything a rank raises goes back to the parent
-            conn.send(("err", call_id, traceback.format_exc()))
-    dist.destroy_process_group()
 
 
 class World:
