@@ -2,8 +2,8 @@
 
 Activations go forward and gradients backward by point-to-point send/recv in the explicitly passed
 group (gloo: tagged, so messages of different stages between the same two ranks cannot be confused;
-nccl matches in posting order, which the lowered schedule keeps the same on both sides of a pair).
-Sends are asynchronous and waited for at the end of the step; a RECV blocks, where the schedule puts it.
+nccl matches in posting order). Consecutive sends and receives of a rank's list are posted as one
+group (batch_isend_irecv); its receives are waited for there, its sends at the end of the step.
 """
 
 from __future__ import annotations
@@ -52,13 +52,32 @@ class PipelineRuntime:
         last, m = sched.num_stages - 1, sched.num_microbatches
         xs = list(inputs.tensor_split(m)) if inputs is not None else None
         ts = list(targets.tensor_split(m)) if targets is not None else None
-        x_in, y_out, grad_in, grad_out, losses, works = {}, {}, {}, {}, [], []
+        x_in, y_out, grad_in, grad_out, for_w, losses, works = {}, {}, {}, {}, {}, [], []
         self.events = []
         t0 = time.perf_counter()
-        for a in sched.actions[self.rank]:
-            if a is None:
-                continue
+        for unit in _units(sched.actions[self.rank]):
             start = time.perf_counter() - t0
+            if isinstance(unit, list):  # consecutive sends and receives, posted as one group
+                ops, receives = [], []
+                for a in unit:
+                    s, j = a.stage, a.microbatch
+                    if a.kind.startswith("SEND"):
+                        t = y_out[(s, j)].detach() if a.kind == "SEND_F" else grad_in.pop((s, j))
+                        ops.append(self._op(dist.isend, t, place[s + 1] if a.kind == "SEND_F" else place[s - 1], a))
+                    else:
+                        buf = torch.empty((self.rows[j], *self.sample_shape), dtype=self.dtype, device=self.device)
+                        (x_in if a.kind == "RECV_F" else grad_out)[(s, j)] = buf
+                        receives.append(len(ops))
+                        ops.append(self._op(dist.irecv, buf, place[s - 1] if a.kind == "RECV_F" else place[s + 1], a))
+                for k, work in enumerate(dist.batch_isend_irecv(ops)):
+                    if k in receives:
+                        work.wait()
+                    else:
+                        works.append((work, ops[k].tensor))  # keep the sent tensor alive until done
+                end_t = time.perf_counter() - t0
+                self.events += [(str(a), start, end_t) for a in unit]
+                continue
+            a = unit
             s, j = a.stage, a.microbatch
             if a.kind == "F":
                 if s == 0:
@@ -73,16 +92,6 @@ class PipelineRuntime:
                 y_out[(s, j)] = self.loss_fn(y, ts[j]) if s == last else y
                 if s == last:
                     losses.append(y_out[(s, j)].detach())
-            elif a.kind == "SEND_F":
-                works.append(self._send(y_out[(s, j)].detach(), place[s + 1], a))
-            elif a.kind == "RECV_F":
-                buf = torch.empty((self.rows[j], *self.sample_shape), dtype=self.dtype, device=self.device)
-                self._recv(buf, place[s - 1], a)
-                x_in[(s, j)] = buf
-            elif a.kind == "RECV_B":
-                buf = torch.empty((self.rows[j], *self.sample_shape), dtype=self.dtype, device=self.device)
-                self._recv(buf, place[s + 1], a)
-                grad_out[(s, j)] = buf
             elif a.kind in ("B", "I"):
                 g = None if s == last else grad_out.pop((s, j), None)
                 if g is None and s < last:
@@ -96,31 +105,41 @@ class PipelineRuntime:
                 else:
                     if s > 0:
                         (grad_in[(s, j)],) = torch.autograd.grad(y, [x], g, retain_graph=True)
-                    grad_out[("W", s, j)] = g
+                    for_w[(s, j)] = g  # the output gradient W needs, kept until W runs
             elif a.kind == "W":
                 y = y_out.pop((s, j))
                 del x_in[(s, j)]
                 params = [p for p in self.stages[s].parameters() if p.requires_grad]
-                for p, gw in zip(params, torch.autograd.grad(y, params, grad_out.pop(("W", s, j))), strict=True):
+                for p, gw in zip(params, torch.autograd.grad(y, params, for_w.pop((s, j))), strict=True):
                     p.grad = gw if p.grad is None else p.grad + gw
-            elif a.kind == "SEND_B":
-                works.append(self._send(grad_in.pop((s, j)), place[s - 1], a))
             self.events.append((str(a), start, time.perf_counter() - t0))
-        for w in works:
-            w.wait()
+        for work, _ in works:
+            work.wait()
         return torch.stack(losses).sum() if losses else None
 
-    def _send(self, t: torch.Tensor, peer: int, a: Action):
-        t = t.contiguous()
-        if self.tagged:
-            return dist.isend(t, group=self.group, group_dst=peer, tag=_tag(a, self.schedule.num_microbatches))
-        return dist.isend(t, group=self.group, group_dst=peer)
+    def _op(self, op, t: torch.Tensor, peer: int, a: Action) -> dist.P2POp:
+        tag = _tag(a, self.schedule.num_microbatches) if self.tagged else 0
+        return dist.P2POp(op, t.contiguous(), group=self.group, group_peer=peer, tag=tag)
 
-    def _recv(self, t: torch.Tensor, peer: int, a: Action) -> None:
-        if self.tagged:
-            dist.recv(t, group=self.group, group_src=peer, tag=_tag(a, self.schedule.num_microbatches))
-        else:
-            dist.recv(t, group=self.group, group_src=peer)
+
+def _units(row):
+    """A rank's actions as compute actions and runs of consecutive sends/receives (each run one group:
+    nccl runs a pair's point-to-point ops in order on one stream and would deadlock on two ranks that
+    both send before receiving, unless the send and the receive are grouped, as torch's pipelining does)."""
+    units, run = [], []
+    for a in row:
+        if a is None:
+            continue
+        if a.kind in ("SEND_F", "RECV_F", "SEND_B", "RECV_B"):
+            run.append(a)
+            continue
+        if run:
+            units.append(run)
+            run = []
+        units.append(a)
+    if run:
+        units.append(run)
+    return units
 
 
 class ReferencePipeline:
