@@ -12,7 +12,7 @@ from hypothesis import find, settings
 from .property import verdict
 from .strategies import cases
 
-_SEARCH = settings(max_examples=300, database=None, deadline=None)
+_SEARCH = settings(max_examples=300, database=None, deadline=None, derandomize=True)
 
 
 def minimal_failure(impl: str, collective: str, world_cache, world_sizes):
