@@ -1,0 +1,21 @@
+"""Tensor parallelism: conjugate communication operators and sharded layers, each taking its group."""
+
+from .layers import (
+                     ColumnParallelLinear,
+                     ParallelMLP,
+                     RowParallelLinear,
+                     VocabParallelEmbedding,
+                     vocab_parallel_cross_entropy,
+)
+from .mappings import (
+                     copy_to_region,
+                     gather_from_region,
+                     gather_from_sequence_region,
+                     reduce_from_region,
+                     reduce_scatter_to_sequence_region,
+                     scatter_to_region,
+)
+
+__all__ = ["ColumnParallelLinear", "ParallelMLP", "RowParallelLinear", "VocabParallelEmbedding",
+           "copy_to_region", "gather_from_region", "gather_from_sequence_region", "reduce_from_region",
+           "reduce_scatter_to_sequence_region", "scatter_to_region", "vocab_parallel_cross_entropy"]

@@ -1,0 +1,203 @@
+"""Tensor-parallel layers (Shoeybi et al. 2019, "Megatron-LM"; Korthikanti et al. 2022 for sequence
+parallelism), each buildable from the dense layer's weights with ``from_dense(layer, group)``: build the
+full weight, then split it, so a sharded layer can be held to the dense one exactly.
+
+Shapes: activations are (seq, batch, hidden) or any (..., features); with ``sequence_parallel`` the
+activations outside a column/row pair are split along dim 0 (the sequence) across the group.
+Communication per layer per microbatch: a column + row pair moves one all-reduce of the (s, b, h)
+activations forward and one backward (or an all-gather + reduce-scatter with sequence parallelism).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from .mappings import (
+    copy_to_region,
+    gather_from_region,
+    gather_from_sequence_region,
+    reduce_from_region,
+    reduce_scatter_to_sequence_region,
+    scatter_to_region,
+)
+
+
+def _split(total: int, group, what: str) -> tuple[int, int]:
+    """(this rank's share, its offset) of ``total``, which must divide by the group size."""
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    if total % n:
+        divisors = [d for d in range(1, total + 1) if total % d == 0]
+        raise ValueError(f"{what} ({total}) must divide by the tensor-parallel size ({n}); "
+                         f"sizes that divide it: {', '.join(map(str, divisors))}.")
+    share = total // n
+    return share, r * share
+
+
+class ColumnParallelLinear(nn.Module):
+    """Y = X A^T + b with A split by rows (output features): rank r computes Y[..., r-th block].
+
+    forward: copy_to_region (or gather_from_sequence_region) -> local linear -> optionally
+    gather_from_region (gather_output=True).
+    """
+
+    def __init__(self, in_features: int, out_features: int, group=None, bias: bool = True,
+                 gather_output: bool = False, sequence_parallel: bool = False, dtype=None):
+        super().__init__()
+        self.group, self.gather_output, self.sequence_parallel = group, gather_output, sequence_parallel
+        self.out_per_rank, self.offset = _split(out_features, group, "out_features")
+        self.weight = nn.Parameter(torch.empty(self.out_per_rank, in_features, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(self.out_per_rank, dtype=dtype)) if bias else None
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+
+    @classmethod
+    def from_dense(cls, layer: nn.Linear, group=None, **kwargs) -> ColumnParallelLinear:
+        self = cls(layer.in_features, layer.out_features, group, layer.bias is not None, dtype=layer.weight.dtype,
+                   **kwargs)
+        rows = slice(self.offset, self.offset + self.out_per_rank)
+        with torch.no_grad():
+            self.weight.copy_(layer.weight[rows])
+            if self.bias is not None:
+                self.bias.copy_(layer.bias[rows])
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = gather_from_sequence_region(x, self.group) if self.sequence_parallel else copy_to_region(x, self.group)
+        y = F.linear(x, self.weight, self.bias)
+        return gather_from_region(y, self.group) if self.gather_output else y
+
+
+class RowParallelLinear(nn.Module):
+    """Y = X A^T + b with A split by columns (input features): rank r holds X[..., r-th block] and adds
+    its partial product; the bias is added once, after the reduction.
+
+    forward: optionally scatter_to_region (input_is_parallel=False) -> local linear ->
+    reduce_from_region (or reduce_scatter_to_sequence_region) -> + bias.
+
+    With sequence_parallel the bias is added to this rank's sequence slice only, so its gradient is
+    partial: sum it over the group before the optimizer step (as Megatron all-reduces the gradients
+    of parameters replicated across a sequence-parallel region).
+    """
+
+    def __init__(self, in_features: int, out_features: int, group=None, bias: bool = True,
+                 input_is_parallel: bool = True, sequence_parallel: bool = False, dtype=None):
+        super().__init__()
+        self.group, self.input_is_parallel, self.sequence_parallel = group, input_is_parallel, sequence_parallel
+        self.in_per_rank, self.offset = _split(in_features, group, "in_features")
+        self.weight = nn.Parameter(torch.empty(out_features, self.in_per_rank, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+
+    @classmethod
+    def from_dense(cls, layer: nn.Linear, group=None, **kwargs) -> RowParallelLinear:
+        self = cls(layer.in_features, layer.out_features, group, layer.bias is not None, dtype=layer.weight.dtype,
+                   **kwargs)
+        with torch.no_grad():
+            self.weight.copy_(layer.weight[:, self.offset:self.offset + self.in_per_rank])
+            if self.bias is not None:
+                self.bias.copy_(layer.bias)
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.input_is_parallel:
+            x = scatter_to_region(x, self.group)
+        y = F.linear(x, self.weight)
+        y = reduce_scatter_to_sequence_region(y, self.group) if self.sequence_parallel \
+            else reduce_from_region(y, self.group)
+        return y + self.bias if self.bias is not None else y
+
+
+class ParallelMLP(nn.Module):
+    """Column-parallel fc1 -> GeLU -> row-parallel fc2: one all-reduce forward, one backward."""
+
+    def __init__(self, fc1: ColumnParallelLinear, fc2: RowParallelLinear):
+        super().__init__()
+        self.fc1, self.fc2 = fc1, fc2
+
+    @classmethod
+    def from_dense(cls, fc1: nn.Linear, fc2: nn.Linear, group=None, sequence_parallel: bool = False) -> ParallelMLP:
+        return cls(ColumnParallelLinear.from_dense(fc1, group, sequence_parallel=sequence_parallel),
+                   RowParallelLinear.from_dense(fc2, group, sequence_parallel=sequence_parallel))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class VocabParallelEmbedding(nn.Module):
+    """The embedding table split by vocabulary rows; a token's row lives on one rank, the others
+    contribute zeros, and an all-reduce assembles the lookup. A vocabulary that does not divide by the
+    group size is padded, as Megatron does, to ceil(V / n) rows per rank; padded rows are never looked
+    up and stay zero, so they change no result."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, group=None, dtype=None):
+        super().__init__()
+        self.group, self.num_embeddings = group, num_embeddings
+        n, r = dist.get_world_size(group), dist.get_rank(group)
+        self.rows_per_rank = -(-num_embeddings // n)
+        self.start = r * self.rows_per_rank
+        self.end = min(self.start + self.rows_per_rank, num_embeddings)
+        self.weight = nn.Parameter(torch.zeros(self.rows_per_rank, embedding_dim, dtype=dtype))
+
+    @classmethod
+    def from_dense(cls, layer: nn.Embedding, group=None) -> VocabParallelEmbedding:
+        self = cls(layer.num_embeddings, layer.embedding_dim, group, dtype=layer.weight.dtype)
+        with torch.no_grad():
+            self.weight[: self.end - self.start].copy_(layer.weight[self.start:self.end])
+        return self
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.num_embeddings):
+            raise ValueError(f"token ids must be in 0..{self.num_embeddings - 1}; got {int(tokens.min())}.."
+                             f"{int(tokens.max())}.")
+        mine = (tokens >= self.start) & (tokens < self.end)
+        local = torch.where(mine, tokens - self.start, torch.zeros_like(tokens))
+        out = F.embedding(local, self.weight) * mine.unsqueeze(-1).to(self.weight.dtype)
+        return reduce_from_region(out, self.group)
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Cross-entropy over logits split by vocabulary: max, target logit and sum of exponentials are
+    all-reduced (3 all-reduces of (tokens,) scalars); the gradient is softmax - one-hot, per shard."""
+
+    @staticmethod
+    def forward(ctx, logits, target, start, vocab_size, group):
+        n_local = logits.shape[-1]
+        valid = torch.arange(start, start + n_local, device=logits.device) < vocab_size  # padding columns
+        masked = logits.masked_fill(~valid, float("-inf"))
+        logit_max = masked.max(dim=-1).values
+        if dist.get_world_size(group) > 1:
+            dist.all_reduce(logit_max, op=dist.ReduceOp.MAX, group=group)
+        shifted = masked - logit_max.unsqueeze(-1)
+        mine = (target >= start) & (target < start + n_local)
+        local_t = torch.where(mine, target - start, torch.zeros_like(target))
+        predicted = shifted.gather(-1, local_t.unsqueeze(-1)).squeeze(-1) * mine.to(logits.dtype)
+        exp = shifted.exp()
+        sum_exp = exp.sum(dim=-1)
+        if dist.get_world_size(group) > 1:
+            dist.all_reduce(predicted, group=group)
+            dist.all_reduce(sum_exp, group=group)
+        ctx.save_for_backward(exp / sum_exp.unsqueeze(-1), mine, local_t)
+        return sum_exp.log() - predicted
+
+    @staticmethod
+    def backward(ctx, grad):
+        softmax, mine, local_t = ctx.saved_tensors
+        g = softmax.clone()
+        g.scatter_add_(-1, local_t.unsqueeze(-1), -mine.to(g.dtype).unsqueeze(-1))
+        return g * grad.unsqueeze(-1), None, None, None, None
+
+
+def vocab_parallel_cross_entropy(logits_shard: torch.Tensor, target: torch.Tensor, vocab_size: int,
+                                 group=None) -> torch.Tensor:
+    """Per-token cross-entropy (no reduction) of logits whose last dim is this rank's vocabulary shard
+    (ceil(V / n) columns, the last rank's padded beyond ``vocab_size``)."""
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    per_rank = -(-vocab_size // n)
+    if logits_shard.shape[-1] != per_rank:
+        raise ValueError(f"logits shard has {logits_shard.shape[-1]} columns; a vocabulary of {vocab_size} over "
+                         f"{n} ranks needs {per_rank} per rank.")
+    return _VocabParallelCrossEntropy.apply(logits_shard, target, r * per_rank, vocab_size, group)

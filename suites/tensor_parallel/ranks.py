@@ -1,0 +1,168 @@
+"""Rank side of the reference tensor-parallel checks: build dense, shard with from_dense, compare.
+
+Integer weights and inputs keep every matmul partial sum exact (|sums| far below 2^24), so forward
+outputs, input gradients and weight-gradient shards must equal the dense layer's bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from reference.tensor_parallel import (
+    ColumnParallelLinear,
+    ParallelMLP,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    vocab_parallel_cross_entropy,
+)
+
+EPS64 = 2.0**-53
+
+
+def _ints(shape, seed: int, lo: int = -2, hi: int = 2, dtype=torch.float64) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(lo, hi + 1, shape, generator=g).to(dtype)
+
+
+def _dense_linear(in_f: int, out_f: int, seed: int, dtype) -> torch.nn.Linear:
+    lin = torch.nn.Linear(in_f, out_f, dtype=dtype)
+    with torch.no_grad():
+        lin.weight.copy_(_ints((out_f, in_f), seed))
+        lin.bias.copy_(_ints((out_f,), seed + 1))
+    return lin
+
+
+def _mismatch(name: str, got: torch.Tensor, want: torch.Tensor, tol: float | torch.Tensor = 0.0) -> list[str]:
+    if got.shape != want.shape:
+        return [f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"]
+    bad = (got - want).abs() > tol
+    if bool(bad.any()):
+        i = int(bad.flatten().nonzero()[0])
+        return [f"{name}: {int(bad.sum())} of {got.numel()} differ, first got {got.flatten()[i].item()!r} "
+                f"expected {want.flatten()[i].item()!r}"]
+    return []
+
+
+def linear_pair(kind: str, seq: int, batch: int, in_f: int, out_f: int, seed: int, dtype: str, flag: bool,
+                sequence_parallel: bool) -> list[str]:
+    """One Column (flag = gather_output) or Row (flag = input_is_parallel) layer vs its dense twin."""
+    n, r = dist.get_world_size(), dist.get_rank()
+    dt = getattr(torch, dtype)
+    dense = _dense_linear(in_f, out_f, seed, dt)
+    x_full = _ints((seq, batch, in_f), seed + 2, -3, 3, dt).requires_grad_()
+    up_full = _ints((seq, batch, out_f), seed + 3, -2, 2, dt)
+    (dense(x_full) * up_full).sum().backward()
+    want_y = dense(x_full).detach()
+    seq_part = slice(r * seq // n, (r + 1) * seq // n) if sequence_parallel else slice(None)
+    if kind == "column":
+        layer = ColumnParallelLinear.from_dense(dense, None, gather_output=flag, sequence_parallel=sequence_parallel)
+        cols = slice(layer.offset, layer.offset + layer.out_per_rank)
+        x = x_full.detach()[seq_part].clone().requires_grad_()
+        y = layer(x)
+        want_local = want_y if flag else want_y[..., cols]
+        up = up_full if flag else up_full[..., cols]
+        (y * up).sum().backward()
+        return (_mismatch("output", y.detach(), want_local) + _mismatch("input grad", x.grad, x_full.grad[seq_part])
+                + _mismatch("weight grad", layer.weight.grad, dense.weight.grad[cols])
+                + _mismatch("bias grad", layer.bias.grad, dense.bias.grad[cols]))
+    layer = RowParallelLinear.from_dense(dense, None, input_is_parallel=flag, sequence_parallel=sequence_parallel)
+    cols = slice(layer.offset, layer.offset + layer.in_per_rank)
+    x = (x_full.detach()[..., cols] if flag else x_full.detach()).clone().requires_grad_()
+    y = layer(x)
+    (y * up_full[seq_part]).sum().backward()
+    want_x_grad = x_full.grad[..., cols] if flag else x_full.grad
+    bias_grad = layer.bias.grad.clone()
+    if sequence_parallel:  # each rank saw its sequence slice only: the group sum is the full gradient
+        dist.all_reduce(bias_grad)
+    return (_mismatch("output", y.detach(), want_y[seq_part]) + _mismatch("input grad", x.grad, want_x_grad)
+            + _mismatch("weight grad", layer.weight.grad, dense.weight.grad[:, cols])
+            + _mismatch("bias grad", bias_grad, dense.bias.grad))
+
+
+def mlp(seq: int, batch: int, hidden: int, ffn: int, seed: int, sequence_parallel: bool) -> list[str]:
+    """ParallelMLP (GeLU) vs dense in float64. fc1 is exact (integers); GeLU is elementwise on the same
+    bits; fc2 sums its ffn products in two levels (per rank, then across ranks) instead of one, so each
+    output differs by at most (ffn + n) eps times the sum of the absolute products: the bound used."""
+    n, r = dist.get_world_size(), dist.get_rank()
+    fc1, fc2 = _dense_linear(hidden, ffn, seed, torch.float64), _dense_linear(ffn, hidden, seed + 5, torch.float64)
+    x_full = _ints((seq, batch, hidden), seed + 2, -3, 3)
+    h = F.gelu(fc1(x_full)).detach()
+    want = fc2(h).detach()
+    bound = (ffn + n) * EPS64 * (h.abs() @ fc2.weight.abs().T + fc2.bias.abs())
+    part = slice(r * seq // n, (r + 1) * seq // n) if sequence_parallel else slice(None)
+    layer = ParallelMLP.from_dense(fc1, fc2, None, sequence_parallel=sequence_parallel)
+    return _mismatch("mlp output", layer(x_full[part]).detach(), want[part], bound[part])
+
+
+def embedding(vocab: int, dim: int, tokens: int, seed: int) -> list[str]:
+    """VocabParallelEmbedding (padded when vocab does not divide) vs nn.Embedding: lookups, exact."""
+    dense = torch.nn.Embedding(vocab, dim, dtype=torch.float64)
+    with torch.no_grad():
+        dense.weight.copy_(_ints((vocab, dim), seed))
+    ids = torch.randint(0, vocab, (tokens,), generator=torch.Generator().manual_seed(seed + 1))
+    layer = VocabParallelEmbedding.from_dense(dense, None)
+    up = _ints((tokens, dim), seed + 2)
+    out = layer(ids)
+    (out * up).sum().backward()
+    (dense(ids) * up).sum().backward()
+    rows = slice(layer.start, layer.end)
+    problems = _mismatch("embedding", out.detach(), dense(ids).detach())
+    problems += _mismatch("weight grad", layer.weight.grad[: layer.end - layer.start], dense.weight.grad[rows])
+    if layer.end - layer.start < layer.rows_per_rank and bool(layer.weight.grad[layer.end - layer.start:].any()):
+        problems.append("padding rows received gradient")
+    return problems
+
+
+def cross_entropy(tokens: int, vocab: int, seed: int) -> list[str]:
+    """vocab_parallel_cross_entropy vs F.cross_entropy in float64. Both are log(sum exp(z - max)) -
+    (z_t - max); the sums of V positive terms differ in order (two levels here), so the loss differs by
+    at most about 2 V eps (relative error of the sum, through log) plus eps |loss|, and the gradient
+    softmax - onehot by 2 V eps: the bounds used."""
+    n, r = dist.get_world_size(), dist.get_rank()
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(tokens, vocab, generator=g, dtype=torch.float64) * 3).requires_grad_()
+    target = torch.randint(0, vocab, (tokens,), generator=g)
+    want = F.cross_entropy(logits, target, reduction="none")
+    want.sum().backward()
+    per = -(-vocab // n)
+    shard = torch.zeros(tokens, per, dtype=torch.float64)
+    lo, hi = r * per, min((r + 1) * per, vocab)
+    shard[:, : max(0, hi - lo)] = logits.detach()[:, lo:hi]
+    shard.requires_grad_()
+    got = vocab_parallel_cross_entropy(shard, target, vocab, None)
+    got.sum().backward()
+    problems = _mismatch("loss", got.detach(), want.detach(), 2 * vocab * EPS64 + EPS64 * want.detach().abs())
+    problems += _mismatch("logit grad", shard.grad[:, : max(0, hi - lo)], logits.grad[:, lo:hi], 2 * vocab * EPS64)
+    if hi - lo < per and bool(shard.grad[:, max(0, hi - lo):].any()):
+        problems.append("padding columns received gradient")
+    return problems
+
+
+def bad_shape(out_features: int) -> str:
+    try:
+        ColumnParallelLinear(4, out_features)
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+class _ForgetsBackwardAllReduce(ColumnParallelLinear):
+    """Planted bug: the input goes in without copy_to_region, so its gradient is never all-reduced."""
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+def planted_column(seq: int, in_f: int, out_f: int) -> list[str]:
+    dense = _dense_linear(in_f, out_f, 7, torch.float64)
+    x_full = _ints((seq, 1, in_f), 9, -3, 3).requires_grad_()
+    up = _ints((seq, 1, out_f), 10)
+    (dense(x_full) * up).sum().backward()
+    layer = _ForgetsBackwardAllReduce.from_dense(dense, None)
+    cols = slice(layer.offset, layer.offset + layer.out_per_rank)
+    x = x_full.detach().clone().requires_grad_()
+    (layer(x) * up[..., cols]).sum().backward()
+    return _mismatch("output", layer(x).detach(), dense(x_full).detach()[..., cols]) + \
+        _mismatch("input grad", x.grad, x_full.grad)
