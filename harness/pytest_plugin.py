@@ -99,12 +99,13 @@ def pytest_unconfigure(config):
 
 
 def pytest_generate_tests(metafunc):
-    if "pipeline_impl" in metafunc.fixturenames:
-        params = []
-        for spec in _impl_specs(metafunc.config, "pipeline"):
-            reason = registry.skip_reason(registry.resolve(spec, "pipeline"))
-            params.append(pytest.param(spec, id=spec, marks=[pytest.mark.skip(reason=reason)] if reason else []))
-        metafunc.parametrize("pipeline_impl", params)
+    for paradigm in ("pipeline", "tensor_parallel"):
+        if f"{paradigm}_impl" in metafunc.fixturenames:
+            params = []
+            for spec in _impl_specs(metafunc.config, paradigm):
+                reason = registry.skip_reason(registry.resolve(spec, paradigm))
+                params.append(pytest.param(spec, id=spec, marks=[pytest.mark.skip(reason=reason)] if reason else []))
+            metafunc.parametrize(f"{paradigm}_impl", params)
     if "world" in metafunc.fixturenames:
         metafunc.parametrize("world_size", _world_sizes(metafunc.config), indirect=False, scope="session")
     if "collectives_impl" in metafunc.fixturenames:

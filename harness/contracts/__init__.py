@@ -8,7 +8,8 @@ from reference.errors import Unsupported
 
 from .collectives import Collectives
 from .pipeline import Pipeline
+from .tensor_parallel import TensorParallel
 
-CONTRACTS = {"collectives": Collectives, "pipeline": Pipeline}
+CONTRACTS = {"collectives": Collectives, "pipeline": Pipeline, "tensor_parallel": TensorParallel}
 
-__all__ = ["CONTRACTS", "Collectives", "Pipeline", "Unsupported"]
+__all__ = ["CONTRACTS", "Collectives", "Pipeline", "TensorParallel", "Unsupported"]

@@ -138,7 +138,8 @@ class VocabParallelEmbedding(nn.Module):
         self.group, self.num_embeddings = group, num_embeddings
         n, r = dist.get_world_size(group), dist.get_rank(group)
         self.rows_per_rank = -(-num_embeddings // n)
-        self.start = r * self.rows_per_rank
+        # The last ranks may hold only padding (e.g. V = 5 over 4 ranks: 2, 2, 1, 0 real rows).
+        self.start = min(r * self.rows_per_rank, num_embeddings)
         self.end = min(self.start + self.rows_per_rank, num_embeddings)
         self.weight = nn.Parameter(torch.zeros(self.rows_per_rank, embedding_dim, dtype=dtype))
 

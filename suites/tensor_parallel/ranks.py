@@ -166,3 +166,97 @@ def planted_column(seq: int, in_f: int, out_f: int) -> list[str]:
     (layer(x) * up[..., cols]).sum().backward()
     return _mismatch("output", layer(x).detach(), dense(x_full).detach()[..., cols]) + \
         _mismatch("input grad", x.grad, x_full.grad)
+
+
+def _block(total: int, n: int, r: int) -> slice:
+    """Rank r's block of ``total`` as torch.chunk splits it (equal blocks when n divides)."""
+    sizes = [len(c) for c in torch.arange(total).chunk(n)] + [0] * n
+    start = sum(sizes[:r])
+    return slice(start, start + sizes[r])
+
+
+def contract_case(impl_spec: str, kind: str, seq: int, batch: int, in_f: int, out_f: int, seed: int,
+                  sequence_parallel: bool) -> dict:
+    """One layer of one implementation through the contract, against the dense layer (float64).
+    column/row are integer-exact: compared bitwise. mlp has GELU: bound derived in ``mlp``."""
+    from harness import registry
+
+    n, r = dist.get_world_size(), dist.get_rank()
+    impl = registry.load(impl_spec, "tensor_parallel")
+    if kind == "mlp":
+        dense = torch.nn.Sequential(_dense_linear(in_f, out_f, seed, torch.float64), torch.nn.GELU(),
+                                    _dense_linear(out_f, in_f, seed + 5, torch.float64))
+        width_out = in_f
+    else:
+        dense = _dense_linear(in_f, out_f, seed, torch.float64)
+        width_out = out_f
+    try:
+        sharded = impl.shard(kind, dense, None, sequence_parallel)
+    except ValueError as exc:
+        return {"refused": str(exc), "unsupported": False, "problems": []}
+    except NotImplementedError as exc:
+        return {"refused": str(exc), "unsupported": True, "problems": []}
+    x_full = _ints((seq, batch, in_f), seed + 2, -3, 3).requires_grad_()
+    up_full = _ints((seq, batch, width_out), seed + 3)
+    want_y = dense(x_full)
+    (want_y * up_full).sum().backward()
+    rows = _block(seq, n, r) if sequence_parallel else slice(None)
+    feat_in = _block(in_f, n, r) if kind == "row" else slice(None)
+    x = x_full.detach()[..., feat_in] if kind == "row" else x_full.detach()[rows]
+    x = x.clone().requires_grad_()
+    y = sharded(x)
+    if kind == "column":
+        want_local, up = want_y.detach()[..., _block(out_f, n, r)], up_full[..., _block(out_f, n, r)]
+    else:
+        want_local, up = want_y.detach()[rows], up_full[rows]
+    (y * up).sum().backward()
+    want_x_grad = x_full.grad[..., feat_in] if kind == "row" else x_full.grad[rows]
+    grads = impl.full_grads(kind, sharded, None)
+    known = getattr(impl, "known_nonconformance", lambda *args: None)(kind, dense, None)
+    dense_grads = {name: p.grad for name, p in dense.named_parameters()}
+    if kind == "mlp":
+        fc1, _, fc2 = dense
+        h = torch.nn.functional.gelu(fc1(x_full.detach())).detach()
+        tol = (out_f + n) * EPS64 * (h.abs() @ fc2.weight.abs().T + fc2.bias.abs())[rows] * 4
+        problems = _mismatch("output", y.detach(), want_local, tol)
+        # Gradients go back through GELU's derivative on the same bits; sums over (seq x batch) and the
+        # fc2 shards regroup: (seq * batch + ffn + n) eps relative to their absolute sums, bounded here by
+        # the dense gradient's own magnitude times that length.
+        g_tol = (seq * batch + out_f + n) * EPS64 * 8
+        problems += _mismatch("input grad", x.grad, want_x_grad, g_tol * float(want_x_grad.abs().max() + 1))
+        for name, g in dense_grads.items():
+            problems += _mismatch(f"{name} grad", grads[name], g, g_tol * float(g.abs().max() + 1))
+    else:
+        problems = _mismatch("output", y.detach(), want_local) + _mismatch("input grad", x.grad, want_x_grad)
+        for name, g in dense_grads.items():
+            problems += _mismatch(f"{name} grad", grads.get(name, torch.full_like(g, float("nan"))), g)
+    return {"refused": None, "unsupported": False, "problems": problems, "known": known}
+
+
+def dtensor_row_bias(in_features: int, bias: bool) -> float:
+    """Max |DTensor RowwiseParallel - dense| for integer weights and inputs (exact in float64)."""
+    import copy
+
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
+
+    n = dist.get_world_size()
+    dense = _dense_linear(in_features, 4, 0, torch.float64)
+    if not bias:
+        dense.bias = None
+    row = parallelize_module(copy.deepcopy(dense), DeviceMesh.from_group(dist.group.WORLD, "cpu"), RowwiseParallel())
+    x = _ints((1, 1, dense.in_features), 2, -3, 3)
+    block = _block(dense.in_features, n, dist.get_rank())
+    return float((row(x[..., block]) - dense(x)).abs().max())
+
+
+def dtensor_size_one() -> None:
+    """ColwiseParallel of Linear(1, 1) with bias on this (1-rank) mesh, forward and backward."""
+    import copy
+
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    col = parallelize_module(copy.deepcopy(torch.nn.Linear(1, 1, dtype=torch.float64)),
+                             DeviceMesh.from_group(dist.group.WORLD, "cpu"), ColwiseParallel())
+    col(torch.ones(1, 1, 1, dtype=torch.float64, requires_grad=True)).sum().backward()
