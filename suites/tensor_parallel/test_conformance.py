@@ -27,13 +27,13 @@ def test_sharded_layer_equals_dense(tensor_parallel_impl, kind, world_cache, wor
         refused = {r["refused"] for r in per_rank}
         problems = [p for r in per_rank for p in r["problems"]]
         known = per_rank[0].get("known") if problems else None
-        outcome = ("unsupported" if None not in refused else "known-nonconformance" if known
-                   else "fail" if problems else "pass")
+        declared = all(r["unsupported"] for r in per_rank)
+        outcome = (("unsupported" if declared else "refused") if None not in refused
+                   else "known-nonconformance" if known else "fail" if problems else "pass")
         conformance.record(outcome, suite="tensor_parallel", world_size=n, dtype="float64", collective=kind,
                            numel=in_f * out_f, impl=tensor_parallel_impl,
                            detail=" | ".join(filter(None, [known, *problems[:1]])))
         if None not in refused:
-            declared = all(r["unsupported"] for r in per_rank)
             assert declared or not divisible, f"{case} refused although every size divides by {n}: {refused}"
             assert all("\n" not in msg for msg in refused), refused
             event("declared unsupported" if declared else "refused a size that does not divide")
