@@ -75,7 +75,7 @@ def _schedule(args) -> int:
 
 
 def _impls(_args) -> int:
-    for paradigm in ("collectives", "pipeline"):
+    for paradigm in ("collectives", "pipeline", "tensor_parallel"):
         for name in registry.names(paradigm):
             impl = registry.resolve(name, paradigm)
             reason = registry.skip_reason(impl)
