@@ -79,7 +79,7 @@ def _impls(_args) -> int:
         for name in registry.names(paradigm):
             impl = registry.resolve(name, paradigm)
             reason = registry.skip_reason(impl)
-            print(f"{paradigm:12s} {name:18s} {'skipped: ' + reason if reason else impl.description}")
+            print(f"{paradigm:16s} {name:18s} {'skipped: ' + reason if reason else impl.description}")
     return 0
 
 
