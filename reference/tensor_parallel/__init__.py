@@ -2,6 +2,8 @@
 
 from .layers import (
                      ColumnParallelLinear,
+                     DenseAttention,
+                     ParallelAttention,
                      ParallelMLP,
                      RowParallelLinear,
                      VocabParallelEmbedding,
@@ -16,6 +18,7 @@ from .mappings import (
                      scatter_to_region,
 )
 
-__all__ = ["ColumnParallelLinear", "ParallelMLP", "RowParallelLinear", "VocabParallelEmbedding",
-           "copy_to_region", "gather_from_region", "gather_from_sequence_region", "reduce_from_region",
-           "reduce_scatter_to_sequence_region", "scatter_to_region", "vocab_parallel_cross_entropy"]
+__all__ = ["ColumnParallelLinear", "DenseAttention", "ParallelAttention", "ParallelMLP", "RowParallelLinear",
+           "VocabParallelEmbedding", "copy_to_region", "gather_from_region", "gather_from_sequence_region",
+           "reduce_from_region", "reduce_scatter_to_sequence_region", "scatter_to_region",
+           "vocab_parallel_cross_entropy"]

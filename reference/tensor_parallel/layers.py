@@ -202,3 +202,53 @@ def vocab_parallel_cross_entropy(logits_shard: torch.Tensor, target: torch.Tenso
         raise ValueError(f"logits shard has {logits_shard.shape[-1]} columns; a vocabulary of {vocab_size} over "
                          f"{n} ranks needs {per_rank} per rank.")
     return _VocabParallelCrossEntropy.apply(logits_shard, target, r * per_rank, vocab_size, group)
+
+
+class DenseAttention(nn.Module):
+    """Plain multi-head self-attention on (seq, batch, hidden): the layer ParallelAttention splits."""
+
+    def __init__(self, hidden: int, heads: int, dtype=None):
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"hidden ({hidden}) must divide by heads ({heads}).")
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (nn.Linear(hidden, hidden, dtype=dtype) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.o(_attend(self.q(x), self.k(x), self.v(x), self.heads))
+
+
+def _attend(q, k, v, heads: int) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v per head; (seq, batch, heads * d) in and out."""
+    s, b, width = q.shape
+    d = width // heads
+
+    def split(t):
+        return t.reshape(s, b, heads, d).permute(1, 2, 0, 3)  # (batch, heads, seq, d)
+
+    weights = torch.softmax(split(q) @ split(k).transpose(-1, -2) / math.sqrt(d), dim=-1)
+    return (weights @ split(v)).permute(2, 0, 1, 3).reshape(s, b, width)
+
+
+class ParallelAttention(nn.Module):
+    """Heads split across ranks: q, k, v column-parallel (this rank's heads), the attention core local,
+    o row-parallel. One all-reduce forward and one backward (all-gather + reduce-scatter with sequence
+    parallelism). The heads must divide by the group size."""
+
+    def __init__(self, q, k, v, o: RowParallelLinear, local_heads: int, group=None, sequence_parallel=False):
+        super().__init__()
+        self.q, self.k, self.v, self.o = q, k, v, o
+        self.local_heads, self.group, self.sequence_parallel = local_heads, group, sequence_parallel
+
+    @classmethod
+    def from_dense(cls, dense: DenseAttention, group=None, sequence_parallel: bool = False) -> ParallelAttention:
+        local_heads, _ = _split(dense.heads, group, "heads")
+        q, k, v = (ColumnParallelLinear.from_dense(lin, group) for lin in (dense.q, dense.k, dense.v))
+        o = RowParallelLinear.from_dense(dense.o, group, sequence_parallel=sequence_parallel)
+        return cls(q, k, v, o, local_heads, group, sequence_parallel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # One input mapping for the three projections (their input gradients add before the reduction).
+        x = gather_from_sequence_region(x, self.group) if self.sequence_parallel else copy_to_region(x, self.group)
+        q, k, v = (F.linear(x, lin.weight, lin.bias) for lin in (self.q, self.k, self.v))
+        return self.o(_attend(q, k, v, self.local_heads))

@@ -260,3 +260,48 @@ def dtensor_size_one() -> None:
     col = parallelize_module(copy.deepcopy(torch.nn.Linear(1, 1, dtype=torch.float64)),
                              DeviceMesh.from_group(dist.group.WORLD, "cpu"), ColwiseParallel())
     col(torch.ones(1, 1, 1, dtype=torch.float64, requires_grad=True)).sum().backward()
+
+
+def attention(seq: int, batch: int, heads_per_rank: int, head_dim: int, seed: int,
+              sequence_parallel: bool) -> list[str]:
+    """ParallelAttention vs DenseAttention in float64 (random weights). Each rank's heads are computed
+    by the same ops as the dense layer's; only o's sum over heads is regrouped (per rank, then across
+    ranks), so outputs differ by at most (hidden + n) eps times the sum of the absolute products; the
+    gradients, through softmax, by (seq * batch + hidden + n) eps relative to their magnitude, times a
+    depth factor 8 for the four projections and the softmax chain."""
+    from reference.tensor_parallel import DenseAttention, ParallelAttention
+
+    n, r = dist.get_world_size(), dist.get_rank()
+    hidden = n * heads_per_rank * head_dim
+    torch.manual_seed(seed)
+    dense = DenseAttention(hidden, n * heads_per_rank, dtype=torch.float64)
+    x_full = torch.randn(seq, batch, hidden, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    x_full.requires_grad_()
+    up = torch.randn(seq, batch, hidden, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
+    y_dense = dense(x_full)
+    (y_dense * up).sum().backward()
+    core = _attend_dense(dense, x_full.detach())
+    bound = (hidden + n) * EPS64 * (core.abs() @ dense.o.weight.abs().T + dense.o.bias.abs()) * 4
+    rows = slice(r * seq // n, (r + 1) * seq // n) if sequence_parallel else slice(None)
+    layer = ParallelAttention.from_dense(dense, None, sequence_parallel=sequence_parallel)
+    x = x_full.detach()[rows].clone().requires_grad_()
+    y = layer(x)
+    (y * up[rows]).sum().backward()
+    g_tol = 8 * (seq * batch + hidden + n) * EPS64
+    cols = slice(layer.q.offset, layer.q.offset + layer.q.out_per_rank)
+    problems = _mismatch("output", y.detach(), y_dense.detach()[rows], bound[rows])
+    problems += _mismatch("input grad", x.grad, x_full.grad[rows], g_tol * float(x_full.grad.abs().max() + 1))
+    for name in ("q", "k", "v"):
+        want = getattr(dense, name).weight.grad[cols]
+        problems += _mismatch(f"{name} weight grad", getattr(layer, name).weight.grad, want,
+                              g_tol * float(want.abs().max() + 1))
+    want_o = dense.o.weight.grad[:, cols]
+    problems += _mismatch("o weight grad", layer.o.weight.grad, want_o, g_tol * float(want_o.abs().max() + 1))
+    return problems
+
+
+def _attend_dense(dense, x):
+    from reference.tensor_parallel.layers import _attend
+
+    with torch.no_grad():
+        return _attend(dense.q(x), dense.k(x), dense.v(x), dense.heads)

@@ -67,3 +67,12 @@ def test_a_missing_backward_all_reduce_is_caught(world_cache, world_sizes):
         return
     per_rank = world_cache.get(n).run(ranks.planted_column, 2, 3, 2 * n)
     assert all(problems and all(p.startswith("input grad") for p in problems) for problems in per_rank), per_rank
+
+
+@given(st.data())
+def test_parallel_attention_within_derived_bound(world_cache, world_sizes, data):
+    n = data.draw(st.sampled_from(world_sizes), label="tp")
+    _run(world_cache, n, ranks.attention, n * data.draw(st.integers(1, 2), label="seq per rank"),
+         data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2), label="heads per rank"),
+         data.draw(st.integers(1, 4), label="head dim"), data.draw(st.integers(0, 999)),
+         data.draw(st.booleans(), label="sequence_parallel"))
