@@ -73,6 +73,8 @@ BUILTINS: dict[tuple[str, str], ImplSpec] = {
         ImplSpec("torch", "tensor_parallel", "harness.adapters.torch_tensor_parallel:TorchTensorParallel",
                  requires=("torch.distributed.tensor.parallel",),
                  description="DTensor parallelize_module: ColwiseParallel / RowwiseParallel"),
+        ImplSpec("megatron", "tensor_parallel", "harness.adapters.megatron_tensor_parallel:MegatronTensorParallel",
+                 requires=("megatron.core",), description="megatron-core tensor_parallel layers on CPU/gloo"),
         ImplSpec("torch", "pipeline", "harness.adapters.torch_pipeline:TorchPipeline",
                  requires=("torch.distributed.pipelining",),
                  description="torch.distributed.pipelining schedules with PipelineStage"),
