@@ -305,3 +305,40 @@ def _attend_dense(dense, x):
 
     with torch.no_grad():
         return _attend(dense.q(x), dense.k(x), dense.v(x), dense.heads)
+
+
+def train_block(impl_spec: str, seq: int, batch: int, hidden: int, ffn: int, seed: int, steps: int) -> dict:
+    """A Linear-GELU-Linear block trained ``steps`` SGD-with-momentum steps (sum loss), sharded through
+    the contract vs dense, on the same batch. Returns per-step losses of both and the largest output
+    difference on a probe input after training, with the bound it must stay within:
+    each step's output differs by at most the MLP bound b = (ffn + n) eps sum|products| (see ``mlp``);
+    gradients inherit at most (seq * batch) times that relative error, and with lr * |grad| << |weight|
+    the trained weights differ by at most steps * (2 lr) of it; we allow 8 (steps + 1) b."""
+    from harness import registry
+
+    n = dist.get_world_size()
+    impl = registry.load(impl_spec, "tensor_parallel")
+    dense = torch.nn.Sequential(_dense_linear(hidden, ffn, seed, torch.float64), torch.nn.GELU(),
+                                _dense_linear(ffn, hidden, seed + 5, torch.float64))
+    try:
+        sharded = impl.shard("mlp", dense, None, False)
+    except NotImplementedError as exc:
+        return {"unsupported": str(exc)}
+    x = _ints((seq, batch, hidden), seed + 2, -3, 3)
+    target = _ints((seq, batch, hidden), seed + 3)
+    lr, momentum = 2.0**-14, 0.5
+    losses = {"dense": [], "sharded": []}
+    for name, module in (("dense", dense), ("sharded", sharded)):
+        opt = torch.optim.SGD(module.parameters(), lr=lr, momentum=momentum)
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = ((module(x) - target) ** 2).sum()
+            loss.backward()
+            opt.step()
+            losses[name].append(float(loss))
+    probe = _ints((seq, batch, hidden), seed + 4, -3, 3)
+    with torch.no_grad():
+        h = F.gelu(dense[0](probe))
+        bound = (ffn + n) * EPS64 * float((h.abs() @ dense[2].weight.abs().T + dense[2].bias.abs()).max())
+        diff = float((sharded(probe) - dense(probe)).abs().max())
+    return {"losses": losses, "diff": diff, "bound": 8 * (steps + 1) * bound}

@@ -45,3 +45,17 @@ def test_sharded_layer_equals_dense(tensor_parallel_impl, kind, world_cache, wor
 
     prop()
     assert conformance.counts.get("pass", 0) > 0, f"{tensor_parallel_impl} {kind}: no example was checked"
+
+
+def test_trained_block_equals_dense(tensor_parallel_impl, world_cache, world_sizes):
+    """3 SGD-with-momentum steps of a sharded Linear-GELU-Linear block follow the dense block: losses
+    and the trained block's outputs within the bound derived in ranks.train_block."""
+    for n in world_sizes:
+        hidden, ffn = 2 * n, 4 * n
+        for r in world_cache.get(n).run(ranks.train_block, tensor_parallel_impl, 2, 2, hidden, ffn, 3, 3):
+            if "unsupported" in r:
+                continue
+            assert r["diff"] <= r["bound"], (n, r)
+            for a, b in zip(r["losses"]["sharded"], r["losses"]["dense"], strict=True):
+                assert abs(a - b) <= r["bound"] * (1 + abs(b)), (n, r["losses"])
+            assert r["losses"]["dense"][-1] < r["losses"]["dense"][0]  # it did train
