@@ -72,81 +72,31 @@ def _reduce_scatter_first(x: torch.Tensor, group) -> torch.Tensor:
     return out
 
 
-class _CopyToRegion(torch.autograd.Function):
-    """forward: identity; backward: all-reduce."""
+def _identity(x: torch.Tensor, group) -> torch.Tensor:
+    return x.view_as(x)
 
-    @staticmethod
-    def forward(ctx, x, group):
+
+def _conjugate(name: str, forward, backward) -> type[torch.autograd.Function]:
+    """An autograd function: ``forward(x, group)`` forward, ``backward(grad, group)`` backward."""
+
+    def fwd(ctx, x, group):
         ctx.group = group
-        return x.view_as(x)
+        return forward(x, group)
 
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_reduce(grad, ctx.group), None
+    def bwd(ctx, grad):
+        return backward(grad, ctx.group), None
 
-
-class _ReduceFromRegion(torch.autograd.Function):
-    """forward: all-reduce; backward: identity."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        return _all_reduce(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
+    doc = f"forward: {forward.__name__.strip('_')}; backward: {backward.__name__.strip('_')}."
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(fwd), "backward": staticmethod(bwd),
+                                                   "__doc__": doc})
 
 
-class _ScatterToRegion(torch.autograd.Function):
-    """forward: keep this rank's slice of the last dim; backward: all-gather the last dim."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _split_last(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _gather_last(grad, ctx.group), None
-
-
-class _GatherFromRegion(torch.autograd.Function):
-    """forward: all-gather the last dim; backward: keep this rank's slice."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _gather_last(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _split_last(grad, ctx.group), None
-
-
-class _GatherFromSequenceRegion(torch.autograd.Function):
-    """forward: all-gather dim 0 (the sequence); backward: reduce-scatter dim 0."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _gather_first(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _reduce_scatter_first(grad, ctx.group), None
-
-
-class _ReduceScatterToSequenceRegion(torch.autograd.Function):
-    """forward: reduce-scatter dim 0 (the sequence); backward: all-gather dim 0."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _reduce_scatter_first(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _gather_first(grad, ctx.group), None
+_CopyToRegion = _conjugate("_CopyToRegion", _identity, _all_reduce)
+_ReduceFromRegion = _conjugate("_ReduceFromRegion", _all_reduce, _identity)
+_ScatterToRegion = _conjugate("_ScatterToRegion", _split_last, _gather_last)
+_GatherFromRegion = _conjugate("_GatherFromRegion", _gather_last, _split_last)
+_GatherFromSequenceRegion = _conjugate("_GatherFromSequenceRegion", _gather_first, _reduce_scatter_first)
+_ReduceScatterToSequenceRegion = _conjugate("_ReduceScatterToSequenceRegion", _reduce_scatter_first, _gather_first)
 
 
 def copy_to_region(x, group=None):
