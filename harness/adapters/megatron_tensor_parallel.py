@@ -88,21 +88,13 @@ class MegatronTensorParallel:
         raise Unsupported(f"kind {kind!r} is not one of column, row, mlp.")
 
     def full_grads(self, kind, sharded, group=None) -> dict:
-        from reference.tensor_parallel.mappings import _gather_first, _gather_last
+        from reference.tensor_parallel.adapter import full_linear_grads
 
         if kind == "mlp":
             return {f"0.{k}": v for k, v in self.full_grads("column", sharded[0], group).items()} | \
                 {f"2.{k}": v for k, v in self.full_grads("row", sharded[2], group).items()}
         layer = sharded.layer
-        if kind == "column":
-            grads = {"weight": _gather_first(layer.weight.grad, group)}
-            if layer.bias is not None:
-                grads["bias"] = _gather_first(layer.bias.grad, group)
-            return grads
-        grads = {"weight": _gather_last(layer.weight.grad, group)}
-        if layer.bias is not None:
-            b = layer.bias.grad.clone()
-            if getattr(layer.bias, "sequence_parallel", False) and dist.get_world_size() > 1:
-                dist.all_reduce(b)  # Megatron all-reduces sequence-parallel parameters' gradients later
-            grads["bias"] = b
-        return grads
+        # Megatron marks parameters replicated over a sequence-parallel region; it all-reduces their
+        # gradients later, in its optimizer step.
+        partial = getattr(layer.bias, "sequence_parallel", False)
+        return full_linear_grads(kind, layer.weight, layer.bias, group, partial_bias=partial)

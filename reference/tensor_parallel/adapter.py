@@ -29,17 +29,24 @@ class ReferenceTensorParallel:
         if kind == "mlp":
             return {f"0.{k}": v for k, v in self.full_grads("column", sharded.fc1, group).items()} | \
                 {f"2.{k}": v for k, v in self.full_grads("row", sharded.fc2, group).items()}
-        w = sharded.weight.grad
-        if kind == "column":
-            grads = {"weight": _gather_first(w, group)}
-            if sharded.bias is not None:
-                grads["bias"] = _gather_first(sharded.bias.grad, group)
-            return grads
-        grads = {"weight": _gather_last(w, group)}
-        if sharded.bias is not None:
-            b = sharded.bias.grad.clone()
-            if sharded.sequence_parallel and dist.get_world_size(group) > 1:
-                dist.all_reduce(b, group=group)  # each rank saw its sequence slice only
-            grads["bias"] = b
+        return full_linear_grads(kind, sharded.weight, sharded.bias, group,
+                                 partial_bias=kind == "row" and sharded.sequence_parallel)
+
+
+def full_linear_grads(kind: str, weight, bias, group=None, partial_bias: bool = False) -> dict:
+    """The dense layer's full gradients from a column- or row-parallel shard's (Megatron's even split):
+    column shards stack along the output features, row shards along the input features; a row
+    layer's bias is replicated, its gradient partial under sequence parallelism (then summed)."""
+    if kind == "column":
+        grads = {"weight": _gather_first(weight.grad, group)}
+        if bias is not None:
+            grads["bias"] = _gather_first(bias.grad, group)
         return grads
+    grads = {"weight": _gather_last(weight.grad, group)}
+    if bias is not None:
+        b = bias.grad.clone()
+        if partial_bias and dist.get_world_size(group) > 1:
+            dist.all_reduce(b, group=group)  # each rank saw its sequence slice only
+        grads["bias"] = b
+    return grads
 
