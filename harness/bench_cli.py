@@ -17,6 +17,7 @@ def add_parsers(sub) -> None:
     bsub = bench.add_subparsers(dest="suite", required=True, parser_class=type(bench))
     for name, helptext in (("collectives", "nccl-tests-style size sweep of every collective"),
                            ("pipeline", "step time and bubble per schedule, measured vs simulated"),
+                           ("tensor_parallel", "forward+backward time and bytes per sharded layer"),
                            ("all", "collectives, then pipeline, into one run folder")):
         p = bsub.add_parser(name, help=helptext)
         p.add_argument("--impls", default=None, help="comma-separated implementations (default: all registered)")
@@ -42,6 +43,11 @@ def add_parsers(sub) -> None:
             p.add_argument("--microbatches", default="2,4,8")
             p.add_argument("--virtual-stages", type=int, default=2)
             p.add_argument("--hidden", type=int, default=512)
+        if name == "tensor_parallel":
+            p.add_argument("--hidden", type=int, default=512)
+            p.add_argument("--ffn", type=int, default=2048)
+            p.add_argument("--seq", type=int, default=256)
+            p.add_argument("--batch", type=int, default=4)
 
 
 def _impls(args, paradigm: str) -> list[str]:
@@ -117,6 +123,16 @@ def run(args) -> int:
         plans.append(("collectives", collectives_config(args), coll_bench.run_sweep))
     if args.suite in ("pipeline", "all"):
         plans.append(("pipeline", pipeline_config(args), pipe_bench.run_sweep))
+    if args.suite == "tensor_parallel":
+        from .tensor_parallel import bench as tp_bench
+
+        if min(args.hidden, args.ffn, args.seq, args.batch) < 1:
+            raise UsageError("--hidden, --ffn, --seq and --batch must be >= 1.")
+        cfg = tp_bench.TensorParallelSweep(impls=_impls(args, "tensor_parallel"),
+                                           world_sizes=parse_world_sizes(args.world_sizes), seq=args.seq,
+                                           batch=args.batch, hidden=args.hidden, ffn=args.ffn, iters=args.iters,
+                                           warmup=args.warmup)
+        plans.append(("tensor_parallel", cfg, tp_bench.run_sweep))
     run = RunDir(args.results_dir, {"suite": args.suite, "config": {name: asdict(cfg) for name, cfg, _ in plans}})
     print(f"paritybench: run folder {run.path}", file=sys.stderr)
     worlds: dict[int, World] = {}

@@ -155,6 +155,16 @@ def write_report(run_dir) -> Path:
                 f"{len(wrong)} of {len(coll)} timed cases had wrong elements in the exact check."
                 + ("" if wrong.empty else "\n\n" + _md(wrong.set_index(["impl", "op", "world_size", "bytes"])
                                                        [["wrong", "detail"]])), ""]
+    tp = bench[bench["suite"] == "tensor_parallel"] if len(bench) else bench
+    if len(tp):
+        ok = tp[tp["status"] == "ok"].copy()
+        ok["time_p50_ms"] = ok["time_p50_us"] / 1e3
+        out += ["## Tensor parallel: forward + backward per layer", "",
+                "Bytes each rank sends in one step, counted where the implementation calls torch.distributed's "
+                "collectives (ours, megatron-core; DTensor's functional collectives are not seen: blank), against "
+                "cost_model (one all-reduce of the activations per column or row layer, two per MLP).", "",
+                _md(ok[["world_size", "op", "impl", "time_p50_ms", "comm_bytes_measured", "comm_bytes_predicted"]],
+                    ".4g", index=False), ""]
     pipe = bench[bench["suite"] == "pipeline"] if len(bench) else bench
     if len(pipe):
         out += pipeline_section(pipe, run_dir)

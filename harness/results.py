@@ -33,6 +33,7 @@ BENCHMARK_COLUMNS = COMMON + [
     "time_p50_us", "time_p95_us", "time_min_us", "time_max_us", "time_mean_us", "time_cv",
     "algbw_gbps", "busbw_gbps", "wrong", "status", "detail",
     "microbatches", "virtual_stages", "bubble_measured", "bubble_predicted", "makespan_predicted_us",
+    "comm_bytes_measured", "comm_bytes_predicted",
 ]
 FILES = {"conformance.csv": CONFORMANCE_COLUMNS, "benchmarks.csv": BENCHMARK_COLUMNS}
 

@@ -33,6 +33,7 @@ def run_cli(capsys, *argv) -> tuple[int, str]:
     (["bench", "pipeline", "--schedules", "1f1b,pipedream"], "schedule(s) pipedream not known"),
     (["bench", "pipeline", "--impls", "reference-rhd"], "is a collectives implementation, not pipeline"),
     (["bench", "all", "--virtual-stages", "0"], "--virtual-stages and --hidden must be >= 1"),
+    (["bench", "tensor_parallel", "--ffn", "0"], "--hidden, --ffn, --seq and --batch must be >= 1"),
     ([], "the following arguments are required"),
 ])
 def test_bad_input_is_one_sentence_and_exit_2(capsys, argv, needle):

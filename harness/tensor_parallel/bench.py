@@ -1,0 +1,124 @@
+"""The tensor-parallel benchmark: forward + backward time per layer per implementation x TP size, and
+the bytes each rank sends, counted, against ``cost_model`` (one all-reduce of the (s, b, h) activations
+per column or row layer, two per MLP: half of ``tp_layer_comm_bytes``, which counts a whole transformer
+layer's four).
+
+Bytes are counted by wrapping ``torch.distributed``'s collectives for the duration of one step (each
+call counted as its ring algorithm sends: ``cost_model.collective_bytes``). Our reference and
+megatron-core call them; DTensor uses functional collectives, which the counter does not see: its
+bytes read "not counted" (blank) rather than a wrong zero.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import sys
+from dataclasses import dataclass, field
+
+from reference.cost_model import collective_bytes, tp_layer_comm_bytes
+
+from .. import registry
+from ..timing import summarize, time_iterations
+
+
+@dataclass
+class TensorParallelSweep:
+    impls: list[str] = field(default_factory=lambda: ["reference", "torch", "megatron"])
+    world_sizes: list[int] = field(default_factory=lambda: [2, 4])
+    kinds: list[str] = field(default_factory=lambda: ["column", "row", "mlp"])
+    seq: int = 256
+    batch: int = 4
+    hidden: int = 512
+    ffn: int = 2048
+    iters: int = 10
+    warmup: int = 3
+
+
+@contextlib.contextmanager
+def counted_collectives(counter: list):
+    """Within the block, every all_reduce / all_gather / reduce_scatter through torch.distributed (and
+    the reference mappings' aliases) adds the bytes this rank sends to ``counter[0]``."""
+    import torch.distributed as dist
+
+    import reference.tensor_parallel.mappings as mappings
+
+    def wrap(fn, op, size_of):
+        def counted(*args, **kwargs):
+            group = kwargs.get("group")
+            counter[0] += collective_bytes(op, dist.get_world_size(group), size_of(*args))
+            return fn(*args, **kwargs)
+        return counted
+
+    def nbytes(t):
+        return t.numel() * t.element_size()
+
+    patches = [(dist, "all_reduce", "all_reduce", lambda t, *a: nbytes(t)),
+               (mappings, "_all_gather", "all_gather", lambda out, inp, *a: nbytes(out)),
+               (mappings, "_reduce_scatter", "reduce_scatter", lambda out, inp, *a: nbytes(inp))]
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _, _ in patches]
+    try:
+        for obj, name, op, size_of in patches:
+            setattr(obj, name, wrap(getattr(obj, name), op, size_of))
+        yield counter
+    finally:
+        for obj, name, fn in saved:
+            setattr(obj, name, fn)
+
+
+def bench_rank(impl_spec: str, kind: str, seq: int, batch: int, hidden: int, ffn: int, iters: int,
+               warmup: int) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from ..world import rank_device
+
+    n, device = dist.get_world_size(), rank_device()
+    torch.manual_seed(0)
+    dense = {"column": lambda: torch.nn.Linear(hidden, ffn), "row": lambda: torch.nn.Linear(ffn, hidden),
+             "mlp": lambda: torch.nn.Sequential(torch.nn.Linear(hidden, ffn), torch.nn.GELU(),
+                                                torch.nn.Linear(ffn, hidden))}[kind]().to(device)
+    try:
+        sharded = registry.load(impl_spec, "tensor_parallel").shard(kind, dense, None, False)
+    except (NotImplementedError, ValueError) as exc:
+        return {"unsupported": str(exc)}
+    width = ffn // n if kind == "row" else hidden
+    x = torch.randn(seq, batch, width, device=device, requires_grad=True)
+
+    def step():
+        sharded(x).sum().backward()
+
+    counter = [0.0]
+    with counted_collectives(counter):
+        step()
+    return {"times": time_iterations(step, iters, warmup, device), "bytes_sent": counter[0]}
+
+
+def predicted_bytes(kind: str, n: int, seq: int, batch: int, hidden: int, elem: int = 4) -> float:
+    """One all-reduce of (s, b, h) per column (backward) or row (forward) layer; two per MLP."""
+    if kind == "mlp":
+        return tp_layer_comm_bytes(batch, seq, hidden, n, elem) / 2
+    return collective_bytes("all_reduce", n, seq * batch * hidden * elem)
+
+
+def run_sweep(cfg: TensorParallelSweep, get_world, run_dir, progress=sys.stderr) -> int:
+    cases = list(itertools.product(cfg.world_sizes, cfg.impls, cfg.kinds))
+    for done, (n, impl, kind) in enumerate(cases, 1):
+        world = get_world(n)
+        per_rank = world.run(bench_rank, impl, kind, cfg.seq, cfg.batch, cfg.hidden, cfg.ffn, cfg.iters,
+                             cfg.warmup, timeout=600)
+        row = {"suite": "tensor_parallel", "op": kind, "impl": impl, "backend": world.backend, "world_size": n,
+               "dtype": "float32", "iters": cfg.iters, "warmup": cfg.warmup, "count": cfg.seq * cfg.batch,
+               "comm_bytes_predicted": predicted_bytes(kind, n, cfg.seq, cfg.batch, cfg.hidden)}
+        unsupported = [r["unsupported"] for r in per_rank if "unsupported" in r]
+        if unsupported:
+            row.update(status="unsupported", detail=unsupported[0])
+        else:
+            counted = max(r["bytes_sent"] for r in per_rank)
+            row.update(status="ok", comm_bytes_measured=counted if counted or n == 1 else None,
+                       **summarize([r["times"] for r in per_rank]))
+        run_dir.append("benchmarks.csv", row)
+        if progress:
+            extra = f"p50 {row['time_p50_us'] / 1e3:.2f} ms" if row["status"] == "ok" else row["status"]
+            print(f"[{done}/{len(cases)}] tensor_parallel n={n} {impl} {kind}: {extra}", file=progress, flush=True)
+    return len(cases)
