@@ -45,7 +45,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _schedule(args) -> int:
-    from reference.pipeline import GENERATORS, add_send_recv, simulate, validate
+    from reference.pipeline import add_send_recv, generate, simulate, validate
     from reference.pipeline.draw import gantt_png, metrics_text, text_grid
 
     try:
@@ -56,8 +56,7 @@ def _schedule(args) -> int:
     if bad or any(v < 0 for v in costs.values()):
         raise UsageError(f"--costs takes non-negative F, B, I, W and comm; got {args.costs!r}.")
     try:
-        schedule = GENERATORS[args.name](args.p, args.m, args.v) if args.name == "interleaved" \
-            else GENERATORS[args.name](args.p, args.m)
+        schedule = generate(args.name, args.p, args.m, args.v)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if args.lowered:

@@ -110,14 +110,14 @@ def hop_latency(measured, p: int) -> float:
 
 def predicted_timeline(schedule: str, p: int, m: int, v: int, measured):
     """Simulate the schedule with each kind's mean measured duration and the measured hop latency."""
-    from reference.pipeline import GENERATORS, simulate
+    from reference.pipeline import generate, simulate
 
     durations: dict[str, list[float]] = {}
     for row in measured.events:
         for a, s, e in row:
             durations.setdefault(a.kind, []).append(e - s)
     costs = {k: statistics.fmean(d) for k, d in durations.items()}
-    sched = GENERATORS[schedule](p, m, v) if schedule == "interleaved" else GENERATORS[schedule](p, m)
+    sched = generate(schedule, p, m, v)
     return simulate(sched, {**costs, "comm": max(0.0, hop_latency(measured, p))})
 
 

@@ -118,3 +118,10 @@ def zb_h1(p: int, m: int) -> Schedule:
 
 
 GENERATORS = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved_1f1b, "zb-h1": zb_h1}
+
+
+def generate(name: str, p: int, m: int, v: int = 1) -> Schedule:
+    """The named schedule; ``v`` (model chunks per rank) is the interleaved schedule's only."""
+    if name not in GENERATORS:
+        raise ValueError(f"schedule must be one of {', '.join(GENERATORS)}; got {name!r}.")
+    return interleaved_1f1b(p, m, v) if name == "interleaved" else GENERATORS[name](p, m)

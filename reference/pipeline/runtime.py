@@ -147,7 +147,7 @@ class ReferencePipeline:
 
     def build(self, stages, num_stages, schedule, num_microbatches, virtual_stages, loss_fn, batch_size,
               sample_shape, group=None) -> PipelineRuntime:
-        from .generators import GENERATORS
+        from .generators import GENERATORS, generate
 
         p = dist.get_world_size(group)
         if schedule not in GENERATORS:
@@ -159,8 +159,7 @@ class ReferencePipeline:
         if virtual_stages != 1 and schedule != "interleaved":
             raise Unsupported(f"{schedule} runs one stage per rank; virtual_stages={virtual_stages} needs interleaved.")
         try:
-            sched = GENERATORS[schedule](p, num_microbatches, virtual_stages) if schedule == "interleaved" \
-                else GENERATORS[schedule](p, num_microbatches)
+            sched = generate(schedule, p, num_microbatches, virtual_stages)
         except ValueError as exc:  # the schedule's own rule, e.g. interleaved needs m a multiple of p
             raise Unsupported(str(exc)) from exc
         return PipelineRuntime(sched, stages, loss_fn, batch_size, sample_shape, group)
