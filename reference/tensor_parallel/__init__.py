@@ -6,8 +6,6 @@ from .layers import (
                      ParallelAttention,
                      ParallelMLP,
                      RowParallelLinear,
-                     VocabParallelEmbedding,
-                     vocab_parallel_cross_entropy,
 )
 from .mappings import (
                      copy_to_region,
@@ -17,8 +15,9 @@ from .mappings import (
                      reduce_scatter_to_sequence_region,
                      scatter_to_region,
 )
+from .vocab import ParallelLMHead, VocabParallelEmbedding, vocab_parallel_cross_entropy
 
-__all__ = ["ColumnParallelLinear", "DenseAttention", "ParallelAttention", "ParallelMLP", "RowParallelLinear",
-           "VocabParallelEmbedding", "copy_to_region", "gather_from_region", "gather_from_sequence_region",
-           "reduce_from_region", "reduce_scatter_to_sequence_region", "scatter_to_region",
-           "vocab_parallel_cross_entropy"]
+__all__ = ["ColumnParallelLinear", "DenseAttention", "ParallelAttention", "ParallelLMHead", "ParallelMLP",
+           "RowParallelLinear", "VocabParallelEmbedding", "copy_to_region", "gather_from_region",
+           "gather_from_sequence_region", "reduce_from_region", "reduce_scatter_to_sequence_region",
+           "scatter_to_region", "vocab_parallel_cross_entropy"]

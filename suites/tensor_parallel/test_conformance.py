@@ -1,29 +1,53 @@
-"""Every tensor-parallel implementation, through the contract, equals the dense layer: column and row
-bit for bit (integer weights and inputs), the GELU MLP within the bound derived in ranks.contract_case.
-Sizes that do not divide by the TP size must be refused in one sentence or split as torch.chunk does."""
+"""Every tensor-parallel implementation, through the contract, equals the dense layer for every kind:
+column, row and embedding bit for bit (integer weights and inputs), the GELU MLP, the LM head's
+vocabulary-parallel cross-entropy and attention within the bounds derived in contract_ranks. Sizes that
+do not divide by the TP size must be refused in one sentence, split as torch.chunk does, or padded."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from . import ranks
+from harness.contracts.tensor_parallel import KINDS
+
+from . import contract_ranks, ranks
 
 
-@pytest.mark.parametrize("kind", ["column", "row", "mlp"])
+def _dims(data, kind: str, n: int, sp: bool) -> tuple[tuple, bool]:
+    """(dims for contract_ranks.contract_case, whether every split size divides by n)."""
+    seq = data.draw(st.integers(1, 3), label="seq per rank") * (n if sp else 1)
+    batch = data.draw(st.integers(1, 2), label="batch")
+    divisible = data.draw(st.booleans(), label="split size divides by tp")
+
+    def split_size(label: str) -> int:
+        return data.draw(st.integers(1, 4), label=label) * n + (0 if divisible else 1)
+
+    if kind == "embedding":
+        dims = (seq, batch, split_size("vocab"), data.draw(st.integers(1, 4), label="dim"))
+    elif kind == "lm_head":
+        dims = (seq, batch, data.draw(st.integers(1, 4), label="hidden"), split_size("vocab"))
+    elif kind == "attention":
+        dims = (seq, batch, split_size("heads"), data.draw(st.integers(1, 3), label="head_dim"))
+    else:
+        in_f = data.draw(st.integers(1, 5)) * (n if divisible or kind != "row" else 1) + (0 if divisible else 1)
+        out_f = data.draw(st.integers(1, 5)) * (n if divisible or kind == "row" else 1) + (0 if divisible else 1)
+        dims = (seq, batch, in_f, out_f)
+    split = dims[2] if kind in ("row", "embedding", "attention") else dims[3]  # mlp: its ffn
+    return dims, split % n == 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_sharded_layer_equals_dense(tensor_parallel_impl, kind, world_cache, world_sizes, conformance):
     @given(st.data())
     def prop(data):
         n = data.draw(st.sampled_from(world_sizes), label="tp")
         sp = data.draw(st.booleans(), label="sequence_parallel")
-        seq = data.draw(st.integers(1, 3), label="seq per rank") * (n if sp else 1)
-        divisible = data.draw(st.booleans(), label="features divide by tp")
-        in_f = data.draw(st.integers(1, 5)) * (n if divisible or kind != "row" else 1) + (0 if divisible else 1)
-        out_f = data.draw(st.integers(1, 5)) * (n if divisible or kind == "row" else 1) + (0 if divisible else 1)
-        case = (tensor_parallel_impl, kind, seq, data.draw(st.integers(1, 2)), in_f, out_f,
-                data.draw(st.integers(0, 999)), sp)
-        per_rank = world_cache.get(n).run(ranks.contract_case, *case)
+        dims, divisible = _dims(data, kind, n, sp)
+        case = (tensor_parallel_impl, kind, dims, data.draw(st.integers(0, 999), label="seed"), sp)
+        per_rank = world_cache.get(n).run(contract_ranks.contract_case, *case)
         refused = {r["refused"] for r in per_rank}
         problems = [p for r in per_rank for p in r["problems"]]
         known = per_rank[0].get("known") if problems else None
@@ -31,7 +55,7 @@ def test_sharded_layer_equals_dense(tensor_parallel_impl, kind, world_cache, wor
         outcome = (("unsupported" if declared else "refused") if None not in refused
                    else "known-nonconformance" if known else "fail" if problems else "pass")
         conformance.record(outcome, suite="tensor_parallel", world_size=n, dtype="float64", collective=kind,
-                           numel=in_f * out_f, impl=tensor_parallel_impl,
+                           numel=math.prod(dims), impl=tensor_parallel_impl,
                            detail=" | ".join(filter(None, [known, *problems[:1]])))
         if None not in refused:
             assert declared or not divisible, f"{case} refused although every size divides by {n}: {refused}"
