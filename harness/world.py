@@ -231,17 +231,19 @@ class World:
 
     def _fail(self, what: str, pending: set[int], errors: dict, dead: dict):
         stuck = {} if dead else self._stacks(sorted(pending))
-        if pending or dead:
-            self._kill()  # stuck or broken ranks: the next call spawns a fresh world
+        # Any failure leaves the group untrustworthy, even when every other rank returned: a rank may
+        # return with a collective still in flight (DTensor's functional collectives are asynchronous)
+        # whose bytes would then land in the next call's collective. The next call spawns a fresh world.
+        self._kill()
         if dead:
             failures = {**errors, **dead}
             raise RankFailure(
                 f"{len(dead)} rank(s) {sorted(dead)} of {self.size} died during {what}; "
                 "the world will be respawned on the next call.", failures)
         if errors:
-            note = f"; ranks {sorted(stuck)} were stuck waiting for them and were restarted" if stuck else ""
-            raise RankFailure(
-                f"rank(s) {sorted(errors)} of {self.size} raised during {what}{note}.", errors, stuck)
+            note = f"; ranks {sorted(stuck)} were stuck waiting for them" if stuck else ""
+            raise RankFailure(f"rank(s) {sorted(errors)} of {self.size} raised during {what}{note}; the world "
+                              "will be respawned on the next call.", errors, stuck)
         raise WorldTimeout(
             f"rank(s) {sorted(stuck)} of {self.size} did not return from {what} within the deadline; "
             "the world was restarted.", stuck)

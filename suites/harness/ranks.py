@@ -21,6 +21,14 @@ def raise_on(rank: int) -> None:
     dist.barrier()  # the others wait in a collective the failing rank never joins
 
 
+def raise_with_collective_in_flight(rank: int) -> None:
+    """The others start an all-reduce of 4 floats and return without waiting for it (as DTensor's
+    asynchronous functional collectives do); ``rank`` raises."""
+    if dist.get_rank() == rank:
+        raise ValueError(f"planted failure on rank {rank}")
+    dist.all_reduce(torch.ones(4), async_op=True)
+
+
 def hang_on(rank: int) -> None:
     if dist.get_rank() == rank:
         time.sleep(3600)

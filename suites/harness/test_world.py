@@ -46,6 +46,17 @@ def test_rank_that_raises_is_named_with_its_traceback(world3):
     assert world3.run(ranks.rank_and_sum)[0] == (0, N, 3.0)  # the same World object works again
 
 
+def test_failure_with_a_collective_in_flight_leaves_no_stale_bytes(world3):
+    """Found with DTensor: the other ranks returned with an all-reduce in flight, and its bytes landed in
+    the next call's collective (gloo: "Received data size doesn't match", then an abort). A failed call
+    now always respawns the world."""
+    spawned = world3.spawn_count
+    with pytest.raises(RankFailure, match="respawned"):
+        world3.run(ranks.raise_with_collective_in_flight, 1, timeout=60)
+    assert world3.run(ranks.rank_and_sum) == [(r, N, 3.0) for r in range(N)]
+    assert world3.spawn_count == spawned + 1
+
+
 def test_rank_that_hangs_times_out_with_stacks(world3):
     start = time.monotonic()
     with pytest.raises(WorldTimeout) as info:

@@ -117,9 +117,10 @@ def embedding(vocab: int, dim: int, tokens: int, seed: int) -> list[str]:
 
 def cross_entropy(tokens: int, vocab: int, seed: int) -> list[str]:
     """vocab_parallel_cross_entropy vs F.cross_entropy in float64. Both are log(sum exp(z - max)) -
-    (z_t - max); the sums of V positive terms differ in order (two levels here), so the loss differs by
-    at most about 2 V eps (relative error of the sum, through log) plus eps |loss|, and the gradient
-    softmax - onehot by 2 V eps: the bounds used."""
+    (z_t - max); the sums of V positive terms differ in order (two levels here), each within V eps
+    relative, so the logs differ by at most 2 V eps; each side rounds the log and the final difference
+    of two non-negative terms no larger than |loss|: 4 eps |loss|. The gradient softmax - onehot differs
+    by 2 V eps: the bounds used."""
     n, r = dist.get_world_size(), dist.get_rank()
     g = torch.Generator().manual_seed(seed)
     logits = (torch.randn(tokens, vocab, generator=g, dtype=torch.float64) * 3).requires_grad_()
@@ -133,7 +134,7 @@ def cross_entropy(tokens: int, vocab: int, seed: int) -> list[str]:
     shard.requires_grad_()
     got = vocab_parallel_cross_entropy(shard, target, vocab, None)
     got.sum().backward()
-    problems = _mismatch("loss", got.detach(), want.detach(), 2 * vocab * EPS64 + EPS64 * want.detach().abs())
+    problems = _mismatch("loss", got.detach(), want.detach(), 2 * vocab * EPS64 + 4 * EPS64 * want.detach().abs())
     problems += _mismatch("logit grad", shard.grad[:, : max(0, hi - lo)], logits.grad[:, lo:hi], 2 * vocab * EPS64)
     if hi - lo < per and bool(shard.grad[:, max(0, hi - lo):].any()):
         problems.append("padding columns received gradient")
