@@ -9,7 +9,9 @@ from reference.errors import Unsupported
 from .collectives import Collectives
 from .pipeline import Pipeline
 from .tensor_parallel import TensorParallel
+from .zero import Zero, ZeroTrainer
 
-CONTRACTS = {"collectives": Collectives, "pipeline": Pipeline, "tensor_parallel": TensorParallel}
+CONTRACTS = {"collectives": Collectives, "pipeline": Pipeline, "tensor_parallel": TensorParallel,
+             "zero": Zero}
 
-__all__ = ["CONTRACTS", "Collectives", "Pipeline", "TensorParallel", "Unsupported"]
+__all__ = ["CONTRACTS", "Collectives", "Pipeline", "TensorParallel", "Unsupported", "Zero", "ZeroTrainer"]

@@ -1,0 +1,38 @@
+"""The data-parallel / ZeRO contract: train a model over a group, then hand back the full state."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Zero(Protocol):
+    """Data parallelism (stage 0) and ZeRO stages 1, 2, 3 over a group of N ranks."""
+
+    def build(self, model, optimizer, stage: int, group=None) -> ZeroTrainer:
+        """A trainer for ``model`` (this rank's replica, identical on every rank; the trainer may wrap or
+        modify it) with ``optimizer`` (reference.zero.OptimizerSpec: SGD with momentum or Adam) at ZeRO
+        ``stage``. Raise ``Unsupported`` for what is not provided (e.g. a dtype), ValueError for a bad
+        stage, in one sentence."""
+
+
+@runtime_checkable
+class ZeroTrainer(Protocol):
+    def step(self, x, y) -> float:
+        """One optimizer step on this rank's slice (x, y) of the global batch, the loss being
+        ``F.mse_loss(model(x), y)`` (mean over the slice); gradients are averaged over the group, so a
+        step equals one device's step on the whole batch. Returns this rank's loss."""
+
+    def full_params(self) -> dict:
+        """Every parameter, full (gathered from the shards), keyed by ``model.named_parameters()``."""
+
+    def full_grads(self) -> dict:
+        """Every parameter's averaged gradient of the last step, full, keyed likewise."""
+
+    def full_optimizer_state(self) -> dict:
+        """{parameter name: {state key: full tensor}} with the keys of ``OptimizerSpec.state_keys``
+        (``momentum_buffer``; ``exp_avg``, ``exp_avg_sq``)."""
+
+    def memory(self) -> dict:
+        """{"params", "grads", "optimizer"}: bytes this rank holds for each, measured from the tensors it
+        keeps alive (each storage once), not computed from a formula."""

@@ -1,0 +1,86 @@
+"""The data-parallel / ZeRO contract (harness/contracts/zero.py) on the reference: stage 0 is
+``BucketedDataParallel`` (or ``NaiveDataParallel``), stages 1-2 ``ShardedOptimizer``, stage 3 ``Zero3``."""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import nn
+
+from ..data_parallel import BucketedDataParallel, NaiveDataParallel
+from .accounting import held_bytes, optimizer_state_tensors
+from .optim import OptimizerSpec
+from .sharded_optimizer import ShardedOptimizer
+from .stage3 import Zero3
+
+
+class ReferenceZero:
+    def __init__(self, bucketed: bool = True, bucket_bytes: int = 1 << 20):
+        self.bucketed, self.bucket_bytes = bucketed, bucket_bytes
+
+    def build(self, model: nn.Module, optimizer: OptimizerSpec, stage: int, group=None):
+        if stage not in (0, 1, 2, 3):
+            raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3; got {stage!r}.")
+        return _Trainer(model, optimizer, stage, group, self.bucketed, self.bucket_bytes)
+
+
+class _Trainer:
+    def __init__(self, model, spec, stage, group, bucketed, bucket_bytes):
+        self.model, self.spec, self.stage = model, spec, stage
+        self.names = [name for name, _ in model.named_parameters()]
+        if stage == 0:
+            self.ddp = (BucketedDataParallel(model, group, bucket_bytes) if bucketed
+                        else NaiveDataParallel(model, group))
+            self.engine = None
+            self.optimizer = spec.build(model.parameters())
+        else:
+            self.engine = Zero3(model, spec, group) if stage == 3 else ShardedOptimizer(model, spec, stage, group)
+            self.optimizer = self.engine.optimizer
+
+    def step(self, x, y) -> float:
+        if self.stage == 0:
+            self.optimizer.zero_grad()
+            if hasattr(self.ddp, "zero_grad"):
+                self.ddp.zero_grad()
+        else:
+            self.engine.zero_grad()
+        loss = F.mse_loss(self.model(x), y)
+        loss.backward()
+        if self.stage == 0:
+            self.ddp.finish()
+            self.optimizer.step()
+        else:
+            self.engine.step()
+        return float(loss)
+
+    def _named(self, tensors) -> dict:
+        return dict(zip(self.names, tensors, strict=True))
+
+    def full_params(self) -> dict:
+        if self.stage == 3:
+            return self._named(self.engine.full_params())
+        return {name: p.detach().clone() for name, p in self.model.named_parameters()}
+
+    def full_grads(self) -> dict:
+        if self.stage == 0:
+            return {name: p.grad.clone() for name, p in self.model.named_parameters()}
+        return self._named(self.engine.full_grads())
+
+    def full_optimizer_state(self) -> dict:
+        if self.stage == 0:
+            return {name: {k: self.optimizer.state[p][k].clone() for k in self.spec.state_keys}
+                    for name, p in self.model.named_parameters()}
+        state = self.engine.full_state()
+        return {name: {k: state[k][i] for k in self.spec.state_keys} for i, name in enumerate(self.names)}
+
+    def memory(self) -> dict:
+        params = list(self.model.parameters())
+        if self.stage == 3:
+            held_params = [u.shard for u in self.engine.units] + params
+            held_grads = [u.shard.grad for u in self.engine.units]
+        elif self.stage in (1, 2):
+            held_params = params
+            held_grads = [p.grad for p in params] + [self.engine.master.grad]
+        else:
+            held_params, held_grads = params, [p.grad for p in params]
+        return {"params": held_bytes(held_params), "grads": held_bytes(held_grads),
+                "optimizer": held_bytes(optimizer_state_tensors(self.optimizer))}

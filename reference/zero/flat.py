@@ -1,0 +1,66 @@
+"""The flat parameter buffer ZeRO shards: parameters laid end to end in one 1-D tensor, padded with zeros
+to a multiple of the group size N, each parameter's ``.data`` a view into it; rank r owns the elements
+[r S, (r + 1) S) with S = ceil(numel / N). A shard boundary may fall inside a parameter: the shard is a
+range of the flat buffer, not a set of parameters (as DeepSpeed's stage 1/2 partitions).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+class FlatParams:
+    def __init__(self, params: list[nn.Parameter], group=None):
+        if not params:
+            raise ValueError("FlatParams needs at least one parameter.")
+        dtypes = {p.dtype for p in params}
+        if len(dtypes) > 1:
+            raise ValueError(f"the parameters of one flat buffer must share a dtype; got {sorted(map(str, dtypes))}.")
+        self.params, self.group = params, group
+        self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.numel = sum(p.numel() for p in params)
+        self.shard_size = -(-self.numel // self.n)
+        self.padded = self.shard_size * self.n
+        self.buffer = torch.zeros(self.padded, dtype=params[0].dtype, device=params[0].device)
+        self.offsets = []
+        offset = 0
+        for p in params:
+            self.offsets.append(offset)
+            self.buffer[offset:offset + p.numel()].copy_(p.data.flatten())
+            p.data = self.buffer[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+
+    @property
+    def shard(self) -> slice:
+        """This rank's range of the flat buffer."""
+        return slice(self.rank * self.shard_size, (self.rank + 1) * self.shard_size)
+
+    def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """Each parameter's view into ``flat`` (a tensor laid out like the buffer)."""
+        return [flat[o:o + p.numel()].view_as(p) for p, o in zip(self.params, self.offsets, strict=True)]
+
+    def flatten_grads(self) -> torch.Tensor:
+        """The parameters' gradients laid out like the buffer (zeros for padding and missing grads)."""
+        flat = torch.zeros_like(self.buffer)
+        for p, view in zip(self.params, self.views(flat), strict=True):
+            if p.grad is not None:
+                view.copy_(p.grad)
+        return flat
+
+    def gather(self, shard: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """All-gather every rank's ``shard`` into a full flat tensor (``out``, or a new one)."""
+        out = torch.empty_like(self.buffer) if out is None else out
+        if self.n == 1:
+            out.copy_(shard)
+        else:
+            dist.all_gather_into_tensor(out, shard.contiguous().clone(), group=self.group)
+        return out
+
+    def reduce_scatter_mean(self, flat: torch.Tensor) -> torch.Tensor:
+        """This rank's shard of the group's average of ``flat``."""
+        out = flat[self.shard].clone() if self.n == 1 else torch.empty_like(flat[self.shard])
+        if self.n > 1:
+            dist.reduce_scatter_tensor(out, flat.contiguous(), group=self.group)
+        return out / self.n
