@@ -69,6 +69,7 @@ class _Trainer:
         self.optimizer.zero_grad(set_to_none=self.stage >= 2)
         loss = F.mse_loss(self.model(x), y)
         loss.backward()
+        self.grad_bytes = held_bytes(_local(p.grad) for p in self.inner.parameters())
         self.optimizer.step()
         return float(loss)
 
@@ -99,5 +100,5 @@ class _Trainer:
         params = list(self.inner.parameters())
         optim = self.optimizer.optim if self.stage == 1 else self.optimizer
         return {"params": held_bytes(_local(p.detach()) for p in params),
-                "grads": held_bytes(_local(p.grad) for p in params),
+                "grads": self.grad_bytes,
                 "optimizer": held_bytes(_local(t) for t in optimizer_state_tensors(optim))}

@@ -35,4 +35,6 @@ class ZeroTrainer(Protocol):
 
     def memory(self) -> dict:
         """{"params", "grads", "optimizer"}: bytes this rank holds for each, measured from the tensors it
-        keeps alive (each storage once), not computed from a formula."""
+        keeps alive (each storage once), not computed from a formula: parameters and optimizer state as
+        held after the last step, gradients as held during it, once reduced and before the update
+        (implementations free them at different points afterwards)."""

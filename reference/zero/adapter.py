@@ -47,9 +47,12 @@ class _Trainer:
         loss.backward()
         if self.stage == 0:
             self.ddp.finish()
+            self.grad_bytes = held_bytes(p.grad for p in self.model.parameters())
             self.optimizer.step()
         else:
-            self.engine.step()
+            self.engine.reduce()
+            self.grad_bytes = held_bytes(self.engine.grad_tensors())
+            self.engine.update()
         return float(loss)
 
     def _named(self, tensors) -> dict:
@@ -74,13 +77,6 @@ class _Trainer:
 
     def memory(self) -> dict:
         params = list(self.model.parameters())
-        if self.stage == 3:
-            held_params = [u.shard for u in self.engine.units] + params
-            held_grads = [u.shard.grad for u in self.engine.units]
-        elif self.stage in (1, 2):
-            held_params = params
-            held_grads = [p.grad for p in params] + [self.engine.master.grad]
-        else:
-            held_params, held_grads = params, [p.grad for p in params]
-        return {"params": held_bytes(held_params), "grads": held_bytes(held_grads),
+        held_params = params + ([u.shard for u in self.engine.units] if self.stage == 3 else [])
+        return {"params": held_bytes(held_params), "grads": self.grad_bytes,
                 "optimizer": held_bytes(optimizer_state_tensors(self.optimizer))}

@@ -40,6 +40,15 @@ class ShardedOptimizer:
 
     def step(self) -> None:
         """After backward: reduce-scatter the gradients, step this rank's shard, all-gather the params."""
+        self.reduce()
+        self.update()
+
+    def grad_tensors(self) -> list:
+        """The gradient tensors this rank holds (its full buffer in stage 1, its shard in stage 2)."""
+        return [p.grad for p in self.flat.params] + [self.master.grad]
+
+    def reduce(self) -> None:
+        """Each rank receives the average of its range of the gradients (stage 2 frees the rest)."""
         flat = self.flat
         grads = flat.flatten_grads()
         shard = flat.reduce_scatter_mean(grads)
@@ -52,6 +61,10 @@ class ShardedOptimizer:
             for p in flat.params:
                 p.grad = None
             self.master.grad = shard
+
+    def update(self) -> None:
+        """Step this rank's shard, then all-gather every rank's updated range into the full buffer."""
+        flat = self.flat
         self.optimizer.step()
         with torch.no_grad():
             flat.gather(self.master.data, out=flat.buffer)

@@ -72,8 +72,18 @@ class Zero3:
         for u in self.units:
             u.shard.grad = None
 
-    def step(self) -> None:
+    def grad_tensors(self) -> list:
+        """The gradient shards this rank holds (reduced as each unit's backward completed)."""
+        return [u.shard.grad for u in self.units]
+
+    def reduce(self) -> None:
+        """Nothing left to do: each unit reduce-scattered its gradients when its backward completed."""
+
+    def update(self) -> None:
         self.optimizer.step()
+
+    def step(self) -> None:
+        self.update()
 
     def _gathered(self, shard_of) -> list[torch.Tensor]:
         """Per parameter (in ``module.parameters()`` order) the gathered full tensor of ``shard_of(unit)``."""

@@ -1,0 +1,117 @@
+"""The ``deepspeed`` data-parallel / ZeRO implementation: ``deepspeed.initialize`` with ZeRO stage 0-3 on
+CPU (``DS_ACCELERATOR=cpu``) over the World's gloo group, with the torch optimizer as its client
+optimizer (``zero_allow_untested_optimizer``). float32 only: DeepSpeed trains fp32, fp16 or bf16.
+
+Full state is read through DeepSpeed's own API: ``GatheredParameters`` (stage 3), ``safe_get_full_grad``
+(read right after backward, before the step releases the reduced gradients) and
+``safe_get_full_optimizer_state``. Memory: the parameters DeepSpeed keeps (stage 3: ``ds_tensor``
+partitions), its gradient partitions, and its optimizer's state tensors plus the fp32 master partitions
+it keeps beside the model's parameters (ZeRO's "K" includes master weights).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from reference.zero.accounting import held_bytes, optimizer_state_tensors
+
+from ..contracts import Unsupported
+
+
+def _init() -> None:
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    # DeepSpeed reads its rank from the launcher's environment; the World already initialised the group.
+    for key, value in (("RANK", dist.get_rank()), ("LOCAL_RANK", dist.get_rank()),
+                       ("WORLD_SIZE", dist.get_world_size()), ("LOCAL_SIZE", dist.get_world_size())):
+        os.environ[key] = str(value)
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
+
+
+class DeepSpeedZero:
+    dtypes = ("float32",)
+
+    def build(self, model, optimizer, stage: int, group=None):
+        if stage not in (0, 1, 2, 3):
+            raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3; got {stage!r}.")
+        if group not in (None, dist.group.WORLD):
+            raise Unsupported("DeepSpeed's data-parallel group is the world here (no group argument).")
+        dtype = next(model.parameters()).dtype
+        if dtype != torch.float32:
+            raise Unsupported(f"DeepSpeed trains in float32, float16 or bfloat16, not {dtype}.")
+        _init()
+        import deepspeed
+
+        # persistence threshold 0: stage 3 partitions every parameter, the small ones too
+        zero = {"stage": stage, "stage3_param_persistence_threshold": 0}
+        config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "zero_optimization": zero,
+                  "zero_allow_untested_optimizer": True, "steps_per_print": 1 << 30, "wall_clock_breakdown": False}
+        names = [name for name, _ in model.named_parameters()]
+        engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=optimizer.build(model.parameters()),
+                                                 config=config)
+        return _Trainer(engine, opt, optimizer, stage, names)
+
+
+class _Trainer:
+    def __init__(self, engine, optimizer, spec, stage, names):
+        self.engine, self.optimizer, self.spec, self.stage, self.names = engine, optimizer, spec, stage, names
+        self._grads: dict = {}
+
+    def _params(self):
+        return dict(self.engine.module.named_parameters())
+
+    def step(self, x, y) -> float:
+        from deepspeed.utils import safe_get_full_grad
+
+        loss = F.mse_loss(self.engine(x), y)
+        self.engine.backward(loss)
+        self._grads = {k: safe_get_full_grad(p) for k, p in self._params().items()}
+        self._grads = {k: None if g is None else g.detach().clone() for k, g in self._grads.items()}
+        self.grad_bytes = held_bytes(self._grad_tensors())
+        self.engine.step()
+        return float(loss)
+
+    def full_params(self) -> dict:
+        import deepspeed
+
+        params = self._params()
+        with deepspeed.zero.GatheredParameters(list(params.values()), enabled=self.stage == 3):
+            return {k: p.detach().clone() for k, p in params.items()}
+
+    def full_grads(self) -> dict:
+        return dict(self._grads)
+
+    def full_optimizer_state(self) -> dict:
+        from deepspeed.utils import safe_get_full_optimizer_state
+
+        out = {}
+        for name, p in self._params().items():
+            if self.stage == 0:
+                state = self.optimizer.state[p]
+                out[name] = {k: state[k].clone() for k in self.spec.state_keys}
+            else:
+                out[name] = {k: safe_get_full_optimizer_state(p, k) for k in self.spec.state_keys}
+        return out
+
+    def _grad_tensors(self) -> list:
+        if self.stage == 0:
+            return [p.grad for p in self._params().values()]
+        held = getattr(self.optimizer, "averaged_gradients", {})
+        held = [g for gs in (held.values() if isinstance(held, dict) else held)
+                for g in (gs if isinstance(gs, list) else [gs])]
+        return held + [getattr(self.optimizer, "grad_partitions_flat_buffer", None)]
+
+    def memory(self) -> dict:
+        params = list(self._params().values())
+        opt = self.optimizer
+        inner = getattr(opt, "optimizer", opt)
+        masters = [t for attr in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat")
+                   for t in getattr(opt, attr, [])]
+        held_params = [p.data for p in params] + [getattr(p, "ds_tensor", None) for p in params]
+        return {"params": held_bytes(held_params), "grads": self.grad_bytes,
+                "optimizer": held_bytes(optimizer_state_tensors(inner) + masters)}
