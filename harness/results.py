@@ -26,7 +26,7 @@ SCHEMA_VERSION = 1
 COMMON = ["schema_version", "run_id", "suite", "impl", "backend", "world_size", "dtype"]
 CONFORMANCE_COLUMNS = COMMON + [
     "property", "collective", "op", "numel", "root", "in_place", "group", "seed",
-    "outcome", "wrong", "detail",
+    "outcome", "wrong", "detail", "max_rel_err",
 ]
 BENCHMARK_COLUMNS = COMMON + [
     "op", "reduce_op", "bytes", "count", "iters", "warmup",
@@ -34,6 +34,8 @@ BENCHMARK_COLUMNS = COMMON + [
     "algbw_gbps", "busbw_gbps", "wrong", "status", "detail",
     "microbatches", "virtual_stages", "bubble_measured", "bubble_predicted", "makespan_predicted_us",
     "comm_bytes_measured", "comm_bytes_predicted",
+    "zero_stage", "mem_params_bytes", "mem_grads_bytes", "mem_optimizer_bytes",
+    "mem_params_predicted", "mem_grads_predicted", "mem_optimizer_predicted",
 ]
 FILES = {"conformance.csv": CONFORMANCE_COLUMNS, "benchmarks.csv": BENCHMARK_COLUMNS}
 

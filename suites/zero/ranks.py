@@ -13,6 +13,27 @@ from reference.models import TransformerBlock, mlp
 from reference.zero import OptimizerSpec
 
 LR = {"sgd": 0.05, "adam": 0.01}
+ADAM_EPS = 1e-3  # bounds Adam's sensitivity to gradient rounding (see bound())
+
+
+def spec_for(opt_name: str) -> OptimizerSpec:
+    return OptimizerSpec(opt_name, LR[opt_name], eps=ADAM_EPS)
+
+
+def bound(step: int, batch: int, n: int, dtype: str, spec: OptimizerSpec, grad_scale: float) -> float:
+    """Largest allowed difference from one device, relative to each tensor's largest magnitude.
+
+    The two computations differ only in how the gradient's sum over samples is grouped (each rank's
+    mean over its slice, then the mean over ranks, vs one mean over the batch): per element within
+    (B + n) u of the magnitudes summed, u the unit roundoff; the backward's chained ops (depth <= 16 for
+    the block) add their own rounding: (B + n + 16) u. Momentum sums past gradients (factor
+    1/(1 - 0.9) = 10, rounded up to 16); each step adds its own difference: x step. Adam divides by
+    sqrt(v) + eps: a gradient error d moves the update by at most lr d / eps, i.e. relative to a
+    gradient of scale G, (1 + lr G / eps) times. ZeRO's shards step elementwise and add nothing.
+    A missing average (x n) or a shifted shard boundary is off by O(1): 10^6 times this and more."""
+    u = torch.finfo(getattr(torch, dtype)).eps / 2
+    amplification = 1 + (spec.lr * grad_scale / spec.eps if spec.name == "adam" else 0)
+    return step * (batch + n + 16) * u * 16 * amplification
 
 
 def build_model(name: str, seed: int, dtype: str) -> torch.nn.Module:
@@ -46,15 +67,17 @@ def _single_device(model, spec, x, y, steps: int) -> list[dict]:
 
 
 def train_case(impl_spec: str, stage: int, model_name: str, opt_name: str, steps: int, per_rank: int,
-               seed: int, dtype: str = "float64") -> dict:
+               seed: int, dtype: str | None = None) -> dict:
+    """``dtype`` None: float64 where the implementation allows it (its ``dtypes``), else its first."""
     from harness import registry
 
     n, r = dist.get_world_size(), dist.get_rank()
-    spec = OptimizerSpec(opt_name, LR[opt_name])
+    impl = registry.load(impl_spec, "zero")
+    dtype = dtype or ("float64" if "float64" in getattr(impl, "dtypes", ("float64",)) else impl.dtypes[0])
+    spec = spec_for(opt_name)
     model = build_model(model_name, seed, dtype)
     x, y = global_batch(model_name, n * per_rank, seed, dtype)
     want = _single_device(copy.deepcopy(model), spec, x, y, steps)
-    impl = registry.load(impl_spec, "zero")
     try:
         trainer = impl.build(copy.deepcopy(model), spec, stage, None)
     except ValueError as exc:
@@ -62,17 +85,23 @@ def train_case(impl_spec: str, stage: int, model_name: str, opt_name: str, steps
     except NotImplementedError as exc:
         return {"refused": str(exc), "unsupported": True}
     mine = slice(r * per_rank, (r + 1) * per_rank)
-    checks = []
+    grad_scale = max(float(g.abs().max()) for w in want for g in w["grads"].values())
+    checks, problems = [], []
     for k in range(steps):
         local = torch.tensor([trainer.step(x[mine], y[mine])], dtype=torch.float64)
         dist.all_reduce(local)
         if k in (0, steps - 1):
-            checks.append(_compare(k + 1, float(local) / n, trainer, want[k], n * per_rank, n, dtype))
-    return {"refused": None, "checks": checks, "memory": trainer.memory(),
-            "numel": sum(p.numel() for p in model.parameters())}
+            check = _compare(k + 1, float(local) / n, trainer, want[k])
+            check["bound"] = bound(k + 1, n * per_rank, n, dtype, spec, grad_scale)
+            problems += check.pop("problems") + [f"step {k + 1}: {what} off by {rel:.3g} of its magnitude > "
+                                                 f"{check['bound']:.3g}" for what, rel in check["worst"].items()
+                                                 if not rel <= check["bound"]]
+            checks.append(check)
+    return {"refused": None, "checks": checks, "problems": problems, "memory": trainer.memory(),
+            "numel": sum(p.numel() for p in model.parameters()), "dtype": dtype}
 
 
-def _compare(step: int, loss: float, trainer, want: dict, batch: int, n: int, dtype: str) -> dict:
+def _compare(step: int, loss: float, trainer, want: dict) -> dict:
     """Largest difference of each quantity, relative to that tensor's own largest magnitude."""
     got = {"params": trainer.full_params(), "grads": trainer.full_grads(),
            "state": trainer.full_optimizer_state()}
@@ -94,3 +123,41 @@ def _compare(step: int, loss: float, trainer, want: dict, batch: int, n: int, dt
             worst[f"state {name}.{key}"] = float((g.double() - w.double()).abs().max()
                                                  / max(float(w.abs().max()), 1e-300))
     return {"step": step, "worst": worst, "problems": problems}
+
+
+def shards_roundtrip(stage: int, model_name: str) -> list[str]:
+    """Reference ZeRO-``stage`` after one Adam step: every rank's shard ranges, gathered, are exactly the
+    full flat parameters followed by zero padding (no element lost, duplicated or shifted), and the
+    padding of the optimizer state stays zero (it never leaks into results)."""
+    from reference.zero.adapter import ReferenceZero
+
+    n = dist.get_world_size()
+    model = build_model(model_name, 0, "float64")
+    x, y = global_batch(model_name, 2 * n, 0, "float64")
+    r = dist.get_rank()
+    trainer = ReferenceZero().build(model, spec_for("adam"), stage)
+    trainer.step(x[2 * r:2 * r + 2], y[2 * r:2 * r + 2])
+    full = trainer.full_params()
+    engine, state = trainer.engine, trainer.optimizer.state
+    flats = ([(engine.flat, engine.master, state[engine.master])] if stage in (1, 2)
+             else [(u.flat, u.shard, state[u.shard]) for u in engine.units])
+    names = {id(p): name for name, p in model.named_parameters()}
+    problems = []
+    for flat, shard, opt_state in flats:
+        if shard.numel() != flat.shard_size or flat.shard_size * n != flat.padded or flat.padded - flat.numel >= n:
+            problems.append(f"shard {shard.numel()} x {n} ranks does not tile {flat.numel} (+ < {n} padding)")
+        gathered = flat.gather(shard.detach())
+        want = torch.cat([full[names[id(p)]].flatten() for p in flat.params])
+        if not torch.equal(gathered[: flat.numel], want):
+            problems.append(f"gathered shards differ from the full parameters of {[names[id(p)] for p in flat.params]}")
+        for key in ("exp_avg", "exp_avg_sq"):
+            if bool(flat.gather(opt_state[key])[flat.numel:].any()) or bool(gathered[flat.numel:].any()):
+                problems.append(f"padding of {key} or of the parameters is not zero after a step")
+    return problems
+
+
+def unit_sizes(model_name: str) -> list[int]:
+    """Parameter counts of the modules that own parameters (the reference ZeRO-3 units)."""
+    model = build_model(model_name, 0, "float64")
+    return [sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()
+            if next(m.parameters(recurse=False), None) is not None]

@@ -1,0 +1,48 @@
+"""Planted bugs in subclasses of the reference: each must make the conformance check fail."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from reference.data_parallel import NaiveDataParallel
+from reference.zero.adapter import ReferenceZero, _Trainer
+from reference.zero.sharded_optimizer import ShardedOptimizer
+
+
+class _SumsInsteadOfAverages(NaiveDataParallel):
+    """Bug: the gradients are all-reduced but never divided by the group size."""
+
+    def finish(self) -> None:
+        for p in self.module.parameters():
+            if dist.get_world_size(self.group) > 1:
+                dist.all_reduce(p.grad, group=self.group)
+
+
+class _ShiftedShard(ShardedOptimizer):
+    """Bug: each rank's gradient range starts one element late (an off-by-one shard boundary)."""
+
+    def reduce(self) -> None:
+        flat = self.flat
+        grads = flat.flatten_grads()
+        if flat.n > 1:
+            dist.all_reduce(grads, group=self.group)
+        shifted = torch.cat([grads / flat.n, grads.new_zeros(1)])[flat.shard.start + 1:flat.shard.stop + 1]
+        for p in flat.params:
+            p.grad = None
+        self.master.grad = shifted
+
+
+class MissingAverage(ReferenceZero):
+    def build(self, model, optimizer, stage, group=None):
+        trainer = _Trainer(model, optimizer, 0, group, bucketed=False, bucket_bytes=1)
+        trainer.ddp = _SumsInsteadOfAverages(model, group)
+        return trainer
+
+
+class ShiftedShardBoundary(ReferenceZero):
+    def build(self, model, optimizer, stage, group=None):
+        trainer = _Trainer(model, optimizer, 0, group, bucketed=False, bucket_bytes=1)
+        trainer.stage, trainer.engine = 2, _ShiftedShard(model, optimizer, 2, group)
+        trainer.optimizer = trainer.engine.optimizer
+        return trainer

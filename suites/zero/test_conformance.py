@@ -1,0 +1,62 @@
+"""Every data-parallel / ZeRO implementation x stage x DP size x optimizer x model trains like one device:
+after 1 and after 5 steps, loss, full parameters, full gradients and optimizer state within the bound
+derived in ranks.bound (float64; float32 where the implementation trains only that, against a float32
+single device). The whole grid, not a sample: 4 DP sizes x 2 optimizers x 2 models per stage."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from harness import registry
+
+from . import ranks
+
+STEPS, PER_RANK = 5, 2
+
+
+def _skip_unless_stage(impl: str, stage: int) -> None:
+    only = registry.resolve(impl, "zero").only_ops
+    if only and f"stage{stage}" not in only:
+        pytest.skip(f"{impl} is a stage-0 variant ({', '.join(only)})")
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_training_equals_one_device(zero_impl, stage, world_cache, world_sizes, conformance):
+    _skip_unless_stage(zero_impl, stage)
+    failures = []
+    for n, model, opt in itertools.product(world_sizes, ("mlp", "block"), ("sgd", "adam")):
+        r = world_cache.get(n).run(ranks.train_case, zero_impl, stage, model, opt, STEPS, PER_RANK, n, timeout=300)[0]
+        case = f"stage {stage}, dp {n}, {model}, {opt}"
+        if r["refused"]:
+            conformance.record("unsupported" if r["unsupported"] else "refused", suite="zero", world_size=n,
+                               collective=f"stage{stage}/{model}/{opt}", impl=zero_impl, detail=r["refused"])
+            assert r["unsupported"], f"{case}: refused a valid stage: {r['refused']}"
+            continue
+        worst = max(v for c in r["checks"] for v in c["worst"].values())
+        conformance.record("fail" if r["problems"] else "pass", suite="zero", world_size=n, dtype=r["dtype"],
+                           collective=f"stage{stage}/{model}/{opt}", numel=r["numel"], impl=zero_impl,
+                           max_rel_err=worst, detail=" | ".join(r["problems"][:1]))
+        failures += [f"{case}: {p}" for p in r["problems"][:2]]
+    assert not failures, "\n".join(failures[:6])
+    assert conformance.counts.get("pass", 0) > 0
+
+
+@pytest.mark.parametrize("planted, stage", [("MissingAverage", 0), ("ShiftedShardBoundary", 2)])
+def test_planted_bug_is_caught(planted, stage, world_cache, world_sizes):
+    """A missing gradient average (dp > 1) and a shard boundary one element off (any dp) must fail."""
+    sizes = [n for n in world_sizes if n > 1 or planted != "MissingAverage"]
+    if not sizes:
+        pytest.skip("a missing average needs dp > 1")
+    for n in sizes:
+        r = world_cache.get(n).run(ranks.train_case, f"suites.zero.planted:{planted}", stage, "mlp", "sgd",
+                                   1, PER_RANK, n)[0]
+        assert r["problems"], f"planted {planted} at dp {n} went unnoticed: {r['checks']}"
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_reference_shards_gather_back_exactly(stage, world_cache, world_sizes):
+    for n, model in itertools.product(world_sizes, ("mlp", "block")):
+        problems = [p for rank in world_cache.get(n).run(ranks.shards_roundtrip, stage, model) for p in rank]
+        assert not problems, f"stage {stage}, dp {n}, {model}: {problems[:3]}"
