@@ -18,7 +18,8 @@ def add_parsers(sub) -> None:
     for name, helptext in (("collectives", "nccl-tests-style size sweep of every collective"),
                            ("pipeline", "step time and bubble per schedule, measured vs simulated"),
                            ("tensor_parallel", "forward+backward time and bytes per sharded layer"),
-                           ("all", "collectives, then pipeline, into one run folder")):
+                           ("zero", "step time, memory per rank and bytes per DP / ZeRO stage"),
+                           ("all", "collectives, pipeline, then zero, into one run folder")):
         p = bsub.add_parser(name, help=helptext)
         p.add_argument("--impls", default=None, help="comma-separated implementations (default: all registered)")
         p.add_argument("--impl", action="append", default=[], metavar="SPEC",
@@ -43,6 +44,10 @@ def add_parsers(sub) -> None:
             p.add_argument("--microbatches", default="2,4,8")
             p.add_argument("--virtual-stages", type=int, default=2)
             p.add_argument("--hidden", type=int, default=512)
+        if name in ("zero", "all"):
+            p.add_argument("--stages", default="0,1,2,3", help="ZeRO stages (0: plain data parallelism)")
+            p.add_argument("--zero-world-sizes", default=None, help="DP sizes (default: --world-sizes)")
+            p.add_argument("--zero-hidden", type=int, default=256, help="transformer block width")
         if name == "tensor_parallel":
             p.add_argument("--hidden", type=int, default=512)
             p.add_argument("--ffn", type=int, default=2048)
@@ -109,6 +114,23 @@ def pipeline_config(args):
                          warmup=args.warmup)
 
 
+def zero_config(args):
+    from .zero.bench import ZeroSweep
+
+    stages = [t.strip() for t in args.stages.split(",") if t.strip()]
+    if not stages or any(t not in ("0", "1", "2", "3") for t in stages):
+        raise UsageError(f"--stages {args.stages!r} must be comma-separated ZeRO stages among 0, 1, 2, 3.")
+    if args.zero_hidden < 1:
+        raise UsageError(f"--zero-hidden must be >= 1; got {args.zero_hidden}.")
+    if args.suite == "zero":
+        impls = _impls(args, "zero")
+    else:  # bench all: --impls/--impl choose collectives; every runnable zero implementation runs
+        impls = [s for s in registry.names("zero") if not registry.resolve(s, "zero").only_ops
+                 and registry.skip_reason(registry.resolve(s, "zero")) is None]
+    return ZeroSweep(impls=impls, world_sizes=parse_world_sizes(args.zero_world_sizes or args.world_sizes),
+                     stages=[int(t) for t in stages], hidden=args.zero_hidden, iters=args.iters, warmup=args.warmup)
+
+
 def run(args) -> int:
     from dataclasses import asdict
 
@@ -123,6 +145,10 @@ def run(args) -> int:
         plans.append(("collectives", collectives_config(args), coll_bench.run_sweep))
     if args.suite in ("pipeline", "all"):
         plans.append(("pipeline", pipeline_config(args), pipe_bench.run_sweep))
+    if args.suite in ("zero", "all"):
+        from .zero import bench as zero_bench
+
+        plans.append(("zero", zero_config(args), zero_bench.run_sweep))
     if args.suite == "tensor_parallel":
         from .tensor_parallel import bench as tp_bench
 

@@ -165,6 +165,11 @@ def write_report(run_dir) -> Path:
                 "cost_model (one all-reduce of the activations per column or row layer, two per MLP).", "",
                 _md(ok[["world_size", "op", "impl", "time_p50_ms", "comm_bytes_measured", "comm_bytes_predicted"]],
                     ".4g", index=False), ""]
+    zero = bench[bench["suite"] == "zero"] if len(bench) else bench
+    if len(zero):
+        from .zero.report import zero_section
+
+        out += zero_section(zero, run_dir, _md)
     pipe = bench[bench["suite"] == "pipeline"] if len(bench) else bench
     if len(pipe):
         out += pipeline_section(pipe, run_dir)

@@ -11,7 +11,6 @@ bytes read "not counted" (blank) rather than a wrong zero.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import sys
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from reference.cost_model import collective_bytes, tp_layer_comm_bytes
 
 from .. import registry
+from ..comm_count import counted_collectives
 from ..timing import summarize, time_iterations
 
 
@@ -33,37 +33,6 @@ class TensorParallelSweep:
     ffn: int = 2048
     iters: int = 10
     warmup: int = 3
-
-
-@contextlib.contextmanager
-def counted_collectives(counter: list):
-    """Within the block, every all_reduce / all_gather / reduce_scatter through torch.distributed (and
-    the reference mappings' aliases) adds the bytes this rank sends to ``counter[0]``."""
-    import torch.distributed as dist
-
-    import reference.tensor_parallel.mappings as mappings
-
-    def wrap(fn, op, size_of):
-        def counted(*args, **kwargs):
-            group = kwargs.get("group")
-            counter[0] += collective_bytes(op, dist.get_world_size(group), size_of(*args))
-            return fn(*args, **kwargs)
-        return counted
-
-    def nbytes(t):
-        return t.numel() * t.element_size()
-
-    patches = [(dist, "all_reduce", "all_reduce", lambda t, *a: nbytes(t)),
-               (mappings, "_all_gather", "all_gather", lambda out, inp, *a: nbytes(out)),
-               (mappings, "_reduce_scatter", "reduce_scatter", lambda out, inp, *a: nbytes(inp))]
-    saved = [(obj, name, getattr(obj, name)) for obj, name, _, _ in patches]
-    try:
-        for obj, name, op, size_of in patches:
-            setattr(obj, name, wrap(getattr(obj, name), op, size_of))
-        yield counter
-    finally:
-        for obj, name, fn in saved:
-            setattr(obj, name, fn)
 
 
 def bench_rank(impl_spec: str, kind: str, seq: int, batch: int, hidden: int, ffn: int, iters: int,
