@@ -6,12 +6,14 @@ An implementation that does not support an operation raises ``Unsupported`` (any
 
 from reference.errors import Unsupported
 
+from .checkpoint import Checkpointing
 from .collectives import Collectives
 from .pipeline import Pipeline
 from .tensor_parallel import TensorParallel
 from .zero import Zero, ZeroTrainer
 
-CONTRACTS = {"collectives": Collectives, "pipeline": Pipeline, "tensor_parallel": TensorParallel,
-             "zero": Zero}
+CONTRACTS = {"checkpoint": Checkpointing, "collectives": Collectives, "pipeline": Pipeline,
+             "tensor_parallel": TensorParallel, "zero": Zero}
 
-__all__ = ["CONTRACTS", "Collectives", "Pipeline", "TensorParallel", "Unsupported", "Zero", "ZeroTrainer"]
+__all__ = ["CONTRACTS", "Checkpointing", "Collectives", "Pipeline", "TensorParallel", "Unsupported", "Zero",
+           "ZeroTrainer"]

@@ -1,0 +1,56 @@
+"""The ``torch`` and ``torch-reentrant`` checkpointing implementations: ``torch.utils.checkpoint``'s
+``checkpoint`` per layer and ``checkpoint_sequential`` with about sqrt(L) segments, with
+use_reentrant=False (the recommended default) or True (the legacy autograd-function implementation)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from reference.cost_model import checkpoint_segments
+
+from ..contracts import Unsupported
+
+
+class _PerLayer(nn.Module):
+    def __init__(self, layers, use_reentrant: bool):
+        super().__init__()
+        self.layers, self.use_reentrant = nn.ModuleList(layers), use_reentrant
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        for layer in self.layers:
+            x = checkpoint(layer, x, use_reentrant=self.use_reentrant)
+        return x
+
+
+class _Sequential(nn.Module):
+    def __init__(self, layers, use_reentrant: bool):
+        super().__init__()
+        self.layers, self.use_reentrant = nn.Sequential(*layers), use_reentrant
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint_sequential
+
+        return checkpoint_sequential(self.layers, checkpoint_segments(len(self.layers)), x,
+                                     use_reentrant=self.use_reentrant)
+
+
+class TorchCheckpointing:
+    def __init__(self, use_reentrant: bool = False):
+        self.use_reentrant = use_reentrant
+
+    def known_nonconformance(self, input_requires_grad: bool) -> str | None:
+        """Found by this suite (suites/checkpoint/test_findings.py), documented by torch as a warning."""
+        if self.use_reentrant and not input_requires_grad:
+            return ("use_reentrant=True with an input that does not require grad: the checkpointed segment's "
+                    "parameters get no gradient (every layer checkpointed: backward raises 'element 0 of "
+                    "tensors does not require grad').")
+        return None
+
+    def wrap(self, layers, policy: str):
+        if policy == "layer":
+            return _PerLayer(layers, self.use_reentrant)
+        if policy == "sqrt":
+            return _Sequential(layers, self.use_reentrant)
+        raise Unsupported(f"policy {policy!r} is not one of layer, sqrt.")
