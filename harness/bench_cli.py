@@ -19,7 +19,8 @@ def add_parsers(sub) -> None:
                            ("pipeline", "step time and bubble per schedule, measured vs simulated"),
                            ("tensor_parallel", "forward+backward time and bytes per sharded layer"),
                            ("zero", "step time, memory per rank and bytes per DP / ZeRO stage"),
-                           ("all", "collectives, pipeline, then zero, into one run folder")):
+                           ("checkpoint", "activation memory and step time with and without checkpointing"),
+                           ("all", "collectives, pipeline, zero, then checkpoint, into one run folder")):
         p = bsub.add_parser(name, help=helptext)
         p.add_argument("--impls", default=None, help="comma-separated implementations (default: all registered)")
         p.add_argument("--impl", action="append", default=[], metavar="SPEC",
@@ -48,6 +49,9 @@ def add_parsers(sub) -> None:
             p.add_argument("--stages", default="0,1,2,3", help="ZeRO stages (0: plain data parallelism)")
             p.add_argument("--zero-world-sizes", default=None, help="DP sizes (default: --world-sizes)")
             p.add_argument("--zero-hidden", type=int, default=256, help="transformer block width")
+        if name in ("checkpoint", "all"):
+            p.add_argument("--layers", default="4,16,64", help="layer counts L of the checkpointed stack")
+            p.add_argument("--policies", default="layer,sqrt", help="checkpointing policies")
         if name == "tensor_parallel":
             p.add_argument("--hidden", type=int, default=512)
             p.add_argument("--ffn", type=int, default=2048)
@@ -131,6 +135,23 @@ def zero_config(args):
                      stages=[int(t) for t in stages], hidden=args.zero_hidden, iters=args.iters, warmup=args.warmup)
 
 
+def checkpoint_config(args):
+    from .checkpoint.bench import CheckpointSweep
+    from .contracts.checkpoint import POLICIES
+
+    layers = [t.strip() for t in args.layers.split(",") if t.strip()]
+    if not layers or not all(t.isdigit() and int(t) >= 1 for t in layers):
+        raise UsageError(f"--layers {args.layers!r} must be comma-separated whole numbers >= 1.")
+    if args.suite == "checkpoint":
+        impls = _impls(args, "checkpoint")
+    else:
+        impls = [s for s in registry.names("checkpoint")
+                 if registry.skip_reason(registry.resolve(s, "checkpoint")) is None]
+    return CheckpointSweep(impls=impls, layers=[int(t) for t in layers],
+                           policies=parse_list(args.policies, POLICIES, "polic(ies)"), iters=args.iters,
+                           warmup=args.warmup)
+
+
 def run(args) -> int:
     from dataclasses import asdict
 
@@ -149,6 +170,10 @@ def run(args) -> int:
         from .zero import bench as zero_bench
 
         plans.append(("zero", zero_config(args), zero_bench.run_sweep))
+    if args.suite in ("checkpoint", "all"):
+        from .checkpoint import bench as ckpt_bench
+
+        plans.append(("checkpoint", checkpoint_config(args), ckpt_bench.run_sweep))
     if args.suite == "tensor_parallel":
         from .tensor_parallel import bench as tp_bench
 
@@ -171,7 +196,8 @@ def run(args) -> int:
         return worlds[n]
 
     try:
-        run.update(backend=get_world(plans[0][1].world_sizes[0]).backend)
+        sizes = getattr(plans[0][1], "world_sizes", None)  # checkpointing runs in this process: no World
+        run.update(backend=get_world(sizes[0]).backend if sizes else "none")
         for _, cfg, sweep in plans:
             sweep(cfg, get_world, run)
     except BaseException:

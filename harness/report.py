@@ -170,6 +170,11 @@ def write_report(run_dir) -> Path:
         from .zero.report import zero_section
 
         out += zero_section(zero, run_dir, _md)
+    ckpt = bench[bench["suite"] == "checkpoint"] if len(bench) else bench
+    if len(ckpt):
+        from .checkpoint.report import checkpoint_section
+
+        out += checkpoint_section(ckpt, _md)
     pipe = bench[bench["suite"] == "pipeline"] if len(bench) else bench
     if len(pipe):
         out += pipeline_section(pipe, run_dir)
