@@ -36,3 +36,43 @@ class TransformerBlock(nn.Module):
         weights = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(h // self.heads), dim=-1)
         x = x + self.proj((weights @ v).transpose(1, 2).reshape(b, s, h))
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class GPTBlock(nn.Module):
+    """Pre-norm causal block on (batch, seq, hidden): x + attn(LN(x)), then + MLP(LN(.)) with GELU. The
+    attention is ``DenseAttention`` (seq-first, q/k/v/o Linears) so tensor parallelism shards it as is."""
+
+    def __init__(self, hidden: int, heads: int, ffn: int, dtype=torch.float64):
+        super().__init__()
+        from .tensor_parallel import DenseAttention
+
+        self.ln1, self.ln2 = nn.LayerNorm(hidden, dtype=dtype), nn.LayerNorm(hidden, dtype=dtype)
+        self.attn = DenseAttention(hidden, heads, dtype=dtype, causal=True)
+        self.fc1, self.fc2 = nn.Linear(hidden, ffn, dtype=dtype), nn.Linear(ffn, hidden, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x).transpose(0, 1)).transpose(0, 1)
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    """A small GPT: token embedding, ``layers`` causal blocks, final LayerNorm, a bias-free LM head.
+    ``loss(tokens, targets)`` is the mean cross-entropy over every token."""
+
+    def __init__(self, vocab: int = 13, hidden: int = 16, heads: int = 8, ffn: int = 32, layers: int = 4,
+                 dtype=torch.float64):
+        super().__init__()
+        self.vocab, self.heads = vocab, heads
+        self.embed = nn.Embedding(vocab, hidden, dtype=dtype)
+        self.blocks = nn.ModuleList(GPTBlock(hidden, heads, ffn, dtype) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(hidden, dtype=dtype)
+        self.head = nn.Linear(hidden, vocab, bias=False, dtype=dtype)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+    def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self(tokens).flatten(0, 1), targets.flatten())

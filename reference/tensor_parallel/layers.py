@@ -130,26 +130,30 @@ class ParallelMLP(nn.Module):
 class DenseAttention(nn.Module):
     """Plain multi-head self-attention on (seq, batch, hidden): the layer ParallelAttention splits."""
 
-    def __init__(self, hidden: int, heads: int, dtype=None):
+    def __init__(self, hidden: int, heads: int, dtype=None, causal: bool = False):
         super().__init__()
         if hidden % heads:
             raise ValueError(f"hidden ({hidden}) must divide by heads ({heads}).")
-        self.heads = heads
+        self.heads, self.causal = heads, causal
         self.q, self.k, self.v, self.o = (nn.Linear(hidden, hidden, dtype=dtype) for _ in range(4))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.o(_attend(self.q(x), self.k(x), self.v(x), self.heads))
+        return self.o(_attend(self.q(x), self.k(x), self.v(x), self.heads, self.causal))
 
 
-def _attend(q, k, v, heads: int) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d)) v per head; (seq, batch, heads * d) in and out."""
+def _attend(q, k, v, heads: int, causal: bool = False) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v per head (position i attends to j <= i when causal); (seq, batch,
+    heads * d) in and out."""
     s, b, width = q.shape
     d = width // heads
 
     def split(t):
         return t.reshape(s, b, heads, d).permute(1, 2, 0, 3)  # (batch, heads, seq, d)
 
-    weights = torch.softmax(split(q) @ split(k).transpose(-1, -2) / math.sqrt(d), dim=-1)
+    scores = split(q) @ split(k).transpose(-1, -2) / math.sqrt(d)
+    if causal:
+        scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
     return (weights @ split(v)).permute(2, 0, 1, 3).reshape(s, b, width)
 
 
@@ -158,20 +162,22 @@ class ParallelAttention(nn.Module):
     o row-parallel. One all-reduce forward and one backward (all-gather + reduce-scatter with sequence
     parallelism). The heads must divide by the group size."""
 
-    def __init__(self, q, k, v, o: RowParallelLinear, local_heads: int, group=None, sequence_parallel=False):
+    def __init__(self, q, k, v, o: RowParallelLinear, local_heads: int, group=None, sequence_parallel=False,
+                 causal: bool = False):
         super().__init__()
         self.q, self.k, self.v, self.o = q, k, v, o
-        self.local_heads, self.group, self.sequence_parallel = local_heads, group, sequence_parallel
+        self.local_heads, self.group, self.causal = local_heads, group, causal
+        self.sequence_parallel = sequence_parallel
 
     @classmethod
     def from_dense(cls, dense: DenseAttention, group=None, sequence_parallel: bool = False) -> ParallelAttention:
         local_heads, _ = _split(dense.heads, group, "heads")
         q, k, v = (ColumnParallelLinear.from_dense(lin, group) for lin in (dense.q, dense.k, dense.v))
         o = RowParallelLinear.from_dense(dense.o, group, sequence_parallel=sequence_parallel)
-        return cls(q, k, v, o, local_heads, group, sequence_parallel)
+        return cls(q, k, v, o, local_heads, group, sequence_parallel, getattr(dense, "causal", False))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # One input mapping for the three projections (their input gradients add before the reduction).
         x = gather_from_sequence_region(x, self.group) if self.sequence_parallel else copy_to_region(x, self.group)
         q, k, v = (F.linear(x, lin.weight, lin.bias) for lin in (self.q, self.k, self.v))
-        return self.o(_attend(q, k, v, self.local_heads))
+        return self.o(_attend(q, k, v, self.local_heads, self.causal))

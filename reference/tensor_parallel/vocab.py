@@ -72,7 +72,8 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         shifted = masked - logit_max.unsqueeze(-1)
         mine = (target >= start) & (target < start + n_local)
         local_t = torch.where(mine, target - start, torch.zeros_like(target))
-        predicted = shifted.gather(-1, local_t.unsqueeze(-1)).squeeze(-1) * mine.to(logits.dtype)
+        # where, not a product: a rank holding only padding gathers -inf, and -inf * 0 is NaN
+        predicted = torch.where(mine, shifted.gather(-1, local_t.unsqueeze(-1)).squeeze(-1), 0.0)
         exp = shifted.exp()
         sum_exp = exp.sum(dim=-1)
         if dist.get_world_size(group) > 1:

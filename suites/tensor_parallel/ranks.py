@@ -37,7 +37,7 @@ def _dense_linear(in_f: int, out_f: int, seed: int, dtype) -> torch.nn.Linear:
 def _mismatch(name: str, got: torch.Tensor, want: torch.Tensor, tol: float | torch.Tensor = 0.0) -> list[str]:
     if got.shape != want.shape:
         return [f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"]
-    bad = (got - want).abs() > tol
+    bad = ~((got - want).abs() <= tol)  # NaN counts as a difference
     if bool(bad.any()):
         i = int(bad.flatten().nonzero()[0])
         return [f"{name}: {int(bad.sum())} of {got.numel()} differ, first got {got.flatten()[i].item()!r} "

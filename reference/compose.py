@@ -1,0 +1,153 @@
+"""3D parallelism: one GPT (reference.models) trained over data x pipeline x tensor parallel ranks.
+
+``parallelize(model, dims, schedule, zero_stage, checkpointing, ...)`` applies, in torchtitan's order:
+1. tensor parallelism to each piece (vocabulary-parallel embedding and LM head with its cross-entropy,
+   attention heads and MLP split over the TP group; LayerNorms replicated);
+2. activation checkpointing of every block (``reference.checkpoint``; recomputation reruns the block's
+   TP collectives, in the same order on every TP rank);
+3. the pipeline split: pp * v stages of contiguous blocks (v = 2 for the interleaved schedule), stage s
+   on PP rank s mod pp, the embedding in stage 0, the final LayerNorm and the head in the last, run by
+   ``PipelineRuntime`` over the PP group;
+4. data parallelism over the DP group: gradients averaged (ZeRO 0) or reduce-scattered into the rank's
+   shard of a flat buffer with sharded optimizer state (ZeRO 1, 2: ``reference.zero``).
+
+The loss each replica back-propagates is its tokens' summed cross-entropy / its token count (microbatch
+losses add up to the replica's mean); the DP average of the replicas' gradients is then the global
+batch's mean-loss gradient — one device's.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .checkpoint import Checkpointed
+from .data_parallel import NaiveDataParallel
+from .models import GPT
+from .pipeline.generators import generate
+from .pipeline.runtime import PipelineRuntime
+from .tensor_parallel import ParallelAttention, ParallelLMHead, ParallelMLP, VocabParallelEmbedding
+from .topology import ParallelDims, build_groups, coordinates
+from .zero import OptimizerSpec, ShardedOptimizer
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+
+class ParallelGPTBlock(nn.Module):
+    def __init__(self, block, tp_group):
+        super().__init__()
+        self.ln1, self.ln2 = copy.deepcopy(block.ln1), copy.deepcopy(block.ln2)
+        self.attn = ParallelAttention.from_dense(block.attn, tp_group)
+        self.mlp = ParallelMLP.from_dense(block.fc1, block.fc2, tp_group)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x).transpose(0, 1)).transpose(0, 1)
+        return x + self.mlp(self.ln2(x))
+
+
+class Stage(nn.Module):
+    """Contiguous blocks; the first stage also embeds, the last also normalises and holds the LM head
+    (called by the pipeline's loss function, so its parameters are this stage's)."""
+
+    def __init__(self, blocks, embed=None, ln_f=None, head=None):
+        super().__init__()
+        self.embed, self.blocks, self.ln_f, self.head = embed, nn.ModuleList(blocks), ln_f, head
+
+    def forward(self, x):
+        if self.embed is not None:
+            x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.ln_f(x) if self.ln_f is not None else x
+
+
+def shard_stages(model: GPT, dims: ParallelDims, rank: int, tp_group, virtual: int,
+                 checkpointing: bool = False) -> dict[int, Stage]:
+    """This rank's stages {index: Stage}, built from ``model``'s weights (``model`` is not modified)."""
+    dims.check(dims.world_size, model.heads, len(model.blocks))
+    num_stages = dims.pp * virtual
+    if num_stages > len(model.blocks):
+        raise ValueError(f"pp x virtual stages = {num_stages} cannot exceed the number of layers "
+                         f"({len(model.blocks)}).")
+    pp_rank = coordinates(dims, rank).pp
+    base, extra = divmod(len(model.blocks), num_stages)  # contiguous, earlier stages take the extra block
+    bounds = [s * base + min(s, extra) for s in range(num_stages + 1)]
+    groups = [range(bounds[s], bounds[s + 1]) for s in range(num_stages)]
+    stages = {}
+    for s in range(pp_rank, num_stages, dims.pp):
+        blocks = [ParallelGPTBlock(model.blocks[i], tp_group) for i in groups[s]]
+        blocks = [Checkpointed(b) for b in blocks] if checkpointing else blocks
+        last = s == num_stages - 1
+        stages[s] = Stage(blocks, VocabParallelEmbedding.from_dense(model.embed, tp_group) if s == 0 else None,
+                          copy.deepcopy(model.ln_f) if last else None,
+                          ParallelLMHead.from_dense(model.head, tp_group) if last else None)
+    return stages
+
+
+class Parallel3D:
+    """A GPT trained over ``dims``: ``step(tokens, targets)`` takes the global batch (every rank passes
+    the same) and returns the global mean loss on every rank."""
+
+    def __init__(self, model: GPT, dims: ParallelDims, groups: dict, schedule: str, zero_stage: int,
+                 checkpointing: bool, optimizer: OptimizerSpec, microbatches: int):
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}; got {schedule!r}.")
+        if zero_stage not in (0, 1, 2):
+            raise ValueError(f"zero_stage must be 0, 1 or 2 with pipeline parallelism; got {zero_stage!r}.")
+        self.dims, self.groups, self.zero_stage = dims, groups, zero_stage
+        rank = dist.get_rank()
+        self.coords = coordinates(dims, rank)
+        virtual = 2 if schedule == "interleaved" else 1
+        self.stages = shard_stages(model, dims, rank, groups["tp"], virtual, checkpointing)
+        self.schedule = generate(schedule, dims.pp, microbatches, virtual)
+        self.hidden = model.embed.embedding_dim
+        self.local = nn.ModuleList(self.stages.values())
+        if zero_stage == 0:
+            self.sync = NaiveDataParallel(self.local, groups["dp"])
+            self.optimizer = optimizer.build(self.local.parameters())
+        else:
+            self.sync = ShardedOptimizer(self.local, optimizer, zero_stage, groups["dp"])
+            self.optimizer = self.sync.optimizer
+
+    def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:
+        dims, c = self.dims, self.coords
+        per_replica = len(tokens) // dims.dp
+        mine = slice(c.dp * per_replica, (c.dp + 1) * per_replica)
+        tokens, targets = tokens[mine], targets[mine]
+        count = targets.numel()
+        last = max(self.stages) == self.schedule.num_stages - 1
+        head = self.stages[max(self.stages)].head if last else None
+
+        def loss_fn(hidden, target):
+            return head(hidden, target).sum() / count
+
+        runtime = PipelineRuntime(self.schedule, self.stages, loss_fn, per_replica, (tokens.shape[1], self.hidden),
+                                  self.groups["pp"])
+        for p in self.local.parameters():
+            p.grad = None
+        loss = runtime.step(tokens if 0 in self.stages else None, targets if last else None)
+        if self.zero_stage == 0:
+            self.sync.finish()
+            self.optimizer.step()
+        else:
+            self.sync.step()
+        value = torch.tensor([float(loss) if loss is not None and c.tp == 0 else 0.0], dtype=torch.float64)
+        for kind in ("pp", "tp", "dp"):  # the last stage's replica losses, summed, then averaged over DP
+            if dist.get_world_size(self.groups[kind]) > 1:
+                dist.all_reduce(value, group=self.groups[kind])
+        return float(value) / dims.dp
+
+
+def parallelize(model: GPT, dims: ParallelDims, schedule: str = "1f1b", zero_stage: int = 0,
+                checkpointing: bool = False, *, groups: dict | None = None,
+                optimizer: OptimizerSpec | None = None, microbatches: int | None = None) -> Parallel3D:
+    """``model`` over ``dims`` (TP, then checkpointing, then the pipeline split, then DP / ZeRO), trained
+    with ``optimizer`` (default SGD, lr 0.05, momentum 0.9) on ``microbatches`` per step (default 2 pp).
+    ``groups`` (from ``topology.build_groups``) is created here when not given — collectively."""
+    dims.check(dist.get_world_size(), model.heads, len(model.blocks))
+    groups = groups if groups is not None else build_groups(dims, dist.get_rank())
+    return Parallel3D(model, dims, groups, schedule, zero_stage, checkpointing,
+                      optimizer or OptimizerSpec("sgd", 0.05), microbatches or 2 * dims.pp)
