@@ -1,0 +1,63 @@
+"""The whole recipe equals one device: a GPT (4 causal blocks, 8 heads, vocabulary 13 — padded under
+TP) trained 3 SGD-with-momentum steps over every (dp, pp, tp) layout of world sizes 1, 2, 4 and 8 (TP
+innermost), loss and every parameter within the bound derived in ranks.bound (float64). Each layout runs
+one (schedule, ZeRO stage, checkpointing) combination in rotation, and 2 x 2 x 2 runs all 18 of them:
+every combination is exercised, with few examples (world size 8 on 2 cores)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from reference.models import GPT
+from reference.topology import ParallelDims
+
+from . import ranks
+
+COMBOS = list(itertools.product(("gpipe", "1f1b", "interleaved"), (0, 1, 2), (False, True)))
+MODEL = GPT()
+
+
+def _layouts(n: int) -> list[tuple[int, int, int]]:
+    return [(dp, pp, n // (dp * pp)) for dp in range(1, n + 1) for pp in range(1, n + 1)
+            if n % (dp * pp) == 0 and MODEL.heads % (n // (dp * pp)) == 0 and pp <= len(MODEL.blocks)]
+
+
+def _cases():
+    k = 0
+    for n in (1, 2, 4, 8):
+        for dims in _layouts(n):
+            combos = COMBOS if dims == (2, 2, 2) else [COMBOS[k % len(COMBOS)]]
+            k += 1
+            for schedule, zero, ckpt in combos:
+                if schedule == "interleaved" and 2 * dims[1] > len(MODEL.blocks):
+                    schedule = "1f1b"  # two virtual stages per rank need 2 pp <= layers
+                label = f"{'x'.join(map(str, dims))}-{schedule}-zero{zero}-{'ckpt' if ckpt else 'nockpt'}"
+                yield pytest.param(n, dims, schedule, zero, ckpt, id=label)
+
+
+@pytest.mark.parametrize("n, dims, schedule, zero, checkpointing", list(_cases()))
+def test_3d_training_equals_one_device(n, dims, schedule, zero, checkpointing, world_cache, conformance):
+    per_rank = world_cache.get(n).run(ranks.train_3d, *dims, schedule, zero, checkpointing, timeout=300)
+    assert all(r["refused"] is None for r in per_rank), per_rank[0]["refused"]
+    problems = [p for r in per_rank for p in r["problems"]]
+    conformance.record("fail" if problems else "pass", suite="3d", world_size=n, dtype="float64",
+                       collective=f"{'x'.join(map(str, dims))}/{schedule}/zero{zero}/ckpt{int(checkpointing)}",
+                       impl="reference", max_rel_err=max(r["worst"] for r in per_rank), detail=" | ".join(problems[:1]))
+    assert not problems, problems[:4]
+
+
+def test_invalid_layouts_are_one_sentence(world_cache):
+    refused = world_cache.get(8).run(ranks.train_3d, 1, 8, 1, "1f1b", 0, False, timeout=300)[0]["refused"]
+    assert refused == "pp (8) cannot exceed the number of layers (4): a stage needs a layer."
+    refused = world_cache.get(2).run(ranks.train_3d, 1, 2, 1, "interleaved", 0, False, timeout=300)[0]["refused"]
+    assert refused is None  # 2 x 2 virtual stages = 4 layers: fits
+    refused = world_cache.get(4).run(ranks.train_3d, 1, 4, 1, "interleaved", 0, False, timeout=300)[0]["refused"]
+    assert refused == "pp x virtual stages = 8 cannot exceed the number of layers (4)."
+    with pytest.raises(ValueError, match=r"dp x pp x tp = 2 x 2 x 1 = 4 must equal the world size \(8\)"):
+        ParallelDims(2, 2, 1).check(8)
+    with pytest.raises(ValueError, match=r"tp \(3\) must divide the attention heads \(8\)"):
+        ParallelDims(1, 1, 3).check(3, heads=8)
+    with pytest.raises(ValueError, match="dp must be a whole number >= 1; got 0"):
+        ParallelDims(0, 1, 1)
