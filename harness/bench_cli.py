@@ -20,7 +20,8 @@ def add_parsers(sub) -> None:
                            ("tensor_parallel", "forward+backward time and bytes per sharded layer"),
                            ("zero", "step time, memory per rank and bytes per DP / ZeRO stage"),
                            ("checkpoint", "activation memory and step time with and without checkpointing"),
-                           ("all", "collectives, pipeline, zero, then checkpoint, into one run folder")):
+                           ("3d", "every dp x pp x tp layout of one world size: step time, memory, bubble vs plan"),
+                           ("all", "collectives, pipeline, zero, checkpoint, then 3d, into one run folder")):
         p = bsub.add_parser(name, help=helptext)
         p.add_argument("--impls", default=None, help="comma-separated implementations (default: all registered)")
         p.add_argument("--impl", action="append", default=[], metavar="SPEC",
@@ -52,6 +53,13 @@ def add_parsers(sub) -> None:
         if name in ("checkpoint", "all"):
             p.add_argument("--layers", default="4,16,64", help="layer counts L of the checkpointed stack")
             p.add_argument("--policies", default="layer,sqrt", help="checkpointing policies")
+        if name in ("3d", "all"):
+            p.add_argument("--3d-world-size", dest="threed_world_size", type=int, default=8,
+                           help="ranks of the 3D layouts (8 on 2 cores: oversubscribed, compare layouts only)")
+            p.add_argument("--3d-schedule", dest="threed_schedule", default="1f1b",
+                           choices=["gpipe", "1f1b", "interleaved"])
+            p.add_argument("--3d-zero", dest="threed_zero", type=int, default=1, choices=[0, 1, 2])
+            p.add_argument("--3d-checkpointing", dest="threed_checkpointing", action="store_true")
         if name == "tensor_parallel":
             p.add_argument("--hidden", type=int, default=512)
             p.add_argument("--ffn", type=int, default=2048)
@@ -152,6 +160,19 @@ def checkpoint_config(args):
                            warmup=args.warmup)
 
 
+def threed_config(args):
+    from .threed.bench import ThreeDSweep, valid_layouts
+
+    if args.threed_world_size < 1:
+        raise UsageError(f"--3d-world-size must be >= 1; got {args.threed_world_size}.")
+    cfg = ThreeDSweep(world_size=args.threed_world_size, schedule=args.threed_schedule, zero_stage=args.threed_zero,
+                      checkpointing=args.threed_checkpointing, iters=min(args.iters, 5), warmup=min(args.warmup, 1))
+    if not valid_layouts(cfg):
+        raise UsageError(f"no dp x pp x tp layout of {cfg.world_size} ranks fits the model ({cfg.heads} heads, "
+                         f"{cfg.layers} layers).")
+    return cfg
+
+
 def run(args) -> int:
     from dataclasses import asdict
 
@@ -174,6 +195,10 @@ def run(args) -> int:
         from .checkpoint import bench as ckpt_bench
 
         plans.append(("checkpoint", checkpoint_config(args), ckpt_bench.run_sweep))
+    if args.suite in ("3d", "all"):
+        from .threed import bench as threed_bench
+
+        plans.append(("3d", threed_config(args), threed_bench.run_sweep))
     if args.suite == "tensor_parallel":
         from .tensor_parallel import bench as tp_bench
 

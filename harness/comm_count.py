@@ -35,8 +35,11 @@ def counted_collectives(counter: list):
     patches = [(dist, "all_reduce", "all_reduce", arg(0, "tensor")),
                (dist, "all_gather_into_tensor", "all_gather", arg(0, "output_tensor")),
                (dist, "reduce_scatter_tensor", "reduce_scatter", arg(1, "input")),
+               (dist, "all_gather_single", "all_gather", arg(0, "output_tensor")),
+               (dist, "reduce_scatter_single", "reduce_scatter", arg(1, "input")),
                (mappings, "_all_gather", "all_gather", arg(0, "output_tensor")),
                (mappings, "_reduce_scatter", "reduce_scatter", arg(1, "input"))]
+    patches = [p for p in patches if hasattr(p[0], p[1])]  # the *_single names are torch >= 2.12's
     saved = [(obj, name, getattr(obj, name)) for obj, name, _, _ in patches]
     try:
         for obj, name, op, size_of in patches:

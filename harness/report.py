@@ -170,6 +170,11 @@ def write_report(run_dir) -> Path:
         from .zero.report import zero_section
 
         out += zero_section(zero, run_dir, _md)
+    threed = bench[bench["suite"] == "3d"] if len(bench) else bench
+    if len(threed):
+        from .threed.report import threed_section
+
+        out += threed_section(threed, _md)
     ckpt = bench[bench["suite"] == "checkpoint"] if len(bench) else bench
     if len(ckpt):
         from .checkpoint.report import checkpoint_section

@@ -129,6 +129,7 @@ class Parallel3D:
         for p in self.local.parameters():
             p.grad = None
         loss = runtime.step(tokens if 0 in self.stages else None, targets if last else None)
+        self.last_events = runtime.events  # (action, start, end) seconds of this rank's last step
         if self.zero_stage == 0:
             self.sync.finish()
             self.optimizer.step()

@@ -11,6 +11,15 @@ import torch.distributed as dist
 from torch import nn
 
 
+def _all_gather(out, inp, group):
+    """all_gather_single where torch has it (all_gather_into_tensor is deprecated there)."""
+    return (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, inp, group=group)
+
+
+def _reduce_scatter(out, inp, group):
+    return (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, inp, group=group)
+
+
 class FlatParams:
     def __init__(self, params: list[nn.Parameter], group=None):
         if not params:
@@ -55,12 +64,12 @@ class FlatParams:
         if self.n == 1:
             out.copy_(shard)
         else:
-            dist.all_gather_into_tensor(out, shard.contiguous().clone(), group=self.group)
+            _all_gather(out, shard.contiguous().clone(), group=self.group)
         return out
 
     def reduce_scatter_mean(self, flat: torch.Tensor) -> torch.Tensor:
         """This rank's shard of the group's average of ``flat``."""
         out = flat[self.shard].clone() if self.n == 1 else torch.empty_like(flat[self.shard])
         if self.n > 1:
-            dist.reduce_scatter_tensor(out, flat.contiguous(), group=self.group)
+            _reduce_scatter(out, flat.contiguous(), group=self.group)
         return out / self.n

@@ -1,0 +1,123 @@
+"""The 3D benchmark: every (dp, pp, tp) layout of one world size (8 by default) training the same GPT
+with the reference composition — step time, model-state memory per rank (measured from live tensors,
+the largest rank), and the pipeline bubble measured from the runtime's per-action timestamps — beside
+``paritybench plan``'s prediction for the same layout (``harness.plan.estimate``: its 1F1B bubble and
+communication; model-state bytes from ``training_memory`` in this run's float32 / SGD-momentum terms).
+
+On 2 CPU cores 8 ranks are oversubscribed: compare layouts with each other, not with a machine.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+
+_GROUPS: dict = {}  # the process groups of each layout, created once per rank process
+
+
+@dataclass
+class ThreeDSweep:
+    world_size: int = 8
+    """Ranks; every layout dp x pp x tp of it that the model allows runs."""
+    schedule: str = "1f1b"
+    zero_stage: int = 1
+    checkpointing: bool = False
+    vocab: int = 512
+    hidden: int = 128
+    heads: int = 8
+    ffn: int = 512
+    layers: int = 8
+    seq: int = 64
+    rows: int = 2
+    """Samples per microbatch; microbatches per step = 2 pp (per replica)."""
+    iters: int = 3
+    warmup: int = 1
+    layouts: list = field(default_factory=list)
+    """(dp, pp, tp) to run; empty: all valid ones."""
+
+    @property
+    def world_sizes(self) -> list[int]:
+        return [self.world_size]
+
+
+def valid_layouts(cfg: ThreeDSweep) -> list[tuple[int, int, int]]:
+    n = cfg.world_size
+    return [(dp, pp, n // (dp * pp)) for dp in range(1, n + 1) for pp in range(1, n + 1)
+            if n % (dp * pp) == 0 and cfg.heads % (n // (dp * pp)) == 0 and pp <= cfg.layers
+            and (cfg.schedule != "interleaved" or 2 * pp <= cfg.layers)]
+
+
+def bench_rank(cfg: ThreeDSweep, dims_t: tuple[int, int, int]) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from reference.compose import parallelize
+    from reference.models import GPT
+    from reference.topology import ParallelDims, build_groups
+    from reference.zero import OptimizerSpec, held_bytes
+    from reference.zero.accounting import optimizer_state_tensors
+
+    dims = ParallelDims(*dims_t)
+    if dims not in _GROUPS:
+        _GROUPS[dims] = build_groups(dims, dist.get_rank())
+    torch.manual_seed(0)
+    model = GPT(cfg.vocab, cfg.hidden, cfg.heads, cfg.ffn, cfg.layers, dtype=torch.float32)
+    numel = sum(p.numel() for p in model.parameters())
+    trainer = parallelize(model, dims, cfg.schedule, cfg.zero_stage, cfg.checkpointing, groups=_GROUPS[dims],
+                          optimizer=OptimizerSpec("sgd", 1e-3))
+    m = trainer.schedule.num_microbatches
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, cfg.vocab, (dims.dp * m * cfg.rows, cfg.seq), generator=gen)
+    targets = torch.randint(0, cfg.vocab, tokens.shape, generator=gen)
+    times = []
+    for i in range(cfg.warmup + cfg.iters):
+        dist.barrier()
+        start = time.perf_counter()
+        trainer.step(tokens, targets)
+        if i >= cfg.warmup:
+            times.append(time.perf_counter() - start)
+    params = list(trainer.local.parameters())
+    grads = [p.grad for p in params] + ([trainer.sync.master.grad] if cfg.zero_stage else [])
+    from reference.pipeline.schedule import Action
+
+    busy = sum(end - start for name, start, end in trainer.last_events if Action.parse(name).kind in "FBIW")
+    makespan = max((end for _, _, end in trainer.last_events), default=0.0)
+    return {"times": times, "numel": numel, "microbatches": m,
+            "memory": {"params": held_bytes(params), "grads": held_bytes(grads),
+                       "optimizer": held_bytes(optimizer_state_tensors(trainer.optimizer))},
+            "busy": busy, "makespan": makespan}
+
+
+def run_sweep(cfg: ThreeDSweep, get_world, run_dir, progress=sys.stderr) -> int:
+    from reference.cost_model import training_memory
+
+    from ..plan import Layout, Model, estimate
+    from ..timing import summarize
+
+    layouts = cfg.layouts or valid_layouts(cfg)
+    world = get_world(cfg.world_size)
+    for done, dims in enumerate(layouts, 1):
+        dp, pp, tp = dims
+        per_rank = world.run(bench_rank, cfg, dims, timeout=600)
+        r0 = per_rank[0]
+        states = training_memory(r0["numel"], zero_stage=cfg.zero_stage, dp=dp, tp=tp, pp=pp, weight_bytes=4,
+                                 grad_bytes=4, optimizer_bytes=4)
+        plan = estimate(Model(r0["numel"], cfg.seq, cfg.rows, cfg.hidden, cfg.heads, cfg.layers,
+                              r0["microbatches"]), Layout(dp=dp, tp=tp, pp=pp, zero=cfg.zero_stage)) \
+            if cfg.layers % pp == 0 else None
+        worst = max(per_rank, key=lambda r: sum(r["memory"].values()))["memory"]
+        bubble = 1 - sum(r["busy"] for r in per_rank) / sum(r["makespan"] for r in per_rank)
+        row = {"suite": "3d", "op": f"{dp}x{pp}x{tp}", "impl": "reference", "backend": world.backend,
+               "world_size": cfg.world_size, "dtype": "float32", "iters": cfg.iters, "warmup": cfg.warmup,
+               "count": r0["numel"], "microbatches": r0["microbatches"], "zero_stage": cfg.zero_stage, "status": "ok",
+               "mem_params_bytes": worst["params"], "mem_grads_bytes": worst["grads"],
+               "mem_optimizer_bytes": worst["optimizer"], "mem_params_predicted": states.weights,
+               "mem_grads_predicted": states.gradients, "mem_optimizer_predicted": states.optimizer,
+               "bubble_measured": bubble, "bubble_predicted": plan["bubble_fraction_1f1b"] if plan else None,
+               "comm_bytes_predicted": plan["comm_bytes_per_step"]["total"] if plan else None,
+               "detail": f"{cfg.schedule}, zero {cfg.zero_stage}, checkpointing {cfg.checkpointing}",
+               **summarize([r["times"] for r in per_rank])}
+        run_dir.append("benchmarks.csv", row)
+        print(f"[{done}/{len(layouts)}] 3d dp={dp} pp={pp} tp={tp}: {row['time_p50_us'] / 1e3:.1f} ms", file=progress)
+    return len(layouts)
