@@ -74,3 +74,43 @@ def train_3d(dp: int, pp: int, tp: int, schedule: str, zero: int, checkpointing:
         if not abs(a - b) <= bound(k + 1, tokens.numel(), model, dims.world_size) * abs(b):
             problems.append(f"loss after step {k + 1}: {a!r} vs one device {b!r}")
     return {"refused": None, "worst": worst, "bound": limit, "problems": problems, "losses": got, "want": want}
+
+
+def train_torch_3d(dp: int, pp: int, tp: int, schedule: str, steps: int = 3, seed: int = 0) -> dict:
+    """The torchtitan-style torch stack (harness.adapters.torch_3d) against one device."""
+    from harness.adapters.torch_3d import Torch3D
+
+    torch.manual_seed(seed)
+    model = GPT()
+    microbatches = 2 * pp
+    try:
+        trainer = Torch3D(copy.deepcopy(model), dp, pp, tp, schedule, microbatches, LR)
+    except NotImplementedError as exc:
+        return {"refused": str(exc)}
+    batch = dp * microbatches
+    gen = torch.Generator().manual_seed(seed + 1)
+    tokens = torch.randint(0, model.vocab, (batch, SEQ), generator=gen)
+    targets = torch.randint(0, model.vocab, (batch, SEQ), generator=gen)
+    single = copy.deepcopy(model)
+    opt = OptimizerSpec("sgd", LR).build(single.parameters())
+    want, got = [], []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = single.loss(tokens, targets)
+        loss.backward()
+        opt.step()
+        want.append(float(loss))
+        got.append(trainer.step(tokens, targets))
+    dense = dict(single.named_parameters())
+    limit = bound(steps, tokens.numel(), model, dp * pp * tp)
+    worst, problems = 0.0, []
+    for name, p in trainer.full_params().items():
+        q = dense[name].detach()
+        rel = float((p - q).abs().max() / max(float(q.abs().max()), 1e-300))
+        worst = max(worst, rel)
+        if not rel <= limit:
+            problems.append(f"{name}: off by {rel:.3g} of its magnitude > {limit:.3g}")
+    for k, (a, b) in enumerate(zip(got, want, strict=True)):
+        if not abs(a - b) <= bound(k + 1, tokens.numel(), model, dp * pp * tp) * abs(b):
+            problems.append(f"loss after step {k + 1}: {a!r} vs one device {b!r}")
+    return {"refused": None, "worst": worst, "bound": limit, "problems": problems, "losses": got, "want": want}

@@ -1,0 +1,114 @@
+"""The torchtitan-style torch stack for the 3D comparison: the same GPT (reference.models) with DTensor
+tensor parallelism (ColwiseParallel / RowwiseParallel per block, RowwiseParallel embedding, a
+vocabulary-sharded head under ``loss_parallel``), torch.distributed.pipelining (PipelineStage and its
+GPipe / 1F1B schedules), and FSDP2 ``fully_shard`` over the DP mesh dimension — applied in torchtitan's
+order (TP, then the pipeline split, then FSDP) on one ``init_device_mesh`` (dp, pp, tp), TP innermost.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ..world import rank_device
+
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
+
+
+class _Stage(nn.Module):
+    def __init__(self, blocks, embed=None, ln_f=None, head=None):
+        super().__init__()
+        self.embed, self.blocks, self.ln_f, self.head = embed, nn.ModuleList(blocks), ln_f, head
+
+    def forward(self, x):
+        if self.embed is not None:
+            x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x)) if self.head is not None else x
+
+
+class Torch3D:
+    """``step(tokens, targets)`` on the global batch; ``full_params()`` {name: full tensor} of this rank's
+    stage, named as in the dense model."""
+
+    def __init__(self, model, dp: int, pp: int, tp: int, schedule: str, microbatches: int, lr: float):
+        from torch.distributed import pipelining
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        if schedule not in SCHEDULES:
+            raise NotImplementedError(f"the torch 3D stack runs {', '.join(SCHEDULES)} here, not {schedule!r}.")
+        mesh = init_device_mesh(rank_device().type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
+        self.dims, self.mesh, self.microbatches = (dp, pp, tp), mesh, microbatches
+        coord = mesh.get_coordinate()
+        self.dp_rank, stage_idx = coord[0], coord[1]
+        n_layers = len(model.blocks)
+        base, extra = divmod(n_layers, pp)
+        lo = stage_idx * base + min(stage_idx, extra)
+        hi = lo + base + (1 if stage_idx < extra else 0)
+        self.names = {}
+        first, last = stage_idx == 0, stage_idx == pp - 1
+        stage = _Stage([copy.deepcopy(model.blocks[i]) for i in range(lo, hi)],
+                       copy.deepcopy(model.embed) if first else None, copy.deepcopy(model.ln_f) if last else None,
+                       copy.deepcopy(model.head) if last else None)
+        # names of this stage's parameters in the dense model
+        for name, _ in stage.named_parameters():
+            parts = name.split(".")
+            self.names[name] = f"blocks.{lo + int(parts[1])}.{'.'.join(parts[2:])}" if parts[0] == "blocks" else name
+        tp_mesh = mesh["tp"]
+        for block in stage.blocks:
+            parallelize_module(block, tp_mesh, {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(),
+                                                "attn.v": ColwiseParallel(), "attn.o": RowwiseParallel(),
+                                                "fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+            block.attn.heads //= tp
+        if first:
+            parallelize_module(stage.embed, tp_mesh, RowwiseParallel(input_layouts=Replicate(),
+                                                                     output_layouts=Replicate()))
+        if last:
+            parallelize_module(stage.head, tp_mesh, ColwiseParallel(output_layouts=Shard(-1), use_local_output=False))
+        for block in stage.blocks:
+            fully_shard(block, mesh=mesh["dp"])
+        fully_shard(stage, mesh=mesh["dp"])
+        self.stage = stage
+        self.optimizer = torch.optim.SGD(stage.parameters(), lr=lr, momentum=0.9)
+        self.pstage = pipelining.PipelineStage(stage, stage_idx, pp, rank_device(), group=mesh["pp"].get_group())
+        self.first, self.last = first, last
+        self.schedule_cls = getattr(pipelining, SCHEDULES[schedule])
+
+    def step(self, tokens, targets) -> float:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        dp = self.dims[0]
+        per = len(tokens) // dp
+        mine = slice(self.dp_rank * per, (self.dp_rank + 1) * per)
+        tokens, targets = tokens[mine], targets[mine]
+        count = targets.numel()
+
+        def loss_fn(logits, target):
+            return F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="sum") / count
+
+        schedule = self.schedule_cls(self.pstage, self.microbatches, loss_fn=loss_fn, scale_grads=False)
+        self.optimizer.zero_grad()
+        losses: list = []
+        with loss_parallel():
+            kwargs = {"target": targets, "losses": losses} if self.last else {}
+            schedule.step(*((tokens,) if self.first else ()), **kwargs)
+        self.optimizer.step()
+        value = torch.tensor([float(sum(_full(loss).item() for loss in losses)) if self.last else 0.0],
+                             dtype=torch.float64)
+        dist.all_reduce(value)  # the last stage's replicas, times tp ranks each
+        return float(value) / (dp * self.dims[2])
+
+    def full_params(self) -> dict:
+        return {self.names[name]: _full(p.detach()).clone() for name, p in self.stage.named_parameters()}
+
+
+def _full(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
