@@ -1,6 +1,6 @@
 """``paritybench``: the command line.
 
-    paritybench bench collectives|pipeline|all [--impls ...] [--world-sizes 2,4] ...
+    paritybench bench collectives|pipeline|tensor_parallel|zero|checkpoint|3d|all [--impls ...] ...
     paritybench report RUN_DIR
     paritybench impls
     paritybench plan --params 70B --dp 64 --tp 8 --pp 4 --hidden 8192 --heads 64 --layers 80 ...
@@ -74,7 +74,9 @@ def _schedule(args) -> int:
 
 
 def _impls(_args) -> int:
-    for paradigm in ("collectives", "pipeline", "tensor_parallel"):
+    from .contracts import CONTRACTS
+
+    for paradigm in CONTRACTS:
         for name in registry.names(paradigm):
             impl = registry.resolve(name, paradigm)
             reason = registry.skip_reason(impl)
