@@ -49,19 +49,22 @@ class ParallelGPTBlock(nn.Module):
 
 
 class Stage(nn.Module):
-    """Contiguous blocks; the first stage also embeds, the last also normalises and holds the LM head
-    (called by the pipeline's loss function, so its parameters are this stage's)."""
+    """Contiguous blocks; the first stage also embeds, the last also normalises and holds the LM head —
+    applied in forward when ``apply_head``, else called by the pipeline's loss function (its parameters
+    are this stage's either way)."""
 
-    def __init__(self, blocks, embed=None, ln_f=None, head=None):
+    def __init__(self, blocks, embed=None, ln_f=None, head=None, apply_head: bool = False):
         super().__init__()
         self.embed, self.blocks, self.ln_f, self.head = embed, nn.ModuleList(blocks), ln_f, head
+        self.apply_head = apply_head
 
     def forward(self, x):
         if self.embed is not None:
             x = self.embed(x)
         for block in self.blocks:
             x = block(x)
-        return self.ln_f(x) if self.ln_f is not None else x
+        x = self.ln_f(x) if self.ln_f is not None else x
+        return self.head(x) if self.apply_head and self.head is not None else x
 
 
 def shard_stages(model: GPT, dims: ParallelDims, rank: int, tp_group, virtual: int,

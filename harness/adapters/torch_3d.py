@@ -12,24 +12,12 @@ import copy
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import nn
+
+from reference.compose import Stage
 
 from ..world import rank_device
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
-
-
-class _Stage(nn.Module):
-    def __init__(self, blocks, embed=None, ln_f=None, head=None):
-        super().__init__()
-        self.embed, self.blocks, self.ln_f, self.head = embed, nn.ModuleList(blocks), ln_f, head
-
-    def forward(self, x):
-        if self.embed is not None:
-            x = self.embed(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln_f(x)) if self.head is not None else x
 
 
 class Torch3D:
@@ -55,9 +43,9 @@ class Torch3D:
         hi = lo + base + (1 if stage_idx < extra else 0)
         self.names = {}
         first, last = stage_idx == 0, stage_idx == pp - 1
-        stage = _Stage([copy.deepcopy(model.blocks[i]) for i in range(lo, hi)],
-                       copy.deepcopy(model.embed) if first else None, copy.deepcopy(model.ln_f) if last else None,
-                       copy.deepcopy(model.head) if last else None)
+        stage = Stage([copy.deepcopy(model.blocks[i]) for i in range(lo, hi)],
+                      copy.deepcopy(model.embed) if first else None, copy.deepcopy(model.ln_f) if last else None,
+                      copy.deepcopy(model.head) if last else None, apply_head=True)
         # names of this stage's parameters in the dense model
         for name, _ in stage.named_parameters():
             parts = name.split(".")

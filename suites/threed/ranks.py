@@ -47,12 +47,23 @@ def train_3d(dp: int, pp: int, tp: int, schedule: str, zero: int, checkpointing:
                               optimizer=spec)
     except ValueError as exc:
         return {"refused": str(exc)}
-    batch = dp * trainer.schedule.num_microbatches
+    def compare(single):
+        expected = shard_stages(single, dims, dist.get_rank(), groups["tp"], 2 if schedule == "interleaved" else 1)
+        return [((f"stage {s} {name}", p), q) for s, stage in trainer.stages.items()
+                for (name, p), q in zip(stage.named_parameters(), expected[s].parameters(), strict=True)]
+
+    return against_one_device(model, trainer, dp * trainer.schedule.num_microbatches, dims.world_size, steps, seed,
+                              compare)
+
+
+def against_one_device(model: GPT, trainer, batch: int, world: int, steps: int, seed: int, pairs) -> dict:
+    """Train ``trainer`` and one device (a copy of ``model``) ``steps`` SGD-with-momentum steps on the same
+    global batch; ``pairs(single)`` lists ((label, parallel parameter), expected tensor) after training."""
     gen = torch.Generator().manual_seed(seed + 1)
     tokens = torch.randint(0, model.vocab, (batch, SEQ), generator=gen)
     targets = torch.randint(0, model.vocab, (batch, SEQ), generator=gen)
-    single, opt = copy.deepcopy(model), None
-    opt = spec.build(single.parameters())
+    single = copy.deepcopy(model)
+    opt = OptimizerSpec("sgd", LR).build(single.parameters())
     want, got = [], []
     for _ in range(steps):
         opt.zero_grad()
@@ -61,17 +72,16 @@ def train_3d(dp: int, pp: int, tp: int, schedule: str, zero: int, checkpointing:
         opt.step()
         want.append(float(loss))
         got.append(trainer.step(tokens, targets))
-    expected = shard_stages(single, dims, dist.get_rank(), groups["tp"], 2 if schedule == "interleaved" else 1)
+    limit = bound(steps, tokens.numel(), model, world)
     worst, problems = 0.0, []
-    limit = bound(steps, tokens.numel(), model, dims.world_size)
-    for s, stage in trainer.stages.items():
-        for (name, p), q in zip(stage.named_parameters(), expected[s].parameters(), strict=True):
-            rel = float((p.detach() - q.detach()).abs().max() / max(float(q.abs().max()), 1e-300))
-            worst = max(worst, rel)
-            if not rel <= limit:
-                problems.append(f"stage {s} {name}: off by {rel:.3g} of its magnitude > {limit:.3g}")
+    for (label, p), q in pairs(single):
+        p, q = p.detach(), q.detach()
+        rel = float((p - q).abs().max() / max(float(q.abs().max()), 1e-300))
+        worst = max(worst, rel)
+        if not rel <= limit:
+            problems.append(f"{label}: off by {rel:.3g} of its magnitude > {limit:.3g}")
     for k, (a, b) in enumerate(zip(got, want, strict=True)):
-        if not abs(a - b) <= bound(k + 1, tokens.numel(), model, dims.world_size) * abs(b):
+        if not abs(a - b) <= bound(k + 1, tokens.numel(), model, world) * abs(b):
             problems.append(f"loss after step {k + 1}: {a!r} vs one device {b!r}")
     return {"refused": None, "worst": worst, "bound": limit, "problems": problems, "losses": got, "want": want}
 
@@ -87,30 +97,8 @@ def train_torch_3d(dp: int, pp: int, tp: int, schedule: str, steps: int = 3, see
         trainer = Torch3D(copy.deepcopy(model), dp, pp, tp, schedule, microbatches, LR)
     except NotImplementedError as exc:
         return {"refused": str(exc)}
-    batch = dp * microbatches
-    gen = torch.Generator().manual_seed(seed + 1)
-    tokens = torch.randint(0, model.vocab, (batch, SEQ), generator=gen)
-    targets = torch.randint(0, model.vocab, (batch, SEQ), generator=gen)
-    single = copy.deepcopy(model)
-    opt = OptimizerSpec("sgd", LR).build(single.parameters())
-    want, got = [], []
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = single.loss(tokens, targets)
-        loss.backward()
-        opt.step()
-        want.append(float(loss))
-        got.append(trainer.step(tokens, targets))
-    dense = dict(single.named_parameters())
-    limit = bound(steps, tokens.numel(), model, dp * pp * tp)
-    worst, problems = 0.0, []
-    for name, p in trainer.full_params().items():
-        q = dense[name].detach()
-        rel = float((p - q).abs().max() / max(float(q.abs().max()), 1e-300))
-        worst = max(worst, rel)
-        if not rel <= limit:
-            problems.append(f"{name}: off by {rel:.3g} of its magnitude > {limit:.3g}")
-    for k, (a, b) in enumerate(zip(got, want, strict=True)):
-        if not abs(a - b) <= bound(k + 1, tokens.numel(), model, dp * pp * tp) * abs(b):
-            problems.append(f"loss after step {k + 1}: {a!r} vs one device {b!r}")
-    return {"refused": None, "worst": worst, "bound": limit, "problems": problems, "losses": got, "want": want}
+    def compare(single):
+        dense = dict(single.named_parameters())
+        return [((name, p), dense[name]) for name, p in trainer.full_params().items()]
+
+    return against_one_device(model, trainer, dp * microbatches, dp * pp * tp, steps, seed, compare)
