@@ -138,7 +138,9 @@ class Parallel3D:
             self.optimizer.step()
         else:
             self.sync.step()
-        value = torch.tensor([float(loss) if loss is not None and c.tp == 0 else 0.0], dtype=torch.float64)
+        device = next(self.local.parameters()).device
+        value = torch.tensor([float(loss) if loss is not None and c.tp == 0 else 0.0], dtype=torch.float64,
+                             device=device)
         for kind in ("pp", "tp", "dp"):  # the last stage's replica losses, summed, then averaged over DP
             if dist.get_world_size(self.groups[kind]) > 1:
                 dist.all_reduce(value, group=self.groups[kind])

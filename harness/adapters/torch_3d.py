@@ -90,7 +90,7 @@ class Torch3D:
             schedule.step(*((tokens,) if self.first else ()), **kwargs)
         self.optimizer.step()
         value = torch.tensor([float(sum(_full(loss).item() for loss in losses)) if self.last else 0.0],
-                             dtype=torch.float64)
+                             dtype=torch.float64, device=rank_device())
         dist.all_reduce(value)  # the last stage's replicas, times tp ranks each
         return float(value) / (dp * self.dims[2])
 

@@ -8,6 +8,7 @@ import copy
 import torch
 import torch.distributed as dist
 
+from harness.world import rank_device
 from reference.compose import parallelize, shard_stages
 from reference.models import GPT
 from reference.topology import ParallelDims, build_groups
@@ -41,7 +42,7 @@ def train_3d(dp: int, pp: int, tp: int, schedule: str, zero: int, checkpointing:
     try:
         groups = _groups(dims)
         torch.manual_seed(seed)
-        model = GPT()
+        model = GPT().to(rank_device())
         spec = OptimizerSpec("sgd", LR)
         trainer = parallelize(copy.deepcopy(model), dims, schedule, zero, checkpointing, groups=groups,
                               optimizer=spec)
@@ -60,8 +61,8 @@ def against_one_device(model: GPT, trainer, batch: int, world: int, steps: int, 
     """Train ``trainer`` and one device (a copy of ``model``) ``steps`` SGD-with-momentum steps on the same
     global batch; ``pairs(single)`` lists ((label, parallel parameter), expected tensor) after training."""
     gen = torch.Generator().manual_seed(seed + 1)
-    tokens = torch.randint(0, model.vocab, (batch, SEQ), generator=gen)
-    targets = torch.randint(0, model.vocab, (batch, SEQ), generator=gen)
+    tokens = torch.randint(0, model.vocab, (batch, SEQ), generator=gen).to(rank_device())
+    targets = torch.randint(0, model.vocab, (batch, SEQ), generator=gen).to(rank_device())
     single = copy.deepcopy(model)
     opt = OptimizerSpec("sgd", LR).build(single.parameters())
     want, got = [], []
@@ -91,7 +92,7 @@ def train_torch_3d(dp: int, pp: int, tp: int, schedule: str, steps: int = 3, see
     from harness.adapters.torch_3d import Torch3D
 
     torch.manual_seed(seed)
-    model = GPT()
+    model = GPT().to(rank_device())
     microbatches = 2 * pp
     try:
         trainer = Torch3D(copy.deepcopy(model), dp, pp, tp, schedule, microbatches, LR)

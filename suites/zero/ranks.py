@@ -75,8 +75,11 @@ def train_case(impl_spec: str, stage: int, model_name: str, opt_name: str, steps
     impl = registry.load(impl_spec, "zero")
     dtype = dtype or ("float64" if "float64" in getattr(impl, "dtypes", ("float64",)) else impl.dtypes[0])
     spec = spec_for(opt_name)
-    model = build_model(model_name, seed, dtype)
-    x, y = global_batch(model_name, n * per_rank, seed, dtype)
+    from harness.world import rank_device
+
+    device = rank_device()  # cuda:<local rank> under nccl (tox -e gpu), else the CPU
+    model = build_model(model_name, seed, dtype).to(device)
+    x, y = (t.to(device) for t in global_batch(model_name, n * per_rank, seed, dtype))
     want = _single_device(copy.deepcopy(model), spec, x, y, steps)
     try:
         trainer = impl.build(copy.deepcopy(model), spec, stage, None)
@@ -88,7 +91,7 @@ def train_case(impl_spec: str, stage: int, model_name: str, opt_name: str, steps
     grad_scale = max(float(g.abs().max()) for w in want for g in w["grads"].values())
     checks, problems = [], []
     for k in range(steps):
-        local = torch.tensor([trainer.step(x[mine], y[mine])], dtype=torch.float64)
+        local = torch.tensor([trainer.step(x[mine], y[mine])], dtype=torch.float64, device=device)
         dist.all_reduce(local)
         if k in (0, steps - 1):
             check = _compare(k + 1, float(local) / n, trainer, want[k])
