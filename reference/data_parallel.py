@@ -27,6 +27,10 @@ class NaiveDataParallel(nn.Module):
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
+    def zero_grad(self) -> None:
+        for p in self.module.parameters():
+            p.grad = None
+
     def finish(self) -> None:
         """Average every gradient over the group: call after backward, before the optimizer step."""
         n = dist.get_world_size(self.group)

@@ -37,12 +37,7 @@ class _Trainer:
             self.optimizer = self.engine.optimizer
 
     def step(self, x, y) -> float:
-        if self.stage == 0:
-            self.optimizer.zero_grad()
-            if hasattr(self.ddp, "zero_grad"):
-                self.ddp.zero_grad()
-        else:
-            self.engine.zero_grad()
+        (self.ddp if self.stage == 0 else self.engine).zero_grad()
         loss = F.mse_loss(self.model(x), y)
         loss.backward()
         if self.stage == 0:
