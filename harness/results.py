@@ -36,7 +36,8 @@ BENCHMARK_COLUMNS = COMMON + [
     "comm_bytes_measured", "comm_bytes_predicted",
     "zero_stage", "mem_params_bytes", "mem_grads_bytes", "mem_optimizer_bytes",
     "mem_params_predicted", "mem_grads_predicted", "mem_optimizer_predicted",
-    "act_peak_bytes", "act_peak_predicted", "recompute_overhead_measured", "recompute_overhead_predicted",
+    "act_peak_bytes", "act_peak_predicted", "alloc_peak_bytes", "recompute_overhead_measured",
+    "recompute_overhead_predicted",
 ]
 FILES = {"conformance.csv": CONFORMANCE_COLUMNS, "benchmarks.csv": BENCHMARK_COLUMNS}
 

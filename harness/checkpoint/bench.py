@@ -3,7 +3,8 @@ activation memory (bytes of saved tensors, ``measure.SavedTensorMeter``) per imp
 against no checkpointing and ``cost_model``: memory ``sqrt_checkpoint_memory`` (ceil(L/k) + k layers'
 activations at k ~ sqrt(L)) and compute ``recompute_overhead`` (+1/3 with backward = 2 x forward).
 
-One process (checkpointing needs no communication): a stack of L Linear-GELU layers, float32.
+One process (checkpointing needs no communication): a stack of L Linear-GELU layers, float32, on the GPU
+where there is one (then the allocator's peak is recorded too, ``alloc_peak_bytes``), else the CPU.
 """
 
 from __future__ import annotations
@@ -41,18 +42,25 @@ def measure(module, x, iters: int, warmup: int) -> dict:
         module(x).pow(2).sum().backward()
 
     meter = SavedTensorMeter(exclude=list(module.parameters()))
+    if x.is_cuda:  # the allocator's own peak, where there is one (CUDA); blank on the CPU
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
     with meter.measure():
         step()
+    alloc_peak = torch.cuda.max_memory_allocated() - base if x.is_cuda else None
     for _ in range(warmup):
         step()
     times = []
     for _ in range(iters):
         start = time.perf_counter()
         step()
+        if x.is_cuda:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     times.sort()
-    return {"peak": meter.peak, "p50": times[len(times) // 2], "min": times[0], "max": times[-1],
-            "mean": sum(times) / len(times), "threads": torch.get_num_threads()}
+    return {"peak": meter.peak, "alloc_peak": alloc_peak, "p50": times[len(times) // 2], "min": times[0],
+            "max": times[-1], "mean": sum(times) / len(times)}
 
 
 def run_sweep(cfg: CheckpointSweep, get_world, run_dir, progress=sys.stderr) -> int:
@@ -60,13 +68,14 @@ def run_sweep(cfg: CheckpointSweep, get_world, run_dir, progress=sys.stderr) -> 
     from torch import nn
 
     torch.manual_seed(0)
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     rows = 0
     for count in cfg.layers:
         def stack(count=count):
             torch.manual_seed(0)
-            return [nn.Sequential(nn.Linear(cfg.hidden, cfg.hidden), nn.GELU()) for _ in range(count)]
+            return [nn.Sequential(nn.Linear(cfg.hidden, cfg.hidden), nn.GELU()).to(device) for _ in range(count)]
 
-        x = torch.randn(cfg.batch, cfg.hidden, requires_grad=True)
+        x = torch.randn(cfg.batch, cfg.hidden, device=device, requires_grad=True)
         plain = measure(nn.Sequential(*stack()), x, cfg.iters, cfg.warmup)
         per_layer = plain["peak"] / count  # what one layer saves without checkpointing
         cases = [("none", "none", plain)] + [(impl, policy, None) for impl in cfg.impls for policy in cfg.policies]
@@ -86,7 +95,7 @@ def run_sweep(cfg: CheckpointSweep, get_world, run_dir, progress=sys.stderr) -> 
                          "sqrt": sqrt_checkpoint_memory(count, per_layer)}.get(policy)
             row.update(status="ok", time_p50_us=got["p50"] * 1e6, time_min_us=got["min"] * 1e6,
                        time_max_us=got["max"] * 1e6, time_mean_us=got["mean"] * 1e6,
-                       act_peak_bytes=got["peak"], act_peak_predicted=predicted,
+                       act_peak_bytes=got["peak"], act_peak_predicted=predicted, alloc_peak_bytes=got["alloc_peak"],
                        recompute_overhead_measured=got["p50"] / plain["p50"] - 1,
                        recompute_overhead_predicted=0.0 if policy == "none" else recompute_overhead())
             run_dir.append("benchmarks.csv", row)
