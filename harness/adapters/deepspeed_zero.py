@@ -77,7 +77,7 @@ class _Trainer:
         self._grads = {k: None if g is None else g.detach().clone() for k, g in self._grads.items()}
         self.grad_bytes = held_bytes(self._grad_tensors())
         self.engine.step()
-        return float(loss)
+        return float(loss.detach())
 
     def full_params(self) -> dict:
         import deepspeed

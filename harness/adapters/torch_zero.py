@@ -71,7 +71,7 @@ class _Trainer:
         loss.backward()
         self.grad_bytes = held_bytes(_local(p.grad) for p in self.inner.parameters())
         self.optimizer.step()
-        return float(loss)
+        return float(loss.detach())
 
     def full_params(self) -> dict:
         return {k: _full(p.detach()).clone() for k, p in self.inner.named_parameters()}

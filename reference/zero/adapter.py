@@ -48,7 +48,7 @@ class _Trainer:
             self.engine.reduce()
             self.grad_bytes = held_bytes(self.engine.grad_tensors())
             self.engine.update()
-        return float(loss)
+        return float(loss.detach())
 
     def _named(self, tensors) -> dict:
         return dict(zip(self.names, tensors, strict=True))

@@ -1,6 +1,7 @@
 """ZeRO stage 3: parameters sharded too. Every module that owns parameters is a unit with its own flat
 buffer (``flat.py``); a rank keeps only its shard of each. A unit's full parameters are all-gathered
-just before its forward and freed just after, all-gathered again just before its backward, and once
+just before its forward and freed just after, all-gathered again when the gradient reaches its output
+(a tensor hook: just before its backward), and once
 its gradients are complete they are reduce-scattered (each rank keeps the average of its shard) and
 the full parameters freed again. The optimizer steps the shards; nothing is gathered after the step.
 
@@ -31,10 +32,17 @@ class _Unit:
         self._ready = 0
         self.release()
         module.register_forward_pre_hook(lambda mod, args: self.materialize())
-        module.register_forward_hook(lambda mod, args, out: self.release())
-        module.register_full_backward_pre_hook(lambda mod, grad_out: self.materialize())
+        module.register_forward_hook(self._after_forward)
         for p in self.params:
             p.register_post_accumulate_grad_hook(self._grad_ready)
+
+    def _after_forward(self, module, args, out) -> None:
+        """Free the full parameters, and gather them again when the gradient reaches this output — just
+        before the module's own backward runs."""
+        self.release()
+        for t in out if isinstance(out, tuple) else (out,):
+            if torch.is_tensor(t) and t.requires_grad:
+                t.register_hook(lambda grad: self.materialize())
 
     @property
     def materialized(self) -> bool:
