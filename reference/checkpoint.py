@@ -92,7 +92,7 @@ class Checkpointed(nn.Module):
         return checkpoint(self.module, *args, restore_rng=self.restore_rng)
 
 
-def checkpoint_sequential(layers, segments: int | None = None) -> nn.Sequential:
+def checkpoint_sequential(layers, segments: int | None = None, restore_rng: bool = True) -> nn.Sequential:
     """``layers`` as ``segments`` contiguous checkpointed segments (default about sqrt(L))."""
     layers = list(layers)
     if not layers:
@@ -101,8 +101,8 @@ def checkpoint_sequential(layers, segments: int | None = None) -> nn.Sequential:
     if not 1 <= k <= len(layers):
         raise ValueError(f"segments must be between 1 and the number of layers ({len(layers)}); got {k}.")
     size = math.ceil(len(layers) / k)
-    return nn.Sequential(*[Checkpointed(nn.Sequential(*layers[i:i + size])) for i in range(0, len(layers), size)])
-
+    return nn.Sequential(*[Checkpointed(nn.Sequential(*layers[i:i + size]), restore_rng)
+                           for i in range(0, len(layers), size)])
 
 
 class SelectiveAttention(nn.Module):
@@ -144,10 +144,7 @@ class ReferenceCheckpointing:
         if policy == "layer":
             return nn.Sequential(*[Checkpointed(layer, self.restore_rng) for layer in layers])
         if policy == "sqrt":
-            layers = list(layers)
-            size = math.ceil(len(layers) / checkpoint_segments(len(layers)))
-            return nn.Sequential(*[Checkpointed(nn.Sequential(*layers[i:i + size]), self.restore_rng)
-                                   for i in range(0, len(layers), size)])
+            return checkpoint_sequential(layers, restore_rng=self.restore_rng)
         from .errors import Unsupported
 
         raise Unsupported(f"policy {policy!r} is not one of layer, sqrt.")
