@@ -162,7 +162,8 @@ def write_report(run_dir) -> Path:
         out += ["## Tensor parallel: forward + backward per layer", "",
                 "Bytes each rank sends in one step, counted where the implementation calls torch.distributed's "
                 "collectives (ours, megatron-core; DTensor's functional collectives are not seen: blank), against "
-                "cost_model (one all-reduce of the activations per column or row layer, two per MLP).", "",
+                "cost_model (one all-reduce of the activations per column, row or embedding layer, two per MLP or "
+                "attention block; the LM head adds its cross-entropy's three per-token all-reduces).", "",
                 _md(ok[["world_size", "op", "impl", "time_p50_ms", "comm_bytes_measured", "comm_bytes_predicted"]],
                     ".4g", index=False), ""]
     zero = bench[bench["suite"] == "zero"] if len(bench) else bench

@@ -4,10 +4,10 @@ The dense weights are copied into Megatron's shards (its even split), so results
 
 - embedding / lm_head: ``VocabParallelEmbedding`` / ``ColumnParallelLinear`` + ``vocab_parallel_cross_entropy``
   over the vocabulary padded to a multiple of the TP size, as Megatron's training pads it (zero rows).
-- attention: Megatron's attention block is q, k, v column-parallel and the output projection
-  row-parallel around a per-rank attention core; here those are megatron-core's linears around the
-  reference core (megatron's own ``SelfAttention`` needs a TransformerConfig, a fused QKV layout and a
-  causal mask, a different layer from the dense one under test).
+- attention: Megatron's attention block is one fused q/k/v column-parallel linear and a row-parallel
+  output projection around a per-rank attention core; here those are megatron-core's linears around the
+  reference core (megatron's own ``SelfAttention`` needs a TransformerConfig and its own core and masks,
+  a different layer from the dense one under test).
 """
 
 from __future__ import annotations
@@ -42,14 +42,19 @@ class _Head(nn.Module):
 
 
 class _Attention(nn.Module):
-    def __init__(self, q, k, v, o, local_heads: int):
+    """Megatron's attention layout: one fused q/k/v ColumnParallelLinear (its ``linear_qkv``: this rank's q,
+    k and v rows stacked, so the backward all-reduces the input gradient once), the rank's heads through
+    the reference core, the output projection row-parallel."""
+
+    def __init__(self, qkv, o, local_heads: int, causal: bool):
         super().__init__()
-        self.q, self.k, self.v, self.o, self.local_heads = q, k, v, o, local_heads
+        self.qkv, self.o, self.local_heads, self.causal = qkv, o, local_heads, causal
 
     def forward(self, x):
         from reference.tensor_parallel.layers import _attend
 
-        return self.o(_attend(self.q(x), self.k(x), self.v(x), self.local_heads))
+        q, k, v = self.qkv(x)[0].chunk(3, dim=-1)
+        return self.o(_attend(q, k, v, self.local_heads, self.causal))
 
 
 def _config(n: int, dtype, sequence_parallel: bool):
@@ -146,8 +151,14 @@ class MegatronTensorParallel:
         if kind == "attention":
             if dense.heads % n:
                 raise ValueError(f"heads ({dense.heads}) must divide by the tensor-parallel size ({n}).")
-            q, k, v = (_OutputOnly(column(lin), "column") for lin in (dense.q, dense.k, dense.v))
-            return _Attention(q, k, v, row(dense.o), dense.heads // n)
+            h = dense.q.out_features
+            qkv = tensor_parallel.ColumnParallelLinear(h, 3 * h, config=config(dense.q.weight.dtype),
+                                                       init_method=_no_init, bias=True, gather_output=False)
+            block = slice(r * h // n, (r + 1) * h // n)
+            with torch.no_grad():
+                qkv.weight.copy_(torch.cat([lin.weight[block] for lin in (dense.q, dense.k, dense.v)]))
+                qkv.bias.copy_(torch.cat([lin.bias[block] for lin in (dense.q, dense.k, dense.v)]))
+            return _Attention(qkv, row(dense.o), dense.heads // n, getattr(dense, "causal", False))
         raise Unsupported(f"kind {kind!r} is not one of column, row, mlp, embedding, lm_head, attention.")
 
     def full_grads(self, kind, sharded, group=None) -> dict:
@@ -156,9 +167,11 @@ class MegatronTensorParallel:
 
         if kind == "mlp":
             return _prefixed({"0": ("column", sharded[0]), "2": ("row", sharded[2])}, self, group)
-        if kind == "attention":
-            return _prefixed({"q": ("column", sharded.q), "k": ("column", sharded.k), "v": ("column", sharded.v),
-                              "o": ("row", sharded.o)}, self, group)
+        if kind == "attention":  # the fused q/k/v shard is [q rows; k rows; v rows] of this rank
+            grads = {f"{name}.{what}": _gather_first(g.chunk(3)[i], group) for what, g in
+                     (("weight", sharded.qkv.weight.grad), ("bias", sharded.qkv.bias.grad))
+                     for i, name in enumerate("qkv")}
+            return grads | {f"o.{k}": v for k, v in self.full_grads("row", sharded.o, group).items()}
         if kind in ("embedding", "lm_head"):
             weight = sharded.weight if kind == "embedding" else sharded.layer.weight
             return {"weight": _gather_first(weight.grad, group)[: sharded.vocab_size]}

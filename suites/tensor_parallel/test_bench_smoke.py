@@ -18,15 +18,18 @@ def test_tensor_parallel_sweep_bytes_and_report(world_cache, world_sizes, tmp_pa
         pytest.skip("needs a 2-rank world")
     impls = [s for s in registry.names("tensor_parallel")
              if registry.skip_reason(registry.resolve(s, "tensor_parallel")) is None]
-    cfg = TensorParallelSweep(impls=impls, world_sizes=[2], seq=4, batch=2, hidden=8, ffn=16, iters=2, warmup=1)
+    cfg = TensorParallelSweep(impls=impls, world_sizes=[2], seq=4, batch=2, hidden=8, ffn=16, iters=2, warmup=1,
+                              vocab=64, heads=4)
     run = RunDir(tmp_path, {"suite": "tensor_parallel"})
-    assert run_sweep(cfg, world_cache.get, run, progress=None) == len(impls) * 3
+    assert run_sweep(cfg, world_cache.get, run, progress=None) == len(impls) * 6
     run.finish()
     rows = read_run(run.path)[1]["benchmarks.csv"]
     assert (rows["status"] == "ok").all() and (rows["time_p50_us"] > 0).all()
     for _, r in rows.iterrows():
         if r["impl"] == "torch":
             assert math.isnan(r["comm_bytes_measured"])  # functional collectives: not counted, not zero
-        else:  # 4 * 2 * 8 float32 activations: one all-reduce each way per linear
-            assert r["comm_bytes_measured"] == r["comm_bytes_predicted"] == (2 if r["op"] == "mlp" else 1) * 256
+        else:  # 4 * 2 * 8 float32 activations, 256 B per all-reduce over 2 ranks; the LM head adds its
+            # cross-entropy's three all-reduces of 4 * 2 float32 scalars (32 B each)
+            want = {"column": 256, "row": 256, "embedding": 256, "mlp": 512, "attention": 512, "lm_head": 352}
+            assert r["comm_bytes_measured"] == r["comm_bytes_predicted"] == want[r["op"]], r["op"]
     assert "## Tensor parallel: forward + backward per layer" in write_report(run.path).read_text()
