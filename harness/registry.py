@@ -49,6 +49,10 @@ class ImplSpec:
     suites and benchmarks exercise it there only); empty: every operation is its own."""
     description: str = ""
 
+    def owns(self, op: str) -> bool:
+        """False for a variant that shares ``op`` with another implementation (nothing new to measure)."""
+        return not self.only_ops or op in self.only_ops
+
 
 BUILTINS: dict[tuple[str, str], ImplSpec] = {
     (spec.paradigm, spec.name): spec

@@ -125,8 +125,7 @@ def run_sweep(cfg: SweepConfig, get_world, run_dir, progress=sys.stderr) -> int:
 
 def _own(impl: str, collective: str) -> bool:
     """False for a variant that shares this collective with another implementation (no new number)."""
-    only = registry.resolve(impl, "collectives").only_ops
-    return not only or collective in only
+    return registry.resolve(impl, "collectives").owns(collective)
 
 
 def _one(world, cfg: SweepConfig, impl: str, collective: str, nbytes: int) -> dict:

@@ -69,11 +69,8 @@ def bench_rank(impl_spec: str, stage: int, hidden: int, seq: int, batch: int, it
 
 
 def run_sweep(cfg: ZeroSweep, get_world, run_dir, progress=sys.stderr) -> int:
-    def runs(impl: str, stage: int) -> bool:  # a variant runs only where it differs (reference-naive: stage 0)
-        only = registry.resolve(impl, "zero").only_ops
-        return not only or f"stage{stage}" in only
-
-    cases = [c for c in itertools.product(cfg.world_sizes, cfg.impls, cfg.stages) if runs(c[1], c[2])]
+    cases = [(n, impl, stage) for n, impl, stage in itertools.product(cfg.world_sizes, cfg.impls, cfg.stages)
+             if registry.resolve(impl, "zero").owns(f"stage{stage}")]  # reference-naive: stage 0 only
     for done, (n, impl, stage) in enumerate(cases, 1):
         world = get_world(n)
         per_rank = world.run(bench_rank, impl, stage, cfg.hidden, cfg.seq, cfg.batch, cfg.iters, cfg.warmup,

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .ranks import EPS64, _attend_dense, _block, _dense_linear, _ints, _mismatch
+from .ranks import EPS64, _block, _dense_linear, _ints, _mismatch, attention_against_dense
 
 
 def _dense(kind: str, dims: tuple, seed: int) -> torch.nn.Module:
@@ -151,20 +151,6 @@ def _attention(kind, dims, seed, dense, sharded, rows, n, r, eps):
     absolute products (x4 for the core's rounding); gradients, through softmax, within
     (seq * batch + hidden + n) eps relative to their magnitude, x8 for the four projections and the
     softmax chain."""
-    seq, batch, heads, head_dim = dims
-    hidden = heads * head_dim
-    x_full = torch.randn(seq, batch, hidden, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
-    x_full.requires_grad_()
-    up = torch.randn(seq, batch, hidden, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
-    want = dense(x_full)
-    (want * up).sum().backward()
-    core = _attend_dense(dense, x_full.detach())
-    bound = (hidden + n) * EPS64 * (core.abs() @ dense.o.weight.abs().T + dense.o.bias.abs()) * 4
-    x = x_full.detach()[rows].clone().requires_grad_()
-    y = sharded(x)
-    (y * up[rows]).sum().backward()
-    g_tol = 8 * (seq * batch + hidden + n) * EPS64
-    problems = _mismatch("output", y.detach(), want.detach()[rows], bound[rows])
-    problems += _mismatch("input grad", x.grad, x_full.grad[rows], g_tol * float(x_full.grad.abs().max() + 1))
+    problems, g_tol = attention_against_dense(dense, sharded, dims[0], dims[1], rows, n, seed)
     return (problems, {name: p.grad for name, p in dense.named_parameters()},
             lambda g: g_tol * float(g.abs().max() + 1))

@@ -189,22 +189,10 @@ def attention(seq: int, batch: int, heads_per_rank: int, head_dim: int, seed: in
     hidden = n * heads_per_rank * head_dim
     torch.manual_seed(seed)
     dense = DenseAttention(hidden, n * heads_per_rank, dtype=torch.float64)
-    x_full = torch.randn(seq, batch, hidden, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
-    x_full.requires_grad_()
-    up = torch.randn(seq, batch, hidden, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
-    y_dense = dense(x_full)
-    (y_dense * up).sum().backward()
-    core = _attend_dense(dense, x_full.detach())
-    bound = (hidden + n) * EPS64 * (core.abs() @ dense.o.weight.abs().T + dense.o.bias.abs()) * 4
     rows = slice(r * seq // n, (r + 1) * seq // n) if sequence_parallel else slice(None)
     layer = ParallelAttention.from_dense(dense, None, sequence_parallel=sequence_parallel)
-    x = x_full.detach()[rows].clone().requires_grad_()
-    y = layer(x)
-    (y * up[rows]).sum().backward()
-    g_tol = 8 * (seq * batch + hidden + n) * EPS64
+    problems, g_tol = attention_against_dense(dense, layer, seq, batch, rows, n, seed)
     cols = slice(layer.q.offset, layer.q.offset + layer.q.out_per_rank)
-    problems = _mismatch("output", y.detach(), y_dense.detach()[rows], bound[rows])
-    problems += _mismatch("input grad", x.grad, x_full.grad[rows], g_tol * float(x_full.grad.abs().max() + 1))
     for name in ("q", "k", "v"):
         want = getattr(dense, name).weight.grad[cols]
         problems += _mismatch(f"{name} weight grad", getattr(layer, name).weight.grad, want,
@@ -212,6 +200,27 @@ def attention(seq: int, batch: int, heads_per_rank: int, head_dim: int, seed: in
     want_o = dense.o.weight.grad[:, cols]
     problems += _mismatch("o weight grad", layer.o.weight.grad, want_o, g_tol * float(want_o.abs().max() + 1))
     return problems
+
+
+def attention_against_dense(dense, sharded, seq: int, batch: int, rows: slice, n: int, seed: int):
+    """Forward and backward of ``sharded`` (this rank's ``rows`` of the sequence) and of ``dense`` on the same
+    random input and upstream gradient (float64): (output and input-gradient problems, the relative
+    gradient tolerance). The bounds are derived in ``attention``; the dense layer keeps its gradients."""
+    hidden = dense.q.in_features
+    x_full = torch.randn(seq, batch, hidden, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    x_full.requires_grad_()
+    up = torch.randn(seq, batch, hidden, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
+    want = dense(x_full)
+    (want * up).sum().backward()
+    core = _attend_dense(dense, x_full.detach())
+    bound = (hidden + n) * EPS64 * (core.abs() @ dense.o.weight.abs().T + dense.o.bias.abs()) * 4
+    x = x_full.detach()[rows].clone().requires_grad_()
+    y = sharded(x)
+    (y * up[rows]).sum().backward()
+    g_tol = 8 * (seq * batch + hidden + n) * EPS64
+    problems = _mismatch("output", y.detach(), want.detach()[rows], bound[rows])
+    problems += _mismatch("input grad", x.grad, x_full.grad[rows], g_tol * float(x_full.grad.abs().max() + 1))
+    return problems, g_tol
 
 
 def _attend_dense(dense, x):

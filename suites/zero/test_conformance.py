@@ -17,9 +17,9 @@ STEPS, PER_RANK = 5, 2
 
 
 def _skip_unless_stage(impl: str, stage: int) -> None:
-    only = registry.resolve(impl, "zero").only_ops
-    if only and f"stage{stage}" not in only:
-        pytest.skip(f"{impl} is a stage-0 variant ({', '.join(only)})")
+    spec = registry.resolve(impl, "zero")
+    if not spec.owns(f"stage{stage}"):
+        pytest.skip(f"{impl} is a stage-0 variant ({', '.join(spec.only_ops)})")
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
