@@ -26,7 +26,9 @@ def add_parsers(sub) -> None:
         p.add_argument("--impls", default=None, help="comma-separated implementations (default: all registered)")
         p.add_argument("--impl", action="append", default=[], metavar="SPEC",
                        help="add an implementation: a registered name or package.module:object (repeatable)")
-        p.add_argument("--world-sizes", default="2,4" if name != "pipeline" else "2")
+        p.add_argument("--world-sizes", default="auto",
+                       help="comma-separated world sizes, or auto: 2,4 on CPU (pipeline: 2); on a GPU node 2, 3, "
+                            "the powers of two up to the GPU count and the count; under torchrun the job's size")
         p.add_argument("--iters", type=int, default=10 if name != "pipeline" else 5)
         p.add_argument("--warmup", type=int, default=3 if name != "pipeline" else 2)
         p.add_argument("--backend", default=None, choices=["gloo", "nccl"])
@@ -41,8 +43,8 @@ def add_parsers(sub) -> None:
             p.add_argument("--reduce-op", default="sum", choices=OPS)
         if name in ("pipeline", "all"):
             p.add_argument("--schedules", default=",".join(SCHEDULES))
-            p.add_argument("--pipeline-world-sizes", default="2",
-                           help="pipeline ranks p (2 cores: 2; p >= 4 is for GPU nodes)")
+            p.add_argument("--pipeline-world-sizes", default="auto",
+                           help="pipeline ranks p, or auto (2 on CPU: 2 cores; on a GPU node as --world-sizes)")
             p.add_argument("--microbatches", default="2,4,8")
             p.add_argument("--virtual-stages", type=int, default=2)
             p.add_argument("--hidden", type=int, default=512)
@@ -87,6 +89,11 @@ def _impls(args, paradigm: str) -> list[str]:
     return runnable
 
 
+def _sizes(args, text: str, cpu_default: str = "2,4") -> list[int]:
+    """World sizes of a sweep: as given, or ``auto`` (see ``parsing.auto_world_sizes``; benchmarks start at 2)."""
+    return parse_world_sizes(text, args.backend, "2" if args.suite == "pipeline" else cpu_default, minimum=2)
+
+
 def _check_counts(args) -> None:
     if args.iters < 1 or args.warmup < 0:
         raise UsageError(f"--iters must be >= 1 and --warmup >= 0; got {args.iters} and {args.warmup}.")
@@ -97,7 +104,7 @@ def collectives_config(args):
 
     cfg = SweepConfig(
         impls=_impls(args, "collectives"), ops=parse_list(args.ops, COLLECTIVES, "collective(s)"),
-        world_sizes=parse_world_sizes(args.world_sizes), min_bytes=parse_bytes(args.min_bytes),
+        world_sizes=_sizes(args, args.world_sizes), min_bytes=parse_bytes(args.min_bytes),
         max_bytes=parse_bytes(args.max_bytes), factor=args.factor, iters=args.iters, warmup=args.warmup,
         dtype=args.dtype, reduce_op=args.reduce_op)
     if cfg.min_bytes < 1 or cfg.min_bytes > cfg.max_bytes:
@@ -121,7 +128,7 @@ def pipeline_config(args):
     else:  # bench all: --impls/--impl choose collectives; every runnable pipeline implementation runs
         impls = [s for s in registry.names("pipeline") if registry.skip_reason(registry.resolve(s, "pipeline")) is None]
     return PipelineSweep(impls=impls, schedules=parse_list(args.schedules, SCHEDULES, "schedule(s)"),
-                         world_sizes=parse_world_sizes(sizes), microbatches=micro,
+                         world_sizes=_sizes(args, sizes, '2'), microbatches=micro,
                          virtual_stages=args.virtual_stages, hidden=args.hidden, iters=args.iters,
                          warmup=args.warmup)
 
@@ -139,7 +146,7 @@ def zero_config(args):
     else:  # bench all: --impls/--impl choose collectives; every runnable zero implementation runs
         impls = [s for s in registry.names("zero") if not registry.resolve(s, "zero").only_ops
                  and registry.skip_reason(registry.resolve(s, "zero")) is None]
-    return ZeroSweep(impls=impls, world_sizes=parse_world_sizes(args.zero_world_sizes or args.world_sizes),
+    return ZeroSweep(impls=impls, world_sizes=_sizes(args, args.zero_world_sizes or args.world_sizes),
                      stages=[int(t) for t in stages], hidden=args.zero_hidden, iters=args.iters, warmup=args.warmup)
 
 
@@ -176,6 +183,7 @@ def threed_config(args):
 def run(args) -> int:
     from dataclasses import asdict
 
+    from . import placement
     from .collectives import bench as coll_bench
     from .pipeline import bench as pipe_bench
     from .results import RunDir
@@ -205,7 +213,7 @@ def run(args) -> int:
         if min(args.hidden, args.ffn, args.seq, args.batch) < 1:
             raise UsageError("--hidden, --ffn, --seq and --batch must be >= 1.")
         cfg = tp_bench.TensorParallelSweep(impls=_impls(args, "tensor_parallel"),
-                                           world_sizes=parse_world_sizes(args.world_sizes), seq=args.seq,
+                                           world_sizes=_sizes(args, args.world_sizes), seq=args.seq,
                                            batch=args.batch, hidden=args.hidden, ffn=args.ffn, iters=args.iters,
                                            warmup=args.warmup)
         plans.append(("tensor_parallel", cfg, tp_bench.run_sweep))
@@ -218,6 +226,7 @@ def run(args) -> int:
             worlds.pop(size).close()
         if n not in worlds:
             worlds[n] = World(n, backend=args.backend, timeout=600)
+            placement.record(run, worlds[n])
         return worlds[n]
 
     try:

@@ -26,7 +26,36 @@ def parse_list(text: str, valid: tuple[str, ...], what: str) -> list[str]:
     return items
 
 
-def parse_world_sizes(text: str) -> list[int]:
+def device_world_sizes(devices: int) -> list[int]:
+    """The world sizes a node with ``devices`` GPUs runs by default: 1, 2, 3 (a non-power of two catches
+    chunking bugs), every power of two up to ``devices``, and ``devices`` itself."""
+    sizes = {1, 2, 3, devices} | {1 << k for k in range(devices.bit_length())}
+    return sorted(s for s in sizes if 1 <= s <= devices)
+
+
+def auto_world_sizes(backend: str | None, cpu_default: str, minimum: int = 1) -> list[int]:
+    """``--world-sizes auto``: under torchrun the job's size; on a node where the backend is (or would
+    be) nccl, ``device_world_sizes(torch.cuda.device_count())`` from ``minimum`` up; else ``cpu_default``."""
+    from . import spmd
+
+    if spmd.active():
+        return [spmd.world_size()]
+    if backend != "gloo":
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.device_count() >= 1:
+            sizes = [s for s in device_world_sizes(torch.cuda.device_count()) if s >= minimum]
+            return sizes or [torch.cuda.device_count()]
+        if backend == "nccl":
+            raise UsageError("--backend nccl needs CUDA devices, and none is visible here; "
+                             "use --backend gloo or run on a GPU node.")
+    return parse_world_sizes(cpu_default)
+
+
+def parse_world_sizes(text: str, backend: str | None = None, cpu_default: str = "2,4", minimum: int = 1) -> list[int]:
+    """'2,4' -> [2, 4]; 'auto' -> ``auto_world_sizes(backend, cpu_default, minimum)``."""
+    if text.strip() == "auto":
+        return auto_world_sizes(backend, cpu_default, minimum)
     try:
         sizes = [int(t) for t in text.split(",") if t.strip()]
     except ValueError:

@@ -22,7 +22,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-from . import registry
+from . import placement, registry
 from .collectives.case import COLLECTIVES
 from .contracts import CONTRACTS
 from .world import World, default_backend
@@ -38,7 +38,9 @@ settings.load_profile(os.environ.get("PARITYBENCH_HYPOTHESIS_PROFILE", "dev"))
 
 def pytest_addoption(parser):
     group = parser.getgroup("paritybench")
-    group.addoption("--world-sizes", default="1,2,3,4", help="comma-separated world sizes (default 1,2,3,4)")
+    group.addoption("--world-sizes", default="auto",
+                    help="comma-separated world sizes, or auto (default): 1,2,3,4 on CPU; on a GPU node 1, 2, 3, "
+                         "the powers of two up to the GPU count and the count; under torchrun the job's size")
     group.addoption("--backend", default=None, choices=["gloo", "nccl"], help="default: automatic")
     group.addoption("--impl", action="append", default=[], metavar="SPEC",
                     help="implementation to test: a registered name or package.module:object (repeatable)")
@@ -47,6 +49,14 @@ def pytest_addoption(parser):
 
 def _world_sizes(config) -> list[int]:
     text = config.getoption("--world-sizes")
+    if text.strip() == "auto":
+        from .errors import UsageError
+        from .parsing import auto_world_sizes
+
+        try:
+            return auto_world_sizes(config.getoption("--backend"), "1,2,3,4")
+        except UsageError as exc:
+            raise pytest.UsageError(str(exc)) from None
     try:
         sizes = sorted({int(t) for t in text.split(",") if t.strip()})
     except ValueError:
@@ -125,10 +135,10 @@ def pytest_generate_tests(metafunc):
 
 
 class WorldCache:
-    """One World per (size, backend) for the whole session."""
+    """One World per (size, backend) for the whole session; each new World's placement goes to ``run``."""
 
-    def __init__(self, backend: str | None):
-        self.backend = backend
+    def __init__(self, backend: str | None, run=None):
+        self.backend, self.run = backend, run
         self._worlds: dict[tuple[int, str], World] = {}
 
     def get(self, size: int) -> World:
@@ -136,6 +146,7 @@ class WorldCache:
         key = (size, backend)
         if key not in self._worlds:
             self._worlds[key] = World(size, backend=backend, timeout=120)
+            placement.record(self.run, self._worlds[key])
         return self._worlds[key]
 
     def close(self) -> None:
@@ -146,7 +157,7 @@ class WorldCache:
 
 @pytest.fixture(scope="session")
 def world_cache(request):
-    cache = WorldCache(request.config.getoption("--backend"))
+    cache = WorldCache(request.config.getoption("--backend"), request.config._paritybench_run)
     yield cache
     cache.close()
 

@@ -138,7 +138,13 @@ def resolve(spec: str, paradigm: str) -> ImplSpec:
 def skip_reason(impl: ImplSpec) -> str | None:
     """Why this implementation cannot run here (a required package is missing), or None."""
     for package in impl.requires:
-        if importlib.util.find_spec(package) is None:
+        try:
+            found = importlib.util.find_spec(package) is not None
+        except ImportError:  # find_spec("a.b") imports "a", which raises where "a" is missing
+            found = False
+        except Exception as exc:  # noqa: BLE001 - a parent package that is installed but breaks on import
+            return f"implementation {impl.name!r} needs the package {package!r}, which fails to import: {exc}"
+        if not found:
             return f"implementation {impl.name!r} needs the package {package!r}, which is not installed"
     return None
 

@@ -23,13 +23,19 @@ from ..contracts import Unsupported
 
 
 def _init() -> None:
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if dist.get_backend() == "nccl" else "cpu")
     # DeepSpeed reads its rank from the launcher's environment; the World already initialised the group.
     for key, value in (("RANK", dist.get_rank()), ("LOCAL_RANK", dist.get_rank()),
                        ("WORLD_SIZE", dist.get_world_size()), ("LOCAL_SIZE", dist.get_world_size())):
         os.environ[key] = str(value)
     import deepspeed
+    import deepspeed.comm.torch as ds_comm
 
+    if os.environ["DS_ACCELERATOR"] == "cpu":
+        # DeepSpeed's CPU backend JIT-compiles its shared-memory all-reduce op (deepspeed_shm_comm) on first
+        # init, 30-100 s per fresh machine. That op serves only ``inference_all_reduce``, which training
+        # never calls (ZeRO's collectives go through torch.distributed): skip the build, nothing else changes.
+        ds_comm.build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
 
 

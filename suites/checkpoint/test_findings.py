@@ -10,9 +10,8 @@ from __future__ import annotations
 import torch
 
 from harness.adapters.torch_checkpoint import TorchCheckpointing
+from harness.checkpoint import case as cases
 from reference.checkpoint import ReferenceCheckpointing
-
-from . import cases
 
 
 def test_reentrant_checkpoint_drops_parameter_gradients_when_the_input_needs_none():

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .ranks import _block, _dense_linear, _ints
+from harness.tensor_parallel.layer_case import _block, _dense_linear, _ints
 
 
 def dtensor_row_bias(in_features: int, bias: bool) -> float:

@@ -12,8 +12,8 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from harness.contracts.tensor_parallel import KINDS
-
-from . import contract_ranks, ranks
+from harness.tensor_parallel import case as contract_ranks
+from harness.tensor_parallel import layer_case as ranks
 
 
 def _dims(data, kind: str, n: int, sp: bool) -> tuple[tuple, bool]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from . import ranks
+from harness.tensor_parallel import layer_case as ranks
 
 
 def _run(world_cache, n, fn, *args):

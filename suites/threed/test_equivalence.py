@@ -10,10 +10,9 @@ import itertools
 
 import pytest
 
+from harness.threed import case as ranks
 from reference.models import GPT
 from reference.topology import ParallelDims
-
-from . import ranks
 
 COMBOS = list(itertools.product(("gpipe", "1f1b", "interleaved"), (0, 1, 2), (False, True)))
 MODEL = GPT()

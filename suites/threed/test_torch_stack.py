@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from . import ranks
+from harness.threed import case as ranks
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])

@@ -10,8 +10,7 @@ import itertools
 import pytest
 
 from harness import registry
-
-from . import ranks
+from harness.zero import case as ranks
 
 STEPS, PER_RANK = 5, 2
 

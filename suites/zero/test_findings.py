@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from . import ranks
+from . import findings_ranks as ranks
 
 
 def test_deepspeed_clips_gradients_by_default(world_cache, world_sizes):

@@ -8,9 +8,8 @@ from __future__ import annotations
 import pytest
 
 from harness import registry
+from harness.zero import case as ranks
 from reference.cost_model import training_memory
-
-from . import ranks
 
 ELEM = {"float64": 8, "float32": 4}
 

@@ -1,5 +1,5 @@
-"""Rank side of the contract conformance: one layer of one implementation, sharded through the contract,
-against the dense layer in float64. ``dims`` by kind:
+"""The tensor-parallel contract conformance case (inputs, oracle, check; rank side): one layer of one
+implementation, sharded through the contract, against the dense layer in float64. ``dims`` by kind:
 
   column / row / mlp: (seq, batch, in_features, out_features)    (mlp: hidden, ffn)
   embedding:          (seq, batch, vocab, dim)
@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .ranks import EPS64, _block, _dense_linear, _ints, _mismatch, attention_against_dense
+from .layer_case import EPS64, _block, _dense_linear, _ints, _mismatch, attention_against_dense
 
 
 def _dense(kind: str, dims: tuple, seed: int) -> torch.nn.Module:

@@ -1,5 +1,5 @@
-"""In-process cases of the checkpointing suite: a stack of Linear-GELU-Dropout layers run with and
-without checkpointing from the same RNG seed."""
+"""The activation-checkpointing conformance case (inputs, oracle, check; in-process): a stack of
+Linear-GELU-Dropout layers run with and without checkpointing from the same RNG seed."""
 
 from __future__ import annotations
 
@@ -26,12 +26,14 @@ def run(module: nn.Module, x: torch.Tensor, seed: int) -> dict:
 
 
 def compare(impl, policy: str, count: int, hidden: int, dropout: float, dtype, input_grad: bool, seed: int):
-    """Differences between ``impl.wrap(layers, policy)`` and the plain stack: [] when bitwise equal."""
+    """Differences between ``impl.wrap(layers, policy)`` and the plain stack: [] when bitwise equal.
+    Raises ``NotImplementedError`` (``Unsupported``) when the implementation does not provide ``policy``."""
     base = layers(count, hidden, dropout, seed, dtype)
     x = torch.randn(3, hidden, dtype=dtype, generator=torch.Generator().manual_seed(seed)).requires_grad_(input_grad)
     want = run(nn.Sequential(*copy.deepcopy(base)), x, seed + 1)
+    wrapped = impl.wrap(copy.deepcopy(base), policy)  # Unsupported (NotImplementedError) goes to the caller
     try:
-        got = run(impl.wrap(copy.deepcopy(base), policy), x, seed + 1)
+        got = run(wrapped, x, seed + 1)
     except RuntimeError as exc:
         return [f"forward or backward raised: {str(exc).splitlines()[0]}"]
     problems = []

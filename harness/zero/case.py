@@ -1,5 +1,6 @@
-"""Rank side of the data-parallel / ZeRO suite: one implementation trained on this rank's slice of a
-global batch, against one device trained on the whole batch (computed on every rank, same seed)."""
+"""The data-parallel / ZeRO conformance case (inputs, oracle, check; rank side): one implementation trained on
+this rank's slice of a global batch, against one device trained on the whole batch (computed on every rank,
+same seed)."""
 
 from __future__ import annotations
 
@@ -164,21 +165,3 @@ def unit_sizes(model_name: str) -> list[int]:
     model = build_model(model_name, 0, "float64")
     return [sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()
             if next(m.parameters(recurse=False), None) is not None]
-
-
-def deepspeed_default_clipping(scale: float) -> dict:
-    """One SGD step (momentum buffer = the gradient) of DeepSpeed stage 0 with the default config on a
-    Linear(4, 1, bias=False) whose gradient is ``scale`` * (1, 1, 1, 1) (norm 2 * scale)."""
-    from harness.adapters.deepspeed_zero import _init
-
-    _init()
-    import deepspeed
-
-    model = torch.nn.Linear(4, 1, bias=False)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config={
-        "train_micro_batch_size_per_gpu": 1, "steps_per_print": 1 << 30})
-    loss = engine(torch.full((1, 4), scale)).sum()
-    engine.backward(loss)
-    engine.step()
-    return {"grad_norm": 2 * scale, "applied_norm": float(opt.state[model.weight]["momentum_buffer"].norm())}

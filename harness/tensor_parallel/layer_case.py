@@ -1,4 +1,4 @@
-"""Rank side of the reference tensor-parallel checks: build dense, shard with from_dense, compare.
+"""The reference tensor-parallel layer cases (rank side): build dense, shard with from_dense, compare.
 
 Integer weights and inputs keep every matmul partial sum exact (|sums| far below 2^24), so forward
 outputs, input gradients and weight-gradient shards must equal the dense layer's bit for bit.

@@ -1,5 +1,5 @@
-"""Rank side of the 3D suite: a GPT trained over (dp, pp, tp) with a schedule, ZeRO stage and
-checkpointing, against one device trained on the same global batch (computed on every rank)."""
+"""The 3D conformance case (inputs, oracle, check; rank side): a GPT trained over (dp, pp, tp) with a schedule,
+ZeRO stage and checkpointing, against one device trained on the same global batch (computed on every rank)."""
 
 from __future__ import annotations
 
