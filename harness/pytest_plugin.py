@@ -140,6 +140,8 @@ class WorldCache:
     def __init__(self, backend: str | None, run=None):
         self.backend, self.run = backend, run
         self._worlds: dict[tuple[int, str], World] = {}
+        self.spawns: dict[int, int] = {}
+        """World size -> how many times a World of that size was spawned (respawns follow failed calls)."""
 
     def get(self, size: int) -> World:
         backend = self.backend or default_backend(size)
@@ -152,14 +154,23 @@ class WorldCache:
     def close(self) -> None:
         for world in self._worlds.values():
             world.close()
+            self.spawns[world.size] = self.spawns.get(world.size, 0) + world.spawn_count
         self._worlds.clear()
 
 
 @pytest.fixture(scope="session")
 def world_cache(request):
     cache = WorldCache(request.config.getoption("--backend"), request.config._paritybench_run)
+    request.config._paritybench_worlds = cache
     yield cache
     cache.close()
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    cache = getattr(config, "_paritybench_worlds", None)
+    if cache is not None and cache.spawns:
+        spawned = ", ".join(f"size {n}: {k}" for n, k in sorted(cache.spawns.items()))
+        terminalreporter.write_line(f"paritybench: Worlds spawned ({spawned}); each spawn costs seconds.")
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -93,3 +94,27 @@ def test_killed_sweep_keeps_every_finished_row(tmp_path):
     assert (sweep["status"] == "ok").all() and (sweep["wrong"] == 0).all()
     assert sweep["bytes"].tolist() == [4 * 2**i for i in range(len(sweep))]  # in order, none lost
     assert len(frames["conformance.csv"]) >= len(sweep) - 1  # written right after each bench row
+
+
+def test_run_json_records_where_each_rank_ran(world_cache, world_sizes, tmp_path):
+    from harness import placement, spmd
+
+    if spmd.active():
+        pytest.skip("under torchrun placement is tested by test_multinode (nodes, GROUP_RANK)")
+    n = max(world_sizes)
+    run = RunDir(tmp_path, {"suite": "t"})
+    placement.record(run, world_cache.get(n))
+    meta = json.loads((run.path / "run.json").read_text())
+    ranks = meta["placement"][str(n)]["ranks"]
+    assert meta["launcher"] == "world" and meta["nodes"] == 1 and meta["backends"] == [world_cache.get(n).backend]
+    assert [(r["rank"], r["local_rank"], r["node"]) for r in ranks] == [(r, r, 0) for r in range(n)]
+    assert meta["hosts"] == [socket.gethostname()] and {r["host"] for r in ranks} == {socket.gethostname()}
+    assert placement.summarize([{**ranks[0], "host": "a"}, {**ranks[0], "host": "b"}])["nodes"] == 2
+
+
+def test_hashed_host_names(monkeypatch):
+    from harness import placement
+
+    monkeypatch.setenv("PARITYBENCH_HASH_HOSTS", "1")
+    name = placement._host()
+    assert name.startswith("sha256:") and len(name) == 19 and socket.gethostname() not in name
