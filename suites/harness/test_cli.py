@@ -42,6 +42,7 @@ def run_cli(capsys, *argv) -> tuple[int, str]:
     (["bench", "3d", "--3d-world-size", "0"], "--3d-world-size must be >= 1; got 0."),
     (["bench", "3d", "--3d-zero", "3"], "invalid choice: 3"),
     ([], "the following arguments are required"),
+    (["bench", "collectives", "--backend", "nccl", "--impls", "reference"], "--backend nccl needs CUDA devices"),
 ])
 def test_bad_input_is_one_sentence_and_exit_2(capsys, argv, needle):
     code, err = run_cli(capsys, *argv)

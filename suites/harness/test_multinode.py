@@ -1,6 +1,6 @@
 """Two torchrun "nodes" on this machine (c10d rendezvous on loopback) run one sweep into one run folder,
 whose run.json says how many nodes took part and which rank ran where. The command line is the one
-docs/multinode.md gives for real nodes, with the endpoint on 127.0.0.1."""
+docs/guides/multi-node.md gives for real nodes, with the endpoint on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def test_two_nodes_write_one_run_folder_with_placement(tmp_path):
     if spmd.under_torchrun():
         pytest.skip("already inside a torchrun job: this test launches its own")
     port = _free_port()
-    sweep = ["paritybench", "bench", "collectives", "--world-sizes", "4", "--impls", "reference,torch",
+    # no --world-sizes: auto is the torchrun job's size (2 nodes x 2 processes = 4)
+    sweep = ["paritybench", "bench", "collectives", "--impls", "reference,torch",
              "--ops", "all_reduce,all_gather", "--min-bytes", "1K", "--max-bytes", "4K", "--iters", "2",
              "--warmup", "1", "--results-dir", str(tmp_path), "--no-report"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
