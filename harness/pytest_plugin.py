@@ -170,7 +170,7 @@ def pytest_terminal_summary(terminalreporter, config):
     cache = getattr(config, "_paritybench_worlds", None)
     if cache is not None and cache.spawns:
         spawned = ", ".join(f"size {n}: {k}" for n, k in sorted(cache.spawns.items()))
-        terminalreporter.write_line(f"paritybench: Worlds spawned ({spawned}); each spawn costs seconds.")
+        terminalreporter.write_line(f"paritybench: Worlds spawned ({spawned}).")
 
 
 @pytest.fixture(scope="session")

@@ -3,9 +3,9 @@
     with World(4) as world:
         per_rank = world.run(fn, *args, timeout=30)   # list indexed by rank
 
-Each rank is a spawned process with an initialised ``torch.distributed`` default group (gloo on CPU,
-nccl with one GPU per rank on CUDA), rendezvous through a FileStore in a private temporary folder, so
-nothing listens on the network. The parent enforces every call's deadline itself:
+Each rank is a process (forked from a server that imported torch once, see ``_context``) with an
+initialised ``torch.distributed`` default group (gloo on CPU, nccl with one GPU per rank on CUDA),
+rendezvous through a FileStore in a private temporary folder, so nothing listens on the network. The parent enforces every call's deadline itself:
 
 - a rank that raises        -> ``RankFailure`` with each failing rank's traceback;
 - a rank that dies           -> ``RankFailure`` at once (its process sentinel fires), with its exit code;
@@ -29,13 +29,41 @@ import time
 from multiprocessing import connection, get_context
 
 from . import spmd
-from .rank import _rank_main, default_backend, rank_device
+from .rank import _RANK_ENV, _rank_main, default_backend, rank_device
 
 __all__ = ["World", "RankFailure", "WorldTimeout", "rank_device", "default_backend"]
 
 # A rank that raised leaves its peers blocked in a collective; they get this long to finish anyway.
 _PEER_GRACE_S = 3.0
 _STACK_WAIT_S = 1.0
+
+
+def _context():
+    """Rank processes come from a fork server that imported torch once (importing torch costs 1-3 s per
+    process; a World of 3 ranks respawned after a failure would pay it 3 times). The server imports
+    torch but initialises no CUDA and runs no op, so its forks start clean; its children are spawned as
+    fresh processes would be in every other respect (their own default group, their own store)."""
+    global _CTX
+    if _CTX is None:
+        from multiprocessing import forkserver
+
+        ctx = get_context("forkserver")
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "harness.rank"])
+        # The server's environment is every rank's: one thread per CPU rank, read by the BLAS libraries
+        # when torch loads them in the server, not later.
+        saved = {k: os.environ.get(k) for k in _RANK_ENV}
+        os.environ.update({k: v for k, v in _RANK_ENV.items() if saved[k] is None})
+        try:
+            forkserver.ensure_running()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+        _CTX = ctx
+    return _CTX
+
+
+_CTX = None
 
 
 class RankFailure(RuntimeError):
@@ -107,7 +135,7 @@ class World:
         return self._procs is not None
 
     def _spawn(self) -> None:
-        ctx = get_context("spawn")
+        ctx = _context()
         self._tmpdir = tempfile.mkdtemp(prefix="paritybench-world-")
         store_path = os.path.join(self._tmpdir, "store")
         self._procs, self._conns = [], []

@@ -11,6 +11,7 @@ it keeps beside the model's parameters (ZeRO's "K" includes master weights).
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import torch
@@ -29,8 +30,9 @@ def _init() -> None:
                        ("WORLD_SIZE", dist.get_world_size()), ("LOCAL_SIZE", dist.get_world_size())):
         os.environ[key] = str(value)
     import deepspeed
-    import deepspeed.comm.torch as ds_comm
 
+    # importlib, not "import deepspeed.comm.torch as ...": deepspeed.comm's attribute "torch" is torch itself
+    ds_comm = importlib.import_module("deepspeed.comm.torch")
     if os.environ["DS_ACCELERATOR"] == "cpu":
         # DeepSpeed's CPU backend JIT-compiles its shared-memory all-reduce op (deepspeed_shm_comm) on first
         # init, 30-100 s per fresh machine. That op serves only ``inference_all_reduce``, which training
