@@ -92,6 +92,7 @@ def pytest_configure(config):
         if all(reasons):
             raise pytest.UsageError(reasons[0])
     config._paritybench_run = None
+    config._paritybench_exercised = set()
     results_dir = config.getoption("--results-dir")
     if results_dir and not hasattr(config, "workerinput"):
         from .results import ResultsError, RunDir
@@ -100,6 +101,39 @@ def pytest_configure(config):
             config._paritybench_run = RunDir(results_dir, {"suite": "pytest", "world_sizes": _world_sizes(config)})
         except ResultsError as exc:
             raise pytest.UsageError(str(exc)) from None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Note which --impl specs a test actually exercised (its body ran: passed, failed or xfailed)."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and (not report.skipped or hasattr(report, "wasxfail")):
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        item.config._paritybench_exercised.update(v for k, v in params.items() if k.endswith("_impl"))
+
+
+def pytest_runtest_logreport(report):
+    """Seconds per suite (setup, call and teardown of its tests), for the closing summary."""
+    parts = report.nodeid.split("/")
+    suite = parts[1] if len(parts) > 2 and parts[0] == "suites" else parts[0].split("::")[0]
+    _SUITE_SECONDS[suite] = _SUITE_SECONDS.get(suite, 0.0) + report.duration
+
+
+_SUITE_SECONDS: dict[str, float] = {}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    """An implementation the user named that no test exercised fails the session: nothing ran for it."""
+    config = session.config
+    named = config.getoption("--impl")
+    if hasattr(config, "workerinput") or not named or exitstatus not in (0, 5) or config.option.collectonly:
+        return
+    missing = [spec for spec in named if spec not in config._paritybench_exercised]
+    if missing:
+        config._paritybench_unexercised = missing
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_unconfigure(config):
@@ -167,6 +201,13 @@ def world_cache(request):
 
 
 def pytest_terminal_summary(terminalreporter, config):
+    for spec in getattr(config, "_paritybench_unexercised", []):
+        terminalreporter.write_line(
+            f"paritybench: --impl {spec} was exercised by no test that ran (its suite was not selected, or every "
+            "test of it was skipped or deselected); the session fails.", red=True)
+    if _SUITE_SECONDS and not hasattr(config, "workerinput"):
+        times = ", ".join(f"{suite} {t:.0f} s" for suite, t in sorted(_SUITE_SECONDS.items(), key=lambda kv: -kv[1]))
+        terminalreporter.write_line(f"paritybench: time per suite: {times}.")
     cache = getattr(config, "_paritybench_worlds", None)
     if cache is not None and cache.spawns:
         spawned = ", ".join(f"size {n}: {k}" for n, k in sorted(cache.spawns.items()))
@@ -184,19 +225,43 @@ def world(world_cache, world_size) -> World:
 
 
 class Conformance:
-    """Records one conformance row per executed example into the run folder (if --results-dir)."""
+    """Records one conformance row per executed example into the run folder (if --results-dir), and the
+    known findings (harness/findings.py) that examples hit, for ``settle``."""
 
-    def __init__(self, run, property_name: str):
-        self.run, self.property = run, property_name
+    def __init__(self, run, property_name: str, strict: bool = False):
+        self.run, self.property, self.strict = run, property_name, strict
         self.counts: dict[str, int] = {}
+        self.known: list = []
 
-    def record(self, outcome: str, **row) -> None:
+    def record(self, outcome: str, finding=None, **row) -> None:
+        """One executed example; ``finding``: the registry's finding that explains a failed example."""
         self.counts[outcome] = self.counts.get(outcome, 0) + 1
+        if finding is not None:
+            self.known.append(finding)
+            row["detail"] = " | ".join(filter(None, [f"known finding: {finding.reason}", row.get("detail")]))
         if self.run is not None:
             self.run.append("conformance.csv", {"property": self.property, "outcome": outcome, **row})
+
+    def settle(self) -> None:
+        """After a property: examples that hit a known finding make the test xfail with the finding's reason
+        (under ``pytest --strict``, fail): reported as what they are, never as a pass."""
+        if not self.known:
+            return
+        reasons = sorted({f"{f.reason} (watch: {f.watch})" for f in self.known})
+        message = f"{len(self.known)} example(s) hit a known finding: " + " ".join(reasons)
+        if self.strict:
+            pytest.fail(message + " [--strict counts known findings as failures]", pytrace=False)
+        pytest.xfail(message)
+
+
+def strict_mode(config) -> bool:
+    """pytest's own ``--strict`` (ini ``strict``, pytest >= 9); it also makes known findings failures."""
+    try:
+        return bool(config.getini("strict"))
+    except ValueError:  # an older pytest without the ini option
+        return False
 
 
 @pytest.fixture
 def conformance(request) -> Conformance:
-    return Conformance(request.config._paritybench_run, request.node.name)
-
+    return Conformance(request.config._paritybench_run, request.node.name, strict_mode(request.config))

@@ -5,7 +5,8 @@
 
 Each rank is a process (forked from a server that imported torch once, see ``_context``) with an
 initialised ``torch.distributed`` default group (gloo on CPU, nccl with one GPU per rank on CUDA),
-rendezvous through a FileStore in a private temporary folder, so nothing listens on the network. The parent enforces every call's deadline itself:
+rendezvous through a FileStore in a private temporary folder, so nothing listens on the network. The
+parent enforces every call's deadline itself:
 
 - a rank that raises        -> ``RankFailure`` with each failing rank's traceback;
 - a rank that dies           -> ``RankFailure`` at once (its process sentinel fires), with its exit code;

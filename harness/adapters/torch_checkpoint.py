@@ -40,14 +40,6 @@ class TorchCheckpointing:
     def __init__(self, use_reentrant: bool = False):
         self.use_reentrant = use_reentrant
 
-    def known_nonconformance(self, input_requires_grad: bool) -> str | None:
-        """Found by this suite (suites/checkpoint/test_findings.py), documented by torch as a warning."""
-        if self.use_reentrant and not input_requires_grad:
-            return ("use_reentrant=True with an input that does not require grad: the checkpointed segment's "
-                    "parameters get no gradient (every layer checkpointed: backward raises 'element 0 of "
-                    "tensors does not require grad').")
-        return None
-
     def wrap(self, layers, policy: str):
         if policy == "layer":
             return _PerLayer(layers, self.use_reentrant)

@@ -17,17 +17,6 @@ from ..world import rank_device
 
 
 class TorchTensorParallel:
-    def known_nonconformance(self, kind, dense, group=None) -> str | None:
-        """Cases this suite found DTensor not to match the dense layer (suites/tensor_parallel/
-        test_findings.py): reported as such, never as a pass."""
-        n = dist.get_world_size(group)
-        row = {"row": dense, "mlp": dense[-1] if kind == "mlp" else None,
-               "attention": getattr(dense, "o", None)}.get(kind)
-        if row is not None and row.bias is not None and n & (n - 1):
-            return (f"DTensor RowwiseParallel adds bias / {n} on each of {n} ranks to a Partial output: it rounds "
-                    "when the mesh size is not a power of two (minimal case: tp=3, Linear(3, 4)).")
-        return None
-
     def shard(self, kind, dense, group=None, sequence_parallel=False):
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.tensor import Replicate, Shard

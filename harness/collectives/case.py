@@ -209,6 +209,13 @@ def run_case(case: Case) -> dict:
         call(impl, case, out, inp, group)
     except NotImplementedError as exc:  # Unsupported included
         return {"outcome": "unsupported", "wrong": 0, "detail": str(exc), "bytes_sent": 0}
+    except Exception as exc:  # noqa: BLE001 - whatever the code under test raises is its verdict, not ours
+        return {"outcome": "fail", "wrong": 0, "bytes_sent": 0,
+                "detail": f"rank {me}: raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+    if case.op == "avg" and case.collective in REDUCING and not out.dtype.is_floating_point:
+        return {"outcome": "fail", "wrong": 0, "bytes_sent": 0,
+                "detail": f"rank {me}: accepted AVG on {case.dtype}, which the contract leaves out (AVG is for "
+                          "floating dtypes only): raise Unsupported"}
     if case.collective == "reduce" and r != case.root:
         wrong, detail = 0, ""  # only dst's tensor is specified
     else:

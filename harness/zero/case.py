@@ -165,3 +165,15 @@ def unit_sizes(model_name: str) -> list[int]:
     model = build_model(model_name, 0, "float64")
     return [sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()
             if next(m.parameters(recurse=False), None) is not None]
+
+
+def merge(per_rank: list[dict]) -> dict:
+    """One verdict from every rank's ``train_case``: each rank compared its own full view (parameters,
+    gradients, optimizer state) with one device; a problem on any rank is a problem, named by rank."""
+    first = per_rank[0]
+    if any(r["refused"] for r in per_rank):
+        refused = next(r for r in per_rank if r["refused"])
+        return {**refused, "problems": []}
+    problems = [f"rank {i}: {p}" for i, r in enumerate(per_rank) for p in r["problems"]]
+    worst = max((v for r in per_rank for c in r["checks"] for v in c["worst"].values()), default=0.0)
+    return {**first, "problems": problems, "worst": worst}

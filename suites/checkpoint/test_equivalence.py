@@ -9,7 +9,7 @@ import torch
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from harness import registry
+from harness import findings, registry
 from harness.checkpoint import case as cases
 from harness.contracts.checkpoint import POLICIES
 
@@ -28,11 +28,11 @@ def test_checkpointed_gradients_are_bitwise_identical(checkpoint_impl, conforman
                                impl=checkpoint_impl, detail=str(exc))
             event(f"unsupported: {policy}")
             return
-        known = getattr(impl, "known_nonconformance", lambda *a: None)(input_grad) if problems else None
-        conformance.record("known-nonconformance" if known else "fail" if problems else "pass", suite="checkpoint",
-                           world_size=1, dtype=str(dtype).removeprefix("torch."), collective=policy,
-                           numel=count * hidden * (hidden + 1), impl=checkpoint_impl,
-                           detail=" | ".join(filter(None, [known, *problems[:1]])))
+        known = findings.match(checkpoint_impl, "checkpoint", input_requires_grad=input_grad) if problems else None
+        conformance.record("known-nonconformance" if known else "fail" if problems else "pass", finding=known,
+                           suite="checkpoint", world_size=1, dtype=str(dtype).removeprefix("torch."),
+                           collective=policy, numel=count * hidden * (hidden + 1), impl=checkpoint_impl,
+                           detail=" | ".join(problems[:1]))
         if known:
             event("known non-conformance")
             return
@@ -40,6 +40,7 @@ def test_checkpointed_gradients_are_bitwise_identical(checkpoint_impl, conforman
 
     prop()
     assert conformance.counts.get("pass", 0) > 0
+    conformance.settle()
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -41,3 +41,23 @@ class IgnoresSrc(ReferenceCollectives):
 
     def broadcast(self, tensor, src, group=None):
         super().broadcast(tensor, 0, group)
+
+
+class AcceptsIntegerAvg(ReferenceCollectives):
+    """Accepts AVG on integer dtypes as NCCL does (sum, then integer division): outside the contract."""
+
+    def all_reduce(self, tensor, op="sum", group=None):
+        if op == "avg" and not tensor.dtype.is_floating_point:
+            super().all_reduce(tensor, "sum", group)
+            tensor.div_(dist.get_world_size(group), rounding_mode="trunc")
+            return
+        super().all_reduce(tensor, op, group)
+
+
+class RaisesOnRankOne(ReferenceCollectives):
+    """Raises a plain error (not Unsupported) on rank 1 before communicating; the others return early too."""
+
+    def all_gather(self, output, input, group=None):
+        if dist.get_rank(group) == 1:
+            raise RuntimeError("out of buffers")
+        output.zero_()

@@ -6,13 +6,18 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from harness.collectives.case import merge, run_case
+from harness.world import RankFailure
 
 from .strategies import NUMELS, cases
 
 
 def verdict(world_cache, n: int, case) -> dict:
-    """Run one case on the shared World of size n; one merged verdict."""
-    return merge(world_cache.get(n).run(run_case, case, timeout=120))
+    """Run one case on the shared World of size n; one merged verdict. A rank that dies or hangs in the
+    code under test (its peers then stuck in the collective) is a failure with the World's account of it."""
+    try:
+        return merge(world_cache.get(n).run(run_case, case, timeout=120))
+    except RankFailure as exc:
+        return {"outcome": "fail", "wrong": 0, "detail": str(exc).splitlines()[0]}
 
 
 def check_collective(impl: str, collective: str, world_cache, world_sizes, conformance, numels=NUMELS) -> None:

@@ -24,3 +24,19 @@ def test_reference_rejects_bad_arguments(world_cache, world_sizes, call, needle)
 def test_avg_on_integers_is_unsupported_not_emulated(world_cache, world_sizes):
     messages = world_cache.get(max(world_sizes)).run(reference_avg_on_integers)
     assert all("AVG is defined for floating dtypes only" in m for m in messages), messages
+
+
+def test_whatever_an_implementation_does_is_a_verdict_not_a_crash(world_cache, world_sizes):
+    """Accepting integer AVG (outside the contract) and raising a plain error are failures with their
+    detail, from the suite's own verdict function — never a KeyError or a RankFailure out of the oracle."""
+    from harness.collectives.case import Case
+
+    from .property import verdict
+
+    n = max(world_sizes)
+    if n < 2:
+        pytest.skip("needs two ranks")
+    got = verdict(world_cache, n, Case("suites.collectives.impls:AcceptsIntegerAvg", "all_reduce", "int32", 3, "avg"))
+    assert got["outcome"] == "fail" and "accepted AVG on int32, which the contract leaves out" in got["detail"]
+    got = verdict(world_cache, n, Case("suites.collectives.impls:RaisesOnRankOne", "all_gather", "float32", 2))
+    assert got["outcome"] == "fail" and "rank 1: raised RuntimeError: out of buffers" in got["detail"], got

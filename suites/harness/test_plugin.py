@@ -43,3 +43,14 @@ def test_bad_options_are_usage_errors():
                          (["--world-sizes", "two"], "must be comma-separated whole numbers")):
         out = pytest_run("suites/collectives/test_bad_input.py", *args)
         assert out.returncode == 4 and needle in out.stderr, (args, out.stderr[-1000:])
+
+
+def test_an_impl_that_no_test_exercised_fails_the_session():
+    """--impl names a checkpointing implementation, but only the cost-model suite is selected: nothing ran
+    for it, and the session says so in one sentence and fails; with its suite selected it passes."""
+    spec = "docs.examples.per_layer_checkpointing:PerLayerCheckpointing"
+    out = pytest_run("suites/cost_model/test_memory.py", "--impl", spec)
+    assert out.returncode == 1, out.stdout[-2000:]
+    assert f"paritybench: --impl {spec} was exercised by no test that ran" in out.stdout
+    out = pytest_run("suites/checkpoint/test_equivalence.py", "--impl", spec, "-k", "bitwise")
+    assert out.returncode == 0 and "exercised by no test" not in out.stdout, out.stdout[-2000:]

@@ -21,3 +21,32 @@ class TorchDefaultScaling(TorchPipeline):
     """torch's own default, scale_grads=True: gradients divided by m — wrong for a sum-reduced loss."""
 
     scale_grads = True
+
+
+class _Wrapped:
+    def __init__(self, inner, after):
+        self.inner, self.after = inner, after
+
+    def step(self, inputs, targets):
+        return self.after(self.inner.step(inputs, targets))
+
+
+class DropsAGradient(ReferencePipeline):
+    """Planted bug: the first stage's first parameter is left without a gradient."""
+
+    def build(self, stages, *args, **kwargs):
+        inner = super().build(stages, *args, **kwargs)
+
+        def drop(loss):
+            if 0 in stages:
+                next(stages[0].parameters()).grad = None
+            return loss
+
+        return _Wrapped(inner, drop)
+
+
+class ReturnsNoLoss(ReferencePipeline):
+    """Planted bug: step returns None on the last stage's rank instead of the summed loss."""
+
+    def build(self, stages, *args, **kwargs):
+        return _Wrapped(super().build(stages, *args, **kwargs), lambda loss: None)

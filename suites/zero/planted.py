@@ -46,3 +46,25 @@ class ShiftedShardBoundary(ReferenceZero):
         trainer.stage, trainer.engine = 2, _ShiftedShard(model, optimizer, 2, group)
         trainer.optimizer = trainer.engine.optimizer
         return trainer
+
+
+class _StaleOnRankOne(NaiveDataParallel):
+    """Bug: rank 1 does not receive the average; it keeps its own gradient (its replica drifts)."""
+
+    def finish(self) -> None:
+        if dist.get_rank(self.group) != 1:
+            super().finish()
+        else:  # takes part in the collectives so nobody hangs, then throws the result away
+            mine = [p.grad.clone() for p in self.module.parameters()]
+            super().finish()
+            for p, g in zip(self.module.parameters(), mine, strict=True):
+                p.grad.copy_(g)
+
+
+class RankOneDrifts(ReferenceZero):
+    """Every rank but 1 trains like one device; rank 1's parameters drift. Only rank 1's own view shows it."""
+
+    def build(self, model, optimizer, stage, group=None):
+        trainer = _Trainer(model, optimizer, 0, group, bucketed=False, bucket_bytes=1)
+        trainer.ddp = _StaleOnRankOne(model, group)
+        return trainer

@@ -1,0 +1,122 @@
+"""The findings registry: every known non-conformance of a third-party implementation, in one place.
+
+A finding belongs to the suite, never to the code under test: it names a built-in implementation, the
+package and version range it was seen in, the condition (on the case) under which it shows, the reason,
+and the watch test that fails once the package changes the behaviour. The suites consult ``match`` for
+an example that failed: a match turns the failure into ``known-nonconformance`` (pytest: xfail with the
+reason; ``pytest --strict``: a failure). Nothing read from an implementation object can excuse a failure
+or loosen a bound — a user's implementation (``package.module:object``, an entry point) never matches,
+even if it calls itself "torch". Precision-matched bounds (``precision``) come from here too.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from importlib import metadata
+
+
+@dataclass(frozen=True)
+class Finding:
+    impl: str
+    """The built-in implementation's registry name."""
+    paradigm: str
+    package: str
+    """The distribution whose version ``versions`` bounds (``torch``, ``megatron-core``, ``deepspeed``)."""
+    versions: tuple[str, str | None]
+    """[first version seen, first version known fixed) — None: not fixed yet."""
+    reason: str
+    """What goes wrong, with the minimal case; shown as the xfail reason."""
+    watch: str
+    """The test that fails when the package changes this behaviour."""
+    condition: dict = field(default_factory=dict)
+    """Case parameters -> required value, or a callable of the parameter (all must hold)."""
+    precision: str | None = None
+    """Where the finding is a precision (not a wrong result): the dtype the suite's bound uses."""
+
+    def applies(self, **case) -> bool:
+        for key, want in self.condition.items():
+            if key not in case:
+                return False
+            ok = want(case[key]) if callable(want) else case[key] == want
+            if not ok:
+                return False
+        return True
+
+
+def _not_power_of_two(n: int) -> bool:
+    return n & (n - 1) != 0
+
+
+FINDINGS: tuple[Finding, ...] = (
+    Finding("torch", "tensor_parallel", "torch", ("2.6", None),
+            "DTensor RowwiseParallel adds bias / n on each of n ranks to a Partial output: it rounds when the "
+            "mesh size is not a power of two (minimal case: tp=3, Linear(3, 4), integer weights and inputs).",
+            "suites/tensor_parallel/test_findings.py::test_dtensor_rowwise_bias_rounds_on_three_ranks",
+            {"row_bias": True, "n": _not_power_of_two}),
+    Finding("megatron", "tensor_parallel", "megatron-core", ("0.12", None),
+            "megatron-core's vocab_parallel_cross_entropy takes the softmax over the padded vocabulary: the "
+            "padding logits enter the denominator, so the loss is not the dense model's (minimal case: tp=2, "
+            "vocabulary 3 padded to 4).",
+            "suites/tensor_parallel/test_findings.py::test_megatron_loss_includes_padded_vocabulary",
+            {"kind": "lm_head", "vocab_remainder": lambda r: r != 0}),
+    Finding("megatron", "tensor_parallel", "megatron-core", ("0.12", None),
+            "megatron-core's vocab_parallel_cross_entropy computes in float32 whatever the logits' dtype "
+            "(.float()): the loss is held to float32 rounding.",
+            "suites/tensor_parallel/test_findings.py::test_megatron_cross_entropy_computes_in_float32",
+            {"kind": "lm_head"}, precision="float32"),
+    Finding("torch-reentrant", "checkpoint", "torch", ("2.6", None),
+            "torch.utils.checkpoint with use_reentrant=True and an input that does not require grad: the "
+            "checkpointed segment's parameters get no gradient (every layer checkpointed: backward raises).",
+            "suites/checkpoint/test_findings.py::test_reentrant_checkpoint_drops_parameter_gradients_when_the_"
+            "input_needs_none", {"input_requires_grad": False}),
+)
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """'2.13.0+cpu' -> (2, 13, 0); '0.16.1rc1' -> (0, 16, 1)."""
+    return tuple(int(m) for m in re.findall(r"\d+", version.split("+")[0].split("rc")[0].split("a")[0])[:3])
+
+
+def _installed(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _in_range(finding: Finding) -> bool:
+    version = _installed(finding.package)
+    if version is None:
+        return False
+    lo, hi = finding.versions
+    return _release(lo) <= _release(version) and (hi is None or _release(version) < _release(hi))
+
+
+def _builtin(spec: str, paradigm: str) -> str | None:
+    """The built-in name ``spec`` stands for, or None for anything else (a user's implementation)."""
+    from .registry import BUILTINS
+
+    return spec if (paradigm, spec) in BUILTINS else None
+
+
+def match(spec: str, paradigm: str, **case) -> Finding | None:
+    """The finding that explains a failed example of ``spec`` under ``case``, or None (then it is a failure)."""
+    name = _builtin(spec, paradigm)
+    if name is None:
+        return None
+    for finding in FINDINGS:
+        if (finding.impl == name and finding.paradigm == paradigm and finding.precision is None
+                and _in_range(finding) and finding.applies(**case)):
+            return finding
+    return None
+
+
+def precision(spec: str, paradigm: str, **case) -> str | None:
+    """The dtype a precision finding says ``spec`` computes in under ``case`` (None: full precision)."""
+    name = _builtin(spec, paradigm)
+    for finding in FINDINGS:
+        if (name is not None and finding.impl == name and finding.paradigm == paradigm
+                and finding.precision and _in_range(finding) and finding.applies(**case)):
+            return finding.precision
+    return None
