@@ -16,7 +16,8 @@ from reference.checkpoint import ReferenceCheckpointing
 
 def test_reentrant_checkpoint_drops_parameter_gradients_when_the_input_needs_none():
     problems = cases.compare(TorchCheckpointing(use_reentrant=True), "sqrt", 4, 1, 0.0, torch.float32, False, 0)
-    assert problems and all("gradient missing" in p for p in problems), problems
+    missing = [p for p in problems if "gradient missing" in p]
+    assert missing and all(p in missing or "after the optimizer step differ" in p for p in problems), problems
     assert cases.compare(TorchCheckpointing(use_reentrant=True), "layer", 1, 1, 0.0, torch.float32, False, 0)[0] \
         .startswith("forward or backward raised")
     for impl in (TorchCheckpointing(use_reentrant=False), ReferenceCheckpointing()):

@@ -55,9 +55,30 @@ class AcceptsIntegerAvg(ReferenceCollectives):
 
 
 class RaisesOnRankOne(ReferenceCollectives):
-    """Raises a plain error (not Unsupported) on rank 1 before communicating; the others return early too."""
+    """Planted bug: raises a plain error (not Unsupported) on rank 1; the other ranks return zeros."""
 
     def all_gather(self, output, input, group=None):
         if dist.get_rank(group) == 1:
             raise RuntimeError("out of buffers")
         output.zero_()
+
+
+_FIRST: dict[int, object] = {}
+
+
+class RhdLeavesOutExtraRanks(ReferenceCollectives):
+    """Planted bug: recursive halving/doubling over the largest power of two P only; the ranks beyond it
+    (world size 3: rank 2) keep their own input. Invisible at world sizes 1, 2, 4, 8."""
+
+    def __init__(self):
+        super().__init__("rhd")
+
+    def all_reduce(self, tensor, op="sum", group=None):
+        n = dist.get_world_size(group)
+        p2 = 1 << (n.bit_length() - 1)
+        if group is not None or n == p2:
+            return super().all_reduce(tensor, op, group)
+        if p2 not in _FIRST:  # every rank makes the same call, so every rank creates the group
+            _FIRST[p2] = dist.new_group(list(range(p2)))
+        if dist.get_rank() < p2:
+            super().all_reduce(tensor, op, _FIRST[p2])

@@ -7,6 +7,7 @@ property uses for a failing case and shrinks it; the minimal case is then known 
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import find, settings
 
 from .property import verdict
@@ -42,3 +43,17 @@ def test_ignored_broadcast_source_is_caught_with_root_one(world_cache, world_siz
         return
     n, case = minimal_failure("suites.collectives.impls:IgnoresSrc", "broadcast", world_cache, world_sizes)
     assert (n, case.root, case.numel, case.group) == (2, 1, 1, None), case.line(n)
+
+
+def test_corners_catch_what_the_default_profile_can_miss(world_cache, world_sizes):
+    """Recursive doubling that leaves out the ranks beyond the largest power of two is invisible at world
+    sizes 1, 2, 4; the corner table (run before any random draw, in every profile) has world size 3."""
+    from .property import corner_cases, verdict
+
+    if 3 not in world_sizes:
+        pytest.skip("needs a 3-rank world")
+    failing = [(n, c) for n, c in corner_cases("suites.collectives.impls:RhdLeavesOutExtraRanks", "all_reduce",
+                                                world_sizes) if verdict(world_cache, n, c)["outcome"] == "fail"]
+    assert failing and {n for n, _ in failing} == {3}, [c.line(n) for n, c in failing]
+    assert not [c for n, c in corner_cases("reference-rhd", "all_reduce", world_sizes)
+                if verdict(world_cache, n, c)["outcome"] != "pass"]

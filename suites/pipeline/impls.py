@@ -18,7 +18,8 @@ class AveragesMicrobatches(ReferencePipeline):
 
 
 class TorchDefaultScaling(TorchPipeline):
-    """torch's own default, scale_grads=True: gradients divided by m — wrong for a sum-reduced loss."""
+    """Planted bug (torch's own default): scale_grads=True divides gradients by m — wrong for a sum-reduced
+    loss."""
 
     scale_grads = True
 

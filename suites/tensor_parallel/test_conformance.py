@@ -40,18 +40,18 @@ def _dims(data, kind: str, n: int, sp: bool) -> tuple[tuple, bool]:
     return dims, split % n == 0
 
 
+def _corner_dims(kind: str, n: int, sp: bool, divisible: bool) -> tuple:
+    """dims for a corner: the split size (features, heads, vocabulary, ffn) is 2n, or 2n + 1 (V % tp != 0)."""
+    seq, batch, split = 2 * (n if sp else 1), 2, 2 * n + (0 if divisible else 1)
+    if kind in ("row", "embedding", "attention"):
+        return (seq, batch, split, 3 if kind != "attention" else 2)
+    return (seq, batch, 3, split)  # column, mlp (its ffn), lm_head (its vocabulary)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_sharded_layer_equals_dense(tensor_parallel_impl, kind, world_cache, world_sizes, conformance):
-    # Half the profile's budget (ci 125, thorough 250): 18 properties of DTensor/megatron layers were the
-    # default run's largest cost (~110 s of 10 min); each example already draws tp, sequence parallelism and
-    # divisible or not, so every corner is hit many times over.
-    @settings(max_examples=max(10, settings.default.max_examples // 2))
-    @given(st.data())
-    def prop(data):
-        n = data.draw(st.sampled_from(world_sizes), label="tp")
-        sp = data.draw(st.booleans(), label="sequence_parallel")
-        dims, divisible = _dims(data, kind, n, sp)
-        case = (tensor_parallel_impl, kind, dims, data.draw(st.integers(0, 999), label="seed"), sp)
+    def check(n: int, sp: bool, dims: tuple, divisible: bool, seed: int) -> str:
+        case = (tensor_parallel_impl, kind, dims, seed, sp)
         per_rank = world_cache.get(n).run(contract_ranks.contract_case, *case)
         refused = {r["refused"] for r in per_rank}
         problems = [p for r in per_rank for p in r["problems"]]
@@ -65,16 +65,34 @@ def test_sharded_layer_equals_dense(tensor_parallel_impl, kind, world_cache, wor
         if None not in refused:
             assert declared or not divisible, f"{case} refused although every size divides by {n}: {refused}"
             assert all("\n" not in msg for msg in refused), refused
-            event("declared unsupported" if declared else "refused a size that does not divide")
-            return
+            return "declared unsupported" if declared else "refused a size that does not divide"
         if known:  # reported as what it is (a row in conformance.csv, xfail at the end), never as a pass
-            event("known non-conformance")
-            return
+            return "known non-conformance"
         assert not problems, f"tp={n} {case}: {problems[:3]}"
+        return ""
+
+    # The corners first, in every profile: tp = 3 and the largest, with and without sequence parallelism,
+    # split sizes that divide and that do not.
+    for n in sorted({s for s in world_sizes if s == 3} | {max(world_sizes)}):
+        for sp, divisible in ((False, True), (False, False), (True, True), (True, False)):
+            check(n, sp, _corner_dims(kind, n, sp, divisible), divisible, n)
+
+    # Half the profile's budget (ci 125, thorough 250): 18 properties of DTensor/megatron layers were the
+    # default run's largest cost (~110 s of 10 min); each example already draws tp, sequence parallelism and
+    # divisible or not, and the corners above run first.
+    @settings(max_examples=max(10, settings.default.max_examples // 2))
+    @given(st.data())
+    def prop(data):
+        n = data.draw(st.sampled_from(world_sizes), label="tp")
+        sp = data.draw(st.booleans(), label="sequence_parallel")
+        dims, divisible = _dims(data, kind, n, sp)
+        note = check(n, sp, dims, divisible, data.draw(st.integers(0, 999), label="seed"))
+        if note:
+            event(note)
 
     prop()
-    conformance.settle()
     assert conformance.counts.get("pass", 0) > 0, f"{tensor_parallel_impl} {kind}: no example was checked"
+    conformance.settle()
 
 
 def test_trained_block_equals_dense(tensor_parallel_impl, world_cache, world_sizes):

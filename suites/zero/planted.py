@@ -34,6 +34,8 @@ class _ShiftedShard(ShardedOptimizer):
 
 
 class MissingAverage(ReferenceZero):
+    """Planted bug: stage 0 with the gradients summed over ranks, never averaged."""
+
     def build(self, model, optimizer, stage, group=None):
         trainer = _Trainer(model, optimizer, 0, group, bucketed=False, bucket_bytes=1)
         trainer.ddp = _SumsInsteadOfAverages(model, group)
@@ -41,6 +43,8 @@ class MissingAverage(ReferenceZero):
 
 
 class ShiftedShardBoundary(ReferenceZero):
+    """Planted bug: ZeRO-2 whose gradient shard starts one element late on every rank."""
+
     def build(self, model, optimizer, stage, group=None):
         trainer = _Trainer(model, optimizer, 0, group, bucketed=False, bucket_bytes=1)
         trainer.stage, trainer.engine = 2, _ShiftedShard(model, optimizer, 2, group)
@@ -62,7 +66,8 @@ class _StaleOnRankOne(NaiveDataParallel):
 
 
 class RankOneDrifts(ReferenceZero):
-    """Every rank but 1 trains like one device; rank 1's parameters drift. Only rank 1's own view shows it."""
+    """Planted bug: every rank but 1 trains like one device; rank 1's replica drifts (only its own view
+    shows it)."""
 
     def build(self, model, optimizer, stage, group=None):
         trainer = _Trainer(model, optimizer, 0, group, bucketed=False, bucket_bytes=1)

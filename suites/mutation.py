@@ -1,0 +1,88 @@
+"""Mutation check of our own suites: every planted bug, plugged in through ``--impl`` exactly as a user's
+implementation arrives, must be flagged by its paradigm's suite.
+
+    python -m suites.mutation            # every planted bug; exit 1 if any went unnoticed
+
+All planted specs go to one pytest session (each suite takes the specs of its own paradigm), under the
+``dev`` hypothesis profile — the thinnest one, so a bug caught here is caught by every profile. A planted
+bug is caught when at least one test parametrized with its spec fails.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (planted spec, what it gets wrong, the tests that must flag it)
+PLANTED = [
+    ("suites.collectives.impls:DropsRemainder", "all-reduce drops the numel % N remainder",
+     "suites/collectives/test_conformance.py::test_collective_matches_exact_oracle"),
+    ("suites.collectives.impls:ForgetsAverage", "AVG returns the sum",
+     "suites/collectives/test_conformance.py::test_collective_matches_exact_oracle"),
+    ("suites.collectives.impls:IgnoresSrc", "broadcast always from rank 0",
+     "suites/collectives/test_conformance.py::test_collective_matches_exact_oracle"),
+    ("suites.collectives.impls:RhdLeavesOutExtraRanks", "recursive doubling leaves out ranks beyond 2^k",
+     "suites/collectives/test_conformance.py::test_collective_matches_exact_oracle"),
+    ("suites.collectives.impls:RaisesOnRankOne", "all_gather raises on rank 1",
+     "suites/collectives/test_conformance.py::test_collective_matches_exact_oracle"),
+    ("suites.pipeline.impls:AveragesMicrobatches", "microbatch losses averaged, not summed",
+     "suites/pipeline/test_equivalence.py::test_pipelined_training_equals_one_device"),
+    ("suites.pipeline.impls:DropsAGradient", "a parameter left without a gradient",
+     "suites/pipeline/test_equivalence.py::test_pipelined_training_equals_one_device"),
+    ("suites.pipeline.impls:TorchDefaultScaling", "torch's default scale_grads=True for a summed loss",
+     "suites/pipeline/test_equivalence.py::test_pipelined_training_equals_one_device"),
+    ("suites.pipeline.impls:ReturnsNoLoss", "step returns no loss",
+     "suites/pipeline/test_equivalence.py::test_pipelined_training_equals_one_device"),
+    ("suites.tensor_parallel.planted:ReturnsLocalShardGrads", "full_grads returns the local shard",
+     "suites/tensor_parallel/test_conformance.py::test_sharded_layer_equals_dense"),
+    ("suites.zero.planted:MissingAverage", "gradients summed, never averaged",
+     "suites/zero/test_conformance.py::test_training_equals_one_device"),
+    ("suites.zero.planted:ShiftedShardBoundary", "ZeRO-2 shard boundary one element off",
+     "suites/zero/test_conformance.py::test_training_equals_one_device"),
+    ("suites.zero.planted:RankOneDrifts", "rank 1's replica drifts (only its own view shows it)",
+     "suites/zero/test_conformance.py::test_training_equals_one_device"),
+    ("suites.checkpoint.planted:NoRngRestore", "recomputed dropout draws new masks",
+     "suites/checkpoint/test_equivalence.py::test_checkpointed_gradients_are_bitwise_identical"),
+    ("suites.checkpoint.planted:LeavesRngAdvanced", "the caller's RNG stream is left advanced",
+     "suites/checkpoint/test_equivalence.py::test_checkpointed_gradients_are_bitwise_identical"),
+]
+
+
+def run(planted=PLANTED, extra_args: tuple[str, ...] = ()) -> dict[str, list[str]]:
+    """{planted spec: the failed test ids parametrized with it}; an empty list: the bug went unnoticed."""
+    selections = sorted({tests for _, _, tests in planted})
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "junit.xml"
+        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+               f"--junitxml={report}", *selections, *extra_args]
+        for spec, _, _ in planted:
+            cmd += ["--impl", spec]
+        env = {**os.environ, "PARITYBENCH_HYPOTHESIS_PROFILE": "dev"}
+        subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+        failed = [case.get("name", "") for case in ET.parse(report).iter("testcase")
+                  if case.find("failure") is not None or case.find("error") is not None]
+    return {spec: [name for name in failed if f"[{spec}-" in name or f"[{spec}]" in name]
+            for spec, _, _ in planted}
+
+
+def main() -> int:
+    caught = run()
+    width = max(len(spec) for spec, _, _ in PLANTED)
+    for spec, what, _ in PLANTED:
+        tests = caught[spec]
+        verdict = f"caught by {len(tests)} test(s), e.g. {tests[0]}" if tests else "NOT CAUGHT"
+        print(f"{spec:{width}s}  {what:52s}  {verdict}")
+    missed = [spec for spec, tests in caught.items() if not tests]
+    print(f"mutation: {len(PLANTED) - len(missed)} of {len(PLANTED)} planted bugs caught"
+          + (f"; missed: {', '.join(missed)}" if missed else "."))
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
