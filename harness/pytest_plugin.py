@@ -30,7 +30,8 @@ from .world import World, default_backend
 # The World fixtures are session-cached and safe to reuse across examples.
 _SUPPRESS = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large]
 settings.register_profile("dev", max_examples=25, deadline=None, suppress_health_check=_SUPPRESS)
-settings.register_profile("ci", max_examples=250, deadline=None, derandomize=True, database=None,
+# ci: 150 random examples per property after its fixed corner table (world size 3, numel 0/1/<N/prime, ...)
+settings.register_profile("ci", max_examples=150, deadline=None, derandomize=True, database=None,
                           print_blob=True, suppress_health_check=_SUPPRESS)
 settings.register_profile("thorough", max_examples=500, deadline=None, suppress_health_check=_SUPPRESS)
 settings.load_profile(os.environ.get("PARITYBENCH_HYPOTHESIS_PROFILE", "dev"))

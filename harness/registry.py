@@ -185,7 +185,29 @@ def _build(impl: ImplSpec, paradigm: str):
     missing = [m for m in _methods(contract) if not callable(getattr(obj, m, None))]
     if missing:
         raise RegistryError(f"{impl.name!r} is not a {paradigm} implementation: it lacks {', '.join(missing)}.")
+    # Several contracts have one method of the same name (pipeline and zero: build); the arguments tell them apart.
+    wrong = [m for m in _methods(contract) if not _accepts(getattr(obj, m), getattr(contract, m))]
+    if wrong:
+        args = ", ".join(f"{m}({', '.join(_parameters(getattr(contract, m)))})" for m in wrong)
+        raise RegistryError(f"{impl.name!r} is not a {paradigm} implementation: it does not take {args}.")
     return obj
+
+
+def _parameters(contract_method) -> list[str]:
+    return list(inspect.signature(contract_method).parameters)[1:]  # without self
+
+
+def _accepts(method, contract_method) -> bool:
+    """Whether ``method`` can be called with every argument of the contract's method, positionally."""
+    try:
+        signature = inspect.signature(method)
+    except (TypeError, ValueError):  # a builtin or C method: nothing to check
+        return True
+    try:
+        signature.bind(*[None] * len(_parameters(contract_method)))
+    except TypeError:
+        return False
+    return True
 
 
 def _methods(contract) -> list[str]:

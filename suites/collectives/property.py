@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import event, given
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from harness.collectives.case import IN_PLACE_OPTIONAL, REDUCING, ROOTED, Case, merge, run_case
@@ -42,9 +42,10 @@ def corner_cases(impl: str, collective: str, world_sizes: list[int]) -> list[tup
     return out
 
 
-def check_collective(impl: str, collective: str, world_cache, world_sizes, conformance, numels=NUMELS) -> None:
-    """The corners (``corner_cases``), then the hypothesis property: every case passes (or is reported
-    unsupported); some case passes."""
+def check_collective(impl: str, collective: str, world_cache, world_sizes, conformance, numels=NUMELS,
+                     share: float = 1.0) -> None:
+    """The corners (``corner_cases``), then the hypothesis property over ``share`` of the profile's example
+    budget: every case passes (or is reported unsupported); some case passes."""
 
     def check(n: int, case: Case) -> dict:
         result = verdict(world_cache, n, case)
@@ -56,6 +57,7 @@ def check_collective(impl: str, collective: str, world_cache, world_sizes, confo
     for n, case in corner_cases(impl, collective, world_sizes):
         check(n, case)
 
+    @settings(max_examples=max(5, int(settings.default.max_examples * share)))
     @given(data=st.data())
     def prop(data):
         result = check(*data.draw(cases(impl, collective, world_sizes, numels), label="case"))

@@ -31,7 +31,7 @@ def test_example_satisfies_its_contract(paradigm):
 
 def test_collectives_example(world_cache, world_sizes):
     spec = EXAMPLES["collectives"]
-    for n in world_sizes:
+    for n in sorted({s for s in world_sizes if s == 3} | {max(world_sizes)}):
         for collective in COLLECTIVES:
             for dtype, op, numel in (("float32", "sum", 7), ("float16", "avg", 1), ("int32", "max", 0),
                                      ("bfloat16", "min", 3)):

@@ -59,3 +59,15 @@ def test_entry_point_group_is_discovered(tmp_path, monkeypatch):
     assert impl.target == "suites.collectives.impls:ring_small_pieces" and impl.paradigm == "collectives"
     assert registry.load("my-ring", "collectives").piece_bytes == 12
     assert str(tmp_path) in sys.path
+
+
+def test_contracts_with_a_method_of_the_same_name_are_told_apart_by_its_arguments():
+    """Pipeline and ZeRO each have one method, build: a ZeRO implementation is not run as a pipeline (its
+    build cannot take the pipeline's arguments), nor a pipeline as ZeRO."""
+    with pytest.raises(RegistryError, match=r"is not a pipeline implementation: it does not take build\(stages, "):
+        registry.load("suites.zero.planted:MissingAverage", "pipeline")
+    with pytest.raises(RegistryError, match=r"is not a zero implementation: it does not take build\(model, "):
+        registry.load("suites.pipeline.impls:AveragesMicrobatches", "zero")
+    for spec, paradigm in (("docs.examples.allreduce_data_parallel:AllReduceDataParallel", "zero"),
+                           ("docs.examples.gpipe_pipeline:GPipeOnly", "pipeline")):
+        assert registry.load(spec, paradigm) is not None

@@ -9,12 +9,13 @@ from reference.pipeline.runtime import ReferencePipeline
 class AveragesMicrobatches(ReferencePipeline):
     """Planted bug: each microbatch's loss divided by m (a mean where the contract says sum)."""
 
-    def build(self, stages, num_stages, schedule, num_microbatches, virtual_stages, loss_fn, *args, **kwargs):
+    def build(self, stages, num_stages, schedule, num_microbatches, virtual_stages, loss_fn, batch_size,
+              sample_shape, group=None):
         def mean_loss(out, target):
             return loss_fn(out, target) / num_microbatches
 
         return super().build(stages, num_stages, schedule, num_microbatches, virtual_stages, mean_loss,
-                             *args, **kwargs)
+                             batch_size, sample_shape, group)
 
 
 class TorchDefaultScaling(TorchPipeline):
@@ -35,8 +36,10 @@ class _Wrapped:
 class DropsAGradient(ReferencePipeline):
     """Planted bug: the first stage's first parameter is left without a gradient."""
 
-    def build(self, stages, *args, **kwargs):
-        inner = super().build(stages, *args, **kwargs)
+    def build(self, stages, num_stages, schedule, num_microbatches, virtual_stages, loss_fn, batch_size,
+              sample_shape, group=None):
+        inner = super().build(stages, num_stages, schedule, num_microbatches, virtual_stages, loss_fn, batch_size,
+                              sample_shape, group)
 
         def drop(loss):
             if 0 in stages:
@@ -49,5 +52,7 @@ class DropsAGradient(ReferencePipeline):
 class ReturnsNoLoss(ReferencePipeline):
     """Planted bug: step returns None on the last stage's rank instead of the summed loss."""
 
-    def build(self, stages, *args, **kwargs):
-        return _Wrapped(super().build(stages, *args, **kwargs), lambda loss: None)
+    def build(self, stages, num_stages, schedule, num_microbatches, virtual_stages, loss_fn, batch_size,
+              sample_shape, group=None):
+        return _Wrapped(super().build(stages, num_stages, schedule, num_microbatches, virtual_stages, loss_fn,
+                                      batch_size, sample_shape, group), lambda loss: None)
