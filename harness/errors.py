@@ -3,3 +3,8 @@
 
 class UsageError(ValueError):
     """A bad input: the message is the one sentence the user sees."""
+
+
+class HarnessError(RuntimeError):
+    """A bug of paritybench's own (its oracle or machinery) while checking an implementation: outcome
+    ``error``, never confused with the implementation failing."""

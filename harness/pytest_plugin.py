@@ -115,13 +115,16 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_runtest_logreport(report):
-    """Seconds per suite (setup, call and teardown of its tests), for the closing summary."""
+    """Seconds per suite (setup, call and teardown of its tests), and the harness errors, for the summary."""
+    if report.failed and "harness.errors.HarnessError" in str(getattr(report, "longrepr", "")):
+        _HARNESS_ERRORS.append(report.nodeid)
     parts = report.nodeid.split("/")
     suite = parts[1] if len(parts) > 2 and parts[0] == "suites" else parts[0].split("::")[0]
     _SUITE_SECONDS[suite] = _SUITE_SECONDS.get(suite, 0.0) + report.duration
 
 
 _SUITE_SECONDS: dict[str, float] = {}
+_HARNESS_ERRORS: list[str] = []
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -206,6 +209,10 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.write_line(
             f"paritybench: --impl {spec} was exercised by no test that ran (its suite was not selected, or every "
             "test of it was skipped or deselected); the session fails.", red=True)
+    if _HARNESS_ERRORS:
+        terminalreporter.write_line(
+            f"paritybench: {len(_HARNESS_ERRORS)} harness error(s) — bugs of paritybench, not of the implementations "
+            f"under test: {', '.join(_HARNESS_ERRORS)}", red=True)
     if _SUITE_SECONDS and not hasattr(config, "workerinput"):
         times = ", ".join(f"{suite} {t:.0f} s" for suite, t in sorted(_SUITE_SECONDS.items(), key=lambda kv: -kv[1]))
         terminalreporter.write_line(f"paritybench: time per suite: {times}.")

@@ -192,7 +192,8 @@ def call(impl, case: Case, out: torch.Tensor, inp: torch.Tensor, group) -> None:
 
 def run_case(case: Case) -> dict:
     """Rank side: build this rank's buffers, run the collective, check it. Returns
-    {"outcome": "pass" | "fail" | "unsupported" | "idle", "wrong": int, "detail": str, "bytes_sent"}."""
+    {"outcome": "pass" | "fail" | "unsupported" | "error" | "idle", "wrong": int, "detail": str, "bytes_sent"}:
+    whatever the implementation does is pass / fail / unsupported; "error" is a failure of the oracle itself."""
     import torch.distributed as dist
 
     from ..world import rank_device
@@ -216,18 +217,23 @@ def run_case(case: Case) -> dict:
         return {"outcome": "fail", "wrong": 0, "bytes_sent": 0,
                 "detail": f"rank {me}: accepted AVG on {case.dtype}, which the contract leaves out (AVG is for "
                           "floating dtypes only): raise Unsupported"}
-    if case.collective == "reduce" and r != case.root:
-        wrong, detail = 0, ""  # only dst's tensor is specified
-    else:
-        wrong, detail = compare(out, expected(case, r, n), case)
+    try:
+        if case.collective == "reduce" and r != case.root:
+            wrong, detail = 0, ""  # only dst's tensor is specified
+        else:
+            wrong, detail = compare(out, expected(case, r, n), case)
+    except Exception as exc:  # noqa: BLE001 - the oracle's own failure: a harness error, not the implementation's
+        return {"outcome": "error", "wrong": 0, "bytes_sent": 0,
+                "detail": f"rank {me}: harness error in the oracle: {type(exc).__name__}: {exc}"}
     return {"outcome": "fail" if wrong else "pass", "wrong": wrong,
             "detail": f"rank {me}: {detail}" if detail else "", "bytes_sent": getattr(impl, "bytes_sent", None)}
 
 
 def merge(results: list[dict]) -> dict:
-    """Driver side: one verdict from every rank's result (any failure fails; idle ranks are ignored)."""
+    """Driver side: one verdict from every rank's result (a harness error first, then any failure; idle
+    ranks are ignored)."""
     active = [r for r in results if r["outcome"] != "idle"]
-    for outcome in ("fail", "unsupported"):
+    for outcome in ("error", "fail", "unsupported"):
         hit = [r for r in active if r["outcome"] == outcome]
         if hit:
             return {"outcome": outcome, "wrong": sum(r["wrong"] for r in active),

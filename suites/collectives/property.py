@@ -6,6 +6,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from harness.collectives.case import IN_PLACE_OPTIONAL, REDUCING, ROOTED, Case, merge, run_case
+from harness.errors import HarnessError
 from harness.world import RankFailure
 
 from .strategies import NUMELS, cases
@@ -51,6 +52,8 @@ def check_collective(impl: str, collective: str, world_cache, world_sizes, confo
         result = verdict(world_cache, n, case)
         conformance.record(result["outcome"], suite="collectives", backend=world_cache.get(n).backend,
                            world_size=n, wrong=result["wrong"], detail=result["detail"], **case.as_row())
+        if result["outcome"] == "error":
+            raise HarnessError(f"{case.line(n)}: {result['detail']}")
         assert result["outcome"] in ("pass", "unsupported"), f"{case.line(n)}: {result['detail']}"
         return result
 

@@ -40,3 +40,14 @@ def test_whatever_an_implementation_does_is_a_verdict_not_a_crash(world_cache, w
     assert got["outcome"] == "fail" and "accepted AVG on int32, which the contract leaves out" in got["detail"]
     got = verdict(world_cache, n, Case("suites.collectives.impls:RaisesOnRankOne", "all_gather", "float32", 2))
     assert got["outcome"] == "fail" and "rank 1: raised RuntimeError: out of buffers" in got["detail"], got
+
+
+def test_a_harness_error_is_its_own_outcome():
+    """A failure of the oracle itself is outcome "error" (pytest: HarnessError, named in the summary), and it
+    outranks whatever the implementation did on the other ranks."""
+    from harness.collectives.case import merge
+
+    err = {"outcome": "error", "wrong": 0, "detail": "rank 0: harness error in the oracle: KeyError: 'x'"}
+    fail = {"outcome": "fail", "wrong": 2, "detail": "rank 1: 2 of 3 elements wrong"}
+    assert merge([fail, err])["outcome"] == "error"
+    assert merge([fail, {"outcome": "pass", "wrong": 0, "detail": ""}])["outcome"] == "fail"
