@@ -53,6 +53,8 @@ def contract_case(impl_spec: str, kind: str, dims: tuple, seed: int, sequence_pa
         return {"refused": str(exc), "unsupported": False, "problems": []}
     except NotImplementedError as exc:
         return {"refused": str(exc), "unsupported": True, "problems": []}
+    except Exception as exc:  # noqa: BLE001 - whatever the code under test raises is a verdict
+        return _raised("shard", exc, kind, dense, n)
     rows = _block(dims[0], n, r) if sequence_parallel else slice(None)
     check = {"embedding": _embedding, "lm_head": _lm_head, "attention": _attention}.get(kind, _linear)
     conditions = _conditions(kind, dense, n)
@@ -60,12 +62,30 @@ def contract_case(impl_spec: str, kind: str, dims: tuple, seed: int, sequence_pa
     # findings registry records it for this (built-in) implementation: precision-matched bounds.
     precision = findings.precision(impl_spec, "tensor_parallel", **conditions)
     eps = torch.finfo(getattr(torch, precision or "float64")).eps / 2
-    problems, dense_grads, tol = check(kind, dims, seed, dense, sharded, rows, n, r, eps)
-    grads = impl.full_grads(kind, sharded, None)
+    try:
+        problems, dense_grads, tol = check(kind, dims, seed, dense, sharded, rows, n, r, eps)
+    except Exception as exc:  # noqa: BLE001 - the sharded module's forward or backward raised
+        return _raised("the sharded module's forward or backward", exc, kind, dense, n)
+    try:
+        grads = impl.full_grads(kind, sharded, None)
+    except Exception as exc:  # noqa: BLE001
+        return _raised("full_grads", exc, kind, dense, n)
+    if not isinstance(grads, dict):
+        return {**_raised("full_grads", None, kind, dense, n),
+                "problems": [f"full_grads returned {type(grads).__name__}, not a dict of full gradients"]}
     for name, g in dense_grads.items():
-        got = grads.get(name, torch.full_like(g, float("nan")))
-        problems += _mismatch(f"{name} grad", got, g, tol(g))
+        got = grads.get(name)
+        problems += (_mismatch(f"{name} grad", got, g, tol(g)) if torch.is_tensor(got)
+                     else [f"{name} grad: missing from full_grads (got {type(got).__name__})"])
+    problems += [f"full_grads has a key the dense layer does not: {k!r}" for k in grads if k not in dense_grads]
     return {"refused": None, "unsupported": False, "problems": problems, "case": conditions}
+
+
+def _raised(what: str, exc: Exception | None, kind: str, dense, n: int) -> dict:
+    """An exception of the code under test (neither ValueError at shard time nor Unsupported): a failure."""
+    detail = "" if exc is None else f"{what} raised {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+    return {"refused": None, "unsupported": False, "problems": [detail] if detail else [],
+            "case": _conditions(kind, dense, n)}
 
 
 def _conditions(kind: str, dense, n: int) -> dict:

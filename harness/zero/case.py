@@ -88,14 +88,22 @@ def train_case(impl_spec: str, stage: int, model_name: str, opt_name: str, steps
         return {"refused": str(exc), "unsupported": False}
     except NotImplementedError as exc:
         return {"refused": str(exc), "unsupported": True}
+    except Exception as exc:  # noqa: BLE001 - whatever the code under test raises is a verdict
+        return _raised("build", exc, model)
     mine = slice(r * per_rank, (r + 1) * per_rank)
     grad_scale = max(float(g.abs().max()) for w in want for g in w["grads"].values())
     checks, problems = [], []
     for k in range(steps):
-        local = torch.tensor([trainer.step(x[mine], y[mine])], dtype=torch.float64, device=device)
+        try:
+            local = torch.tensor([float(trainer.step(x[mine], y[mine]))], dtype=torch.float64, device=device)
+        except Exception as exc:  # noqa: BLE001 - (peers blocked in the implementation's collective time out)
+            return _raised(f"step {k + 1}", exc, model)
         dist.all_reduce(local)
         if k in (0, steps - 1):
-            check = _compare(k + 1, float(local) / n, trainer, want[k])
+            try:
+                check = _compare(k + 1, float(local) / n, trainer, want[k])
+            except Exception as exc:  # noqa: BLE001 - full_params / full_grads / full_optimizer_state raised
+                return _raised(f"reading the state after step {k + 1}", exc, model)
             check["bound"] = bound(k + 1, n * per_rank, n, dtype, spec, grad_scale)
             problems += check.pop("problems") + [f"step {k + 1}: {what} off by {rel:.3g} of its magnitude > "
                                                  f"{check['bound']:.3g}" for what, rel in check["worst"].items()
@@ -103,6 +111,13 @@ def train_case(impl_spec: str, stage: int, model_name: str, opt_name: str, steps
             checks.append(check)
     return {"refused": None, "checks": checks, "problems": problems, "memory": trainer.memory(),
             "numel": sum(p.numel() for p in model.parameters()), "dtype": dtype}
+
+
+def _raised(what: str, exc: Exception, model) -> dict:
+    """The implementation raised (not ValueError / Unsupported at build time): a failure with its detail."""
+    detail = f"{what} raised {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+    return {"refused": None, "checks": [], "problems": [detail], "memory": {}, "dtype": "",
+            "numel": sum(p.numel() for p in model.parameters())}
 
 
 def _compare(step: int, loss: float, trainer, want: dict) -> dict:
@@ -175,5 +190,7 @@ def merge(per_rank: list[dict]) -> dict:
         refused = next(r for r in per_rank if r["refused"])
         return {**refused, "problems": []}
     problems = [f"rank {i}: {p}" for i, r in enumerate(per_rank) for p in r["problems"]]
+    if not first["checks"]:  # rank 0 raised before its first check: take a rank that got further, if any
+        first = max(per_rank, key=lambda r: len(r["checks"]))
     worst = max((v for r in per_rank for c in r["checks"] for v in c["worst"].values()), default=0.0)
     return {**first, "problems": problems, "worst": worst}

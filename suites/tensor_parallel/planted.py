@@ -12,3 +12,10 @@ class ReturnsLocalShardGrads(ReferenceTensorParallel):
         full = super().full_grads(kind, sharded, group)
         local = {name.rsplit(".", 1)[-1]: p.grad for name, p in sharded.named_parameters() if p.grad is not None}
         return {name: local.get(name.rsplit(".", 1)[-1], g) for name, g in full.items()}
+
+
+class RaisesInFullGrads(ReferenceTensorParallel):
+    """Planted bug: full_grads raises (on every rank, before any collective)."""
+
+    def full_grads(self, kind, sharded, group=None) -> dict:
+        raise RuntimeError("gradients not gathered yet")

@@ -15,6 +15,7 @@ from harness import findings
 from harness.contracts.tensor_parallel import KINDS
 from harness.tensor_parallel import case as contract_ranks
 from harness.tensor_parallel import layer_case as ranks
+from harness.world import RankFailure
 
 
 def _dims(data, kind: str, n: int, sp: bool) -> tuple[tuple, bool]:
@@ -52,7 +53,10 @@ def _corner_dims(kind: str, n: int, sp: bool, divisible: bool) -> tuple:
 def test_sharded_layer_equals_dense(tensor_parallel_impl, kind, world_cache, world_sizes, conformance):
     def check(n: int, sp: bool, dims: tuple, divisible: bool, seed: int) -> str:
         case = (tensor_parallel_impl, kind, dims, seed, sp)
-        per_rank = world_cache.get(n).run(contract_ranks.contract_case, *case)
+        try:
+            per_rank = world_cache.get(n).run(contract_ranks.contract_case, *case)
+        except RankFailure as exc:  # a rank died, or hung in the implementation's collective: its verdict
+            per_rank = [{"refused": None, "unsupported": False, "problems": [str(exc).splitlines()[0]], "case": {}}]
         refused = {r["refused"] for r in per_rank}
         problems = [p for r in per_rank for p in r["problems"]]
         known = findings.match(tensor_parallel_impl, "tensor_parallel", **per_rank[0]["case"]) if problems else None
@@ -107,3 +111,10 @@ def test_trained_block_equals_dense(tensor_parallel_impl, world_cache, world_siz
             for a, b in zip(r["losses"]["sharded"], r["losses"]["dense"], strict=True):
                 assert abs(a - b) <= r["bound"] * (1 + abs(b)), (n, r["losses"])
             assert r["losses"]["dense"][-1] < r["losses"]["dense"][0]  # it did train
+
+
+def test_an_implementation_that_raises_is_a_failure_with_its_detail(world_cache, world_sizes):
+    n = max(world_sizes)
+    per_rank = world_cache.get(n).run(contract_ranks.contract_case, "suites.tensor_parallel.planted:RaisesInFullGrads",
+                                      "column", (2, 2, 3, 2 * n), 0, False)
+    assert all(r["problems"] == ["full_grads raised RuntimeError: gradients not gathered yet"] for r in per_rank)

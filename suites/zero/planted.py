@@ -73,3 +73,16 @@ class RankOneDrifts(ReferenceZero):
         trainer = _Trainer(model, optimizer, 0, group, bucketed=False, bucket_bytes=1)
         trainer.ddp = _StaleOnRankOne(model, group)
         return trainer
+
+
+class StepRaises(ReferenceZero):
+    """Planted bug: the trainer's step raises (on every rank, before any collective)."""
+
+    def build(self, model, optimizer, stage, group=None):
+        trainer = super().build(model, optimizer, stage, group)
+
+        def step(x, y):
+            raise RuntimeError("optimizer state on the wrong device")
+
+        trainer.step = step
+        return trainer

@@ -10,6 +10,7 @@ import itertools
 import pytest
 
 from harness import registry
+from harness.world import RankFailure
 from harness.zero import case as ranks
 
 STEPS, PER_RANK = 5, 2
@@ -26,8 +27,12 @@ def test_training_equals_one_device(zero_impl, stage, world_cache, world_sizes, 
     _skip_unless_stage(zero_impl, stage)
     failures = []
     for n, model, opt in itertools.product(world_sizes, ("mlp", "block"), ("sgd", "adam")):
-        r = ranks.merge(world_cache.get(n).run(ranks.train_case, zero_impl, stage, model, opt, STEPS, PER_RANK, n,
-                                               timeout=300))
+        try:
+            r = ranks.merge(world_cache.get(n).run(ranks.train_case, zero_impl, stage, model, opt, STEPS, PER_RANK,
+                                                   n, timeout=300))
+        except RankFailure as exc:  # a rank died, or hung in the implementation's collective: its verdict
+            r = {"refused": None, "problems": [str(exc).splitlines()[0]], "worst": float("nan"), "dtype": "",
+                 "numel": ""}
         case = f"stage {stage}, dp {n}, {model}, {opt}"
         if r["refused"]:
             conformance.record("unsupported" if r["unsupported"] else "refused", suite="zero", world_size=n,
@@ -66,3 +71,11 @@ def test_reference_shards_gather_back_exactly(stage, world_cache, world_sizes):
     for n, model in itertools.product(world_sizes, ("mlp", "block")):
         problems = [p for rank in world_cache.get(n).run(ranks.shards_roundtrip, stage, model) for p in rank]
         assert not problems, f"stage {stage}, dp {n}, {model}: {problems[:3]}"
+
+
+def test_an_implementation_that_raises_is_a_failure_with_its_detail(world_cache, world_sizes):
+    n = max(world_sizes)
+    r = ranks.merge(world_cache.get(n).run(ranks.train_case, "suites.zero.planted:StepRaises", 0, "mlp", "sgd", 2,
+                                           PER_RANK, n))
+    assert r["problems"] and all("step 1 raised RuntimeError: optimizer state on the wrong device" in p
+                                 for p in r["problems"]), r["problems"]
