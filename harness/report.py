@@ -125,8 +125,16 @@ def write_report(run_dir) -> Path:
         out += [f"> **This run is {meta.get('status', 'unknown')}**: it stopped before the end; "
                 "the tables show the rows it finished.", ""]
     env = {k: meta.get(k) for k in ("command", "started", "finished", "backend", "python", "torch",
-                                    "cpu", "cpu_count", "gpus", "host", "git_revision") if meta.get(k)}
-    out += ["## Where it ran", "", *[f"- **{k}**: `{v}`" for k, v in env.items()], ""]
+                                    "cpu", "cpu_count", "gpus", "host", "git_revision", "launcher", "nodes")
+           if meta.get(k)}
+    out += ["## Where it ran", "", *[f"- **{k}**: `{v}`" for k, v in env.items()]]
+    for size, info in sorted(meta.get("placement", {}).items(), key=lambda kv: int(kv[0])):
+        per_host = {}
+        for r in info["ranks"]:
+            per_host.setdefault((r["node"], r["host"]), []).append(str(r["rank"]))
+        hosts = "; ".join(f"node {node} `{host}`: ranks {','.join(ranks)}" for (node, host), ranks in per_host.items())
+        out.append(f"- **world {size}**: {hosts} ({info['ranks'][0]['device'].split(':')[0]})")
+    out.append("")
     dispatch = bench[bench["suite"] == "world"] if len(bench) else bench
     if len(dispatch):
         out += ["## World dispatch overhead (warm no-op `World.run`, µs)", "",

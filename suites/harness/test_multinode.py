@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from harness import spmd
+from harness.report import write_report
 
 ROOT = Path(__file__).resolve().parents[2]
 # torchrun's flags as the docs give them for real nodes (docs/guides/multi-node.md, docs/multinode/slurm.sbatch)
@@ -62,6 +63,9 @@ def test_two_nodes_write_one_run_folder_with_placement(tmp_path):
     rows = rows[rows["impl"] != "world"]  # the World's own dispatch-cost row
     assert set(rows["world_size"]) == {4} and set(rows["impl"]) == {"reference", "torch"}
     assert len(rows) == 2 * 2 * 2 and (rows["wrong"] == 0).all(), rows[["impl", "op", "bytes", "wrong"]]
+    report = write_report(runs[0]).read_text()
+    host = socket.gethostname()
+    assert f"- **world 4**: node 0 `{host}`: ranks 0,1; node 1 `{host}`: ranks 2,3 (cpu)" in report, report[:1500]
 
 
 def test_documented_launch_lines_are_the_tested_form():
