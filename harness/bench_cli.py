@@ -91,7 +91,7 @@ def _impls(args, paradigm: str) -> list[str]:
 
 def _sizes(args, text: str, cpu_default: str = "2,4") -> list[int]:
     """World sizes of a sweep: as given, or ``auto`` (see ``parsing.auto_world_sizes``; benchmarks start at 2)."""
-    return parse_world_sizes(text, args.backend, "2" if args.suite == "pipeline" else cpu_default, minimum=2)
+    return parse_world_sizes(text, args.backend, cpu_default, minimum=2)
 
 
 def _check_counts(args) -> None:
@@ -128,7 +128,7 @@ def pipeline_config(args):
     else:  # bench all: --impls/--impl choose collectives; every runnable pipeline implementation runs
         impls = [s for s in registry.names("pipeline") if registry.skip_reason(registry.resolve(s, "pipeline")) is None]
     return PipelineSweep(impls=impls, schedules=parse_list(args.schedules, SCHEDULES, "schedule(s)"),
-                         world_sizes=_sizes(args, sizes, '2'), microbatches=micro,
+                         world_sizes=_sizes(args, sizes, "2"), microbatches=micro,
                          virtual_stages=args.virtual_stages, hidden=args.hidden, iters=args.iters,
                          warmup=args.warmup)
 

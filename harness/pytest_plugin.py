@@ -25,6 +25,8 @@ from hypothesis import HealthCheck, settings
 from . import placement, registry
 from .collectives.case import COLLECTIVES
 from .contracts import CONTRACTS
+from .errors import HarnessError, UsageError
+from .parsing import parse_world_sizes
 from .world import World, default_backend
 
 # The World fixtures are session-cached and safe to reuse across examples.
@@ -49,23 +51,12 @@ def pytest_addoption(parser):
 
 
 def _world_sizes(config) -> list[int]:
-    text = config.getoption("--world-sizes")
-    if text.strip() == "auto":
-        from .errors import UsageError
-        from .parsing import auto_world_sizes
-
-        try:
-            return auto_world_sizes(config.getoption("--backend"), "1,2,3,4")
-        except UsageError as exc:
-            raise pytest.UsageError(str(exc)) from None
+    """--world-sizes, sorted and without repeats; ``auto``: 1,2,3,4 on CPU (see ``parsing.auto_world_sizes``)."""
     try:
-        sizes = sorted({int(t) for t in text.split(",") if t.strip()})
-    except ValueError:
-        raise pytest.UsageError(
-            f"--world-sizes {text!r} must be comma-separated whole numbers, e.g. 1,2,3,4.") from None
-    if not sizes or sizes[0] < 1:
-        raise pytest.UsageError(f"--world-sizes {text!r}: every world size must be at least 1.")
-    return sizes
+        return sorted(set(parse_world_sizes(config.getoption("--world-sizes"), config.getoption("--backend"),
+                                            "1,2,3,4")))
+    except UsageError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _fits(spec: str, paradigm: str) -> str | None:
@@ -94,6 +85,8 @@ def pytest_configure(config):
             raise pytest.UsageError(reasons[0])
     config._paritybench_run = None
     config._paritybench_exercised = set()
+    config._paritybench_seconds = {}
+    config._paritybench_harness_errors = []
     results_dir = config.getoption("--results-dir")
     if results_dir and not hasattr(config, "workerinput"):
         from .results import ResultsError, RunDir
@@ -106,25 +99,19 @@ def pytest_configure(config):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """Note which --impl specs a test actually exercised (its body ran: passed, failed or xfailed)."""
+    """For the summary: which --impl specs a test exercised (its body ran: passed, failed or xfailed), the
+    seconds per suite (setup, call and teardown), and the tests that hit a harness error."""
     outcome = yield
     report = outcome.get_result()
+    config = item.config
     if report.when == "call" and (not report.skipped or hasattr(report, "wasxfail")):
         params = getattr(getattr(item, "callspec", None), "params", {})
-        item.config._paritybench_exercised.update(v for k, v in params.items() if k.endswith("_impl"))
-
-
-def pytest_runtest_logreport(report):
-    """Seconds per suite (setup, call and teardown of its tests), and the harness errors, for the summary."""
-    if report.failed and "harness.errors.HarnessError" in str(getattr(report, "longrepr", "")):
-        _HARNESS_ERRORS.append(report.nodeid)
-    parts = report.nodeid.split("/")
+        config._paritybench_exercised.update(v for k, v in params.items() if k.endswith("_impl"))
+    if call.excinfo is not None and call.excinfo.errisinstance(HarnessError):
+        config._paritybench_harness_errors.append(item.nodeid)
+    parts = item.nodeid.split("/")
     suite = parts[1] if len(parts) > 2 and parts[0] == "suites" else parts[0].split("::")[0]
-    _SUITE_SECONDS[suite] = _SUITE_SECONDS.get(suite, 0.0) + report.duration
-
-
-_SUITE_SECONDS: dict[str, float] = {}
-_HARNESS_ERRORS: list[str] = []
+    config._paritybench_seconds[suite] = config._paritybench_seconds.get(suite, 0.0) + report.duration
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -209,12 +196,14 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.write_line(
             f"paritybench: --impl {spec} was exercised by no test that ran (its suite was not selected, or every "
             "test of it was skipped or deselected); the session fails.", red=True)
-    if _HARNESS_ERRORS:
+    errors = config._paritybench_harness_errors
+    if errors:
         terminalreporter.write_line(
-            f"paritybench: {len(_HARNESS_ERRORS)} harness error(s) — bugs of paritybench, not of the implementations "
-            f"under test: {', '.join(_HARNESS_ERRORS)}", red=True)
-    if _SUITE_SECONDS and not hasattr(config, "workerinput"):
-        times = ", ".join(f"{suite} {t:.0f} s" for suite, t in sorted(_SUITE_SECONDS.items(), key=lambda kv: -kv[1]))
+            f"paritybench: {len(errors)} harness error(s) — bugs of paritybench, not of the implementations "
+            f"under test: {', '.join(errors)}", red=True)
+    seconds = config._paritybench_seconds
+    if seconds and not hasattr(config, "workerinput"):
+        times = ", ".join(f"{suite} {t:.0f} s" for suite, t in sorted(seconds.items(), key=lambda kv: -kv[1]))
         terminalreporter.write_line(f"paritybench: time per suite: {times}.")
     cache = getattr(config, "_paritybench_worlds", None)
     if cache is not None and cache.spawns:

@@ -54,3 +54,16 @@ def test_an_impl_that_no_test_exercised_fails_the_session():
     assert f"paritybench: --impl {spec} was exercised by no test that ran" in out.stdout
     out = pytest_run("suites/checkpoint/test_equivalence.py", "--impl", spec, "-k", "bitwise")
     assert out.returncode == 0 and "exercised by no test" not in out.stdout, out.stdout[-2000:]
+
+
+def test_a_harness_error_is_named_as_ours_in_the_summary(tmp_path):
+    test = tmp_path / "test_oracle_bug.py"
+    test.write_text("from harness.errors import HarnessError\n\n"
+                    "def test_oracle():\n    raise HarnessError('expected() has no float8 branch')\n\n"
+                    "def test_implementation():\n    assert 1 == 2, 'the implementation got it wrong'\n")
+    out = pytest_run(str(test), "--rootdir", str(ROOT), "-p", "harness.pytest_plugin")
+    assert out.returncode == 1
+    summary = [line for line in out.stdout.splitlines() if "harness error(s)" in line]
+    assert len(summary) == 1 and summary[0].startswith(  # the implementation's plain failure is not listed
+        "paritybench: 1 harness error(s) — bugs of paritybench, not of the implementations under test: ")
+    assert summary[0].endswith("::test_oracle"), out.stdout[-1500:]
