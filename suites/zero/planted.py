@@ -33,13 +33,18 @@ class _ShiftedShard(ShardedOptimizer):
         self.master.grad = shifted
 
 
+def _stage0(model, optimizer, group, data_parallel):
+    """The reference's stage-0 trainer with ``data_parallel`` (a NaiveDataParallel with a bug) in it."""
+    trainer = _Trainer(model, optimizer, 0, group, bucketed=False, bucket_bytes=1)
+    trainer.ddp = data_parallel(model, group)
+    return trainer
+
+
 class MissingAverage(ReferenceZero):
     """Planted bug: stage 0 with the gradients summed over ranks, never averaged."""
 
     def build(self, model, optimizer, stage, group=None):
-        trainer = _Trainer(model, optimizer, 0, group, bucketed=False, bucket_bytes=1)
-        trainer.ddp = _SumsInsteadOfAverages(model, group)
-        return trainer
+        return _stage0(model, optimizer, group, _SumsInsteadOfAverages)
 
 
 class ShiftedShardBoundary(ReferenceZero):
@@ -70,9 +75,7 @@ class RankOneDrifts(ReferenceZero):
     shows it)."""
 
     def build(self, model, optimizer, stage, group=None):
-        trainer = _Trainer(model, optimizer, 0, group, bucketed=False, bucket_bytes=1)
-        trainer.ddp = _StaleOnRankOne(model, group)
-        return trainer
+        return _stage0(model, optimizer, group, _StaleOnRankOne)
 
 
 class StepRaises(ReferenceZero):
