@@ -129,23 +129,20 @@ def _builtin(spec: str, paradigm: str) -> str | None:
     return spec if (paradigm, spec) in BUILTINS else None
 
 
+def _applicable(spec: str, paradigm: str, case: dict) -> list[Finding]:
+    """The findings of built-in ``spec`` whose version range holds its installed package and whose
+    condition holds ``case``; none for anything but a built-in name."""
+    name = _builtin(spec, paradigm)
+    return [f for f in FINDINGS if name is not None and f.impl == name and f.paradigm == paradigm
+            and _in_range(f) and f.applies(**case)]
+
+
 def match(spec: str, paradigm: str, **case) -> Finding | None:
     """The finding that explains a failed example of ``spec`` under ``case``, or None (then it is a failure)."""
-    name = _builtin(spec, paradigm)
-    if name is None:
-        return None
-    for finding in FINDINGS:
-        if (finding.impl == name and finding.paradigm == paradigm and finding.precision is None
-                and not finding.handled_by_adapter and _in_range(finding) and finding.applies(**case)):
-            return finding
-    return None
+    return next((f for f in _applicable(spec, paradigm, case) if f.precision is None and not f.handled_by_adapter),
+                None)
 
 
 def precision(spec: str, paradigm: str, **case) -> str | None:
     """The dtype a precision finding says ``spec`` computes in under ``case`` (None: full precision)."""
-    name = _builtin(spec, paradigm)
-    for finding in FINDINGS:
-        if (name is not None and finding.impl == name and finding.paradigm == paradigm
-                and finding.precision and _in_range(finding) and finding.applies(**case)):
-            return finding.precision
-    return None
+    return next((f.precision for f in _applicable(spec, paradigm, case) if f.precision), None)

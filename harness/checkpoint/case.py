@@ -8,6 +8,8 @@ import copy
 import torch
 from torch import nn
 
+from harness.errors import describe
+
 
 def layers(count: int, hidden: int, dropout: float, seed: int, dtype) -> list[nn.Module]:
     torch.manual_seed(seed)
@@ -53,10 +55,8 @@ def compare(impl, policy: str, count: int, hidden: int, dropout: float, dtype, i
     wrapped = impl.wrap(copy.deepcopy(base), policy)  # Unsupported (NotImplementedError) goes to the caller
     try:
         got = run(wrapped, x, seed + 1)
-    except RuntimeError as exc:
-        return [f"forward or backward raised: {str(exc).splitlines()[0]}"]
     except Exception as exc:  # noqa: BLE001 - whatever the code under test raises is a verdict
-        return [f"forward or backward raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"]
+        return [f"forward or backward raised {describe(exc)}"]
     problems = []
     for step, (w, g) in enumerate(zip(want, got, strict=True), start=1):
         for name in ("output", "input"):

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .. import registry
+from ..errors import describe
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
 REDUCING = ("all_reduce", "reduce_scatter", "reduce")
@@ -212,7 +213,7 @@ def run_case(case: Case) -> dict:
         return {"outcome": "unsupported", "wrong": 0, "detail": str(exc), "bytes_sent": 0}
     except Exception as exc:  # noqa: BLE001 - whatever the code under test raises is its verdict, not ours
         return {"outcome": "fail", "wrong": 0, "bytes_sent": 0,
-                "detail": f"rank {me}: raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+                "detail": f"rank {me}: raised {describe(exc)}"}
     if case.op == "avg" and case.collective in REDUCING and not out.dtype.is_floating_point:
         return {"outcome": "fail", "wrong": 0, "bytes_sent": 0,
                 "detail": f"rank {me}: accepted AVG on {case.dtype}, which the contract leaves out (AVG is for "
@@ -224,7 +225,7 @@ def run_case(case: Case) -> dict:
             wrong, detail = compare(out, expected(case, r, n), case)
     except Exception as exc:  # noqa: BLE001 - the oracle's own failure: a harness error, not the implementation's
         return {"outcome": "error", "wrong": 0, "bytes_sent": 0,
-                "detail": f"rank {me}: harness error in the oracle: {type(exc).__name__}: {exc}"}
+                "detail": f"rank {me}: harness error in the oracle: {describe(exc)}"}
     return {"outcome": "fail" if wrong else "pass", "wrong": wrong,
             "detail": f"rank {me}: {detail}" if detail else "", "bytes_sent": getattr(impl, "bytes_sent", None)}
 

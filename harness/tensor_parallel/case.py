@@ -43,6 +43,7 @@ def _dense(kind: str, dims: tuple, seed: int) -> torch.nn.Module:
 
 def contract_case(impl_spec: str, kind: str, dims: tuple, seed: int, sequence_parallel: bool) -> dict:
     from harness import findings, registry
+    from harness.errors import describe
 
     n, r = dist.get_world_size(), dist.get_rank()
     impl = registry.load(impl_spec, "tensor_parallel")
@@ -54,7 +55,7 @@ def contract_case(impl_spec: str, kind: str, dims: tuple, seed: int, sequence_pa
     except NotImplementedError as exc:
         return {"refused": str(exc), "unsupported": True, "problems": []}
     except Exception as exc:  # noqa: BLE001 - whatever the code under test raises is a verdict
-        return _raised("shard", exc, kind, dense, n)
+        return _failure(f"shard raised {describe(exc)}", kind, dense, n)
     rows = _block(dims[0], n, r) if sequence_parallel else slice(None)
     check = {"embedding": _embedding, "lm_head": _lm_head, "attention": _attention}.get(kind, _linear)
     conditions = _conditions(kind, dense, n)
@@ -65,14 +66,13 @@ def contract_case(impl_spec: str, kind: str, dims: tuple, seed: int, sequence_pa
     try:
         problems, dense_grads, tol = check(kind, dims, seed, dense, sharded, rows, n, r, eps)
     except Exception as exc:  # noqa: BLE001 - the sharded module's forward or backward raised
-        return _raised("the sharded module's forward or backward", exc, kind, dense, n)
+        return _failure(f"the sharded module's forward or backward raised {describe(exc)}", kind, dense, n)
     try:
         grads = impl.full_grads(kind, sharded, None)
     except Exception as exc:  # noqa: BLE001
-        return _raised("full_grads", exc, kind, dense, n)
+        return _failure(f"full_grads raised {describe(exc)}", kind, dense, n)
     if not isinstance(grads, dict):
-        return {**_raised("full_grads", None, kind, dense, n),
-                "problems": [f"full_grads returned {type(grads).__name__}, not a dict of full gradients"]}
+        return _failure(f"full_grads returned {type(grads).__name__}, not a dict of full gradients", kind, dense, n)
     for name, g in dense_grads.items():
         got = grads.get(name)
         problems += (_mismatch(f"{name} grad", got, g, tol(g)) if torch.is_tensor(got)
@@ -81,11 +81,10 @@ def contract_case(impl_spec: str, kind: str, dims: tuple, seed: int, sequence_pa
     return {"refused": None, "unsupported": False, "problems": problems, "case": conditions}
 
 
-def _raised(what: str, exc: Exception | None, kind: str, dense, n: int) -> dict:
-    """An exception of the code under test (neither ValueError at shard time nor Unsupported): a failure."""
-    detail = "" if exc is None else f"{what} raised {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
-    return {"refused": None, "unsupported": False, "problems": [detail] if detail else [],
-            "case": _conditions(kind, dense, n)}
+def _failure(detail: str, kind: str, dense, n: int) -> dict:
+    """The code under test raised (not ValueError at shard time, not Unsupported) or returned no usable
+    result: a failure with its detail."""
+    return {"refused": None, "unsupported": False, "problems": [detail], "case": _conditions(kind, dense, n)}
 
 
 def _conditions(kind: str, dense, n: int) -> dict:

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from harness.errors import describe
 from reference.models import TransformerBlock, mlp
 from reference.zero import OptimizerSpec
 
@@ -115,8 +116,7 @@ def train_case(impl_spec: str, stage: int, model_name: str, opt_name: str, steps
 
 def _raised(what: str, exc: Exception, model) -> dict:
     """The implementation raised (not ValueError / Unsupported at build time): a failure with its detail."""
-    detail = f"{what} raised {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
-    return {"refused": None, "checks": [], "problems": [detail], "memory": {}, "dtype": "",
+    return {"refused": None, "checks": [], "problems": [f"{what} raised {describe(exc)}"], "memory": {}, "dtype": "",
             "numel": sum(p.numel() for p in model.parameters())}
 
 
