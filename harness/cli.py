@@ -1,7 +1,9 @@
 """``paritybench``: the command line.
 
     paritybench bench collectives|pipeline|tensor_parallel|zero|checkpoint|3d|all [--impls ...] ...
-    paritybench report RUN_DIR
+    paritybench report [BASELINE] RUN_DIR
+    paritybench compare BASELINE NEW [--time-threshold 10%] [--confidence 0.99] [--format text|markdown|json]
+    paritybench baseline RUN [RUN ...] --out results/baselines/<name>/
     paritybench impls
     paritybench plan --params 70B --dp 64 --tp 8 --pp 4 --hidden 8192 --heads 64 --layers 80 ...
 
@@ -15,6 +17,8 @@ import sys
 
 from . import bench_cli, plan, registry
 from .errors import UsageError
+from .gate import cli as gate_cli
+from .gate.inputs import GateError
 from .parsing import parse_bytes, parse_list, parse_world_sizes  # noqa: F401 - re-exported for users
 
 EXIT_USAGE = 2
@@ -29,8 +33,10 @@ def _build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="paritybench", description="Conformance and benchmarks for distributed-training parallelism.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     bench_cli.add_parsers(sub)
-    r = sub.add_parser("report", help="write report.md and plots for a run folder")
-    r.add_argument("run_dir")
+    r = sub.add_parser("report", help="write report.md and plots for a run folder (given two: the second, "
+                                      "with a comparison section against the first)")
+    r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="RUN_DIR, or BASELINE RUN_DIR")
+    gate_cli.add_parsers(sub)
     sub.add_parser("impls", help="list the registered implementations and whether they can run here")
     plan.add_parser(sub)
     s = sub.add_parser("schedule", help="print (and draw) a pipeline schedule and its simulated metrics")
@@ -93,14 +99,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             return bench_cli.run(args)
         if args.command == "report":
-            print(write_report(args.run_dir))
+            if len(args.run_dirs) > 2:
+                raise UsageError(f"report takes RUN_DIR or BASELINE RUN_DIR; got {len(args.run_dirs)} folders.")
+            print(write_report(args.run_dirs[-1], baseline=args.run_dirs[0] if len(args.run_dirs) == 2 else None))
             return 0
+        if args.command == "compare":
+            return gate_cli.run_compare(args)
+        if args.command == "baseline":
+            return gate_cli.run_baseline(args)
         if args.command == "plan":
             return plan.run(args)
         if args.command == "schedule":
             return _schedule(args)
         return _impls(args)
-    except (UsageError, ResultsError, registry.RegistryError, plan.PlanError) as exc:
+    except (UsageError, ResultsError, GateError, registry.RegistryError, plan.PlanError) as exc:
         print(f"paritybench: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -83,43 +83,100 @@ def pytest_configure(config):
         reasons = [_fits(spec, paradigm) for paradigm in CONTRACTS]
         if all(reasons):
             raise pytest.UsageError(reasons[0])
+    _CONFIG["config"] = config
     config._paritybench_run = None
     config._paritybench_exercised = set()
     config._paritybench_seconds = {}
     config._paritybench_harness_errors = []
+    config._paritybench_spawns = {}
     results_dir = config.getoption("--results-dir")
-    if results_dir and not hasattr(config, "workerinput"):
+    shared = getattr(config, "workerinput", {}).get("paritybench_run")
+    if shared:  # a pytest-xdist worker: rows go into the controller's run folder
+        from .results import RunDir
+
+        config._paritybench_run = RunDir.attach(*shared)
+    elif results_dir and not hasattr(config, "workerinput"):
         from .results import ResultsError, RunDir
 
         try:
             config._paritybench_run = RunDir(results_dir, {"suite": "pytest", "world_sizes": _world_sizes(config)})
+            config._paritybench_run.create_files()  # headers now: xdist workers append to the same files
         except ResultsError as exc:
             raise pytest.UsageError(str(exc)) from None
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """pytest-xdist, controller side: each worker appends its rows to the controller's one run folder (one
+    whole line per write to files opened for appending: lines from several processes never interleave)."""
+    run = node.config._paritybench_run
+    if run is not None:
+        node.workerinput["paritybench_run"] = (str(run.path), run.run_id)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist, controller side: merge what a worker's Worlds recorded (placement) into run.json."""
+    run, meta = node.config._paritybench_run, getattr(node, "workeroutput", {}).get("paritybench_meta")
+    if run is not None and meta:
+        merged = dict(run.meta.get("placement", {}))
+        merged.update(meta.get("placement", {}))
+        run.update(placement=merged, launcher=meta.get("launcher", "world"),
+                   hosts=sorted(set(run.meta.get("hosts", [])) | set(meta.get("hosts", []))),
+                   backends=sorted(set(run.meta.get("backends", [])) | set(meta.get("backends", []))),
+                   nodes=max(run.meta.get("nodes", 0), meta.get("nodes", 0)))
+    spawns = getattr(node, "workeroutput", {}).get("paritybench_spawns", {})
+    totals = node.config._paritybench_spawns
+    for size, count in spawns.items():
+        totals[int(size)] = totals.get(int(size), 0) + count
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """For the summary: which --impl specs a test exercised (its body ran: passed, failed or xfailed), the
-    seconds per suite (setup, call and teardown), and the tests that hit a harness error."""
+    """Mark the report (its user_properties travel from pytest-xdist workers to the controller) with the
+    --impl specs the test takes and whether it hit a harness error; ``pytest_runtest_logreport`` counts."""
     outcome = yield
     report = outcome.get_result()
-    config = item.config
-    if report.when == "call" and (not report.skipped or hasattr(report, "wasxfail")):
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        config._paritybench_exercised.update(v for k, v in params.items() if k.endswith("_impl"))
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    report.user_properties.append(("paritybench_impls", sorted(v for k, v in params.items() if k.endswith("_impl"))))
     if call.excinfo is not None and call.excinfo.errisinstance(HarnessError):
-        config._paritybench_harness_errors.append(item.nodeid)
-    parts = item.nodeid.split("/")
+        report.user_properties.append(("paritybench_harness_error", True))
+
+
+def pytest_runtest_logreport(report):
+    """For the summary: which --impl specs a test exercised (its body ran: passed, failed or xfailed), the
+    seconds per suite (setup, call and teardown), and the tests that hit a harness error."""
+    config = _CONFIG.get("config")
+    if config is None or not hasattr(config, "_paritybench_seconds"):
+        return
+    props = dict(report.user_properties)
+    if report.when == "call" and (not report.skipped or hasattr(report, "wasxfail")):
+        config._paritybench_exercised.update(props.get("paritybench_impls", []))
+    if props.get("paritybench_harness_error") and report.nodeid not in config._paritybench_harness_errors:
+        config._paritybench_harness_errors.append(report.nodeid)
+    parts = report.nodeid.split("/")
     suite = parts[1] if len(parts) > 2 and parts[0] == "suites" else parts[0].split("::")[0]
     config._paritybench_seconds[suite] = config._paritybench_seconds.get(suite, 0.0) + report.duration
 
 
+_CONFIG: dict = {}  # pytest_runtest_logreport gets no config: the session's, set in pytest_configure
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
-    """An implementation the user named that no test exercised fails the session: nothing ran for it."""
+    """An implementation the user named that no test exercised fails the session: nothing ran for it. A
+    pytest-xdist worker hands the controller what it merges (placement, World spawns)."""
     config = session.config
+    if hasattr(config, "workeroutput"):
+        run, cache = config._paritybench_run, getattr(config, "_paritybench_worlds", None)
+        if run is not None:
+            config.workeroutput["paritybench_meta"] = run.meta
+        if cache is not None:
+            cache.close()  # the session fixture's teardown has run; closing again only collects the counts
+            config.workeroutput["paritybench_spawns"] = {str(k): v for k, v in cache.spawns.items()}
+        return
     named = config.getoption("--impl")
-    if hasattr(config, "workerinput") or not named or exitstatus not in (0, 5) or config.option.collectonly:
+    if not named or exitstatus not in (0, 5) or config.option.collectonly:
         return
     missing = [spec for spec in named if spec not in config._paritybench_exercised]
     if missing:
@@ -128,8 +185,9 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_unconfigure(config):
+    _CONFIG.pop("config", None)
     run = getattr(config, "_paritybench_run", None)
-    if run is not None:
+    if run is not None and not run.attached:
         run.finish("complete")
 
 
@@ -206,8 +264,11 @@ def pytest_terminal_summary(terminalreporter, config):
         times = ", ".join(f"{suite} {t:.0f} s" for suite, t in sorted(seconds.items(), key=lambda kv: -kv[1]))
         terminalreporter.write_line(f"paritybench: time per suite: {times}.")
     cache = getattr(config, "_paritybench_worlds", None)
-    if cache is not None and cache.spawns:
-        spawned = ", ".join(f"size {n}: {k}" for n, k in sorted(cache.spawns.items()))
+    spawns = dict(config._paritybench_spawns)
+    for n, k in (cache.spawns.items() if cache is not None else ()):
+        spawns[n] = spawns.get(n, 0) + k
+    if spawns:
+        spawned = ", ".join(f"size {n}: {k}" for n, k in sorted(spawns.items()))
         terminalreporter.write_line(f"paritybench: Worlds spawned ({spawned}).")
 
 

@@ -115,8 +115,9 @@ def pipeline_section(pipe, run_dir: Path) -> list[str]:
     return out
 
 
-def write_report(run_dir) -> Path:
-    """Write ``report.md`` (and ``busbw_<op>.png`` plots) into the run folder; return its path."""
+def write_report(run_dir, baseline=None) -> Path:
+    """Write ``report.md`` (and ``busbw_<op>.png`` plots, ``scaling.csv``) into the run folder; return its path.
+    With ``baseline`` (a run folder or merged baseline) the report opens with the gate's comparison."""
     run_dir = Path(run_dir)
     meta, frames = read_run(run_dir)
     bench, conf = frames["benchmarks.csv"], frames["conformance.csv"]
@@ -127,6 +128,10 @@ def write_report(run_dir) -> Path:
     env = {k: meta.get(k) for k in ("command", "started", "finished", "backend", "python", "torch",
                                     "cpu", "cpu_count", "gpus", "host", "git_revision", "launcher", "nodes")
            if meta.get(k)}
+    if baseline is not None:
+        from .gate.report import comparison_section
+
+        out += comparison_section(str(baseline), run_dir)
     out += ["## Where it ran", "", *[f"- **{k}**: `{v}`" for k, v in env.items()]]
     for size, info in sorted(meta.get("placement", {}).items(), key=lambda kv: int(kv[0])):
         per_host = {}
@@ -192,6 +197,10 @@ def write_report(run_dir) -> Path:
     pipe = bench[bench["suite"] == "pipeline"] if len(bench) else bench
     if len(pipe):
         out += pipeline_section(pipe, run_dir)
+    if len(bench):
+        from .scaling import scaling_section
+
+        out += scaling_section(bench, run_dir, _md)
     if len(conf):
         counts = conf.groupby(["impl", "outcome"]).size().unstack(fill_value=0)
         out += ["## Conformance rows", "", _md(counts, "g"), ""]

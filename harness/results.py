@@ -1,7 +1,8 @@
 """Run folders: ``run.json`` plus tidy CSVs, written incrementally and atomically.
 
-A run folder ``<results-dir>/<run-id>/`` holds ``run.json`` (what ran, where), ``conformance.csv`` and
-``benchmarks.csv``. Each CSV row is written with a single ``write`` of one whole line to a file opened
+A run folder ``<results-dir>/<run-id>/`` holds ``run.json`` (what ran, where), ``conformance.csv``,
+``benchmarks.csv`` and ``samples.csv`` (every timed iteration of every benchmark row: what the gate's
+significance test reads). Each CSV row is written with a single ``write`` of one whole line to a file opened
 for appending, then flushed to disk (fsync): a run that is killed keeps every finished row, and never a
 half-written line. ``run.json`` is replaced atomically (write a temporary file, fsync, rename). The
 schema is versioned and documented in ``results/README.md``.
@@ -21,7 +22,9 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+"""Version 2 added samples.csv; version-1 folders read with it empty (their times cannot be judged)."""
 
 COMMON = ["schema_version", "run_id", "suite", "impl", "backend", "world_size", "dtype"]
 CONFORMANCE_COLUMNS = COMMON + [
@@ -33,13 +36,21 @@ BENCHMARK_COLUMNS = COMMON + [
     "time_p50_us", "time_p95_us", "time_min_us", "time_max_us", "time_mean_us", "time_cv",
     "algbw_gbps", "busbw_gbps", "wrong", "status", "detail",
     "microbatches", "virtual_stages", "bubble_measured", "bubble_predicted", "makespan_predicted_us",
+    "bubble_simulated",
     "comm_bytes_measured", "comm_bytes_predicted",
     "zero_stage", "mem_params_bytes", "mem_grads_bytes", "mem_optimizer_bytes",
     "mem_params_predicted", "mem_grads_predicted", "mem_optimizer_predicted",
     "act_peak_bytes", "act_peak_predicted", "alloc_peak_bytes", "recompute_overhead_measured",
     "recompute_overhead_predicted",
 ]
-FILES = {"conformance.csv": CONFORMANCE_COLUMNS, "benchmarks.csv": BENCHMARK_COLUMNS}
+BENCHMARK_KEY = ["suite", "op", "impl", "backend", "world_size", "dtype", "reduce_op", "bytes", "count",
+                 "microbatches", "virtual_stages", "zero_stage"]
+"""The independent variables of a benchmark row: two runs' rows with equal keys measure the same case."""
+CONFORMANCE_KEY = ["suite", "property", "impl", "backend", "world_size", "dtype", "collective", "op", "numel",
+                   "root", "in_place", "group", "seed"]
+"""One executed example (or exact check) of a conformance row."""
+SAMPLE_COLUMNS = ["schema_version", "run_id"] + BENCHMARK_KEY + ["iteration", "time_us"]
+FILES = {"conformance.csv": CONFORMANCE_COLUMNS, "benchmarks.csv": BENCHMARK_COLUMNS, "samples.csv": SAMPLE_COLUMNS}
 
 
 class ResultsError(ValueError):
@@ -68,17 +79,28 @@ class CsvAppender:
     def _write(self, values: list) -> None:
         buf = io.StringIO()
         csv.writer(buf, lineterminator="\n").writerow(values)
-        data = buf.getvalue().encode()
+        self._write_text(buf.getvalue())
+
+    def _write_text(self, text: str) -> None:
+        data = text.encode()
         written = os.write(self._fd, data)
         if written != len(data):  # a regular file takes the whole buffer; anything else is an error
             raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
         os.fsync(self._fd)
 
     def append(self, row: dict) -> None:
-        unknown = set(row) - set(self.columns)
-        if unknown:
-            raise KeyError(f"columns {sorted(unknown)} are not in the schema of {self.path.name}")
-        self._write(["" if row.get(c) is None else row.get(c) for c in self.columns])
+        self.append_many([row])
+
+    def append_many(self, rows: list[dict]) -> None:
+        """All ``rows`` in one ``write`` (a killed run keeps all of them or none)."""
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        for row in rows:
+            unknown = set(row) - set(self.columns)
+            if unknown:
+                raise KeyError(f"columns {sorted(unknown)} are not in the schema of {self.path.name}")
+            writer.writerow(["" if row.get(c) is None else row.get(c) for c in self.columns])
+        self._write_text(buf.getvalue())
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -157,13 +179,43 @@ class RunDir:
         self._write_meta()
         self._files: dict[str, CsvAppender] = {}
 
+    @classmethod
+    def attach(cls, path: str | os.PathLike, run_id: str) -> RunDir:
+        """Append rows to a run folder another process owns (a pytest-xdist worker, under its controller):
+        ``run.json`` stays the owner's; ``update`` only collects into ``meta`` for the owner to merge."""
+        run = cls.__new__(cls)
+        run.path, run.run_id, run.meta, run._files, run.attached = Path(path), run_id, {}, {}, True
+        return run
+
+    attached = False
+
     def _write_meta(self) -> None:
+        if self.attached:
+            return
         atomic_write_text(self.path / "run.json", json.dumps(self.meta, indent=2, sort_keys=True) + "\n")
 
-    def append(self, filename: str, row: dict) -> None:
+    def _appender(self, filename: str) -> CsvAppender:
         if filename not in self._files:
             self._files[filename] = CsvAppender(self.path / filename, FILES[filename])
-        self._files[filename].append({"schema_version": SCHEMA_VERSION, "run_id": self.run_id, **row})
+        return self._files[filename]
+
+    def append(self, filename: str, row: dict) -> None:
+        """One finished row. A benchmark row's ``samples_us`` (every timed iteration, the max over ranks, from
+        ``timing.summarize``) goes to samples.csv first, in one write: a row never lacks its samples."""
+        row = dict(row)
+        samples = row.pop("samples_us", None) if filename == "benchmarks.csv" else None
+        row = {"schema_version": SCHEMA_VERSION, "run_id": self.run_id, **row}
+        if samples:
+            key = {c: row.get(c) for c in ["schema_version", "run_id"] + BENCHMARK_KEY}
+            self._appender("samples.csv").append_many(
+                [{**key, "iteration": i, "time_us": t} for i, t in enumerate(samples)])
+        self._appender(filename).append(row)
+
+    def create_files(self) -> None:
+        """Write every CSV's header now, so that other processes appending to this folder (pytest-xdist
+        workers, ``attach``) never race to write one."""
+        for name in FILES:
+            self._appender(name)
 
     def update(self, **meta) -> None:
         self.meta.update(meta)
@@ -188,13 +240,14 @@ def read_run(run_dir: str | os.PathLike) -> tuple[dict, dict]:
         meta = json.loads(meta_path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ResultsError(f"{str(meta_path)!r} is not valid JSON: {exc}.") from exc
-    if meta.get("schema_version") != SCHEMA_VERSION:
+    if meta.get("schema_version") not in READABLE_VERSIONS:
         raise ResultsError(f"{str(path)!r} has results schema version {meta.get('schema_version')!r}; "
-                           f"this paritybench reads version {SCHEMA_VERSION}.")
+                           f"this paritybench reads versions {', '.join(map(str, READABLE_VERSIONS))}.")
     frames = {}
     for name, columns in FILES.items():
         if (path / name).is_file():
-            frames[name] = pd.read_csv(path / name, keep_default_na=False, na_values=[""])
+            frames[name] = pd.read_csv(path / name, keep_default_na=False, na_values=[""]).reindex(
+                columns=columns)  # an older schema's missing columns read as blank
         else:
             frames[name] = pd.DataFrame(columns=columns)
     return meta, frames

@@ -3,7 +3,8 @@
 Every iteration is timed on every rank, after a barrier (synchronisation happens before the timed
 region, never inside it); on CUDA with events and one synchronise at the end. The driver keeps every
 sample: per iteration it takes the max across ranks (an operation is done when its slowest rank is),
-then reports p50, p95, min, max, mean and the coefficient of variation.
+then reports p50, p95, min, max, mean and the coefficient of variation, and keeps those per-iteration
+times (``samples_us``: ``RunDir`` writes them to samples.csv, which the gate's significance test reads).
 """
 
 from __future__ import annotations
@@ -43,18 +44,20 @@ def time_iterations(step, iters: int, warmup: int, device) -> list[float]:
 
 
 def summarize(per_rank: list[list[float]]) -> dict:
-    """Per-iteration max across ranks, then p50/p95/min/max/mean (microseconds) and CV."""
+    """Per-iteration max across ranks, then p50/p95/min/max/mean (microseconds), CV, and the per-iteration
+    times themselves in iteration order (``samples_us``)."""
     worst = [max(samples) for samples in zip(*per_rank, strict=True)]
     if not worst:
         return {}
-    us = sorted(t * 1e6 for t in worst)
+    samples = [t * 1e6 for t in worst]
+    us = sorted(samples)
     mean = statistics.fmean(us)
     return {
+        "samples_us": samples,
         "time_p50_us": statistics.median(us),
         "time_p95_us": _percentile(us, 95),
         "time_min_us": us[0], "time_max_us": us[-1], "time_mean_us": mean,
-        "time_cv": statistics.pstdev(us) / mean if mean > 0 else 0.0,
-    }
+        "time_cv": statistics.pstdev(us) / mean if mean > 0 else 0.0}
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:

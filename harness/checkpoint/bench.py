@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from reference.cost_model import recompute_overhead, sqrt_checkpoint_memory
 
 from .. import registry
+from ..timing import summarize
 
 
 @dataclass
@@ -58,9 +59,7 @@ def measure(module, x, iters: int, warmup: int) -> dict:
         if x.is_cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    times.sort()
-    return {"peak": meter.peak, "alloc_peak": alloc_peak, "p50": times[len(times) // 2], "min": times[0],
-            "max": times[-1], "mean": sum(times) / len(times)}
+    return {"peak": meter.peak, "alloc_peak": alloc_peak, **summarize([times])}
 
 
 def run_sweep(cfg: CheckpointSweep, get_world, run_dir, progress=sys.stderr) -> int:
@@ -93,13 +92,13 @@ def run_sweep(cfg: CheckpointSweep, get_world, run_dir, progress=sys.stderr) -> 
             # (here it is half of them: Linear and GELU each save their input), k segments: ceil(L/k) + k.
             predicted = {"none": count * per_layer, "layer": (1 + count) * per_layer,
                          "sqrt": sqrt_checkpoint_memory(count, per_layer)}.get(policy)
-            row.update(status="ok", time_p50_us=got["p50"] * 1e6, time_min_us=got["min"] * 1e6,
-                       time_max_us=got["max"] * 1e6, time_mean_us=got["mean"] * 1e6,
+            times = {k: v for k, v in got.items() if k.startswith(("time_", "samples_"))}
+            row.update(status="ok", **times,
                        act_peak_bytes=got["peak"], act_peak_predicted=predicted, alloc_peak_bytes=got["alloc_peak"],
-                       recompute_overhead_measured=got["p50"] / plain["p50"] - 1,
+                       recompute_overhead_measured=got["time_p50_us"] / plain["time_p50_us"] - 1,
                        recompute_overhead_predicted=0.0 if policy == "none" else recompute_overhead())
             run_dir.append("benchmarks.csv", row)
             rows += 1
-            print(f"checkpoint L={count} {impl} {policy}: peak {got['peak']} B, {got['p50'] * 1e3:.2f} ms",
+            print(f"checkpoint L={count} {impl} {policy}: peak {got['peak']} B, {got['time_p50_us'] / 1e3:.2f} ms",
                   file=progress)
     return rows

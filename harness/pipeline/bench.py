@@ -108,6 +108,17 @@ def hop_latency(measured, p: int) -> float:
     return statistics.median(gaps) if gaps else 0.0
 
 
+UNIT_COSTS = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0, "comm": 0.0}
+"""The textbook costs (backward = 2 forward, split evenly into I and W): the bubble they give depends on the
+schedule alone, so it is a deterministic figure the gate compares exactly (``bubble_simulated``)."""
+
+
+def unit_cost_bubble(schedule: str, p: int, m: int, v: int) -> float:
+    from reference.pipeline import generate, simulate
+
+    return simulate(generate(schedule, p, m, v), UNIT_COSTS).bubble_fraction
+
+
 def predicted_timeline(schedule: str, p: int, m: int, v: int, measured):
     """Simulate the schedule with each kind's mean measured duration and the measured hop latency."""
     from reference.pipeline import generate, simulate
@@ -133,7 +144,8 @@ def run_sweep(cfg: PipelineSweep, get_world, run_dir, progress=sys.stderr) -> in
                              cfg.rows_per_microbatch, cfg.iters, cfg.warmup, timeout=600)
         row = {"suite": "pipeline", "op": schedule, "impl": impl, "backend": world.backend, "world_size": p,
                "dtype": "float32", "microbatches": m, "virtual_stages": v, "iters": cfg.iters,
-               "warmup": cfg.warmup, "count": cfg.rows_per_microbatch * m}
+               "warmup": cfg.warmup, "count": cfg.rows_per_microbatch * m,
+               "bubble_simulated": unit_cost_bubble(schedule, p, m, v)}
         unsupported = [r["unsupported"] for r in per_rank if "unsupported" in r]
         if unsupported:
             row.update(status="unsupported", detail=unsupported[0])

@@ -86,7 +86,7 @@ def run_sweep(cfg: ZeroSweep, get_world, run_dir, progress=sys.stderr) -> int:
             model = training_memory(numel, zero_stage=stage, dp=n, weight_bytes=4, grad_bytes=4, optimizer_bytes=8)
             counted = max(r["bytes_sent"] for r in per_rank)
             mem = per_rank[0]["memory"]  # rank 0; ranks differ only by padding or whole-parameter partitions
-            row.update(status="ok", count=numel, comm_bytes_measured=counted if counted or n == 1 else None,
+            row.update(status="ok", comm_bytes_measured=counted if counted or n == 1 else None,
                        comm_bytes_predicted=dp_step_comm_bytes(numel, stage, n, grad_bytes=4),
                        mem_params_bytes=mem["params"], mem_grads_bytes=mem["grads"],
                        mem_optimizer_bytes=mem["optimizer"], mem_params_predicted=model.weights,

@@ -1,0 +1,89 @@
+"""The gate's output: text (a terminal), markdown (a pull-request comment) or JSON (tools)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+ORDER = {True: 0, False: 1}
+
+
+def _worst_first(records: list[dict]) -> list[dict]:
+    """Regressions first, then by how far the ratio is from 1 (the largest change first)."""
+    def badness(r):
+        ratio = r.get("ratio")
+        change = abs(math.log(ratio)) if ratio and math.isfinite(ratio) and ratio > 0 else 0.0
+        return ORDER[r["regression"]], -change
+    return sorted(records, key=badness)
+
+
+def _interval(r: dict) -> str:
+    if r.get("low") is None:
+        return ""
+    high = "inf" if math.isinf(r["high"]) else f"{r['high']:.3f}"
+    return f"[{r['low']:.3f}, {high}]"
+
+
+def summary(records: list[dict]) -> dict:
+    regressions = [r for r in records if r["regression"]]
+    times = [r for r in records if r["kind"] == "time"]
+    return {"regressions": len(regressions), "judged": len(records),
+            "times": {v: sum(r["verdict"] == v for r in times) for v in sorted({r["verdict"] for r in times})}}
+
+
+def text(header: dict, records: list[dict]) -> str:
+    s = summary(records)
+    lines = [f"paritybench compare {header['baseline']} -> {header['new']}",
+             f"  threshold {header['threshold']:.1%}, confidence {header['confidence']:g}; "
+             f"baseline: {header['baseline_runs']} run(s)"]
+    lines += [f"  environment differs (allowed): {d}" for d in header["environment"]]
+    lines += [f"  versions: {d}" for d in header["versions"]]
+    for r in _worst_first(records):
+        if r["regression"]:
+            ratio = f" x{r['ratio']:.3f} {_interval(r)}" if r.get("ratio") is not None else ""
+            lines.append(f"REGRESSION {r['kind']}: {r['case']}: {r['verdict']}{ratio}: {r['detail']}")
+    changed = [r for r in _worst_first(records) if not r["regression"] and r["verdict"] in
+               ("faster", "inconclusive", "smaller", "still failing", "new", "not judged")]
+    lines += [f"note {r['kind']}: {r['case']}: {r['verdict']} {_interval(r)} {r['detail']}".rstrip()
+              for r in changed[:20]]
+    if len(changed) > 20:
+        lines.append(f"note: {len(changed) - 20} more (see --format json)")
+    times = ", ".join(f"{n} {v}" for v, n in s["times"].items())
+    lines.append(f"{s['regressions']} regression(s) in {s['judged']} judged item(s); times: {times or 'none'}.")
+    return "\n".join(lines)
+
+
+def markdown(header: dict, records: list[dict]) -> str:
+    s = summary(records)
+    verdict = "❌ **regression**" if s["regressions"] else "✅ no regression"
+    out = [f"### paritybench: {verdict}", "",
+           f"`{header['new']}` against baseline `{header['baseline']}` ({header['baseline_runs']} run(s)); "
+           f"time threshold {header['threshold']:.1%}, confidence {header['confidence']:g}.", ""]
+    if header["environment"] or header["versions"]:
+        out += [f"- {d}" for d in header["versions"] + [f"environment (allowed): {d}" for d in header["environment"]]]
+        out.append("")
+    shown = [r for r in _worst_first(records) if r["regression"] or r["verdict"] in
+             ("faster", "inconclusive", "smaller", "still failing")]
+    if shown:
+        out += ["| verdict | kind | case | ratio | interval | detail |", "|---|---|---|---|---|---|"]
+        for r in shown[:60]:
+            ratio = f"{r['ratio']:.3f}" if r.get("ratio") is not None and math.isfinite(r["ratio"]) else ""
+            mark = "**" if r["regression"] else ""
+            out.append(f"| {mark}{r['verdict']}{mark} | {r['kind']} | `{r['case']}` | {ratio} | {_interval(r)} | "
+                       f"{r['detail'].replace('|', '/')} |")
+        if len(shown) > 60:
+            out.append(f"\n_{len(shown) - 60} more rows: run `paritybench compare --format json`._")
+        out.append("")
+    times = ", ".join(f"{n} {v}" for v, n in s["times"].items())
+    out.append(f"{s['regressions']} regression(s) in {s['judged']} judged item(s); times: {times or 'none'}.")
+    return "\n".join(out) + "\n"
+
+
+def as_json(header: dict, records: list[dict]) -> str:
+    def clean(v):
+        return None if isinstance(v, float) and not math.isfinite(v) else v
+    rows = [{k: clean(v) for k, v in r.items()} for r in _worst_first(records)]
+    return json.dumps({"header": header, "summary": summary(records), "records": rows}, indent=2)
+
+
+FORMATS = {"text": text, "markdown": markdown, "json": as_json}

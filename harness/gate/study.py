@@ -1,0 +1,136 @@
+"""The gate's false-alarm and power study on this machine (the figures behind the default threshold).
+
+    python -m harness.gate.study collect --out DIR [--runs 10] [--power-runs 4]
+    python -m harness.gate.study analyze DIR [--time-threshold 10%] [--confidence 0.99]
+
+``collect`` runs the short CI sweep (``SWEEP``: 4 collectives x 1, 4, 16 MiB x world sizes 2, 4, 20
+timed iterations) as separate ``paritybench bench collectives`` processes, interleaved so that a change
+in the machine's load hits every kind alike: ``--runs`` of the unchanged code (``planted:slowed_0``, torch's
+collectives) and ``--power-runs`` of each planted slowdown (10, 20, 50 %, ``planted.py``).
+
+``analyze`` judges them with the gate's own code (``judge.benchmarks``):
+- false alarms: every ordered pair of unchanged runs (baseline, new): the share of pairs that flag
+  anything, the share of case comparisons flagged, per case; and each unchanged run against a baseline
+  merged from the other unchanged runs (the committed-baseline set-up);
+- power: every slowed run against every unchanged run, and against the merged baseline of all unchanged
+  runs: the share of slowed cases flagged ``slower`` (the harness's own dispatch row is not slowed and
+  not counted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SWEEP = ["--ops", "all_reduce,all_gather,reduce_scatter,broadcast", "--min-bytes", "1M", "--max-bytes", "16M",
+         "--factor", "4", "--world-sizes", "2,4", "--iters", "20", "--warmup", "3"]
+SLOWDOWNS = {"same": "slowed_0", "slow10": "slowed_10", "slow20": "slowed_20", "slow50": "slowed_50"}
+
+
+def collect(out: Path, runs: int, power_runs: int) -> None:
+    order = [kind for i in range(max(runs, power_runs)) for kind in SLOWDOWNS
+             if i < (runs if kind == "same" else power_runs)]
+    for i, kind in enumerate(order, 1):
+        start = time.perf_counter()
+        cmd = [sys.executable, "-m", "harness.cli", "bench", "collectives", "--impl",
+               f"harness.gate.planted:{SLOWDOWNS[kind]}", *SWEEP, "--results-dir", str(out / kind), "--no-report"]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        print(f"[{i}/{len(order)}] {kind}: {time.perf_counter() - start:.1f} s", flush=True)
+
+
+def _load(folder: Path) -> list:
+    from .inputs import load
+
+    loaded = []
+    for path in sorted(p for p in folder.iterdir() if p.is_dir()):
+        run = load(str(path))
+        for frame in (run.benchmarks, run.samples, run.conformance):
+            frame.loc[frame["impl"].astype(str).str.startswith("harness.gate.planted"), "impl"] = "planted"
+        loaded.append(run)
+    return loaded
+
+
+def _pooled(runs: list):
+    import pandas as pd
+
+    from .inputs import Run
+
+    return Run("merged", runs[0].meta, pd.concat([r.conformance for r in runs]),
+               pd.concat([r.benchmarks for r in runs]), pd.concat([r.samples for r in runs]), runs=len(runs))
+
+
+def _times(base, new, threshold, confidence) -> list[dict]:
+    from . import judge
+
+    return [r for r in judge.benchmarks(base, new, threshold, confidence) if r["kind"] == "time"]
+
+
+def analyze(folder: Path, threshold: float, confidence: float) -> str:
+    same = _load(folder / "same")
+    lines = [f"threshold {threshold:.0%}, confidence {confidence:g}; {len(same)} unchanged runs", ""]
+    flagged_pairs, per_case, cases = 0, {}, 0
+    for b, n in itertools.permutations(same, 2):
+        verdicts = _times(b, n, threshold, confidence)
+        slower = [r["case"] for r in verdicts if r["verdict"] == "slower"]
+        flagged_pairs += bool(slower)
+        cases += len(verdicts)
+        for c in slower:
+            per_case[c] = per_case.get(c, 0) + 1
+    pairs = len(same) * (len(same) - 1)
+    lines += [f"false alarms, run vs run: {flagged_pairs}/{pairs} ordered pairs flag anything "
+              f"({flagged_pairs / max(pairs, 1):.1%}); {sum(per_case.values())}/{cases} case comparisons flagged "
+              f"({sum(per_case.values()) / max(cases, 1):.2%})"]
+    lines += [f"  {c}: {k}/{pairs}" for c, k in sorted(per_case.items(), key=lambda kv: -kv[1])]
+    held = 0
+    for i, n in enumerate(same):
+        rest = _pooled(same[:i] + same[i + 1:])
+        held += any(r["verdict"] == "slower" for r in _times(rest, n, threshold, confidence))
+    lines.append(f"false alarms, merged baseline of the other {len(same) - 1} runs vs the held-out run: "
+                 f"{held}/{len(same)} runs flag anything")
+    merged = _pooled(same)
+    for kind in [k for k in SLOWDOWNS if k != "same"]:
+        slowed = _load(folder / kind) if (folder / kind).is_dir() else []
+        if not slowed:
+            continue
+        hit = total = hit_m = total_m = 0
+        for s in slowed:
+            for b in same:
+                verdicts = [r for r in _times(b, s, threshold, confidence) if not r["case"].startswith("world")]
+                hit += sum(r["verdict"] == "slower" for r in verdicts)
+                total += len(verdicts)
+            verdicts = [r for r in _times(merged, s, threshold, confidence) if not r["case"].startswith("world")]
+            hit_m += sum(r["verdict"] == "slower" for r in verdicts)
+            total_m += len(verdicts)
+        lines.append(f"power at {kind[4:]} % slower: run vs run {hit}/{total} cases detected "
+                     f"({hit / max(total, 1):.1%}); vs merged baseline of {len(same)} runs {hit_m}/{total_m} "
+                     f"({hit_m / max(total_m, 1):.1%}); {len(slowed)} slowed runs")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    from .cli import parse_threshold
+
+    p = argparse.ArgumentParser(prog="python -m harness.gate.study", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("collect")
+    c.add_argument("--out", required=True)
+    c.add_argument("--runs", type=int, default=10)
+    c.add_argument("--power-runs", type=int, default=4)
+    a = sub.add_parser("analyze")
+    a.add_argument("folder")
+    a.add_argument("--time-threshold", default="10%")
+    a.add_argument("--confidence", type=float, default=0.99)
+    args = p.parse_args(argv)
+    if args.command == "collect":
+        collect(Path(args.out), args.runs, args.power_runs)
+    else:
+        print(analyze(Path(args.folder), parse_threshold(args.time_threshold), args.confidence))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

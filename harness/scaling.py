@@ -1,0 +1,98 @@
+"""Scaling, the table users publish: throughput against world size with the ideal line.
+
+For every benchmark case measured at more than one world size (the same case key but ``world_size``):
+
+- ``collectives``: bus bandwidth (GB/s); busbw is normalised so that the ideal is flat (nccl-tests), so
+  ideal(n) = busbw(n0) and efficiency = busbw(n) / busbw(n0);
+- ``zero`` and ``pipeline`` (weak scaling: each rank's work is fixed: ZeRO's batch per rank, the pipeline's
+  layers per stage): throughput = work per rank x n / step time, ideal(n) = throughput(n0) x n / n0;
+- ``tensor_parallel`` (strong scaling: one global batch): throughput = tokens / step time, ideal as above.
+
+n0 is the smallest world size measured for the case. ``scaling.csv`` is tidy (one row per case x world
+size): publishing is one ``pd.read_csv`` and one plot.
+"""
+
+from __future__ import annotations
+
+from .results import BENCHMARK_KEY
+
+KINDS = {"collectives": ("busbw", "GB/s"), "zero": ("weak", "tokens/s"), "pipeline": ("weak", "rows/s"),
+         "tensor_parallel": ("strong", "tokens/s")}
+COLUMNS = ["suite", "op", "impl", "backend", "dtype", "case", "world_size", "time_p50_us", "throughput", "unit",
+           "ideal", "efficiency", "scaling"]
+
+
+def scaling_table(bench):
+    import pandas as pd
+
+    ok = bench[(bench["status"] == "ok") & bench["suite"].isin(list(KINDS)) & (bench["time_p50_us"] > 0)].copy()
+    if ok.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    case_cols = [c for c in BENCHMARK_KEY if c not in ("suite", "op", "impl", "backend", "dtype", "world_size")]
+    ok["case"] = ok[case_cols].apply(lambda r: " ".join(f"{c}={_fmt(v)}" for c, v in r.items() if _fmt(v)), axis=1)
+    rows = []
+    for _, g in ok.groupby(["suite", "op", "impl", "backend", "dtype", "case"], dropna=False):
+        if g["world_size"].nunique() < 2:
+            continue
+        g = g.sort_values("world_size").drop_duplicates("world_size")
+        kind, unit = KINDS[g["suite"].iloc[0]]
+        n = g["world_size"].astype(float)
+        if kind == "busbw":
+            tput = g["busbw_gbps"]
+        else:
+            work = g["count"].astype(float) * (n if kind == "weak" else 1.0)
+            tput = work / (g["time_p50_us"] * 1e-6)
+        n0, t0 = n.iloc[0], tput.iloc[0]
+        ideal = pd.Series(t0, index=g.index) if kind == "busbw" else t0 * n / n0
+        rows.append(g.assign(throughput=tput, unit=unit, ideal=ideal, efficiency=tput / ideal, scaling=kind)[COLUMNS])
+    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=COLUMNS)
+
+
+def _fmt(v) -> str:
+    if v is None or v != v or v == "":
+        return ""
+    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+
+
+def scaling_section(bench, run_dir, md) -> list[str]:
+    """Write scaling.csv (and scaling.png); the report's section (empty when nothing spans two world sizes)."""
+    table = scaling_table(bench)
+    if table.empty:
+        return []
+    table.to_csv(run_dir / "scaling.csv", index=False)
+    out = ["## Scaling", "",
+           "Throughput against world size beside the ideal (collectives: bus bandwidth, ideally flat; ZeRO and "
+           "pipeline: weak scaling, ideally linear; tensor parallel: strong scaling, ideally linear) and the "
+           "parallel efficiency = throughput / ideal. Tidy rows in `scaling.csv`. On 2 CPU cores more ranks "
+           "share the same cores: efficiency below 1 is expected here and says nothing of a GPU node.", ""]
+    summary = table.groupby(["suite", "op", "impl", "world_size"])["efficiency"].median().unstack("world_size")
+    out += ["Median parallel efficiency over each suite's cases:", "", md(summary, ".2f"), ""]
+    if _plot(table, run_dir / "scaling.png"):
+        out += ["![scaling](scaling.png)", ""]
+    return out
+
+
+def _plot(table, path) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    suites = sorted(table["suite"].unique())
+    fig, axes = plt.subplots(1, len(suites), figsize=(5 * len(suites), 3.8), squeeze=False)
+    for ax, suite in zip(axes[0], suites, strict=True):
+        rows = table[table["suite"] == suite]
+        if suite == "collectives":  # one line per collective and implementation: its largest size
+            largest = rows.groupby(["op", "impl"])["case"].transform(lambda c: c.iloc[-1])
+            rows = rows[rows["case"] == largest]
+        for (op, impl, _), g in rows.groupby(["op", "impl", "case"]):
+            line = ax.plot(g["world_size"], g["throughput"], marker="o", ms=3, label=f"{op} {impl}")[0]
+            ax.plot(g["world_size"], g["ideal"], ls="--", lw=0.8, color=line.get_color())
+        ax.set_title(f"{suite} ({rows['unit'].iloc[0]}; dashed: ideal)")
+        ax.set_xlabel("world size")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
