@@ -78,6 +78,8 @@ def _impl_specs(config, paradigm: str) -> list[str]:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "world: the test runs ranks on a World")
+    config.addinivalue_line("markers", "benchmark: a pytest-benchmark test (opt in: -m benchmark or --benchmark-only)")
+    config.addinivalue_line("markers", "paritybench_smoke: the benchmark test that also runs by default")
     _world_sizes(config)
     for spec in config.getoption("--impl"):
         reasons = [_fits(spec, paradigm) for paradigm in CONTRACTS]
@@ -189,6 +191,20 @@ def pytest_unconfigure(config):
     run = getattr(config, "_paritybench_run", None)
     if run is not None and not run.attached:
         run.finish("complete")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Benchmark tests (marker ``benchmark``) are opt-in: without ``-m`` naming them or ``--benchmark-only``
+    they are deselected, except the smoke test (marker ``paritybench_smoke``), so the default run stays short."""
+    if "benchmark" in (config.getoption("markexpr", "") or "") or config.getoption("benchmark_only", False):
+        return
+    keep, drop = [], []
+    for item in items:
+        opted_out = item.get_closest_marker("benchmark") and not item.get_closest_marker("paritybench_smoke")
+        (drop if opted_out else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def pytest_generate_tests(metafunc):

@@ -1,0 +1,41 @@
+"""``pytest -n 2`` (pytest-xdist): each worker has its own Worlds (private FileStore rendezvous), and
+``--results-dir`` gives one consistent run folder that compare and report accept; ``--impl`` checks and
+the per-suite summary still work on the controller."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.cli import main
+from harness.results import read_run
+
+pytest.importorskip("xdist", reason="pytest-xdist is not installed (it comes with the test extra)")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_two_workers_write_one_run_folder(tmp_path, capsys):
+    env = {**os.environ, "PARITYBENCH_HYPOTHESIS_PROFILE": "dev"}
+    args = ["-n", "2", "-v", "suites/collectives/test_conformance.py", "-k", "test_collective_matches", "--impl",
+            "torch", "--world-sizes", "2,3", "--results-dir", str(tmp_path)]
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "[gw0]" in out.stdout and "[gw1]" in out.stdout and "6 passed" in out.stdout
+    assert "paritybench: time per suite: collectives" in out.stdout and "Worlds spawned (size 2: 2, size 3: 2)" in \
+        out.stdout  # each worker spawned its own
+    (run,) = list(tmp_path.iterdir())
+    meta, frames = read_run(run)
+    conf = frames["conformance.csv"]
+    assert meta["status"] == "complete" and sorted(meta["placement"]) == ["2", "3"]
+    assert conf["property"].nunique() == 6 and (conf["outcome"] == "pass").sum() > 100
+    assert (run / "conformance.csv").read_text().count("schema_version,") == 1  # one header, no torn lines
+    assert pd.read_csv(run / "conformance.csv")["run_id"].eq(run.name).all()
+    assert main(["compare", str(run), str(run)]) == 0
+    assert "0 regression(s)" in capsys.readouterr().out
