@@ -46,9 +46,20 @@ def load(path: str) -> Run:
         raise GateError(f"{path!r} is a run that is {status or 'of unknown status'} (run.json says so): compare "
                         "finished runs only (a killed run's rows are valid, but not a whole sweep).")
     conf, bench, samples = frames["conformance.csv"], frames["benchmarks.csv"], frames["samples.csv"]
-    sizes = {int(s) for s in meta.get("placement", {})} | {int(s) for s in bench["world_size"].dropna()} \
-        | {int(s) for s in conf["world_size"].dropna()}
-    return Run(path, meta, conf, bench, samples, runs=len(meta.get("runs", [])) or 1, world_sizes=sorted(sizes))
+    return Run(path, meta, conf, bench, samples, runs=len(meta.get("runs", [])) or 1,
+               world_sizes=requested_world_sizes(meta, bench, conf))
+
+
+def requested_world_sizes(meta: dict, bench, conf) -> list[int]:
+    """The world sizes the run was set up with (the Worlds it started, its --world-sizes), not the ones its
+    rows show: a case missing from NEW is a regression to report, not a different environment. Rows only
+    for a folder that records neither."""
+    sizes = {int(s) for s in meta.get("placement", {})} | set(meta.get("world_sizes") or [])
+    for cfg in (meta.get("config") or {}).values():
+        sizes |= set(cfg.get("world_sizes") or [])
+    if not sizes:
+        sizes = {int(s) for s in bench["world_size"].dropna()} | {int(s) for s in conf["world_size"].dropna()}
+    return sorted(sizes)
 
 
 def device_model(meta: dict) -> str:
