@@ -134,6 +134,8 @@ def write_report(run_dir, baseline=None) -> Path:
         out += comparison_section(str(baseline), run_dir)
     out += ["## Where it ran", "", *[f"- **{k}**: `{v}`" for k, v in env.items()]]
     for size, info in sorted(meta.get("placement", {}).items(), key=lambda kv: int(kv[0])):
+        if not info.get("ranks"):
+            continue
         per_host = {}
         for r in info["ranks"]:
             per_host.setdefault((r["node"], r["host"]), []).append(str(r["rank"]))

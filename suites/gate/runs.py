@@ -12,7 +12,7 @@ META = {"suite": "collectives", "backend": "gloo", "backends": ["gloo"], "placem
 
 def bench_row(op="all_reduce", n=2, nbytes=1 << 20, impl="torch", **extra) -> dict:
     return {"suite": "collectives", "op": op, "impl": impl, "backend": "gloo", "world_size": n, "dtype": "float32",
-            "reduce_op": "sum", "bytes": nbytes, "count": nbytes // 4, "iters": 20, "warmup": 3, "status": "ok",
+            "reduce_op": "sum", "bytes": nbytes, "count": nbytes // 4 if nbytes else None, "iters": 20, "warmup": 3, "status": "ok",
             "wrong": 0, **extra}
 
 
