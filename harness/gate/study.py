@@ -69,26 +69,32 @@ def _times(base, new, threshold, confidence) -> list[dict]:
     return [r for r in judge.benchmarks(base, new, threshold, confidence) if r["kind"] == "time"]
 
 
+def _regressions(base, new, threshold, confidence) -> list[str]:
+    """Everything the gate would fail on (conformance, figures, times): a false alarm between unchanged runs."""
+    from . import judge
+
+    return [f"{r['kind']}: {r['case']}" for r in judge.compare(base, new, threshold, confidence) if r["regression"]]
+
+
 def analyze(folder: Path, threshold: float, confidence: float) -> str:
     same = _load(folder / "same")
     lines = [f"threshold {threshold:.0%}, confidence {confidence:g}; {len(same)} unchanged runs", ""]
     flagged_pairs, per_case, cases = 0, {}, 0
     for b, n in itertools.permutations(same, 2):
-        verdicts = _times(b, n, threshold, confidence)
-        slower = [r["case"] for r in verdicts if r["verdict"] == "slower"]
+        slower = _regressions(b, n, threshold, confidence)
         flagged_pairs += bool(slower)
-        cases += len(verdicts)
+        cases += len(_times(b, n, threshold, confidence))
         for c in slower:
             per_case[c] = per_case.get(c, 0) + 1
     pairs = len(same) * (len(same) - 1)
     lines += [f"false alarms, run vs run: {flagged_pairs}/{pairs} ordered pairs flag anything "
-              f"({flagged_pairs / max(pairs, 1):.1%}); {sum(per_case.values())}/{cases} case comparisons flagged "
+              f"({flagged_pairs / max(pairs, 1):.1%}); {sum(per_case.values())}/{cases} timed case comparisons flagged "
               f"({sum(per_case.values()) / max(cases, 1):.2%})"]
     lines += [f"  {c}: {k}/{pairs}" for c, k in sorted(per_case.items(), key=lambda kv: -kv[1])]
     held = 0
     for i, n in enumerate(same):
         rest = _pooled(same[:i] + same[i + 1:])
-        held += any(r["verdict"] == "slower" for r in _times(rest, n, threshold, confidence))
+        held += bool(_regressions(rest, n, threshold, confidence))
     lines.append(f"false alarms, merged baseline of the other {len(same) - 1} runs vs the held-out run: "
                  f"{held}/{len(same)} runs flag anything")
     merged = _pooled(same)
