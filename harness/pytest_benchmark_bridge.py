@@ -32,8 +32,10 @@ class ReplayClock:
 REPLAY_CLOCK = ReplayClock()
 
 
-def feed(benchmark, samples_us: list[float], **extra_info) -> None:
-    """Hand ``samples_us`` (per-iteration in-rank times, µs) to pytest-benchmark as its rounds."""
+def feed(benchmark, samples_us: list[float], **extra_info) -> list[float] | None:
+    """Hand ``samples_us`` (per-iteration in-rank times, µs) to pytest-benchmark as its rounds; return the
+    round durations it recorded (seconds), or None where it is disabled (``--benchmark-disable``, and under
+    pytest-xdist, where pytest-benchmark turns itself off)."""
     if not samples_us:
         raise ValueError("no timed iterations to report")
     pending = iter(samples_us)
@@ -43,3 +45,4 @@ def feed(benchmark, samples_us: list[float], **extra_info) -> None:
 
     benchmark.extra_info.update(extra_info, time_source="in-rank")
     benchmark.pedantic(one_iteration, rounds=len(samples_us), iterations=1, warmup_rounds=0)
+    return None if benchmark.disabled else list(benchmark.stats.stats.data)

@@ -85,7 +85,7 @@ def pytest_configure(config):
         reasons = [_fits(spec, paradigm) for paradigm in CONTRACTS]
         if all(reasons):
             raise pytest.UsageError(reasons[0])
-    _CONFIG["config"] = config
+    config.pluginmanager.register(_Accounting(config), "paritybench-accounting")
     config._paritybench_run = None
     config._paritybench_exercised = set()
     config._paritybench_seconds = {}
@@ -136,7 +136,7 @@ def pytest_testnodedown(node, error):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """Mark the report (its user_properties travel from pytest-xdist workers to the controller) with the
-    --impl specs the test takes and whether it hit a harness error; ``pytest_runtest_logreport`` counts."""
+    --impl specs the test takes and whether it hit a harness error; ``_Accounting`` counts."""
     outcome = yield
     report = outcome.get_result()
     params = getattr(getattr(item, "callspec", None), "params", {})
@@ -145,23 +145,25 @@ def pytest_runtest_makereport(item, call):
         report.user_properties.append(("paritybench_harness_error", True))
 
 
-def pytest_runtest_logreport(report):
-    """For the summary: which --impl specs a test exercised (its body ran: passed, failed or xfailed), the
-    seconds per suite (setup, call and teardown), and the tests that hit a harness error."""
-    config = _CONFIG.get("config")
-    if config is None or not hasattr(config, "_paritybench_seconds"):
-        return
-    props = dict(report.user_properties)
-    if report.when == "call" and (not report.skipped or hasattr(report, "wasxfail")):
-        config._paritybench_exercised.update(props.get("paritybench_impls", []))
-    if props.get("paritybench_harness_error") and report.nodeid not in config._paritybench_harness_errors:
-        config._paritybench_harness_errors.append(report.nodeid)
-    parts = report.nodeid.split("/")
-    suite = parts[1] if len(parts) > 2 and parts[0] == "suites" else parts[0].split("::")[0]
-    config._paritybench_seconds[suite] = config._paritybench_seconds.get(suite, 0.0) + report.duration
+class _Accounting:
+    """For the summary (registered per session; pytest_runtest_logreport gets no config): which --impl specs a
+    test exercised (its body ran: passed, failed or xfailed), the seconds per suite (setup, call and
+    teardown), and the tests that hit a harness error. Under pytest-xdist the controller counts the
+    workers' reports."""
 
+    def __init__(self, config):
+        self.config = config
 
-_CONFIG: dict = {}  # pytest_runtest_logreport gets no config: the session's, set in pytest_configure
+    def pytest_runtest_logreport(self, report):
+        config = self.config
+        props = dict(report.user_properties)
+        if report.when == "call" and (not report.skipped or hasattr(report, "wasxfail")):
+            config._paritybench_exercised.update(props.get("paritybench_impls", []))
+        if props.get("paritybench_harness_error") and report.nodeid not in config._paritybench_harness_errors:
+            config._paritybench_harness_errors.append(report.nodeid)
+        parts = report.nodeid.split("/")
+        suite = parts[1] if len(parts) > 2 and parts[0] == "suites" else parts[0].split("::")[0]
+        config._paritybench_seconds[suite] = config._paritybench_seconds.get(suite, 0.0) + report.duration
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -187,7 +189,6 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_unconfigure(config):
-    _CONFIG.pop("config", None)
     run = getattr(config, "_paritybench_run", None)
     if run is not None and not run.attached:
         run.finish("complete")

@@ -43,11 +43,14 @@ def collect(out: Path, runs: int, power_runs: int) -> None:
 
 
 def _load(folder: Path) -> list:
-    from .inputs import load
+    from .inputs import GateError, load
 
     loaded = []
     for path in sorted(p for p in folder.iterdir() if p.is_dir()):
-        run = load(str(path))
+        try:
+            run = load(str(path))
+        except GateError:  # a run still being collected
+            continue
         for frame in (run.benchmarks, run.samples, run.conformance):
             frame.loc[frame["impl"].astype(str).str.startswith("harness.gate.planted"), "impl"] = "planted"
         loaded.append(run)

@@ -12,8 +12,8 @@ META = {"suite": "collectives", "backend": "gloo", "backends": ["gloo"], "placem
 
 def bench_row(op="all_reduce", n=2, nbytes=1 << 20, impl="torch", **extra) -> dict:
     return {"suite": "collectives", "op": op, "impl": impl, "backend": "gloo", "world_size": n, "dtype": "float32",
-            "reduce_op": "sum", "bytes": nbytes, "count": nbytes // 4 if nbytes else None, "iters": 20, "warmup": 3, "status": "ok",
-            "wrong": 0, **extra}
+            "reduce_op": "sum", "bytes": nbytes, "count": nbytes // 4 if nbytes else None, "iters": 20, "warmup": 3,
+            "status": "ok", "wrong": 0, **extra}
 
 
 def conf_row(prop="test_x[torch]", n=2, numel=7, outcome="pass", **extra) -> dict:
