@@ -18,9 +18,10 @@ A merged baseline holds several runs: samples are pooled, counts are per run, fi
 from __future__ import annotations
 
 import math
+from statistics import median
 
 from ..results import BENCHMARK_KEY, CONFORMANCE_KEY
-from .stats import ratio_interval
+from .stats import mean_shift_interval, ratio_interval, run_interval
 
 EXACT_COLUMNS = {
     "comm_bytes_measured": "bytes one rank sends per step",
@@ -160,24 +161,68 @@ def benchmarks(base, new, threshold: float, confidence: float) -> list[dict]:
             continue
         out += _figures(case, brows[k], nrows[k])
         if k in bsamples and k in nsamples:
-            ri = ratio_interval(bsamples[k], nsamples[k], confidence)
-            v = ri.verdict(threshold)
-            own = k[0] == "world"  # the harness's own dispatch overhead: shown, never the implementation's regression
-            out.append(_record("time", case, v, v == "slower" and not own,
-                               ("harness overhead, informational: " if own else "")
-                               + f"median {ri.base_median:.4g} -> {ri.new_median:.4g} us",
-                               ratio=ri.ratio, low=ri.low, high=ri.high, base_n=ri.base_n, new_n=ri.new_n))
+            out.append(_time(case, k, bsamples[k], nsamples[k], threshold, confidence))
         else:
             out.append(_record("time", case, "not judged", False, "no per-iteration samples (samples.csv) in "
                                + ("the baseline" if k not in bsamples else "NEW")))
+    return out + _aggregates(bsamples, nsamples, threshold, confidence)
+
+
+def _time(case: str, key: tuple, base: dict, new: dict, threshold: float, confidence: float) -> dict:
+    """One case's time verdict: between runs where the baseline has several (``stats.run_interval``), else
+    over iterations (``stats.ratio_interval``), which cannot see run-to-run variation."""
+    between = len(base) >= 2
+    if between:
+        ri = run_interval(list(base.values()), list(new.values()), confidence)
+        method = f"between runs ({len(base)} vs {len(new)})"
+    else:
+        ri = ratio_interval([t for r in base.values() for t in r], [t for r in new.values() for t in r], confidence)
+        method = "iterations (one baseline run: run-to-run variation not measured)"
+    v = ri.verdict(threshold)
+    own = key[0] == "world"  # the harness's own dispatch overhead: shown, never the implementation's regression
+    return _record("time", case, v, v == "slower" and not own,
+                   ("harness overhead, informational: " if own else "")
+                   + f"median {ri.base_median:.4g} -> {ri.new_median:.4g} us",
+                   ratio=ri.ratio, low=ri.low, high=ri.high, base_n=ri.base_n, new_n=ri.new_n, method=method)
+
+
+def _aggregates(bsamples: dict, nsamples: dict, threshold: float, confidence: float) -> list[dict]:
+    """Per implementation (suite, impl, backend), where the baseline has several runs: each run's mean over
+    the cases both sides timed of log(run median / the baseline's mean log median of the case), compared
+    between runs (``stats.mean_shift_interval``). A slowdown spread over many cases shows here before any
+    single case's interval clears the threshold: the run-to-run spread of a mean over cases is smaller."""
+    groups: dict = {}
+    for k in set(bsamples) & set(nsamples):
+        if k[0] != "world" and len(bsamples[k]) >= 2:
+            groups.setdefault((k[0], k[2], k[3]), []).append(k)
+    out = []
+    for (suite, impl, backend), cases in sorted(groups.items()):
+        runs_b = sorted(set.intersection(*(set(bsamples[k]) for k in cases)))
+        runs_n = sorted(set.intersection(*(set(nsamples[k]) for k in cases)))
+        if len(cases) < 2 or len(runs_b) < 2 or not runs_n:
+            continue
+        mu = {k: sum(math.log(median(bsamples[k][r])) for r in runs_b) / len(runs_b) for k in cases}
+
+        def effect(samples, run, mu=mu, cases=cases):
+            return sum(math.log(median(samples[k][run])) - mu[k] for k in cases) / len(cases)
+
+        d, lo, hi = mean_shift_interval([effect(bsamples, r) for r in runs_b], [effect(nsamples, r) for r in runs_n],
+                                        confidence)
+        v = "slower" if lo > math.log1p(threshold) else "faster" if hi < -math.log1p(threshold) else \
+            "inconclusive" if abs(d) > math.log1p(threshold) else "unchanged"
+        out.append(_record("time", f"{suite} {impl} {backend} (all {len(cases)} timed cases)", v, v == "slower",
+                           f"mean log ratio over the cases, between runs ({len(runs_b)} vs {len(runs_n)})",
+                           ratio=math.exp(d), low=math.exp(lo), high=math.exp(hi), method="aggregate between runs"))
     return out
 
 
 def _samples(df) -> dict:
+    """Case key -> {run_id: that run's per-iteration times}."""
     out: dict = {}
-    for k, t in zip(keys(df, BENCHMARK_KEY), df["time_us"].tolist(), strict=True):
+    run_ids = df["run_id"].tolist() if "run_id" in df else [""] * len(df)
+    for k, rid, t in zip(keys(df, BENCHMARK_KEY), run_ids, df["time_us"].tolist(), strict=True):
         if t > 0:
-            out.setdefault(k, []).append(float(t))
+            out.setdefault(k, {}).setdefault(rid, []).append(float(t))
     return out
 
 

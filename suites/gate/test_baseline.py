@@ -24,8 +24,10 @@ def test_repeats_merge_into_a_baseline_whose_samples_are_pooled(tmp_path, capsys
     rc = main(["compare", str(out), standard(tmp_path / "runs", seed=9), "--format", "json"])
     data = json.loads(capsys.readouterr().out)
     assert rc == 0 and data["header"]["baseline_runs"] == 3
-    times = [r for r in data["records"] if r["kind"] == "time"]
-    assert {(r["base_n"], r["new_n"]) for r in times} == {(60, 20)}
+    times = [r for r in data["records"] if r["kind"] == "time" and r.get("method") != "aggregate between runs"]
+    assert {(r["base_n"], r["new_n"], r["method"]) for r in times} == {(60, 20, "between runs (3 vs 1)")}
+    (agg,) = [r for r in data["records"] if r.get("method") == "aggregate between runs"]
+    assert agg["case"] == "collectives torch gloo (all 8 timed cases)" and agg["verdict"] == "unchanged"
     (prop,) = [r for r in data["records"] if r["kind"] == "conformance"]
     assert prop["verdict"] == "ok" and prop["detail"] == "10 example(s) per run"  # per run, not 30
 
