@@ -24,11 +24,20 @@ def _interval(r: dict) -> str:
     return f"[{r['low']:.3f}, {high}]"
 
 
+SINGLE_RUN = ("times judged over iterations: the baseline holds one run, so run-to-run variation is not "
+              "measured and a noisy runner will cry wolf; merge several runs into the baseline (paritybench baseline)")
+
+
 def summary(records: list[dict]) -> dict:
     regressions = [r for r in records if r["regression"]]
     times = [r for r in records if r["kind"] == "time"]
-    return {"regressions": len(regressions), "judged": len(records),
+    methods = sorted({r["method"].split(" (")[0] for r in times if r.get("method")})
+    return {"regressions": len(regressions), "judged": len(records), "time_methods": methods,
             "times": {v: sum(r["verdict"] == v for r in times) for v in sorted({r["verdict"] for r in times})}}
+
+
+def _method_note(s: dict) -> list[str]:
+    return [SINGLE_RUN] if "iterations" in s["time_methods"] else []
 
 
 def text(header: dict, records: list[dict]) -> str:
@@ -38,6 +47,7 @@ def text(header: dict, records: list[dict]) -> str:
              f"baseline: {header['baseline_runs']} run(s)"]
     lines += [f"  environment differs (allowed): {d}" for d in header["environment"]]
     lines += [f"  versions: {d}" for d in header["versions"]]
+    lines += [f"  note: {n}" for n in _method_note(s)]
     for r in _worst_first(records):
         if r["regression"]:
             ratio = f" x{r['ratio']:.3f} {_interval(r)}" if r.get("ratio") is not None else ""
@@ -59,8 +69,9 @@ def markdown(header: dict, records: list[dict]) -> str:
     out = [f"### paritybench: {verdict}", "",
            f"`{header['new']}` against baseline `{header['baseline']}` ({header['baseline_runs']} run(s)); "
            f"time threshold {header['threshold']:.1%}, confidence {header['confidence']:g}.", ""]
-    if header["environment"] or header["versions"]:
-        out += [f"- {d}" for d in header["versions"] + [f"environment (allowed): {d}" for d in header["environment"]]]
+    notes = header["versions"] + [f"environment (allowed): {d}" for d in header["environment"]] + _method_note(s)
+    if notes:
+        out += [f"- {d}" for d in notes]
         out.append("")
     shown = [r for r in _worst_first(records) if r["regression"] or r["verdict"] in
              ("faster", "inconclusive", "smaller", "still failing")]

@@ -178,3 +178,52 @@ def test_a_version_1_run_without_samples_is_read_and_its_times_not_judged(tmp_pa
     base = write_run(tmp_path, [bench_row(samples_us=[])])
     rc, out, _ = compare(capsys, base, write_run(tmp_path, [bench_row()]))
     assert rc == 0 and "not judged" in out
+
+
+def _runs_with_effects(tmp_path, effects: list[float], cases: int = 1, spread: float = 0.02, seed: int = 0,
+                       per_case: list[list[float]] | None = None) -> list[str]:
+    """One run folder per run effect: every case's times around 1000 us x effect (x a per-case factor)."""
+    out = []
+    for i, effect in enumerate(effects):
+        rows = [bench_row(nbytes=(1 + c) << 20, median_us=1000.0 * effect * (per_case[i][c] if per_case else 1.0))
+                for c in range(cases)]
+        out.append(write_run(tmp_path / "runs", rows, seed=seed + i))
+    return out
+
+
+def test_a_baseline_of_several_runs_judges_times_between_runs(tmp_path, capsys):
+    """Runs that differ by +-15 % (as this project's 2-core runner does) make a 30 % slower run unremarkable
+    between runs, while a one-run baseline, judged over iterations, flags it; 2x is flagged either way."""
+    runs = _runs_with_effects(tmp_path, [0.85, 1.0, 1.15, 1.0])
+    main(["baseline", *runs, "--out", str(tmp_path / "b")])
+    (new,) = _runs_with_effects(tmp_path, [1.3], seed=50)
+    (double,) = _runs_with_effects(tmp_path, [2.0], seed=60)
+    capsys.readouterr()
+    assert main(["compare", runs[1], new]) == 1
+    assert "note: times judged over iterations: the baseline holds one run" in capsys.readouterr().out
+    assert main(["compare", str(tmp_path / "b"), new, "--format", "json"]) == 0
+    (rec,) = [r for r in json.loads(capsys.readouterr().out)["records"] if r["kind"] == "time"]
+    assert rec["method"] == "between runs (4 vs 1)" and rec["verdict"] in ("unchanged", "inconclusive")
+    assert rec["low"] < 1.1 < rec["high"]
+    assert main(["compare", str(tmp_path / "b"), double]) == 1
+    assert "slower" in capsys.readouterr().out
+
+
+def test_a_slowdown_spread_over_every_case_is_caught_by_the_aggregate(tmp_path, capsys):
+    """Eight cases whose run medians vary by ~10 % each, independently: no single case's interval can clear
+    the threshold, but the mean over the cases varies by ~10 % / sqrt(8) between runs and a run 40 % slower
+    in every case is flagged by the implementation's aggregate."""
+    import random
+
+    rng = random.Random(3)
+    factors = [[rng.lognormvariate(0, 0.1) for _ in range(8)] for _ in range(6)]
+    runs = _runs_with_effects(tmp_path, [1.0] * 5, cases=8, per_case=factors[:5])
+    main(["baseline", *runs, "--out", str(tmp_path / "b")])
+    (new,) = _runs_with_effects(tmp_path, [1.4], cases=8, per_case=factors[5:], seed=70)
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "b"), new, "--format", "json"]) == 1
+    records = json.loads(capsys.readouterr().out)["records"]
+    (agg,) = [r for r in records if r.get("method") == "aggregate between runs"]
+    assert agg["regression"] and agg["case"] == "collectives torch gloo (all 8 timed cases)"
+    assert 1.25 < agg["ratio"] < 1.6
+    assert not [r for r in records if r["regression"] and r is not agg]
