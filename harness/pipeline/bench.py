@@ -113,10 +113,14 @@ UNIT_COSTS = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0, "comm": 0.0}
 schedule alone, so it is a deterministic figure the gate compares exactly (``bubble_simulated``)."""
 
 
-def unit_cost_bubble(schedule: str, p: int, m: int, v: int) -> float:
+def unit_cost_bubble(schedule: str, p: int, m: int, v: int) -> float | None:
+    """None where our generator has no such schedule (e.g. interleaved with m not a multiple of p)."""
     from reference.pipeline import generate, simulate
 
-    return simulate(generate(schedule, p, m, v), UNIT_COSTS).bubble_fraction
+    try:
+        return simulate(generate(schedule, p, m, v), UNIT_COSTS).bubble_fraction
+    except ValueError:
+        return None
 
 
 def predicted_timeline(schedule: str, p: int, m: int, v: int, measured):

@@ -65,7 +65,7 @@ def test_a_case_that_passed_and_now_fails_names_the_smallest_failing_example(tmp
     assert "smallest: n=3 float32 all_reduce sum numel=9 root=0 in_place=False seed=1: fail: rank 2: x[0] = 1" in line
 
 
-def test_a_known_nonconformance_that_used_to_pass_is_a_regression_and_one_that_failed_before_is_not(tmp_path,
+def test_a_known_finding_that_used_to_pass_is_a_regression_and_one_that_failed_before_is_not(tmp_path,
                                                                                                    capsys):
     known = [conf_row(numel=1, outcome="known-nonconformance", detail="known finding: gloo")]
     base_ok, base_known = write_run(tmp_path, conf=[conf_row(numel=1)]), write_run(tmp_path, conf=known)
