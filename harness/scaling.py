@@ -18,8 +18,8 @@ from .results import BENCHMARK_KEY
 
 KINDS = {"collectives": ("busbw", "GB/s"), "zero": ("weak", "tokens/s"), "pipeline": ("weak", "rows/s"),
          "tensor_parallel": ("strong", "tokens/s")}
-COLUMNS = ["suite", "op", "impl", "backend", "dtype", "case", "world_size", "time_p50_us", "throughput", "unit",
-           "ideal", "efficiency", "scaling"]
+COLUMNS = ["suite", "op", "impl", "backend", "dtype", "bytes", "case", "world_size", "time_p50_us", "throughput",
+           "unit", "ideal", "efficiency", "scaling"]
 
 
 def scaling_table(bench):
@@ -83,8 +83,7 @@ def _plot(table, path) -> bool:
     for ax, suite in zip(axes[0], suites, strict=True):
         rows = table[table["suite"] == suite]
         if suite == "collectives":  # one line per collective and implementation: its largest size
-            largest = rows.groupby(["op", "impl"])["case"].transform(lambda c: c.iloc[-1])
-            rows = rows[rows["case"] == largest]
+            rows = rows[rows["bytes"] == rows.groupby(["op", "impl"])["bytes"].transform("max")]
         for (op, impl, _), g in rows.groupby(["op", "impl", "case"]):
             line = ax.plot(g["world_size"], g["throughput"], marker="o", ms=3, label=f"{op} {impl}")[0]
             ax.plot(g["world_size"], g["ideal"], ls="--", lw=0.8, color=line.get_color())

@@ -48,7 +48,6 @@ def plot_ratios(records: list[dict], path: Path) -> bool:
     ax.set_xscale("log")
     ax.set_yticks(range(len(times)), [r["case"] for r in times], fontsize=6)
     ax.set_xlabel("time ratio new / baseline")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True
