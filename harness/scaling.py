@@ -66,7 +66,9 @@ def scaling_section(bench, run_dir, md) -> list[str]:
            "parallel efficiency = throughput / ideal. Tidy rows in `scaling.csv`. On 2 CPU cores more ranks "
            "share the same cores: efficiency below 1 is expected here and says nothing of a GPU node.", ""]
     summary = table.groupby(["suite", "op", "impl", "world_size"])["efficiency"].median().unstack("world_size")
-    out += ["Median parallel efficiency over each suite's cases:", "", md(summary, ".2f"), ""]
+    summary.columns = [f"n={n}" for n in summary.columns]
+    out += ["Median parallel efficiency over each suite's cases (sizes, layers):", "",
+            md(summary.reset_index(), ".2f", index=False), ""]
     if _plot(table, run_dir / "scaling.png"):
         out += ["![scaling](scaling.png)", ""]
     return out
