@@ -103,7 +103,10 @@ def _judge_group(g, b, n, b_outcomes, n_rows) -> list[dict]:
     out = []
     failing = [(k, o, d) for k in dict.fromkeys(n["cases"]) for o, d in n_rows[k] if o in FAILING]
     b_failed = any(b_outcomes.get(k, set()) & FAILING for k in b["cases"])
-    regressed = [(k, o, d) for k, o, d in failing if "pass" in b_outcomes.get(k, set()) or not b_failed]
+    # a case regressed when the baseline passed it and never failed it (a key that does not tell examples
+    # apart may hold both), or when it is new and the baseline's property never failed at all
+    regressed = [(k, o, d) for k, o, d in failing
+                 if ("pass" in b_outcomes.get(k, set()) and not b_outcomes[k] & FAILING) or not b_failed]
     if regressed:
         k, o, d = min(regressed, key=lambda r: _size(r[0]))
         out.append(_record("conformance", name, "fails", True, f"{len(regressed)} failing example(s); smallest: "

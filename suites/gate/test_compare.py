@@ -228,3 +228,16 @@ def test_a_slowdown_spread_over_every_case_is_caught_by_the_aggregate(tmp_path, 
     assert agg["regression"] and agg["case"] == "collectives torch gloo (all 8 timed cases)"
     assert 1.25 < agg["ratio"] < 1.6
     assert not [r for r in records if r["regression"] and r is not agg]
+
+
+def test_a_run_is_no_regression_of_itself_where_one_key_holds_passing_and_failing_examples(tmp_path, capsys):
+    """A property whose recorded columns do not tell its examples apart (the checkpointing suite) holds one key
+    with both outcomes; the same rows again are 'still failing', not a regression."""
+    conf = [conf_row(numel=2), conf_row(numel=2, outcome="known-nonconformance", detail="known finding: x"),
+            conf_row(numel=3)]
+    run = write_run(tmp_path, conf=conf)
+    rc, out, _ = compare(capsys, run, run)
+    assert rc == 0 and "still failing" in out
+    worse = write_run(tmp_path, conf=conf + [conf_row(numel=3, outcome="fail", detail="x[0] = 1, expected 2")])
+    rc, out, _ = compare(capsys, run, worse)
+    assert rc == 1 and "smallest: n=2 float32 all_reduce sum numel=3" in out
