@@ -22,19 +22,23 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_two_workers_write_one_run_folder(tmp_path, capsys):
     env = {**os.environ, "PARITYBENCH_HYPOTHESIS_PROFILE": "dev"}
-    args = ["-n", "2", "-v", "suites/collectives/test_conformance.py", "-k", "test_collective_matches", "--impl",
-            "torch", "--world-sizes", "2,3", "--results-dir", str(tmp_path)]
+    args = ["-n", "2", "-v", "suites/collectives/test_conformance.py", "-k",
+            "test_collective_matches and (all_gather or broadcast or reduce_scatter)", "--impl", "torch",
+            "--world-sizes", "2,3", "--results-dir", str(tmp_path)]
     out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=ROOT,
                          capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    assert "[gw0]" in out.stdout and "[gw1]" in out.stdout and "6 passed" in out.stdout
+    assert "[gw0]" in out.stdout and "[gw1]" in out.stdout and "3 passed" in out.stdout
     assert "paritybench: time per suite: collectives" in out.stdout and "Worlds spawned (size 2: 2, size 3: 2)" in \
         out.stdout  # each worker spawned its own
     (run,) = list(tmp_path.iterdir())
     meta, frames = read_run(run)
     conf = frames["conformance.csv"]
     assert meta["status"] == "complete" and sorted(meta["placement"]) == ["2", "3"]
-    assert conf["property"].nunique() == 6 and (conf["outcome"] == "pass").sum() > 100
+    # every property's rows are there: its corner table and the dev profile's 25 examples, passing or
+    # declared unsupported (torch: integer AVG)
+    assert conf["property"].nunique() == 3 and conf.groupby("property").size().min() >= 25
+    assert set(conf["outcome"]) <= {"pass", "unsupported"} and (conf["outcome"] == "pass").sum() >= 60
     assert (run / "conformance.csv").read_text().count("schema_version,") == 1  # one header, no torn lines
     assert pd.read_csv(run / "conformance.csv")["run_id"].eq(run.name).all()
     assert main(["compare", str(run), str(run)]) == 0
