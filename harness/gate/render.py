@@ -36,6 +36,12 @@ def summary(records: list[dict]) -> dict:
             "times": {v: sum(r["verdict"] == v for r in times) for v in sorted({r["verdict"] for r in times})}}
 
 
+def _noteworthy(r: dict) -> bool:
+    """Listed although not a regression: a change worth a look (never the harness's own dispatch overhead)."""
+    return r["verdict"] in ("faster", "inconclusive", "smaller", "still failing", "new", "not judged") \
+        and not r["detail"].startswith("harness overhead")
+
+
 def _method_note(s: dict) -> list[str]:
     return [SINGLE_RUN] if "iterations" in s["time_methods"] else []
 
@@ -52,8 +58,7 @@ def text(header: dict, records: list[dict]) -> str:
         if r["regression"]:
             ratio = f" x{r['ratio']:.3f} {_interval(r)}" if r.get("ratio") is not None else ""
             lines.append(f"REGRESSION {r['kind']}: {r['case']}: {r['verdict']}{ratio}: {r['detail']}")
-    changed = [r for r in _worst_first(records) if not r["regression"] and r["verdict"] in
-               ("faster", "inconclusive", "smaller", "still failing", "new", "not judged")]
+    changed = [r for r in _worst_first(records) if not r["regression"] and _noteworthy(r)]
     lines += [f"note {r['kind']}: {r['case']}: {r['verdict']} {_interval(r)} {r['detail']}".rstrip()
               for r in changed[:20]]
     if len(changed) > 20:
@@ -73,8 +78,7 @@ def markdown(header: dict, records: list[dict]) -> str:
     if notes:
         out += [f"- {d}" for d in notes]
         out.append("")
-    shown = [r for r in _worst_first(records) if r["regression"] or r["verdict"] in
-             ("faster", "inconclusive", "smaller", "still failing")]
+    shown = [r for r in _worst_first(records) if r["regression"] or (_noteworthy(r) and r["verdict"] != "new")]
     if shown:
         out += ["| verdict | kind | case | ratio | interval | detail |", "|---|---|---|---|---|---|"]
         for r in shown[:60]:
