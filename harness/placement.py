@@ -45,12 +45,19 @@ def record(run, world) -> None:
     if run is None:
         return
     info = summarize(world.run(rank_placement))
-    placement = dict(run.meta.get("placement", {}))
-    placement[str(world.size)] = info
-    hosts = sorted(set(run.meta.get("hosts", [])) | set(info["hosts"]))
-    backends = sorted({p["backend"] for p in info["ranks"]} | set(run.meta.get("backends", [])))
-    run.update(placement=placement, hosts=hosts, backends=backends, launcher=launcher(),
-               nodes=max(info["nodes"], run.meta.get("nodes", 0)))
+    run.update(**merged(run.meta, {"placement": {str(world.size): info}, "hosts": info["hosts"],
+                                   "backends": sorted({p["backend"] for p in info["ranks"]}),
+                                   "nodes": info["nodes"], "launcher": launcher()}))
+
+
+def merged(meta: dict, other: dict) -> dict:
+    """The placement fields of run.json ``meta`` with ``other``'s (another World's, a pytest-xdist worker's,
+    another run's) added: placement per world size, hosts and backends united, the most nodes, the launcher."""
+    return {"placement": {**meta.get("placement", {}), **other.get("placement", {})},
+            "hosts": sorted(set(meta.get("hosts", [])) | set(other.get("hosts", []))),
+            "backends": sorted(set(meta.get("backends", [])) | set(other.get("backends", []))),
+            "nodes": max(meta.get("nodes", 0), other.get("nodes", 0)),
+            "launcher": other.get("launcher", meta.get("launcher", "world"))}
 
 
 def launcher() -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from . import placement
 from .errors import HarnessError
 
 
@@ -31,12 +32,7 @@ def pytest_testnodedown(node, error):
     """pytest-xdist, controller side: merge what a worker's Worlds recorded (placement) into run.json."""
     run, meta = node.config._paritybench_run, getattr(node, "workeroutput", {}).get("paritybench_meta")
     if run is not None and meta:
-        merged = dict(run.meta.get("placement", {}))
-        merged.update(meta.get("placement", {}))
-        run.update(placement=merged, launcher=meta.get("launcher", "world"),
-                   hosts=sorted(set(run.meta.get("hosts", [])) | set(meta.get("hosts", []))),
-                   backends=sorted(set(run.meta.get("backends", [])) | set(meta.get("backends", []))),
-                   nodes=max(run.meta.get("nodes", 0), meta.get("nodes", 0)))
+        run.update(**placement.merged(run.meta, meta))
     spawns = getattr(node, "workeroutput", {}).get("paritybench_spawns", {})
     totals = node.config._paritybench_spawns
     for size, count in spawns.items():

@@ -59,7 +59,7 @@ def measure(module, x, iters: int, warmup: int) -> dict:
         if x.is_cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    return {"peak": meter.peak, "alloc_peak": alloc_peak, **summarize([times])}
+    return {"peak": meter.peak, "alloc_peak": alloc_peak, "stats": summarize([times])}
 
 
 def run_sweep(cfg: CheckpointSweep, get_world, run_dir, progress=sys.stderr) -> int:
@@ -92,13 +92,12 @@ def run_sweep(cfg: CheckpointSweep, get_world, run_dir, progress=sys.stderr) -> 
             # (here it is half of them: Linear and GELU each save their input), k segments: ceil(L/k) + k.
             predicted = {"none": count * per_layer, "layer": (1 + count) * per_layer,
                          "sqrt": sqrt_checkpoint_memory(count, per_layer)}.get(policy)
-            times = {k: v for k, v in got.items() if k.startswith(("time_", "samples_"))}
-            row.update(status="ok", **times,
+            row.update(status="ok", **got["stats"],
                        act_peak_bytes=got["peak"], act_peak_predicted=predicted, alloc_peak_bytes=got["alloc_peak"],
-                       recompute_overhead_measured=got["time_p50_us"] / plain["time_p50_us"] - 1,
+                       recompute_overhead_measured=got["stats"]["time_p50_us"] / plain["stats"]["time_p50_us"] - 1,
                        recompute_overhead_predicted=0.0 if policy == "none" else recompute_overhead())
             run_dir.append("benchmarks.csv", row)
             rows += 1
-            print(f"checkpoint L={count} {impl} {policy}: peak {got['peak']} B, {got['time_p50_us'] / 1e3:.2f} ms",
-                  file=progress)
+            step_ms = got["stats"]["time_p50_us"] / 1e3
+            print(f"checkpoint L={count} {impl} {policy}: peak {got['peak']} B, {step_ms:.2f} ms", file=progress)
     return rows

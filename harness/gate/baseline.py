@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .. import placement
 from ..results import FILES, SCHEMA_VERSION, atomic_write_text
 from .inputs import GateError, environment_differences, load
 
@@ -59,15 +60,12 @@ def _write(runs, folder: Path, name: str) -> None:
     members = []
     for r in runs:
         members += r.meta.get("runs") or [{k: r.meta.get(k) for k in RUN_FIELDS if r.meta.get(k) is not None}]
-    placement, config = {}, {}
+    config = {}
     for r in runs:
-        placement.update(r.meta.get("placement", {}))
         config.update(r.meta.get("config", {}))
+        meta.update(placement.merged(meta, r.meta))
     meta.update(schema_version=SCHEMA_VERSION, run_id=name, kind="baseline", status="complete", runs=members,
-                placement=placement, config=config, merged=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                backends=sorted({b for r in runs for b in r.meta.get("backends", [])}),
-                hosts=sorted({h for r in runs for h in r.meta.get("hosts", [])}),
-                nodes=max(r.meta.get("nodes", 0) for r in runs))
+                config=config, merged=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     for key in ("command", "started", "finished", "suite"):
         meta.pop(key, None)
     for filename, columns in FILES.items():

@@ -21,7 +21,7 @@ import math
 from statistics import median
 
 from ..results import BENCHMARK_KEY, CONFORMANCE_KEY
-from .stats import mean_shift_interval, ratio_interval, run_interval
+from .stats import mean_shift_interval, ratio_interval, run_interval, verdict
 
 EXACT_COLUMNS = {
     "comm_bytes_measured": "bytes one rank sends per step",
@@ -31,6 +31,8 @@ EXACT_COLUMNS = {
 }
 """Deterministic figures: the same code gives the same value, so any increase is a regression."""
 FAILING = {"fail", "error", "known-nonconformance"}
+AGGREGATE = "aggregate between runs"
+"""The ``method`` of an implementation's aggregate time record (``_aggregates``)."""
 GROUP = ["suite", "property", "impl", "backend"]
 
 
@@ -211,11 +213,10 @@ def _aggregates(bsamples: dict, nsamples: dict, threshold: float, confidence: fl
 
         d, lo, hi = mean_shift_interval([effect(bsamples, r) for r in runs_b], [effect(nsamples, r) for r in runs_n],
                                         confidence)
-        v = "slower" if lo > math.log1p(threshold) else "faster" if hi < -math.log1p(threshold) else \
-            "inconclusive" if abs(d) > math.log1p(threshold) else "unchanged"
+        v = verdict(math.exp(d), math.exp(lo), math.exp(hi), threshold)
         out.append(_record("time", f"{suite} {impl} {backend} (all {len(cases)} timed cases)", v, v == "slower",
                            f"mean log ratio over the cases, between runs ({len(runs_b)} vs {len(runs_n)})",
-                           ratio=math.exp(d), low=math.exp(lo), high=math.exp(hi), method="aggregate between runs"))
+                           ratio=math.exp(d), low=math.exp(lo), high=math.exp(hi), method=AGGREGATE))
     return out
 
 

@@ -63,9 +63,36 @@ def text(header: dict, records: list[dict]) -> str:
               for r in changed[:20]]
     if len(changed) > 20:
         lines.append(f"note: {len(changed) - 20} more (see --format json)")
-    times = ", ".join(f"{n} {v}" for v, n in s["times"].items())
-    lines.append(f"{s['regressions']} regression(s) in {s['judged']} judged item(s); times: {times or 'none'}.")
+    lines.append(totals(s))
     return "\n".join(lines)
+
+
+def totals(s: dict) -> str:
+    """The closing line of every format: regressions, items judged, time verdicts."""
+    times = ", ".join(f"{n} {v}" for v, n in s["times"].items())
+    return f"{s['regressions']} regression(s) in {s['judged']} judged item(s); times: {times or 'none'}."
+
+
+def markdown_notes(header: dict, s: dict) -> list[str]:
+    """Versions that differ, allowed environment differences, the one-run-baseline note: a bullet each."""
+    notes = header["versions"] + [f"environment (allowed): {d}" for d in header["environment"]] + _method_note(s)
+    return [f"- {d}" for d in notes] + [""] if notes else []
+
+
+def markdown_table(records: list[dict], limit: int = 60) -> list[str]:
+    """What changed, worst first: regressions, then the changes worth a look."""
+    shown = [r for r in _worst_first(records) if r["regression"] or (_noteworthy(r) and r["verdict"] != "new")]
+    if not shown:
+        return []
+    out = ["| verdict | kind | case | ratio | interval | detail |", "|---|---|---|---|---|---|"]
+    for r in shown[:limit]:
+        ratio = f"{r['ratio']:.3f}" if r.get("ratio") is not None and math.isfinite(r["ratio"]) else ""
+        mark = "**" if r["regression"] else ""
+        out.append(f"| {mark}{r['verdict']}{mark} | {r['kind']} | `{r['case']}` | {ratio} | {_interval(r)} | "
+                   f"{r['detail'].replace('|', '/')} |")
+    if len(shown) > limit:
+        out.append(f"\n_{len(shown) - limit} more rows: run `paritybench compare --format json`._")
+    return out + [""]
 
 
 def markdown(header: dict, records: list[dict]) -> str:
@@ -74,23 +101,7 @@ def markdown(header: dict, records: list[dict]) -> str:
     out = [f"### paritybench: {verdict}", "",
            f"`{header['new']}` against baseline `{header['baseline']}` ({header['baseline_runs']} run(s)); "
            f"time threshold {header['threshold']:.1%}, confidence {header['confidence']:g}.", ""]
-    notes = header["versions"] + [f"environment (allowed): {d}" for d in header["environment"]] + _method_note(s)
-    if notes:
-        out += [f"- {d}" for d in notes]
-        out.append("")
-    shown = [r for r in _worst_first(records) if r["regression"] or (_noteworthy(r) and r["verdict"] != "new")]
-    if shown:
-        out += ["| verdict | kind | case | ratio | interval | detail |", "|---|---|---|---|---|---|"]
-        for r in shown[:60]:
-            ratio = f"{r['ratio']:.3f}" if r.get("ratio") is not None and math.isfinite(r["ratio"]) else ""
-            mark = "**" if r["regression"] else ""
-            out.append(f"| {mark}{r['verdict']}{mark} | {r['kind']} | `{r['case']}` | {ratio} | {_interval(r)} | "
-                       f"{r['detail'].replace('|', '/')} |")
-        if len(shown) > 60:
-            out.append(f"\n_{len(shown) - 60} more rows: run `paritybench compare --format json`._")
-        out.append("")
-    times = ", ".join(f"{n} {v}" for v, n in s["times"].items())
-    out.append(f"{s['regressions']} regression(s) in {s['judged']} judged item(s); times: {times or 'none'}.")
+    out += markdown_notes(header, s) + markdown_table(records) + [totals(s)]
     return "\n".join(out) + "\n"
 
 

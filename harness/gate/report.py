@@ -17,13 +17,11 @@ def comparison_section(baseline: str, run_dir: Path) -> list[str]:
     out = [f"## Comparison with baseline `{baseline}`", "",
            f"The gate's verdicts (`paritybench compare {baseline} {run_dir}`: threshold {THRESHOLD:.0%}, confidence "
            f"{CONFIDENCE:g}): **{s['regressions']} regression(s)** in {s['judged']} judged items.", ""]
-    out += [f"- environment differs: {d}" for d in header["environment"]]
-    out += [f"- {d}" for d in header["versions"]]
-    table = render.markdown(header, records).split("\n", 4)[-1]  # the table without the title lines
-    out += ["", table, ""]
+    out += render.markdown_notes(header, s) + render.markdown_table(records)
     if plot_ratios(records, run_dir / "comparison.png"):
-        out += ["Time ratio new / baseline per case (Hodges-Lehmann estimate, bars: its confidence interval; "
-                f"dashed: the ±{THRESHOLD:.0%} threshold):", "", "![comparison](comparison.png)", ""]
+        out += ["Time ratio new / baseline per case and per implementation (the gate's estimate: between runs "
+                "where the baseline holds several, else over iterations; bars: its confidence interval; dashed: "
+                f"the ±{THRESHOLD:.0%} threshold):", "", "![comparison](comparison.png)", ""]
     return out
 
 

@@ -37,16 +37,20 @@ class RatioInterval:
     new_n: int
 
     def verdict(self, threshold: float) -> str:
-        """``slower`` when the whole interval is above 1 + threshold, ``faster`` when wholly below
-        1 / (1 + threshold), ``inconclusive`` when the estimate is beyond the threshold but the interval is
-        not, else ``unchanged``."""
-        if self.low > 1 + threshold:
-            return "slower"
-        if self.high < 1 / (1 + threshold):
-            return "faster"
-        if self.ratio > 1 + threshold or self.ratio < 1 / (1 + threshold):
-            return "inconclusive"
-        return "unchanged"
+        return verdict(self.ratio, self.low, self.high, threshold)
+
+
+def verdict(ratio: float, low: float, high: float, threshold: float) -> str:
+    """``slower`` when the whole interval [low, high] of a ratio is above 1 + threshold, ``faster`` when
+    wholly below 1 / (1 + threshold), ``inconclusive`` when the estimate is beyond the threshold but the
+    interval is not, else ``unchanged``."""
+    if low > 1 + threshold:
+        return "slower"
+    if high < 1 / (1 + threshold):
+        return "faster"
+    if ratio > 1 + threshold or ratio < 1 / (1 + threshold):
+        return "inconclusive"
+    return "unchanged"
 
 
 def excluded_per_side(m: int, n: int, confidence: float) -> int:

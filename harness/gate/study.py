@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from .judge import AGGREGATE
+
 SWEEP = ["--ops", "all_reduce,all_gather,reduce_scatter,broadcast", "--min-bytes", "1M", "--max-bytes", "16M",
          "--factor", "4", "--world-sizes", "2,4", "--iters", "20", "--warmup", "3"]
 NEW_RUNS = 3
@@ -76,16 +78,22 @@ def _times(base, new, threshold, confidence) -> list[dict]:
     return [r for r in judge.benchmarks(base, new, threshold, confidence) if r["kind"] == "time"]
 
 
-def _regressions(base, new, threshold, confidence) -> list[str]:
-    """Everything the gate would fail on (conformance, figures, times): a false alarm between unchanged runs."""
+def _regressions(base, new, threshold, confidence) -> tuple[list[str], int]:
+    """Everything the gate would fail on (conformance, figures, times): a false alarm between unchanged runs;
+    and how many times it judged."""
     from . import judge
 
-    return [f"{r['kind']}: {r['case']}" for r in judge.compare(base, new, threshold, confidence) if r["regression"]]
+    records = judge.compare(base, new, threshold, confidence)
+    return [f"{r['kind']}: {r['case']}" for r in records if r["regression"]], sum(r["kind"] == "time" for r in records)
 
 
 def _timed_case(r: dict) -> bool:
     """A single timed case of the planted implementation (not the harness's dispatch row, not an aggregate)."""
-    return not r["case"].startswith("world") and r.get("method") != "aggregate between runs"
+    return not r["case"].startswith("world") and r.get("method") != AGGREGATE
+
+
+def _aggregate(r: dict) -> bool:
+    return r.get("method") == AGGREGATE
 
 
 def _share(records: list[dict]) -> str:
@@ -98,9 +106,9 @@ def analyze(folder: Path, threshold: float, confidence: float) -> str:
     lines = [f"threshold {threshold:.0%}, confidence {confidence:g}; {len(same)} unchanged runs", ""]
     flagged_pairs, per_case, cases = 0, {}, 0
     for b, n in itertools.permutations(same, 2):
-        slower = _regressions(b, n, threshold, confidence)
+        slower, judged = _regressions(b, n, threshold, confidence)
         flagged_pairs += bool(slower)
-        cases += len(_times(b, n, threshold, confidence))
+        cases += judged
         for c in slower:
             per_case[c] = per_case.get(c, 0) + 1
     pairs = len(same) * (len(same) - 1)
@@ -112,7 +120,7 @@ def analyze(folder: Path, threshold: float, confidence: float) -> str:
     held, held_cases = 0, {}
     for i, n in enumerate(same):
         rest = _pooled(same[:i] + same[i + 1:])
-        flagged = _regressions(rest, n, threshold, confidence)
+        flagged, _ = _regressions(rest, n, threshold, confidence)
         held += bool(flagged)
         for c in flagged:
             held_cases[c] = held_cases.get(c, 0) + 1
@@ -121,7 +129,7 @@ def analyze(folder: Path, threshold: float, confidence: float) -> str:
     lines += [f"  {c}: {k}/{len(same)}" for c, k in sorted(held_cases.items(), key=lambda kv: -kv[1])]
     triples = list(itertools.combinations(range(len(same)), NEW_RUNS))
     fa3 = sum(bool(_regressions(_pooled([r for i, r in enumerate(same) if i not in t]), _pooled([same[i] for i in t]),
-                                threshold, confidence)) for t in triples)
+                                threshold, confidence)[0]) for t in triples)
     lines.append(f"false alarms, {NEW_RUNS} new runs merged vs a baseline of the other {len(same) - NEW_RUNS}: "
                  f"{fa3}/{len(triples)} ({fa3 / max(len(triples), 1):.0%}) flag anything")
     merged = _pooled(same)
@@ -132,7 +140,7 @@ def analyze(folder: Path, threshold: float, confidence: float) -> str:
         single = [r for s in slowed for b in same for r in _times(b, s, threshold, confidence) if _timed_case(r)]
         vs_merged = [r for s in slowed for r in _times(merged, s, threshold, confidence)]
         cases_m = [r for r in vs_merged if _timed_case(r)]
-        agg = [r for r in vs_merged if r.get("method") == "aggregate between runs"]
+        agg = [r for r in vs_merged if _aggregate(r)]
         multi = [r for t in itertools.combinations(range(len(slowed)), NEW_RUNS)
                  for r in _times(merged, _pooled([slowed[i] for i in t]), threshold, confidence)]
         ratios = sorted(r["ratio"] for r in cases_m)
@@ -141,7 +149,7 @@ def analyze(folder: Path, threshold: float, confidence: float) -> str:
                      f"{_share(single)}; baseline merged from {len(same)} runs {_share(cases_m)}; "
                      f"implementation aggregate {_share(agg)}; {NEW_RUNS} new runs merged: cases "
                      f"{_share([r for r in multi if _timed_case(r)])}, aggregate "
-                     f"{_share([r for r in multi if r.get('method') == 'aggregate between runs'])}")
+                     f"{_share([r for r in multi if _aggregate(r)])}")
     return "\n".join(lines)
 
 
