@@ -55,6 +55,10 @@ def add_parsers(sub) -> None:
         if name in ("checkpoint", "all"):
             p.add_argument("--layers", default="4,16,64", help="layer counts L of the checkpointed stack")
             p.add_argument("--policies", default="layer,sqrt", help="checkpointing policies")
+        if name in ("pipeline", "3d", "all"):
+            p.add_argument("--profile", default=None, metavar="PROFILE.json",
+                           help="predict each step with this machine profile (default: calibrate first, into this "
+                                "run folder: calibration.csv and profile.json)")
         if name in ("3d", "all"):
             p.add_argument("--3d-world-size", dest="threed_world_size", type=int, default=8,
                            help="ranks of the 3D layouts (8 on 2 cores: oversubscribed, compare layouts only)")
@@ -180,6 +184,50 @@ def threed_config(args):
     return cfg
 
 
+def _with_calibration(args, plans: list) -> list:
+    """Without --profile, a calibration sweep at the pipeline's and the 3D layouts' world sizes runs just
+    before each (whose World is then already up), so their rows carry the time this machine predicts."""
+    if getattr(args, "profile", None) is not None or args.suite not in ("pipeline", "3d", "all"):
+        return plans
+    from .calibrate.sweep import CalibrationSweep, run_sweep
+
+    def calibrate(cfg, get_world, run):
+        from .calibrate.build import profile_from_run
+
+        run_sweep(cfg, get_world, run)
+        profile_from_run(run.path).save(run.path / "profile.json")
+
+    out = []
+    for name, cfg, sweep in plans:
+        if name in ("pipeline", "3d"):
+            out.append(("calibrate", CalibrationSweep(world_sizes=list(cfg.world_sizes)), calibrate))
+        out.append((name, cfg, sweep))
+    return out
+
+
+def _point_at_profile(args, plans: list, run) -> None:
+    from dataclasses import asdict
+    from pathlib import Path
+
+    path = args.profile if getattr(args, "profile", None) else str(Path(run.path) / "profile.json")
+    if getattr(args, "profile", None):
+        from .calibrate.profile import Profile, ProfileError
+
+        try:
+            profile = Profile.load(path)
+            for n in sorted({n for name, cfg, _ in plans if name in ("pipeline", "3d") for n in cfg.world_sizes}):
+                profile.check(args.backend or None, n)
+        except ProfileError as exc:
+            run.finish("incomplete")
+            raise UsageError(str(exc)) from None
+    calibration = [asdict(cfg) for name, cfg, _ in plans if name == "calibrate"]
+    if calibration:
+        run.update(calibration=calibration)
+    for name, cfg, _ in plans:
+        if name in ("pipeline", "3d"):
+            cfg.profile = path
+
+
 def run(args) -> int:
     from dataclasses import asdict
 
@@ -217,8 +265,11 @@ def run(args) -> int:
                                            batch=args.batch, hidden=args.hidden, ffn=args.ffn, iters=args.iters,
                                            warmup=args.warmup)
         plans.append(("tensor_parallel", cfg, tp_bench.run_sweep))
-    run = RunDir(args.results_dir, {"suite": args.suite, "config": {name: asdict(cfg) for name, cfg, _ in plans}})
+    plans = _with_calibration(args, plans)
+    run = RunDir(args.results_dir, {"suite": args.suite, "config": {name: asdict(cfg) for name, cfg, _ in plans
+                                                                    if name != "calibrate"}})
     print(f"paritybench: run folder {run.path}", file=sys.stderr)
+    _point_at_profile(args, plans, run)
     worlds: dict[int, World] = {}
 
     def get_world(n: int) -> World:

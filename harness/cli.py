@@ -16,6 +16,7 @@ import argparse
 import sys
 
 from . import bench_cli, plan, registry
+from .calibrate import cli as calibrate_cli
 from .errors import UsageError
 from .gate import cli as gate_cli
 from .gate.inputs import GateError
@@ -39,6 +40,7 @@ def _build_parser() -> argparse.ArgumentParser:
     gate_cli.add_parsers(sub)
     sub.add_parser("impls", help="list the registered implementations and whether they can run here")
     plan.add_parser(sub)
+    calibrate_cli.add_parser(sub)
     s = sub.add_parser("schedule", help="print (and draw) a pipeline schedule and its simulated metrics")
     s.add_argument("name", choices=["gpipe", "1f1b", "interleaved", "zb-h1"])
     s.add_argument("--p", type=int, required=True, help="pipeline ranks")
@@ -107,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             return gate_cli.run_compare(args)
         if args.command == "baseline":
             return gate_cli.run_baseline(args)
+        if args.command == "calibrate":
+            return calibrate_cli.run(args)
         if args.command == "plan":
             return plan.run(args)
         if args.command == "schedule":

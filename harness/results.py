@@ -42,6 +42,8 @@ BENCHMARK_COLUMNS = COMMON + [
     "mem_params_predicted", "mem_grads_predicted", "mem_optimizer_predicted",
     "act_peak_bytes", "act_peak_predicted", "alloc_peak_bytes", "recompute_overhead_measured",
     "recompute_overhead_predicted",
+    "time_planned_us", "bubble_planned", "plan_compute_us", "plan_tp_us", "plan_pp_us", "plan_bubble_us",
+    "plan_dp_us", "plan_sync_us",
 ]
 BENCHMARK_KEY = ["suite", "op", "impl", "backend", "world_size", "dtype", "reduce_op", "bytes", "count",
                  "microbatches", "virtual_stages", "zero_stage"]
@@ -50,7 +52,12 @@ CONFORMANCE_KEY = ["suite", "property", "impl", "backend", "world_size", "dtype"
                    "root", "in_place", "group", "seed"]
 """One executed example (or exact check) of a conformance row."""
 SAMPLE_COLUMNS = ["schema_version", "run_id"] + BENCHMARK_KEY + ["iteration", "time_us"]
-FILES = {"conformance.csv": CONFORMANCE_COLUMNS, "benchmarks.csv": BENCHMARK_COLUMNS, "samples.csv": SAMPLE_COLUMNS}
+CALIBRATION_COLUMNS = ["schema_version", "run_id", "backend", "world_size", "kind", "op", "group_size", "dtype",
+                       "bytes", "flops", "iters", "warmup", "time_p50_us", "time_p95_us", "time_min_us",
+                       "time_max_us", "time_mean_us", "time_cv"]
+"""The calibration sweep's measurements (``harness.calibrate.sweep``): what a machine profile is fitted from."""
+FILES = {"conformance.csv": CONFORMANCE_COLUMNS, "benchmarks.csv": BENCHMARK_COLUMNS, "samples.csv": SAMPLE_COLUMNS,
+         "calibration.csv": CALIBRATION_COLUMNS}
 
 
 class ResultsError(ValueError):

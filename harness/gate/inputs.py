@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from ..results import ResultsError, read_run
 
 EXTENT_FIELDS = {"impls", "ops", "world_sizes", "min_bytes", "max_bytes", "factor", "iters", "warmup",
-                 "dispatch_iters", "stages", "schedules", "microbatches", "layers", "policies", "layouts"}
-"""Sweep settings that say how much is run, not what one case measures: they may differ."""
+                 "dispatch_iters", "stages", "schedules", "microbatches", "layers", "policies", "layouts", "profile"}
+"""Sweep settings that say how much is run (or which profile its predictions came from), not what one case
+measures: they may differ."""
 VERSION_FIELDS = ("python", "torch", "cuda", "deepspeed", "megatron_core", "git_revision", "os")
 
 

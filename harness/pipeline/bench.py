@@ -38,6 +38,8 @@ class PipelineSweep:
     rows_per_microbatch: int = 64
     iters: int = 5
     warmup: int = 2
+    profile: str | None = None
+    """A machine profile (``paritybench calibrate``): each row gets the step time and bubble it predicts."""
 
 
 def bench_rank(impl_spec: str, schedule: str, p: int, m: int, v: int, hidden: int, layers_per_stage: int,
@@ -140,6 +142,9 @@ def run_sweep(cfg: PipelineSweep, get_world, run_dir, progress=sys.stderr) -> in
     """Append one benchmark row per case; draw measured and simulated Gantt charts for ours."""
     from reference.pipeline.draw import gantt_png
 
+    from ..calibrate.predict import load_profile, mlp_workload, planned_columns, predict_step
+
+    profile = load_profile(cfg.profile)
     cases = list(itertools.product(cfg.world_sizes, cfg.impls, cfg.schedules, cfg.microbatches))
     for done, (p, impl, schedule, m) in enumerate(cases, 1):
         v = cfg.virtual_stages if schedule == "interleaved" else 1
@@ -150,6 +155,9 @@ def run_sweep(cfg: PipelineSweep, get_world, run_dir, progress=sys.stderr) -> in
                "dtype": "float32", "microbatches": m, "virtual_stages": v, "iters": cfg.iters,
                "warmup": cfg.warmup, "count": cfg.rows_per_microbatch * m,
                "bubble_simulated": unit_cost_bubble(schedule, p, m, v)}
+        if profile is not None and row["bubble_simulated"] is not None:
+            work = mlp_workload(p * v * cfg.layers_per_stage, cfg.hidden, cfg.rows_per_microbatch)
+            row.update(planned_columns(predict_step(profile, work, 1, p, 1, 0, schedule, m)))
         unsupported = [r["unsupported"] for r in per_rank if "unsupported" in r]
         if unsupported:
             row.update(status="unsupported", detail=unsupported[0])

@@ -35,6 +35,8 @@ class ThreeDSweep:
     warmup: int = 1
     layouts: list = field(default_factory=list)
     """(dp, pp, tp) to run; empty: all valid ones."""
+    profile: str | None = None
+    """A machine profile (``paritybench calibrate``): each row gets the step time it predicts, with its parts."""
 
     @property
     def world_sizes(self) -> list[int]:
@@ -92,9 +94,12 @@ def bench_rank(cfg: ThreeDSweep, dims_t: tuple[int, int, int]) -> dict:
 def run_sweep(cfg: ThreeDSweep, get_world, run_dir, progress=sys.stderr) -> int:
     from reference.cost_model import training_memory
 
+    from ..calibrate.predict import gpt_workload, load_profile, planned_columns, predict_step
     from ..plan import Layout, Model, estimate
     from ..timing import summarize
 
+    profile = load_profile(cfg.profile)
+    work = gpt_workload(cfg.vocab, cfg.hidden, cfg.heads, cfg.ffn, cfg.layers, cfg.seq, cfg.rows)
     layouts = cfg.layouts or valid_layouts(cfg)
     world = get_world(cfg.world_size)
     for done, dims in enumerate(layouts, 1):
@@ -118,6 +123,11 @@ def run_sweep(cfg: ThreeDSweep, get_world, run_dir, progress=sys.stderr) -> int:
                "comm_bytes_predicted": plan["comm_bytes_per_step"]["total"] if plan else None,
                "detail": f"{cfg.schedule}, zero {cfg.zero_stage}, checkpointing {cfg.checkpointing}",
                **summarize([r["times"] for r in per_rank])}
+        if profile is not None:
+            row.update(planned_columns(predict_step(profile, work, dp, pp, tp, cfg.zero_stage, cfg.schedule,
+                                                    r0["microbatches"], recompute=cfg.checkpointing)))
         run_dir.append("benchmarks.csv", row)
-        print(f"[{done}/{len(layouts)}] 3d dp={dp} pp={pp} tp={tp}: {row['time_p50_us'] / 1e3:.1f} ms", file=progress)
+        planned = f" (planned {row['time_planned_us'] / 1e3:.1f} ms)" if "time_planned_us" in row else ""
+        print(f"[{done}/{len(layouts)}] 3d dp={dp} pp={pp} tp={tp}: {row['time_p50_us'] / 1e3:.1f} ms{planned}",
+              file=progress)
     return len(layouts)

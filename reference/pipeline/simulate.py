@@ -78,7 +78,11 @@ def dependencies(a: Action, schedule: Schedule, lowered: bool, bwd: dict) -> lis
 
 
 def simulate(schedule: Schedule, costs: dict | None = None) -> Timeline:
-    """Run the schedule on a model of the machine with per-kind ``costs`` (F, B, I, W, comm latency)."""
+    """Run the schedule on a model of the machine with per-kind ``costs`` (F, B, I, W, comm latency).
+
+    A key ``(stage, kind)`` overrides the kind's cost for that stage (stages of unequal work); in a lowered
+    schedule SEND_*/RECV_* may be costed too (what posting a message occupies its rank for), else they
+    take no time. ``comm`` is the latency added to every cross-rank dependency."""
     c = {**DEFAULT_COSTS, **(costs or {})}
     lowered = bool(schedule.meta.get("lowered"))
     bwd = _backward_kind(schedule)
@@ -97,7 +101,7 @@ def simulate(schedule: Schedule, costs: dict | None = None) -> Timeline:
                 if any(d not in end for d, _ in deps):
                     break
                 start = max([free[r]] + [end[d] + (c["comm"] if cross else 0.0) for d, cross in deps])
-                finish = start + c.get(a.kind, 0.0)  # sends and receives take no time
+                finish = start + c.get((a.stage, a.kind), c.get(a.kind, 0.0))  # sends, receives: 0 unless costed
                 end[a] = finish
                 free[r] = finish
                 events[r].append((a, start, finish))

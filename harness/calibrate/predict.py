@@ -1,0 +1,176 @@
+"""Predicted step time of a layout from a machine profile, with its parts.
+
+    step = makespan of the pipeline schedule simulated with this layout's costs
+           + data-parallel gradient sync (by ZeRO stage) + the step's loss all-reduces
+
+Per stage s and microbatch (``reference.pipeline.simulate`` with per-(stage, kind) costs):
+    F_s = FLOPs_s / (tp rate) + TP all-reduces of the activations (2 per layer; vocabulary-parallel
+          embedding 1, LM head's cross-entropy 3 small ones)
+    B_s = 2 FLOPs_s / (tp rate) + TP all-reduces (2 per layer, 1 for the head), + F_s's compute again
+          with recomputation; zb-h1 splits it into I and W, half each
+    SEND = what posting one activation message occupies the sender for (profile ``send``), and each
+          cross-rank dependency waits the rest of its ``one_way`` time.
+rate is the profile's matmul FLOP/s with all of the world's ranks busy; every time α–β from the profile
+at this world size. The parts reported are the busiest rank's: compute, TP communication, PP sends and
+its idle time (the bubble) add up to the makespan; plus dp and sync: ``step_s`` equals their sum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .profile import Profile
+
+PARTS = ("compute_s", "tp_s", "pp_s", "bubble_s", "dp_s", "sync_s")
+BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one microbatch costs, before tensor parallelism."""
+
+    layers: int
+    layer_flops: float
+    """Forward FLOPs of one layer on one microbatch."""
+    layer_params: float
+    activation_bytes: float
+    """One microbatch's activations between layers (rows x hidden x dtype bytes)."""
+    tokens: int
+    """Rows (tokens) per microbatch: the size of the cross-entropy's per-token all-reduces."""
+    head_flops: float = 0.0
+    """Forward FLOPs of the LM head (last stage)."""
+    end_params: float = 0.0
+    """Embedding + head parameters, split between the first and the last stage."""
+    tp_allreduces_per_layer: int = 2
+    vocab_parallel: bool = True
+    """Embedding and head vocabulary-parallel (their all-reduces) when tp > 1."""
+    first_layer_input_grad: bool = True
+    """False where the first stage's input needs no gradient (its first layer's input-grad GEMM skipped)."""
+    tensors_per_layer: int = 1
+    """Parameter tensors per layer: ZeRO 0 all-reduces each on its own."""
+    dtype: str = "float32"
+    layer_kind: str = ""
+    """The profile's timed layer of this shape (``gpt_block``, ``mlp_layer``): its per-layer overhead beyond
+    the GEMMs is added (forward a third, backward two thirds). Empty or not in the profile: GEMMs only."""
+
+
+def stage_layers(layers: int, stages: int) -> list[int]:
+    base, extra = divmod(layers, stages)  # as reference.compose.shard_stages: earlier stages take the extra
+    return [base + (s < extra) for s in range(stages)]
+
+
+def predict_step(profile: Profile, work: Workload, dp: int, pp: int, tp: int, zero: int, schedule: str,
+                 microbatches: int, recompute: bool = False) -> dict:
+    """Predicted seconds per step and its parts (``PARTS``), the simulated bubble fraction and timeline."""
+    from reference.pipeline import add_send_recv, generate, simulate
+
+    world = dp * pp * tp
+    v = 2 if schedule == "interleaved" and pp > 1 else 1
+    num_stages = pp * v
+    rate = profile.flops_per_s(work.dtype, world)
+    overhead = (profile.layer_overhead(work.layer_kind, work.dtype, world) if work.layer_kind else None) or 0.0
+    elem = BYTES.get(work.dtype, 4)
+
+    def ar(size: float) -> float:
+        return profile.collective_time("all_reduce", tp, size, world)
+
+    layers = stage_layers(work.layers, num_stages)
+    costs, split = {}, {}
+    for s, n in enumerate(layers):
+        first, last = s == 0, s == num_stages - 1
+        fwd = n * work.layer_flops + (work.head_flops if last else 0.0)
+        bwd = 2 * fwd - (work.layer_flops if first and not work.first_layer_input_grad else 0.0)
+        tp_f = n * work.tp_allreduces_per_layer * ar(work.activation_bytes)
+        tp_b = n * work.tp_allreduces_per_layer * ar(work.activation_bytes)
+        if work.vocab_parallel and tp > 1:
+            tp_f += (ar(work.activation_bytes) if first else 0.0) + (3 * ar(work.tokens * elem) if last else 0.0)
+            tp_b += ar(work.activation_bytes) if last else 0.0
+        comp_f = fwd / tp / rate + n * overhead / 3
+        comp_b = bwd / tp / rate + 2 * n * overhead / 3 + (comp_f if recompute else 0.0)
+        costs[(s, "F")], costs[(s, "B")] = comp_f + tp_f, comp_b + tp_b + (tp_f if recompute else 0.0)
+        costs[(s, "I")] = costs[(s, "W")] = costs[(s, "B")] / 2
+        split[s] = {"F": (comp_f, tp_f), "B": (comp_b, tp_b + (tp_f if recompute else 0.0))}
+    if pp > 1:
+        send = profile.message_time("send", work.activation_bytes, world)
+        one_way = profile.message_time("one_way", work.activation_bytes, world)
+        costs.update(SEND_F=send, SEND_B=send, comm=max(0.0, one_way - send))
+    timeline = simulate(add_send_recv(generate(schedule, pp, microbatches, v)), costs)
+    parts = _rank_parts(timeline, split)
+    parts["bubble_s"] = max(0.0, timeline.makespan - parts["compute_s"] - parts["tp_s"] - parts["pp_s"])
+    stage_params = max((n * work.layer_params + (work.end_params / 2 if s in (0, num_stages - 1) else 0.0)) / tp
+                       for s, n in enumerate(layers)) * (v if v > 1 else 1)
+    parts["dp_s"] = dp_sync_time(profile, zero, dp, stage_params * elem, work.tensors_per_layer * max(layers) * v, microbatches, world)
+    parts["sync_s"] = sum(profile.collective_time("all_reduce", g, 8, world) for g in (pp, tp, dp))
+    busy = sum(e - s for row in timeline.events for a, s, e in row if a.kind in "FBIW")
+    return {**parts, "step_s": sum(parts[k] for k in PARTS), "makespan_s": timeline.makespan,
+            "bubble_fraction": 1 - busy / (pp * timeline.makespan) if timeline.makespan > 0 else 0.0,
+            "timeline": timeline}
+
+
+def _rank_parts(timeline, split) -> dict:
+    """compute, tp and pp (send) seconds of the rank with the most busy time."""
+    best = None
+    for row in timeline.events:
+        comp = tp = pp = 0.0
+        for a, start, end in row:
+            if a.kind in ("F", "B"):
+                c, t = split[a.stage][a.kind]
+                comp, tp = comp + c, tp + t
+            elif a.kind in ("I", "W"):
+                c, t = split[a.stage]["B"]
+                comp, tp = comp + c / 2, tp + t / 2
+            else:
+                pp += end - start
+        if best is None or comp + tp + pp > sum(best.values()):
+            best = {"compute_s": comp, "tp_s": tp, "pp_s": pp}
+    return best
+
+
+def dp_sync_time(profile: Profile, zero: int, dp: int, grad_bytes: float, tensors: int, microbatches: int,
+                 world: int) -> float:
+    """ZeRO 0: an all-reduce per parameter tensor; 1, 2: reduce-scatter of the flat gradients + all-gather of
+    the parameters; 3: also an all-gather of the parameters per microbatch, forward and backward."""
+    if dp == 1:
+        return 0.0
+    if zero == 0:
+        latency = profile.collective_time("all_reduce", dp, 0.0, world)
+        return profile.collective_time("all_reduce", dp, grad_bytes, world) + (tensors - 1) * latency
+    both = profile.collective_time("reduce_scatter", dp, grad_bytes, world) + \
+        profile.collective_time("all_gather", dp, grad_bytes, world)
+    return both + (2 * microbatches * profile.collective_time("all_gather", dp, grad_bytes, world) if zero == 3
+                   else 0.0)
+
+
+def gpt_workload(vocab: int, hidden: int, heads: int, ffn: int, layers: int, seq: int, rows: int,
+                 dtype: str = "float32") -> Workload:
+    """The reference GPT (``reference.models.GPT``): per layer q/k/v/o and the two MLP Linears (with
+    biases), attention scores and values 4 rows seq^2 hidden FLOPs; head V x h; untied embedding."""
+    tokens = rows * seq
+    layer_params = 4 * hidden * hidden + 4 * hidden + 2 * hidden * ffn + ffn + hidden + 4 * hidden  # + 2 LayerNorms
+    layer_flops = 2 * tokens * (4 * hidden * hidden + 2 * hidden * ffn) + 4 * rows * seq * seq * hidden
+    return Workload(layers=layers, layer_flops=layer_flops, layer_params=layer_params,
+                    activation_bytes=tokens * hidden * BYTES.get(dtype, 4), tokens=tokens,
+                    head_flops=2 * tokens * hidden * vocab, end_params=2 * vocab * hidden,
+                    tensors_per_layer=16, dtype=dtype, layer_kind="gpt_block")
+
+
+def mlp_workload(layers: int, hidden: int, rows: int, dtype: str = "float32") -> Workload:
+    """The pipeline suites' Linear + ReLU stack (``reference.pipeline.model``)."""
+    return Workload(layers=layers, layer_flops=2 * rows * hidden * hidden, layer_params=hidden * hidden + hidden,
+                    activation_bytes=rows * hidden * BYTES.get(dtype, 4), tokens=rows, vocab_parallel=False,
+                    first_layer_input_grad=False, tensors_per_layer=2, dtype=dtype,
+                    layer_kind="mlp_layer")
+
+
+def planned_columns(prediction: dict | None) -> dict:
+    """A prediction as benchmark-row columns (blank where there is none)."""
+    if prediction is None:
+        return {}
+    out = {"time_planned_us": prediction["step_s"] * 1e6, "bubble_planned": prediction["bubble_fraction"]}
+    out.update({f"plan_{k[:-2]}_us": prediction[k] * 1e6 for k in PARTS})
+    return out
+
+
+def load_profile(path):
+    """The profile a sweep predicts with, or None (no prediction) when the sweep was given none."""
+    return Profile.load(path) if path else None

@@ -1,0 +1,206 @@
+"""The calibration sweep: what ``paritybench calibrate`` (and ``bench all``, ``bench 3d``, ``bench
+pipeline`` before their predictions) measures, one row per case into the run folder's calibration.csv.
+
+At each world size n, with every rank busy at once (as in training):
+- collectives: for each group size g dividing n (g >= 2), the n / g groups of consecutive ranks run the
+  same collective at the same time, timed over a range of sizes (the fit needs both ends: latency-bound
+  and bandwidth-bound);
+- point-to-point: ranks paired (0,1), (2,3), ...; the even rank sends a message and waits for it to come
+  back: ``send`` is what the sender pays to post and complete its send (the pipeline runtime pays it per
+  message), ``one_way`` is half the round trip;
+- compute: every rank runs forward + backward of ``linear`` at the given (rows, in, out) shapes (the
+  models' GEMMs: 6 rows in out FLOPs each), per dtype.
+Timing as everywhere (``harness.timing``): per iteration after a barrier, max over ranks, median kept.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+
+_GROUPS: dict = {}  # (world size, group size) -> this rank's group, created once per rank process
+
+
+@dataclass
+class CalibrationSweep:
+    world_sizes: list[int] = field(default_factory=lambda: [2])
+    ops: list[str] = field(default_factory=lambda: list(OPS))
+    sizes: list[int] = field(default_factory=lambda: [1 << 10, 1 << 14, 1 << 18, 1 << 22])
+    """Bytes per collective buffer and per message."""
+    dtypes: list[str] = field(default_factory=lambda: ["float32"])
+    shapes: list[tuple[int, int, int]] = field(default_factory=lambda: [
+        (128, 128, 384), (128, 128, 128), (128, 128, 512), (128, 512, 128), (64, 512, 512)])
+    """(rows, in, out) of the GEMMs timed: the 3D bench GPT's (128 tokens, h 128, ffn 512) and the pipeline
+    bench's (64 rows, h 512)."""
+    blocks: list[dict] = field(default_factory=lambda: [
+        {"kind": "gpt_block", "hidden": 128, "heads": 8, "ffn": 512, "seq": 64, "rows": 2},
+        {"kind": "mlp_layer", "hidden": 512, "rows": 64}])
+    """Whole layers of the benchmarked models, timed forward + backward: their time beyond their GEMMs at the
+    matmul rate is the per-layer overhead (norms, softmax, activations, dispatch) that tensor parallelism does
+    not divide."""
+    iters: int = 10
+    warmup: int = 2
+
+
+def _group(g: int):
+    import torch.distributed as dist
+
+    n, rank = dist.get_world_size(), dist.get_rank()
+    if (n, g) not in _GROUPS:
+        mine = None
+        for start in range(0, n, g):  # new_group is collective: every rank creates every group, in order
+            group = dist.new_group(list(range(start, start + g)))
+            mine = group if start <= rank < start + g else mine
+        _GROUPS[(n, g)] = mine
+    return _GROUPS[(n, g)]
+
+
+def collective_rank(op: str, g: int, nbytes: int, iters: int, warmup: int) -> list[float]:
+    import torch
+    import torch.distributed as dist
+
+    from ..rank import rank_device
+    from ..timing import time_iterations
+
+    device, group = rank_device(), _group(g)
+    numel = max(g, nbytes // 4 // g * g)  # float32, divisible by the group for the sharded ones
+    buf = torch.ones(numel, device=device)
+    out = torch.empty(numel // g if op == "reduce_scatter" else numel, device=device)
+    shard = torch.ones(numel // g, device=device)
+    root = dist.get_global_rank(group, 0)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # the newer name where it exists
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    step = {"all_reduce": lambda: dist.all_reduce(buf, group=group),
+            "all_gather": lambda: gather(out, shard, group=group),
+            "reduce_scatter": lambda: scatter(out, buf, group=group),
+            "broadcast": lambda: dist.broadcast(buf, root, group=group)}[op]
+    return time_iterations(step, iters, warmup, device)
+
+
+def p2p_rank(nbytes: int, iters: int, warmup: int) -> dict:
+    """Even ranks: (send, round trip) seconds per iteration; odd ranks echo."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from ..rank import rank_device
+
+    device, rank = rank_device(), dist.get_rank()
+    buf = torch.ones(max(1, nbytes // 4), device=device)
+    peer = rank + 1 if rank % 2 == 0 else rank - 1
+    sends, trips = [], []
+    for i in range(warmup + iters):
+        dist.barrier()
+        if rank % 2 == 0:
+            t0 = time.perf_counter()
+            dist.isend(buf, peer).wait()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t1 = time.perf_counter()
+            dist.irecv(buf, peer).wait()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t2 = time.perf_counter()
+            if i >= warmup:
+                sends.append(t1 - t0)
+                trips.append(t2 - t0)
+        else:
+            dist.irecv(buf, peer).wait()
+            dist.isend(buf, peer).wait()
+    return {"send": sends, "one_way": [t / 2 for t in trips]}
+
+
+def matmul_rank(dtype_name: str, shapes: list, iters: int, warmup: int) -> list[float]:
+    import torch
+    import torch.nn.functional as F
+
+    from ..rank import rank_device
+    from ..timing import time_iterations
+
+    device, dtype = rank_device(), getattr(torch, dtype_name)
+    gen = torch.Generator().manual_seed(0)
+    data = [(torch.randn(r, i, generator=gen).to(device, dtype).requires_grad_(),
+             torch.randn(o, i, generator=gen).to(device, dtype).requires_grad_()) for r, i, o in shapes]
+
+    def step():
+        for x, w in data:
+            F.linear(x, w).sum().backward()
+
+    return time_iterations(step, iters, warmup, device)
+
+
+def block_flops(spec: dict) -> float:
+    """Forward + backward FLOPs of one layer (3x the forward GEMMs, ``predict``'s formulas)."""
+    from .predict import gpt_workload, mlp_workload
+
+    if spec["kind"] == "gpt_block":
+        work = gpt_workload(1, spec["hidden"], spec["heads"], spec["ffn"], 1, spec["seq"], spec["rows"])
+    else:
+        work = mlp_workload(1, spec["hidden"], spec["rows"])
+    return 3 * work.layer_flops
+
+
+def block_rank(dtype_name: str, spec: dict, iters: int, warmup: int) -> list[float]:
+    import torch
+    from torch import nn
+
+    from reference.models import GPTBlock
+
+    from ..rank import rank_device
+    from ..timing import time_iterations
+
+    device, dtype = rank_device(), getattr(torch, dtype_name)
+    torch.manual_seed(0)
+    if spec["kind"] == "gpt_block":
+        layer = GPTBlock(spec["hidden"], spec["heads"], spec["ffn"], dtype=dtype).to(device)
+        x = torch.randn(spec["rows"], spec["seq"], spec["hidden"], dtype=dtype, device=device, requires_grad=True)
+    else:
+        layer = nn.Sequential(nn.Linear(spec["hidden"], spec["hidden"], dtype=dtype), nn.ReLU()).to(device)
+        x = torch.randn(spec["rows"], spec["hidden"], dtype=dtype, device=device, requires_grad=True)
+    return time_iterations(lambda: layer(x).sum().backward(), iters, warmup, device)
+
+
+def _row(world, kind: str, op: str, g, dtype: str, nbytes, flops, cfg, per_rank) -> dict:
+    from ..timing import summarize
+
+    stats = summarize(per_rank)
+    stats.pop("samples_us", None)
+    return {"backend": world.backend, "world_size": world.size, "kind": kind, "op": op, "group_size": g,
+            "dtype": dtype, "bytes": nbytes, "flops": flops, "iters": cfg.iters, "warmup": cfg.warmup, **stats}
+
+
+def run_sweep(cfg: CalibrationSweep, get_world, run_dir, progress=sys.stderr) -> int:
+    rows = 0
+    for n in cfg.world_sizes:
+        world = get_world(n)
+        groups = [g for g in range(2, n + 1) if n % g == 0]
+        for g in groups:
+            for op in cfg.ops:
+                for nbytes in cfg.sizes:
+                    per_rank = world.run(collective_rank, op, g, nbytes, cfg.iters, cfg.warmup, timeout=600)
+                    run_dir.append("calibration.csv", _row(world, "collective", op, g, "float32", nbytes, None, cfg,
+                                                           per_rank))
+                    rows += 1
+        if n % 2 == 0:
+            for nbytes in cfg.sizes:
+                per_rank = world.run(p2p_rank, nbytes, cfg.iters, cfg.warmup, timeout=600)
+                for what in ("send", "one_way"):
+                    evens = [r[what] for r in per_rank[::2]]
+                    run_dir.append("calibration.csv", _row(world, "p2p", what, 2, "float32", nbytes, None, cfg, evens))
+                    rows += 1
+        flops = sum(6 * r * i * o for r, i, o in cfg.shapes)
+        for dtype in cfg.dtypes:
+            per_rank = world.run(matmul_rank, dtype, cfg.shapes, cfg.iters, cfg.warmup, timeout=600)
+            run_dir.append("calibration.csv", _row(world, "compute", "matmul", 1, dtype, None, flops, cfg, per_rank))
+            for spec in cfg.blocks:
+                per_rank = world.run(block_rank, dtype, spec, cfg.iters, cfg.warmup, timeout=600)
+                run_dir.append("calibration.csv", _row(world, "compute", spec["kind"], 1, dtype, None,
+                                                       block_flops(spec), cfg, per_rank))
+            rows += 1 + len(cfg.blocks)
+        if progress:
+            print(f"calibrate: world {n}: collectives on groups of {', '.join(map(str, groups))}, point-to-point, "
+                  f"matmul ({', '.join(cfg.dtypes)})", file=progress, flush=True)
+    return rows
