@@ -199,6 +199,11 @@ def write_report(run_dir, baseline=None) -> Path:
     pipe = bench[bench["suite"] == "pipeline"] if len(bench) else bench
     if len(pipe):
         out += pipeline_section(pipe, run_dir)
+    from .calibrate.report import calibration_section, planner_section
+
+    if len(bench):
+        out += planner_section(bench, run_dir, _md)
+    out += calibration_section(frames["calibration.csv"], meta, run_dir, _md)
     if len(bench):
         from .scaling import scaling_section
 
