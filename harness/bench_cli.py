@@ -205,21 +205,25 @@ def _with_calibration(args, plans: list) -> list:
     return out
 
 
+def _check_profile(args, plans: list) -> None:
+    """A --profile must answer for every world size the pipeline and 3D sweeps run (and the backend asked)."""
+    if not getattr(args, "profile", None):
+        return
+    from .calibrate.profile import Profile, ProfileError
+
+    try:
+        profile = Profile.load(args.profile)
+        for n in sorted({n for name, cfg, _ in plans if name in ("pipeline", "3d") for n in cfg.world_sizes}):
+            profile.check(args.backend or None, n)
+    except ProfileError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _point_at_profile(args, plans: list, run) -> None:
     from dataclasses import asdict
     from pathlib import Path
 
     path = args.profile if getattr(args, "profile", None) else str(Path(run.path) / "profile.json")
-    if getattr(args, "profile", None):
-        from .calibrate.profile import Profile, ProfileError
-
-        try:
-            profile = Profile.load(path)
-            for n in sorted({n for name, cfg, _ in plans if name in ("pipeline", "3d") for n in cfg.world_sizes}):
-                profile.check(args.backend or None, n)
-        except ProfileError as exc:
-            run.finish("incomplete")
-            raise UsageError(str(exc)) from None
     calibration = [asdict(cfg) for name, cfg, _ in plans if name == "calibrate"]
     if calibration:
         run.update(calibration=calibration)
@@ -266,6 +270,7 @@ def run(args) -> int:
                                            warmup=args.warmup)
         plans.append(("tensor_parallel", cfg, tp_bench.run_sweep))
     plans = _with_calibration(args, plans)
+    _check_profile(args, plans)
     run = RunDir(args.results_dir, {"suite": args.suite, "config": {name: asdict(cfg) for name, cfg, _ in plans
                                                                     if name != "calibrate"}})
     print(f"paritybench: run folder {run.path}", file=sys.stderr)

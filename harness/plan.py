@@ -6,6 +6,11 @@
 Answers "does it fit, and how must I split it": with --device-memory it also lists every layout of the
 same GPU count (tp within one 8-GPU node, pp dividing the layers, ZeRO 0-3) that fits, ranked by
 1F1B bubble fraction, then communication per step, then memory.
+
+With --profile PROFILE.json (``paritybench calibrate``) every layout of the GPU count gets a predicted step
+time on the machine the profile was measured on (``harness.calibrate.predict``: compute, TP / PP / DP
+communication, the schedule's bubble simulated with those costs), and the table ranks them by it, with the
+parts, memory, and whether each fits.
 """
 
 from __future__ import annotations
@@ -62,6 +67,10 @@ class Model:
     """Microbatches per step (gradient accumulation / pipeline microbatches)."""
     sequence_parallel: bool = False
     recompute: str = "none"
+    vocab: int = 0
+    """Vocabulary (LM head and embedding) for the time prediction; 0: none."""
+    ffn: int = 0
+    """MLP width for the time prediction; 0: 4 hidden."""
 
 
 @dataclass(frozen=True)
@@ -116,11 +125,62 @@ def fitting(model: Model, gpus: int, device_memory: float) -> list[dict]:
                                        e["memory_bytes"]["total"]))
 
 
+def predicted(model: Model, layout: Layout, profile, schedule: str, dtype: str) -> dict:
+    """Predicted step time and its parts (seconds) of ``layout`` on the profile's machine."""
+    from .calibrate.predict import PARTS, gpt_workload, predict_step
+    from .calibrate.profile import ProfileError
+
+    work = gpt_workload(model.vocab, model.hidden, model.heads, model.ffn or 4 * model.hidden, model.layers,
+                        model.seq, model.batch, dtype)
+    try:
+        pred = predict_step(profile, work, layout.dp, layout.pp, layout.tp, layout.zero, schedule,
+                            model.microbatches, recompute=model.recompute != "none")
+    except (ProfileError, ValueError) as exc:
+        raise PlanError(str(exc)) from None
+    return {k: pred[k] for k in (*PARTS, "step_s", "bubble_fraction")}
+
+
+def ranked_by_time(model: Model, gpus: int, profile, schedule: str, dtype: str,
+                   device_memory: float | None) -> list[dict]:
+    """Every layout of ``gpus`` with its prediction, fastest first (then least memory)."""
+    out = []
+    for lay in layouts(model, gpus):
+        if schedule == "interleaved" and (lay.pp == 1 or model.microbatches % lay.pp or 2 * lay.pp > model.layers):
+            continue
+        e = estimate(model, lay)
+        e["predicted_s"] = predicted(model, lay, profile, schedule, dtype)
+        e["fits"] = None if device_memory is None else e["memory_bytes"]["total"] <= device_memory
+        out.append(e)
+    return sorted(out, key=lambda e: (e["predicted_s"]["step_s"], e["memory_bytes"]["total"]))
+
+
+def render_time_ranking(ranked: list[dict], profile, schedule: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(130, Console().width))
+    host = profile.host
+    console.print(f"[bold]layouts ranked by predicted step time ({schedule}) on {host.get('device')} / "
+                  f"{host.get('cpu')} ({profile.backend}, profile {profile.source})[/bold]")
+    table = Table()
+    for col in ("rank", "dp", "tp", "pp", "ZeRO", "step ms", "compute", "tp comm", "pp comm", "bubble", "dp comm",
+                "sync", "memory GB", "fits"):
+        table.add_column(col, justify="right")
+    for i, e in enumerate(ranked[:20], 1):
+        lo, p = e["layout"], e["predicted_s"]
+        table.add_row(str(i), str(lo["dp"]), str(lo["tp"]), str(lo["pp"]), str(lo["zero"]),
+                      *(f"{p[k] * 1e3:,.1f}" for k in ("step_s", "compute_s", "tp_s", "pp_s", "bubble_s", "dp_s",
+                                                        "sync_s")),
+                      _gb(e["memory_bytes"]["total"]), {None: "-", True: "yes", False: "no"}[e["fits"]])
+    console.print(table)
+
+
 def _gb(x: float) -> str:
     return f"{x / 1e9:,.1f}"
 
 
-def render(model: Model, plan: dict, device_memory: float | None, ranked: list[dict] | None) -> None:
+def render(model: Model, plan: dict, device_memory: float | None, ranked: list[dict] | None,
+           list_fitting: bool = True) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -142,6 +202,8 @@ def render(model: Model, plan: dict, device_memory: float | None, ranked: list[d
         total = plan["memory_bytes"]["total"]
         verdict = "fits" if total <= device_memory else "does NOT fit"
         console.print(f"This layout needs {_gb(total)} GB per device: it {verdict} in {_gb(device_memory)} GB.")
+        if not list_fitting:  # --profile ranks every layout by time instead, with a fits column
+            return
         console.print(f"[bold]layouts of {lay['dp'] * lay['tp'] * lay['pp']} GPUs that fit: least bubble, "
                       "then least communication[/bold]")
         table = Table()
@@ -155,22 +217,48 @@ def render(model: Model, plan: dict, device_memory: float | None, ranked: list[d
         console.print(table if ranked else "No layout of this GPU count fits.")
 
 
+def load_profile(args, gpus: int):
+    """The --profile, checked against the plan's backend and GPU count; None without --profile."""
+    if not args.profile:
+        return None
+    from .calibrate.profile import Profile, ProfileError
+
+    try:
+        profile = Profile.load(args.profile)
+        profile.check(args.backend, gpus)
+    except ProfileError as exc:
+        raise PlanError(str(exc)) from None
+    return profile
+
+
 def run(args) -> int:
     model = Model(params=parse_count(args.params), seq=args.seq, batch=args.batch, hidden=args.hidden,
                   heads=args.heads, layers=args.layers, microbatches=args.microbatches,
-                  sequence_parallel=args.sequence_parallel, recompute=args.recompute)
+                  sequence_parallel=args.sequence_parallel, recompute=args.recompute, vocab=args.vocab or 0,
+                  ffn=args.ffn or 0)
     layout = Layout(dp=args.dp, tp=args.tp, pp=args.pp, zero=args.zero)
+    gpus = args.dp * args.tp * args.pp
     plan = estimate(model, layout)
     device_memory = parse_memory(args.device_memory) if args.device_memory else None
-    ranked = fitting(model, args.dp * args.tp * args.pp, device_memory) if device_memory else None
+    profile = load_profile(args, gpus)
+    dtype = args.dtype or (profile.compute[0]["dtype"] if profile else "float32")
+    by_time = ranked_by_time(model, gpus, profile, args.schedule, dtype, device_memory) if profile else None
+    ranked = fitting(model, gpus, device_memory) if device_memory and not profile else None
+    if profile:
+        plan["predicted_s"] = predicted(model, layout, profile, args.schedule, dtype)
     if args.json:
         out = {"model": asdict(model), **plan}
         if device_memory is not None:
-            out.update(device_memory_bytes=device_memory, fits=plan["memory_bytes"]["total"] <= device_memory,
-                       fitting_layouts=ranked)
+            out.update(device_memory_bytes=device_memory, fits=plan["memory_bytes"]["total"] <= device_memory)
+            if ranked is not None:
+                out["fitting_layouts"] = ranked
+        if by_time is not None:
+            out.update(profile=args.profile, schedule=args.schedule, dtype=dtype, layouts_by_predicted_time=by_time)
         print(json.dumps(out, indent=2))
     else:
-        render(model, plan, device_memory, ranked)
+        render(model, plan, device_memory, ranked, list_fitting=profile is None)
+        if by_time is not None:
+            render_time_ranking(by_time, profile, args.schedule)
     return 0
 
 
@@ -187,6 +275,15 @@ def add_parser(sub) -> None:
     p.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
     p.add_argument("--device-memory", default=None, help="e.g. 80GB: also list the layouts that fit")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--profile", default=None, metavar="PROFILE.json",
+                   help="a machine profile (paritybench calibrate): rank every layout by predicted step time")
+    p.add_argument("--backend", default=None, choices=["gloo", "nccl"],
+                   help="the backend the plan is for (checked against the profile's)")
+    p.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved", "zb-h1"])
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="compute dtype of the prediction (default: the profile's)")
+    p.add_argument("--vocab", type=_positive_int, default=None, help="vocabulary size (LM head) for the prediction")
+    p.add_argument("--ffn", type=_positive_int, default=None, help="MLP width for the prediction (default 4 hidden)")
 
 
 def _positive_int(text: str) -> int:

@@ -97,8 +97,9 @@ def predict_step(profile: Profile, work: Workload, dp: int, pp: int, tp: int, ze
     timeline = simulate(add_send_recv(generate(schedule, pp, microbatches, v)), costs)
     parts = _rank_parts(timeline, split)
     parts["bubble_s"] = max(0.0, timeline.makespan - parts["compute_s"] - parts["tp_s"] - parts["pp_s"])
-    stage_params = max((n * work.layer_params + (work.end_params / 2 if s in (0, num_stages - 1) else 0.0)) / tp
-                       for s, n in enumerate(layers)) * (v if v > 1 else 1)
+    # the embedding on the first stage, the head on the last (both on one stage when there is one)
+    stage_params = max((n * work.layer_params + work.end_params / 2 * ((s == 0) + (s == num_stages - 1))) / tp
+                       for s, n in enumerate(layers)) * v
     parts["dp_s"] = dp_sync_time(profile, zero, dp, stage_params * elem, work.tensors_per_layer * max(layers) * v, microbatches, world)
     parts["sync_s"] = sum(profile.collective_time("all_reduce", g, 8, world) for g in (pp, tp, dp))
     busy = sum(e - s for row in timeline.events for a, s, e in row if a.kind in "FBIW")

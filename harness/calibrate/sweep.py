@@ -90,7 +90,8 @@ def collective_rank(op: str, g: int, nbytes: int, iters: int, warmup: int) -> li
 
 
 def p2p_rank(nbytes: int, iters: int, warmup: int) -> dict:
-    """Even ranks: (send, round trip) seconds per iteration; odd ranks echo."""
+    """Even ranks: (send, round trip) seconds per iteration; odd ranks echo; an odd world's last rank only
+    joins the barriers."""
     import time
 
     import torch
@@ -98,12 +99,14 @@ def p2p_rank(nbytes: int, iters: int, warmup: int) -> dict:
 
     from ..rank import rank_device
 
-    device, rank = rank_device(), dist.get_rank()
+    device, rank, n = rank_device(), dist.get_rank(), dist.get_world_size()
     buf = torch.ones(max(1, nbytes // 4), device=device)
     peer = rank + 1 if rank % 2 == 0 else rank - 1
     sends, trips = [], []
     for i in range(warmup + iters):
         dist.barrier()
+        if peer >= n:
+            continue
         if rank % 2 == 0:
             t0 = time.perf_counter()
             dist.isend(buf, peer).wait()
@@ -194,11 +197,11 @@ def run_sweep(cfg: CalibrationSweep, get_world, run_dir, progress=sys.stderr) ->
                     run_dir.append("calibration.csv", _row(world, "collective", op, g, "float32", nbytes, None, cfg,
                                                            per_rank))
                     rows += 1
-        if n % 2 == 0:
+        if n >= 2:
             for nbytes in cfg.sizes:
                 per_rank = world.run(p2p_rank, nbytes, cfg.iters, cfg.warmup, timeout=600)
                 for what in ("send", "one_way"):
-                    evens = [r[what] for r in per_rank[::2]]
+                    evens = [r[what] for r in per_rank[:n - n % 2:2]]
                     run_dir.append("calibration.csv", _row(world, "p2p", what, 2, "float32", nbytes, None, cfg, evens))
                     rows += 1
         flops = sum(6 * r * i * o for r, i, o in cfg.shapes)

@@ -1,0 +1,127 @@
+"""``paritybench calibrate`` and ``plan --profile`` end to end: a real (tiny) calibration sweep on the
+session's 2-rank World fitted into a profile, a pipeline sweep predicted with it, the report's sections,
+and every bad input refused with one sentence and exit 2. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.calibrate.build import profile_from_run
+from harness.calibrate.predict import PARTS
+from harness.calibrate.report import planner_summary
+from harness.calibrate.sweep import CalibrationSweep, run_sweep
+from harness.cli import main
+from harness.pipeline.bench import PipelineSweep
+from harness.pipeline.bench import run_sweep as pipeline_sweep
+from harness.report import write_report
+from harness.results import RunDir, read_run
+
+from .synthetic import profile
+
+TINY = CalibrationSweep(world_sizes=[2], sizes=[256, 4096], shapes=[(4, 8, 8)], iters=2, warmup=0,
+                        blocks=[{"kind": "gpt_block", "hidden": 8, "heads": 2, "ffn": 16, "seq": 4, "rows": 2},
+                                {"kind": "mlp_layer", "hidden": 8, "rows": 4}])
+PLAN = ["plan", "--params", "1.7M", "--hidden", "128", "--heads", "8", "--layers", "8", "--seq", "64", "--batch",
+        "2", "--microbatches", "4", "--vocab", "512", "--ffn", "512", "--dp", "8"]
+
+
+@pytest.fixture(scope="module")
+def calibrated(world_cache, world_sizes, tmp_path_factory):
+    if 2 not in world_sizes:
+        pytest.skip("needs a 2-rank world")
+    run = RunDir(tmp_path_factory.mktemp("calibrate"), {"suite": "calibrate"})
+    rows = run_sweep(TINY, world_cache.get, run, progress=None)
+    run.finish()
+    return run, rows
+
+
+def test_sweep_rows_fit_into_a_profile(calibrated, tmp_path, capsys):
+    run, rows = calibrated
+    _, frames = read_run(run.path)
+    cal = frames["calibration.csv"]
+    assert rows == len(cal) == 4 * 2 + 2 * 2 + 1 + 2  # collectives x sizes, p2p (send, one way) x sizes, compute
+    assert (cal["time_p50_us"] > 0).all() and set(cal["kind"]) == {"collective", "p2p", "compute"}
+    prof = profile_from_run(run.path)
+    assert prof.backend == run.meta.get("backend", prof.backend) and prof.world_sizes == [2]
+    assert all(e["alpha_s"] >= 0 and e["beta_s_per_byte"] >= 0 for e in prof.collectives + prof.p2p)
+    assert prof.flops_per_s("float32", 2) > 0 and prof.layer_overhead("mlp_layer", "float32", 2) is not None
+    out = tmp_path / "p.json"
+    assert main(["calibrate", "--from", str(run.path), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["world_sizes"] == [2] and "all_reduce g=2 of 2" in capsys.readouterr().out
+
+
+def test_pipeline_rows_carry_the_prediction_and_the_report_shows_it(calibrated, world_cache, tmp_path):
+    run, _ = calibrated
+    prof_path = profile_from_run(run.path).save(tmp_path / "p.json")
+    cfg = PipelineSweep(impls=["reference"], schedules=["gpipe", "zb-h1"], world_sizes=[2], microbatches=[2], hidden=8,
+                        rows_per_microbatch=4, iters=2, warmup=0, profile=str(prof_path))
+    out = RunDir(tmp_path, {"suite": "pipeline"})
+    pipeline_sweep(cfg, world_cache.get, out, progress=None)
+    out.finish()
+    rows = read_run(out.path)[1]["benchmarks.csv"]
+    assert rows["time_planned_us"].gt(0).all() and rows["bubble_planned"].between(0, 1).all()
+    parts = rows[[f"plan_{k[:-2]}_us" for k in PARTS]].sum(axis=1)
+    assert (parts - rows["time_planned_us"]).abs().max() <= 1e-9 * rows["time_planned_us"].max()
+    report = write_report(out.path).read_text()
+    assert "## Planner: predicted vs measured" in report and "Pipeline bubble: planned" in report
+    assert (out.path / "planner.png").stat().st_size > 1000
+    report = write_report(run.path).read_text()
+    assert "## Calibration: the machine profile" in report and (run.path / "calibration.png").stat().st_size > 1000
+
+
+def test_plan_ranks_every_layout_by_predicted_time(tmp_path, capsys):
+    path = profile(8, overhead=1e-3).save(tmp_path / "p.json")
+    assert main([*PLAN, "--profile", str(path), "--device-memory", "1GB", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    ranked = out["layouts_by_predicted_time"]
+    times = [e["predicted_s"]["step_s"] for e in ranked]
+    assert times == sorted(times) and len(ranked) == 10 * 4  # 10 (dp, pp, tp) layouts x ZeRO 0-3
+    assert all(e["fits"] is True for e in ranked)
+    for e in ranked:
+        assert e["predicted_s"]["step_s"] == pytest.approx(sum(e["predicted_s"][k] for k in PARTS), rel=1e-12)
+    assert out["predicted_s"]["step_s"] > 0  # the asked layout (8x1x1) too
+    assert main([*PLAN, "--profile", str(path)]) == 0
+    assert "ranked by predicted step time" in capsys.readouterr().out
+
+
+def test_planner_summary():
+    import pandas as pd
+
+    rows = pd.DataFrame({"op": ["a", "b", "c"], "time_p50_us": [100.0, 200.0, 300.0],
+                         "time_planned_us": [250.0, 150.0, 360.0]})
+    s = planner_summary(rows)
+    assert s["spearman"] == pytest.approx(0.5) and s["median_error"] == pytest.approx(0.25)
+    assert s["planned_first"] == "b" and s["top1_gap"] == pytest.approx(1.0) and s["measured_best"] == "a"
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--backend", "nccl"], "measured on backend 'gloo', the plan asks for 'nccl'"),
+    (["--dp", "4"], "measured at world size(s) 8, the plan asks for 4 ranks"),
+])
+def test_plan_refuses_a_profile_of_another_machine(tmp_path, capsys, argv, needle):
+    path = profile(8).save(tmp_path / "p.json")
+    args = PLAN[:-2] if "--dp" in argv else PLAN  # PLAN ends with --dp 8
+    assert main([*args, "--profile", str(path), *argv]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
+
+
+def test_bad_inputs_exit_2_with_one_sentence(tmp_path, capsys):
+    (tmp_path / "bad.json").write_text("{")
+    assert main([*PLAN, "--profile", str(tmp_path / "bad.json")]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
+    bare = RunDir(tmp_path / "runs", {"suite": "collectives"})
+    bare.finish()
+    assert main(["calibrate", "--from", str(bare.path), "--out", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err
+    assert "no calibration measurements" in err and "paritybench calibrate --out" in err and err.count("\n") == 1
+    assert main(["calibrate", "--from", str(tmp_path / "nowhere"), "--out", str(tmp_path / "p.json")]) == 2
+    assert "not a run folder" in capsys.readouterr().err
+    path = profile(8).save(tmp_path / "p8.json")
+    assert main(["bench", "3d", "--3d-world-size", "4", "--profile", str(path), "--results-dir",
+                 str(tmp_path / "r")]) == 2
+    assert "the plan asks for 4 ranks" in capsys.readouterr().err and not (tmp_path / "r").exists()
+    assert main(["calibrate", "--out", str(tmp_path / "x.json"), "--iters", "1"]) == 2
+    assert "--iters must be >= 2" in capsys.readouterr().err
