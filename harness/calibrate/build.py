@@ -63,8 +63,9 @@ def profile_from_frames(calibration, collectives, backend: str, host: dict, sour
         for p in _points(compute[(compute["op"] != "matmul") & (compute["dtype"] == dtype)
                                  & (compute["world_size"] == n)]):
             secs = p["time_p50_us"] * 1e-6  # one layer, forward + backward
-            prof.compute.append({"kind": p["op"], "dtype": dtype, "world_size": int(n), "flops_per_s": p["flops"] / secs,
-                                 "layer_s": secs, "overhead_s": max(0.0, secs - p["flops"] / rate)})
+            prof.compute.append({"kind": p["op"], "dtype": dtype, "world_size": int(n),
+                                 "flops_per_s": p["flops"] / secs, "layer_s": secs,
+                                 "overhead_s": max(0.0, secs - p["flops"] / rate)})
     if not prof.collectives or not prof.p2p or not prof.compute:
         missing = [name for name, got in (("collectives", prof.collectives), ("point-to-point", prof.p2p),
                                           ("matmul rate", prof.compute)) if not got]

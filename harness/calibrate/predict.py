@@ -100,7 +100,8 @@ def predict_step(profile: Profile, work: Workload, dp: int, pp: int, tp: int, ze
     # the embedding on the first stage, the head on the last (both on one stage when there is one)
     stage_params = max((n * work.layer_params + work.end_params / 2 * ((s == 0) + (s == num_stages - 1))) / tp
                        for s, n in enumerate(layers)) * v
-    parts["dp_s"] = dp_sync_time(profile, zero, dp, stage_params * elem, work.tensors_per_layer * max(layers) * v, microbatches, world)
+    tensors = work.tensors_per_layer * max(layers) * v
+    parts["dp_s"] = dp_sync_time(profile, zero, dp, stage_params * elem, tensors, microbatches, world)
     parts["sync_s"] = sum(profile.collective_time("all_reduce", g, 8, world) for g in (pp, tp, dp))
     busy = sum(e - s for row in timeline.events for a, s, e in row if a.kind in "FBIW")
     return {**parts, "step_s": sum(parts[k] for k in PARTS), "makespan_s": timeline.makespan,

@@ -55,13 +55,14 @@ def planner_section(bench, run_dir, md) -> list[str]:
         out += ["### 3D layouts (dp x pp x tp)", "", md(threed.sort_values("rank_measured")[cols], ".3g", index=False),
                 ""]
         if s:
-            out += [f"- Spearman rank correlation {s['spearman']:.2f} over {s['n']} layouts (target ≥ "
-                    f"{TARGETS['spearman']}: {_verdict(s['spearman'] >= TARGETS['spearman'])})",
-                    f"- median |error| {s['median_error']:.0%}, largest {s['max_error']:.0%} (target ≤ "
-                    f"{TARGETS['median_error']:.0%}: {_verdict(s['median_error'] <= TARGETS['median_error'])})",
-                    f"- ranked first by the plan: {s['planned_first']}, measured {s['top1_gap']:.0%} above the measured "
-                    f"best ({s['measured_best']}) (target ≤ {TARGETS['top1_gap']:.0%}: "
-                    f"{_verdict(s['top1_gap'] <= TARGETS['top1_gap'])})", ""]
+            t = TARGETS
+            out += [f"- Spearman rank correlation {s['spearman']:.2f} over {s['n']} layouts "
+                    f"(target ≥ {t['spearman']}: {_verdict(s['spearman'] >= t['spearman'])})",
+                    f"- median |error| {s['median_error']:.0%}, largest {s['max_error']:.0%} "
+                    f"(target ≤ {t['median_error']:.0%}: {_verdict(s['median_error'] <= t['median_error'])})",
+                    f"- ranked first by the plan: {s['planned_first']}, measured {s['top1_gap']:.0%} above the "
+                    f"measured best ({s['measured_best']}) "
+                    f"(target ≤ {t['top1_gap']:.0%}: {_verdict(s['top1_gap'] <= t['top1_gap'])})", ""]
     bub = pipe.dropna(subset=["bubble_measured", "bubble_planned"]).copy()
     if len(pipe):
         pipe["measured_ms"], pipe["planned_ms"] = pipe["time_p50_us"] / 1e3, pipe["time_planned_us"] / 1e3

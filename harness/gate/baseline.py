@@ -68,8 +68,10 @@ def _write(runs, folder: Path, name: str) -> None:
                 config=config, merged=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     for key in ("command", "started", "finished", "suite"):
         meta.pop(key, None)
-    for filename, columns in FILES.items():
-        attr = {"conformance.csv": "conformance", "benchmarks.csv": "benchmarks", "samples.csv": "samples"}[filename]
+    # what the gate judges; a run's calibration.csv (the planner's input) stays in the run folder
+    for filename, attr in {"conformance.csv": "conformance", "benchmarks.csv": "benchmarks",
+                           "samples.csv": "samples"}.items():
+        columns = FILES[filename]
         frames = [getattr(r, attr) for r in runs if len(getattr(r, attr))]
         if frames:
             merged = pd.concat(frames, ignore_index=True).reindex(columns=columns)

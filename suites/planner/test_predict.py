@@ -83,6 +83,7 @@ def test_simulate_takes_per_stage_costs():
     sched = generate("gpipe", 2, 2)
     even = simulate(sched, {"F": 1.0, "B": 2.0})
     heavy = simulate(sched, {"F": 1.0, "B": 2.0, (1, "F"): 3.0, (1, "B"): 6.0})
-    # (m + p - 1)(F + B) = 9; stage 1 three times as slow: its 2 x (3 + 6) after stage 0's first F, then stage 0's last B
+    # (m + p - 1)(F + B) = 9; stage 1 three times as slow: its 2 x (3 + 6) after stage 0's first F,
+    # then stage 0's last B
     assert even.makespan == 9.0 and heavy.makespan == 1.0 + 2 * 3.0 + 2 * 6.0 + 2.0
     assert heavy.bubble_fraction > even.bubble_fraction
