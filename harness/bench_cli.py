@@ -232,14 +232,42 @@ def _point_at_profile(args, plans: list, run) -> None:
             cfg.profile = path
 
 
+def run_plans(run, plans: list, backend: str | None) -> None:
+    """Run each (name, config, sweep) into ``run`` on Worlds made as needed (one at a time: 2 cores, up to 8
+    ranks), then mark the folder complete; incomplete on any error or interrupt."""
+    from . import placement
+    from .world import World
+
+    worlds: dict[int, World] = {}
+
+    def get_world(n: int) -> World:
+        for size in [s for s in worlds if s != n]:
+            worlds.pop(size).close()
+        if n not in worlds:
+            worlds[n] = World(n, backend=backend, timeout=600)
+            placement.record(run, worlds[n])
+        return worlds[n]
+
+    try:
+        sizes = getattr(plans[0][1], "world_sizes", None)  # checkpointing runs in this process: no World
+        run.update(backend=get_world(sizes[0]).backend if sizes else "none")
+        for _, cfg, sweep in plans:
+            sweep(cfg, get_world, run)
+    except BaseException:
+        run.finish("incomplete")
+        raise
+    finally:
+        for w in worlds.values():
+            w.close()
+    run.finish("complete")
+
+
 def run(args) -> int:
     from dataclasses import asdict
 
-    from . import placement
     from .collectives import bench as coll_bench
     from .pipeline import bench as pipe_bench
     from .results import RunDir
-    from .world import World
 
     _check_counts(args)
     plans = []
@@ -275,28 +303,7 @@ def run(args) -> int:
                                                                     if name != "calibrate"}})
     print(f"paritybench: run folder {run.path}", file=sys.stderr)
     _point_at_profile(args, plans, run)
-    worlds: dict[int, World] = {}
-
-    def get_world(n: int) -> World:
-        for size in [s for s in worlds if s != n]:  # one world at a time: 2 cores, up to 8 ranks
-            worlds.pop(size).close()
-        if n not in worlds:
-            worlds[n] = World(n, backend=args.backend, timeout=600)
-            placement.record(run, worlds[n])
-        return worlds[n]
-
-    try:
-        sizes = getattr(plans[0][1], "world_sizes", None)  # checkpointing runs in this process: no World
-        run.update(backend=get_world(sizes[0]).backend if sizes else "none")
-        for _, cfg, sweep in plans:
-            sweep(cfg, get_world, run)
-    except BaseException:
-        run.finish("incomplete")
-        raise
-    finally:
-        for w in worlds.values():
-            w.close()
-    run.finish("complete")
+    run_plans(run, plans, args.backend)
     if not args.no_report:
         from .report import write_report
 

@@ -75,35 +75,15 @@ def run(args) -> int:
 
 
 def calibrate_into_new_run(args):
-    from .. import placement
+    from ..bench_cli import run_plans
     from ..results import RunDir
-    from ..world import World
     from .build import profile_from_run
     from .sweep import run_sweep
 
     cfg = sweep_config(args)
-    run = RunDir(args.results_dir, {"suite": "calibrate", "config": {"calibrate": vars(cfg)}})
+    run = RunDir(args.results_dir, {"suite": "calibrate", "calibration": [vars(cfg)]})
     print(f"paritybench: run folder {run.path}", file=sys.stderr)
-    worlds = {}
-
-    def get_world(n):
-        for size in [s for s in worlds if s != n]:
-            worlds.pop(size).close()
-        if n not in worlds:
-            worlds[n] = World(n, backend=args.backend, timeout=600)
-            placement.record(run, worlds[n])
-            run.update(backend=worlds[n].backend)
-        return worlds[n]
-
-    try:
-        run_sweep(cfg, get_world, run)
-    except BaseException:
-        run.finish("incomplete")
-        raise
-    finally:
-        for w in worlds.values():
-            w.close()
-    run.finish("complete")
+    run_plans(run, [("calibrate", cfg, run_sweep)], args.backend)
     profile = profile_from_run(run.path)
     profile.save(run.path / "profile.json")
     return profile
