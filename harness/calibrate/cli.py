@@ -25,8 +25,8 @@ def add_parser(sub) -> None:
                         "as bench's auto)")
     p.add_argument("--backend", default=None, choices=["gloo", "nccl"])
     p.add_argument("--dtypes", default="float32", help="dtypes of the matmul rate (float32, bfloat16, float16)")
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iters", type=int, default=6, help="timed samples per point (each a burst of 5)")
+    p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--results-dir", default="results/runs")
 
 

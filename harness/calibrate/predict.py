@@ -9,7 +9,8 @@ Per stage s and microbatch (``reference.pipeline.simulate`` with per-(stage, kin
     B_s = 2 FLOPs_s / (tp rate) + TP all-reduces (2 per layer, 1 for the head), + F_s's compute again
           with recomputation; zb-h1 splits it into I and W, half each
     SEND = what posting one activation message occupies the sender for (profile ``send``), and each
-          cross-rank dependency waits the rest of its ``one_way`` time.
+          cross-rank dependency waits the rest of its ``one_way`` time; sender and receiver each also pay
+          what a message costs ranks that compute (profile ``loaded``: gloo's threads on a full CPU).
 rate is the profile's matmul FLOP/s with all of the world's ranks busy; every time α–β from the profile
 at this world size. The parts reported are the busiest rank's: compute, TP communication, PP sends and
 its idle time (the bubble) add up to the makespan; plus dp and sync: ``step_s`` equals their sum.
@@ -93,7 +94,9 @@ def predict_step(profile: Profile, work: Workload, dp: int, pp: int, tp: int, ze
     if pp > 1:
         send = profile.message_time("send", work.activation_bytes, world)
         one_way = profile.message_time("one_way", work.activation_bytes, world)
-        costs.update(SEND_F=send, SEND_B=send, comm=max(0.0, one_way - send))
+        loaded = profile.message_time("loaded", work.activation_bytes, world, missing=0.0)
+        costs.update(SEND_F=send + loaded, SEND_B=send + loaded, RECV_F=loaded, RECV_B=loaded,
+                     comm=max(0.0, one_way - send))
     timeline = simulate(add_send_recv(generate(schedule, pp, microbatches, v)), costs)
     parts = _rank_parts(timeline, split)
     parts["bubble_s"] = max(0.0, timeline.makespan - parts["compute_s"] - parts["tp_s"] - parts["pp_s"])

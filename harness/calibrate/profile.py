@@ -5,7 +5,7 @@
      "source": "sweep" or the run folder it was fitted from,
      "collectives": [{"op", "algorithm": "ring", "world_size", "group_size", "alpha_s", "beta_s_per_byte",
                       "median_rel_error", "max_rel_error", "points", "min_bytes", "max_bytes"}],
-     "p2p": [{"world_size", "what": "send" | "one_way", "alpha_s", "beta_s_per_byte", ...fit quality}],
+     "p2p": [{"world_size", "what": "send" | "one_way" | "loaded", "alpha_s", "beta_s_per_byte", ...fit quality}],
      "compute": [{"world_size", "dtype", "kind": "matmul", "flops_per_s"},
                  {"world_size", "dtype", "kind": "gpt_block" | "mlp_layer", "flops_per_s", "layer_s", "overhead_s"}]}
 
@@ -99,9 +99,13 @@ class Profile:
         steps, volume = collective_terms(op, group_size, size)
         return steps * float(entry["alpha_s"]) + volume * float(entry["beta_s_per_byte"])
 
-    def message_time(self, what: str, size: float, world_size: int) -> float:
-        """Seconds of one point-to-point message: ``send`` (what the sender pays to post and complete it)
-        or ``one_way`` (from the send's start to the receiver holding the data)."""
+    def message_time(self, what: str, size: float, world_size: int, missing: float | None = None) -> float:
+        """Seconds of one point-to-point message: ``send`` (what the sender pays to post and complete it),
+        ``one_way`` (from the send's start to the receiver holding the data) or ``loaded`` (what it costs
+        ranks that are computing). ``missing``: the answer where the profile has no such entry (else refuse)."""
+        if missing is not None and not any(e.get("what") == what and int(e["world_size"]) == world_size
+                                           for e in self.p2p):
+            return missing
         entry = self._find(self.p2p, world_size, f"point-to-point ({what}) among {world_size} ranks", what=what)
         return float(entry["alpha_s"]) + size * float(entry["beta_s_per_byte"])
 

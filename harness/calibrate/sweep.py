@@ -7,14 +7,16 @@ At each world size n, with every rank busy at once (as in training):
   and bandwidth-bound);
 - point-to-point: ranks paired (0,1), (2,3), ...; the even rank sends a message and waits for it to come
   back: ``send`` is what the sender pays to post and complete its send (the pipeline runtime pays it per
-  message), ``one_way`` is half the round trip;
+  message), ``one_way`` is half the round trip; ``loaded`` is what a message costs ranks that are
+  computing (GEMMs with and without messages between them: on 2 cores gloo's threads take it from compute);
 - compute: every rank runs forward + backward of ``linear`` at the given (rows, in, out) shapes (the
-  models' GEMMs: 6 rows in out FLOPs each), per dtype.
+  models' GEMMs: 6 rows in out FLOPs each), and of one whole layer of each benchmarked model, per dtype.
 Timing as everywhere (``harness.timing``): per iteration after a barrier, max over ranks, median kept.
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
 from dataclasses import dataclass, field
 
@@ -27,8 +29,8 @@ _GROUPS: dict = {}  # (world size, group size) -> this rank's group, created onc
 class CalibrationSweep:
     world_sizes: list[int] = field(default_factory=lambda: [2])
     ops: list[str] = field(default_factory=lambda: list(OPS))
-    sizes: list[int] = field(default_factory=lambda: [1 << 10, 1 << 14, 1 << 18, 1 << 22])
-    """Bytes per collective buffer and per message."""
+    sizes: list[int] = field(default_factory=lambda: [1 << 10, 1 << 14, 1 << 18, 1 << 21, 1 << 23])
+    """Bytes per collective buffer and per message (1 KiB-8 MiB: the 3D bench's DP buffer is ~7 MB)."""
     dtypes: list[str] = field(default_factory=lambda: ["float32"])
     shapes: list[tuple[int, int, int]] = field(default_factory=lambda: [
         (128, 128, 384), (128, 128, 128), (128, 128, 512), (128, 512, 128), (64, 512, 512)])
@@ -40,8 +42,8 @@ class CalibrationSweep:
     """Whole layers of the benchmarked models, timed forward + backward: their time beyond their GEMMs at the
     matmul rate is the per-layer overhead (norms, softmax, activations, dispatch) that tensor parallelism does
     not divide."""
-    iters: int = 10
-    warmup: int = 2
+    iters: int = 6
+    warmup: int = 1
 
 
 def _group(g: int):
@@ -58,8 +60,9 @@ def _group(g: int):
 
 
 BURST = 5
-"""Collectives timed back to back per sample (the time is per collective): as TP's run between layers, so
-the ranks' skew leaving the barrier is paid once per burst, not once per collective."""
+"""Collectives and layers timed back to back per sample (the time is per one): as a step runs them, so
+the ranks' skew leaving the barrier is paid once per burst, and on an oversubscribed host every rank
+competes for the cores the whole time, as in training."""
 
 
 def collective_rank(op: str, g: int, nbytes: int, iters: int, warmup: int) -> list[float]:
@@ -126,6 +129,48 @@ def p2p_rank(nbytes: int, iters: int, warmup: int) -> dict:
     return {"send": sends, "one_way": [t / 2 for t in trips]}
 
 
+LOADED_MESSAGES = 8
+
+
+def loaded_p2p_rank(nbytes: int, iters: int, warmup: int) -> list[float]:
+    """Per iteration, what one message costs ranks that are computing: every rank runs the same GEMMs
+    with and without ``LOADED_MESSAGES`` messages to / from its pair posted between them, and the difference
+    per message is kept (on a host with fewer cores than busy threads the transport's threads take their
+    time from compute; where they do not, it is ~0)."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from ..rank import rank_device
+
+    device, rank, n = rank_device(), dist.get_rank(), dist.get_world_size()
+    peer = rank + 1 if rank % 2 == 0 else rank - 1
+    w, x = torch.randn(512, 512, device=device), torch.randn(64, 512, device=device)
+    buf = torch.ones(max(1, nbytes // 4), device=device)
+
+    def run(messages: bool) -> float:
+        dist.barrier()
+        t0, works = time.perf_counter(), []
+        for _ in range(LOADED_MESSAGES):
+            if messages and peer < n:
+                works.append(dist.isend(buf, peer) if rank % 2 == 0 else dist.irecv(torch.empty_like(buf), peer))
+            for _ in range(4):
+                x @ w
+        for work in works:
+            work.wait()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - t0
+
+    out = []
+    for i in range(warmup + iters):
+        alone, loaded = run(False), run(True)
+        if i >= warmup:
+            out.append(max(1e-6, (loaded - alone) / LOADED_MESSAGES))
+    return out
+
+
 def matmul_rank(dtype_name: str, shapes: list, iters: int, warmup: int) -> list[float]:
     import torch
     import torch.nn.functional as F
@@ -139,10 +184,11 @@ def matmul_rank(dtype_name: str, shapes: list, iters: int, warmup: int) -> list[
              torch.randn(o, i, generator=gen).to(device, dtype).requires_grad_()) for r, i, o in shapes]
 
     def step():
-        for x, w in data:
-            F.linear(x, w).sum().backward()
+        for _ in range(BURST):
+            for x, w in data:
+                F.linear(x, w).sum().backward()
 
-    return time_iterations(step, iters, warmup, device)
+    return [t / BURST for t in time_iterations(step, iters, warmup, device)]
 
 
 def block_flops(spec: dict) -> float:
@@ -173,7 +219,11 @@ def block_rank(dtype_name: str, spec: dict, iters: int, warmup: int) -> list[flo
     else:
         layer = nn.Sequential(nn.Linear(spec["hidden"], spec["hidden"], dtype=dtype), nn.ReLU()).to(device)
         x = torch.randn(spec["rows"], spec["hidden"], dtype=dtype, device=device, requires_grad=True)
-    return time_iterations(lambda: layer(x).sum().backward(), iters, warmup, device)
+    def step():
+        for _ in range(BURST):
+            layer(x).sum().backward()
+
+    return [t / BURST for t in time_iterations(step, iters, warmup, device)]
 
 
 def _row(world, kind: str, op: str, g, dtype: str, nbytes, flops, cfg, per_rank) -> dict:
@@ -203,7 +253,12 @@ def run_sweep(cfg: CalibrationSweep, get_world, run_dir, progress=sys.stderr) ->
                 for what in ("send", "one_way"):
                     evens = [r[what] for r in per_rank[:n - n % 2:2]]
                     run_dir.append("calibration.csv", _row(world, "p2p", what, 2, "float32", nbytes, None, cfg, evens))
-                    rows += 1
+                per_rank = world.run(loaded_p2p_rank, nbytes, cfg.iters, cfg.warmup, timeout=600)
+                # a difference of two noisy times per rank: per iteration the median over ranks, not the max
+                typical = [statistics.median(it) for it in zip(*per_rank[:n - n % 2], strict=True)]
+                run_dir.append("calibration.csv", _row(world, "p2p", "loaded", 2, "float32", nbytes, None, cfg,
+                                                       [typical]))
+                rows += 3
         flops = sum(6 * r * i * o for r, i, o in cfg.shapes)
         for dtype in cfg.dtypes:
             per_rank = world.run(matmul_rank, dtype, cfg.shapes, cfg.iters, cfg.warmup, timeout=600)

@@ -41,7 +41,8 @@ def test_sweep_rows_fit_into_a_profile(calibrated, tmp_path, capsys):
     run, rows = calibrated
     _, frames = read_run(run.path)
     cal = frames["calibration.csv"]
-    assert rows == len(cal) == 4 * 2 + 2 * 2 + 1 + 2  # collectives x sizes, p2p (send, one way) x sizes, compute
+    assert rows == len(cal) == 4 * 2 + 3 * 2 + 1 + 2  # collectives x sizes, p2p (send, one way, loaded) x sizes,
+    # compute (matmul and the two layers)
     assert (cal["time_p50_us"] > 0).all() and set(cal["kind"]) == {"collective", "p2p", "compute"}
     prof = profile_from_run(run.path)
     assert prof.backend == run.meta.get("backend", prof.backend) and prof.world_sizes == [2]

@@ -79,6 +79,18 @@ def test_planted_profiles_rank_layouts_as_constructed():
     assert all(x.split("x")[1] == "1" for x in slow_pp[:4]) and all(x.split("x")[1] != "1" for x in slow_pp[4:])
 
 
+def test_a_message_costs_computing_ranks_what_the_profile_says():
+    """gpipe at p = 2, m = 2: rank 0 sends 2 activations and receives 2 gradients; each costs it ``loaded``."""
+    work, loaded = mlp_workload(4, 64, 16), 1e-3
+    base = profile(2)
+    with_load = profile(2)
+    with_load.p2p.append({"what": "loaded", "world_size": 2, "alpha_s": loaded, "beta_s_per_byte": 0.0,
+                          "median_rel_error": 0.0, "max_rel_error": 0.0, "points": 4})
+    a, b = (predict_step(p, work, 1, 2, 1, 0, "gpipe", 2) for p in (base, with_load))
+    assert b["pp_s"] - a["pp_s"] == pytest.approx(4 * loaded, rel=1e-9)
+    assert b["step_s"] > a["step_s"] and b["bubble_fraction"] > a["bubble_fraction"]
+
+
 def test_simulate_takes_per_stage_costs():
     sched = generate("gpipe", 2, 2)
     even = simulate(sched, {"F": 1.0, "B": 2.0})
