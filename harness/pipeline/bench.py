@@ -4,7 +4,8 @@ measured per-action costs.
 
 Timestamps are time.perf_counter (CLOCK_MONOTONIC on Linux: one clock for every process of a host),
 relative to a barrier before each step. Measured bubble = 1 - busy / (p * makespan), busy being the
-summed F/B/I/W durations, makespan the last compute's end on any rank; the prediction simulates the
+summed F/B/I/W durations, makespan the last compute's end on any rank, of the timed step with the median
+bubble (``median_step_timeline``); the prediction simulates the
 same schedule with each kind's mean measured duration and the measured median hop latency between
 ranks (``hop_latency``).
 """
@@ -65,7 +66,7 @@ def bench_rank(impl_spec: str, schedule: str, p: int, m: int, v: int, hidden: in
     except NotImplementedError as exc:
         return {"unsupported": str(exc)}
     x, y = (t.to(device) / hidden for t in batch(rows * m, hidden, 0, torch.float32))  # far from overflow
-    times, events = [], None
+    times, steps = [], []
     for it in range(warmup + iters):
         for mod in mine.values():
             mod.zero_grad(set_to_none=True)
@@ -74,12 +75,19 @@ def bench_rank(impl_spec: str, schedule: str, p: int, m: int, v: int, hidden: in
         trainer.step(x if 0 in mine else None, y if num_stages - 1 in mine else None)
         if it >= warmup:
             times.append(time.perf_counter() - t0)
-            events = getattr(trainer, "events", None)
-    return {"times": times, "events": events}
+            steps.append(getattr(trainer, "events", None))
+    return {"times": times, "events": steps[-1] if steps else None, "steps": steps}
+
+
+def median_step_timeline(per_rank_steps):
+    """Of every timed step, the one with the median measured bubble (a single step's bubble on a shared CPU
+    moves by tens of percent from one step to the next; the median step is what the row reports)."""
+    timelines = [measured_timeline(list(step)) for step in zip(*per_rank_steps, strict=True)]
+    return sorted(timelines, key=lambda t: t.bubble_fraction)[(len(timelines) - 1) // 2]
 
 
 def measured_timeline(per_rank_events):
-    """The last timed step's events as a Timeline (compute actions only), with its measured bubble."""
+    """One step's events (per rank) as a Timeline (compute actions only), with its measured bubble."""
     from reference.pipeline import Action, Timeline
 
     rows = [[(Action.parse(a), s, e) for a, s, e in events if Action.parse(a).kind in COMPUTE]
@@ -163,8 +171,8 @@ def run_sweep(cfg: PipelineSweep, get_world, run_dir, progress=sys.stderr) -> in
             row.update(status="unsupported", detail=unsupported[0])
         else:
             row.update(status="ok", **summarize([r["times"] for r in per_rank]))
-            if all(r["events"] for r in per_rank):
-                measured = measured_timeline([r["events"] for r in per_rank])
+            if all(r["steps"] and all(r["steps"]) for r in per_rank):
+                measured = median_step_timeline([r["steps"] for r in per_rank])
                 predicted = predicted_timeline(schedule, p, m, v, measured)
                 row.update(bubble_measured=measured.bubble_fraction, bubble_predicted=predicted.bubble_fraction,
                            makespan_predicted_us=predicted.makespan * 1e6)

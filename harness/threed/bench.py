@@ -1,6 +1,7 @@
 """The 3D benchmark: every (dp, pp, tp) layout of one world size (8 by default) training the same GPT
 with the reference composition — step time, model-state memory per rank (measured from live tensors,
-the largest rank), and the pipeline bubble measured from the runtime's per-action timestamps — beside
+the largest rank), and the pipeline bubble measured from the runtime's per-action timestamps (the median
+over the timed steps) — beside
 ``paritybench plan``'s prediction for the same layout (``harness.plan.estimate``: its 1F1B bubble and
 communication; model-state bytes from ``training_memory`` in this run's float32 / SGD-momentum terms).
 
@@ -9,6 +10,7 @@ On 2 CPU cores 8 ranks are oversubscribed: compare layouts with each other, not 
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -72,19 +74,20 @@ def bench_rank(cfg: ThreeDSweep, dims_t: tuple[int, int, int]) -> dict:
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, cfg.vocab, (dims.dp * m * cfg.rows, cfg.seq), generator=gen)
     targets = torch.randint(0, cfg.vocab, tokens.shape, generator=gen)
-    times = []
+    from reference.pipeline.schedule import Action
+
+    times, busy, makespan = [], [], []
     for i in range(cfg.warmup + cfg.iters):
         dist.barrier()
         start = time.perf_counter()
         trainer.step(tokens, targets)
         if i >= cfg.warmup:
             times.append(time.perf_counter() - start)
+            events = trainer.last_events
+            busy.append(sum(end - begin for name, begin, end in events if Action.parse(name).kind in "FBIW"))
+            makespan.append(max((end for _, _, end in events), default=0.0))
     params = list(trainer.local.parameters())
     grads = [p.grad for p in params] + ([trainer.sync.master.grad] if cfg.zero_stage else [])
-    from reference.pipeline.schedule import Action
-
-    busy = sum(end - start for name, start, end in trainer.last_events if Action.parse(name).kind in "FBIW")
-    makespan = max((end for _, _, end in trainer.last_events), default=0.0)
     return {"times": times, "numel": numel, "microbatches": m,
             "memory": {"params": held_bytes(params), "grads": held_bytes(grads),
                        "optimizer": held_bytes(optimizer_state_tensors(trainer.optimizer))},
@@ -112,7 +115,9 @@ def run_sweep(cfg: ThreeDSweep, get_world, run_dir, progress=sys.stderr) -> int:
                               r0["microbatches"]), Layout(dp=dp, tp=tp, pp=pp, zero=cfg.zero_stage)) \
             if cfg.layers % pp == 0 else None
         worst = max(per_rank, key=lambda r: sum(r["memory"].values()))["memory"]
-        bubble = 1 - sum(r["busy"] for r in per_rank) / sum(r["makespan"] for r in per_rank)
+        # per timed step over every rank, then the median step (one step's bubble is noisy on a shared CPU)
+        bubble = statistics.median(1 - sum(r["busy"][i] for r in per_rank) / sum(r["makespan"][i] for r in per_rank)
+                                   for i in range(len(r0["busy"])))
         row = {"suite": "3d", "op": f"{dp}x{pp}x{tp}", "impl": "reference", "backend": world.backend,
                "world_size": cfg.world_size, "dtype": "float32", "iters": cfg.iters, "warmup": cfg.warmup,
                "count": r0["numel"], "microbatches": r0["microbatches"], "zero_stage": cfg.zero_stage, "status": "ok",

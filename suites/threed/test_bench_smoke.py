@@ -8,9 +8,12 @@ from harness.report import write_report
 from harness.results import RunDir, read_run
 from harness.threed.bench import ThreeDSweep, run_sweep
 
+from ..planner.synthetic import profile
+
 
 def test_3d_sweep_and_report(world_cache, tmp_path):
-    cfg = ThreeDSweep(world_size=2, vocab=13, hidden=16, heads=8, ffn=32, layers=2, seq=4, rows=1, iters=1, warmup=0)
+    cfg = ThreeDSweep(world_size=2, vocab=13, hidden=16, heads=8, ffn=32, layers=2, seq=4, rows=1, iters=2, warmup=0,
+                      profile=str(profile(2, overhead=1e-3).save(tmp_path / "profile.json")))
     run = RunDir(tmp_path, {"suite": "3d"})
     assert run_sweep(cfg, world_cache.get, run, progress=None) == 3
     run.finish()
@@ -21,4 +24,8 @@ def test_3d_sweep_and_report(world_cache, tmp_path):
     dp = rows.loc["2x1x1"]
     for kind in ("params", "grads", "optimizer"):  # < 2 padding elements of 4 bytes (x2 for a full buffer)
         assert abs(dp[f"mem_{kind}_bytes"] - dp[f"mem_{kind}_predicted"]) <= 8, kind
-    assert "## 3D layouts: measured beside predicted" in write_report(run.path).read_text()
+    # every layout carries the planner's prediction, equal to its parts
+    parts = rows[[f"plan_{k}_us" for k in ("compute", "tp", "pp", "bubble", "dp", "sync")]].sum(axis=1)
+    assert (rows["time_planned_us"] > 0).all() and ((parts - rows["time_planned_us"]).abs() < 1e-6).all()
+    report = write_report(run.path).read_text()
+    assert "## 3D layouts: measured beside predicted" in report and "Spearman rank correlation" in report
