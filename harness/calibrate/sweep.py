@@ -253,7 +253,8 @@ def run_sweep(cfg: CalibrationSweep, get_world, run_dir, progress=sys.stderr) ->
                 for what in ("send", "one_way"):
                     evens = [r[what] for r in per_rank[:n - n % 2:2]]
                     run_dir.append("calibration.csv", _row(world, "p2p", what, 2, "float32", nbytes, None, cfg, evens))
-                per_rank = world.run(loaded_p2p_rank, nbytes, cfg.iters, cfg.warmup, timeout=600)
+                # the difference of two noisy times: three times the samples
+                per_rank = world.run(loaded_p2p_rank, nbytes, 3 * cfg.iters, cfg.warmup, timeout=600)
                 # a difference of two noisy times per rank: per iteration the median over ranks, not the max
                 typical = [statistics.median(it) for it in zip(*per_rank[:n - n % 2], strict=True)]
                 run_dir.append("calibration.csv", _row(world, "p2p", "loaded", 2, "float32", nbytes, None, cfg,
