@@ -67,6 +67,12 @@ class Stage(nn.Module):
         return self.head(x) if self.apply_head and self.head is not None else x
 
 
+def stage_bounds(num_blocks: int, num_stages: int) -> list[int]:
+    """Stage s holds blocks [bounds[s], bounds[s + 1]): contiguous, earlier stages take the extra block."""
+    base, extra = divmod(num_blocks, num_stages)
+    return [s * base + min(s, extra) for s in range(num_stages + 1)]
+
+
 def shard_stages(model: GPT, dims: ParallelDims, rank: int, tp_group, virtual: int,
                  checkpointing: bool = False) -> dict[int, Stage]:
     """This rank's stages {index: Stage}, built from ``model``'s weights (``model`` is not modified)."""
@@ -76,8 +82,7 @@ def shard_stages(model: GPT, dims: ParallelDims, rank: int, tp_group, virtual: i
         raise ValueError(f"pp x virtual stages = {num_stages} cannot exceed the number of layers "
                          f"({len(model.blocks)}).")
     pp_rank = coordinates(dims, rank).pp
-    base, extra = divmod(len(model.blocks), num_stages)  # contiguous, earlier stages take the extra block
-    bounds = [s * base + min(s, extra) for s in range(num_stages + 1)]
+    bounds = stage_bounds(len(model.blocks), num_stages)
     groups = [range(bounds[s], bounds[s + 1]) for s in range(num_stages)]
     stages = {}
     for s in range(pp_rank, num_stages, dims.pp):
@@ -100,12 +105,13 @@ class Parallel3D:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}; got {schedule!r}.")
         if zero_stage not in (0, 1, 2):
             raise ValueError(f"zero_stage must be 0, 1 or 2 with pipeline parallelism; got {zero_stage!r}.")
-        self.dims, self.groups, self.zero_stage = dims, groups, zero_stage
+        self.dims, self.groups, self.zero_stage, self.spec = dims, groups, zero_stage, optimizer
         rank = dist.get_rank()
         self.coords = coordinates(dims, rank)
         virtual = 2 if schedule == "interleaved" else 1
         self.stages = shard_stages(model, dims, rank, groups["tp"], virtual, checkpointing)
         self.schedule = generate(schedule, dims.pp, microbatches, virtual)
+        self.block_bounds = stage_bounds(len(model.blocks), self.schedule.num_stages)
         self.hidden = model.embed.embedding_dim
         self.local = nn.ModuleList(self.stages.values())
         if zero_stage == 0:

@@ -38,6 +38,11 @@ class OptimizerSpec:
         """The per-element state tensors (Adam's scalar ``step`` is not one)."""
         return ("momentum_buffer",) if self.name == "sgd" else ("exp_avg", "exp_avg_sq")
 
+    @property
+    def extra_state(self) -> tuple[str, ...]:
+        """Per-parameter state that is not per element: Adam's ``step`` (the same count for every parameter)."""
+        return ("step",) if self.name == "adam" else ()
+
     def state_bytes_per_param(self, element_size: int) -> int:
         """K of the ZeRO paper for this optimizer in this precision (no separate master copy)."""
         return len(self.state_keys) * element_size

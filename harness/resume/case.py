@@ -1,0 +1,77 @@
+"""The resume conformance case (rank side): a GPT trained k steps on layout A, saved, loaded on layout B
+(another world size, dp / pp / tp, ZeRO stage or schedule), trained j more steps — against one device
+trained k + j steps on the same batches (computed on every rank), every rank's parameters compared."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+
+from harness.threed.case import LR, SEQ, _groups, bound
+from reference.compose import parallelize, shard_stages
+from reference.models import GPT
+from reference.state import latest
+from reference.state.threed import load_3d, save_3d
+from reference.topology import ParallelDims
+from reference.zero import OptimizerSpec
+
+BATCH = 8
+"""Global batch rows per step, the same for every layout (dp x microbatches divides it: m = pp)."""
+
+
+def batch(step: int, model: GPT, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed * 1000 + step)
+    return (torch.randint(0, model.vocab, (BATCH, SEQ), generator=gen),
+            torch.randint(0, model.vocab, (BATCH, SEQ), generator=gen))
+
+
+def _trainer(dims_t, schedule: str, zero: int, seed: int):
+    dims = ParallelDims(*dims_t)
+    torch.manual_seed(seed)
+    model = GPT()
+    return model, parallelize(copy.deepcopy(model), dims, schedule, zero, False, groups=_groups(dims),
+                              optimizer=OptimizerSpec("sgd", LR), microbatches=dims.pp)
+
+
+def train_and_save(root: str, dims_t, schedule: str, zero: int, steps: int, seed: int = 0,
+                   crash: tuple[int, int] | None = None) -> None:
+    """Layout A: ``steps`` steps, then save ``step-<steps>``. ``crash`` (rank, extra steps): train that many
+    more and die in the middle of saving them (that rank exits after writing its file)."""
+    model, trainer = _trainer(dims_t, schedule, zero, seed)
+    for step in range(steps):
+        trainer.step(*batch(step, model, seed))
+    save_3d(root, f"step-{steps}", trainer, {"step": steps, "layout": list(dims_t), "zero": zero})
+    if crash:
+        victim, extra = crash
+        for step in range(steps, steps + extra):
+            trainer.step(*batch(step, model, seed))
+        save_3d(root, f"step-{steps + extra}", trainer, {"step": steps + extra}, _die_after_write=victim)
+
+
+def resume_and_compare(root: str, dims_t, schedule: str, zero: int, more: int, seed: int = 0) -> dict:
+    """Layout B: load the latest step, train ``more`` steps, compare with one device."""
+    dims = ParallelDims(*dims_t)
+    model, trainer = _trainer(dims_t, schedule, zero, seed)
+    meta = load_3d(latest(root), trainer)
+    done = meta["step"]
+    single = copy.deepcopy(model)
+    opt = OptimizerSpec("sgd", LR).build(single.parameters())
+    for step in range(done + more):
+        tokens, targets = batch(step, model, seed)
+        opt.zero_grad()
+        single.loss(tokens, targets).backward()
+        opt.step()
+        if step >= done:
+            trainer.step(tokens, targets)
+    expected = shard_stages(single, dims, dist.get_rank(), trainer.groups["tp"], 2 if schedule == "interleaved" else 1)
+    limit = bound(done + more, BATCH * SEQ, model, dims.world_size)
+    worst, problems = 0.0, []
+    for s, stage in trainer.stages.items():
+        for (name, p), q in zip(stage.named_parameters(), expected[s].parameters(), strict=True):
+            rel = float((p.detach() - q.detach()).abs().max() / max(float(q.detach().abs().max()), 1e-300))
+            worst = max(worst, rel)
+            if not rel <= limit:
+                problems.append(f"rank {dist.get_rank()} stage {s} {name}: off by {rel:.3g} > {limit:.3g}")
+    return {"step": done, "worst": worst, "bound": limit, "problems": problems}

@@ -1,0 +1,182 @@
+"""Save and resume the reference 3D stack (``reference.compose.Parallel3D``) on any layout.
+
+What each rank holds, named as one device names it (``GPT.named_parameters()``):
+- a parameter: its tensor-parallel box of the dense parameter (ColumnParallelLinear: rows from
+  ``offset``; RowParallelLinear: columns from ``offset`` and a replicated bias; the vocabulary-parallel
+  embedding and head: rows ``start:end``, the padding rows beyond the vocabulary never saved; LayerNorms
+  replicated), in the stage's global block numbering;
+- its optimizer state (``OptimizerSpec.state_keys``: SGD's momentum, Adam's moments) the same way.
+The data-parallel replicas of a (pp, tp) coordinate hold the same parameters; each saves one range of
+them — the range of the flat buffer ZeRO 1/2 shards, [r S, (r + 1) S) with S = ceil(numel / dp), so a
+ZeRO rank writes exactly the optimizer state it owns (as DeepSpeed's ZeRO checkpoints), and stage 0 splits
+the writing the same way. A range of a parameter is cut into boxes (``boxes.flat_range_to_boxes``).
+
+Loading reads, for every local tensor of the new layout, its box (``store.read_box``): any dp, pp, tp,
+ZeRO stage and schedule from any other. RNG: the reference GPT draws no random numbers in training (no
+dropout), so no generator state is saved; ``meta`` carries the step (the data position) and the layout.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..tensor_parallel import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
+from .boxes import flat_range_to_boxes
+from .store import Shard
+
+
+def _dense_name(stage_index: int, first_block: int, module_path: str) -> str:
+    parts = module_path.split(".")
+    if parts[0] == "blocks":
+        parts = ["blocks", str(first_block + int(parts[1]))] + [p for p in parts[2:] if p not in ("module", "mlp")]
+    return ".".join(parts)
+
+
+def tensor_map(trainer) -> list[tuple[nn.Parameter, str, tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
+    """(local parameter, dense name, offsets in the dense tensor, lengths held (padding excluded), dense
+    shape) for every parameter of this rank, in ``trainer.local.parameters()`` order."""
+    entries = {}
+    for s, stage in trainer.stages.items():
+        first = trainer.block_bounds[s]
+        for path, mod in stage.named_modules():
+            for pname, p in mod.named_parameters(recurse=False):
+                name = _dense_name(s, first, f"{path}.{pname}" if path else pname)
+                shape, off = tuple(p.shape), (0,) * p.dim()
+                if isinstance(mod, VocabParallelEmbedding | ParallelLMHead):
+                    vocab = mod.num_embeddings if isinstance(mod, VocabParallelEmbedding) else mod.vocab_size
+                    off, held, dense = (mod.start, 0), (mod.end - mod.start, shape[1]), (vocab, shape[1])
+                elif isinstance(mod, ColumnParallelLinear):
+                    tp = dist.get_world_size(mod.group)
+                    dense = (shape[0] * tp, *shape[1:])
+                    off, held = (mod.offset,) + (0,) * (p.dim() - 1), shape
+                elif isinstance(mod, RowParallelLinear) and pname == "weight":
+                    tp = dist.get_world_size(mod.group)
+                    off, held, dense = (0, mod.offset), shape, (shape[0], shape[1] * tp)
+                else:  # replicated: LayerNorms, a row-parallel layer's bias
+                    held, dense = shape, shape
+                entries[id(p)] = (p, name, off, held, dense)
+    return [entries[id(p)] for p in trainer.local.parameters()]
+
+
+def _state_of(trainer, key: str) -> list[torch.Tensor | None]:
+    """Each local parameter's optimizer state ``key`` as a tensor of its shape (flat views under ZeRO)."""
+    params = list(trainer.local.parameters())
+    if trainer.zero_stage == 0:
+        return [trainer.optimizer.state.get(p, {}).get(key) for p in params]
+    flat = trainer.sync.flat
+    shard = trainer.optimizer.state.get(trainer.sync.master, {}).get(key)
+    if shard is None:
+        return [None] * len(params)
+    full = torch.zeros_like(flat.buffer)
+    full[flat.shard] = shard
+    return flat.views(full)
+
+
+def rank_shards(trainer) -> list[Shard]:
+    """This rank's share of the training state: its DP range of its local parameters and their state."""
+    entries = tensor_map(trainer)
+    dp, r = dist.get_world_size(trainer.groups["dp"]), dist.get_rank(trainer.groups["dp"])
+    numel = sum(p.numel() for p, *_ in entries)
+    size = -(-numel // dp)
+    lo, hi = r * size, min((r + 1) * size, numel)
+    keys = trainer.spec.state_keys
+    states = {key: _state_of(trainer, key) for key in keys}
+    shards, base = [], 0
+    if "step" in trainer.spec.extra_state and dist.get_rank() == 0:
+        steps = [st["step"] for st in trainer.optimizer.state.values() if "step" in st]
+        if steps:
+            shards.append(Shard("optim/step", steps[0].detach().to(torch.float32).reshape(()), (), ()))
+    for i, (p, name, off, held, dense) in enumerate(entries):
+        a, b = max(lo, base) - base, min(hi, base + p.numel()) - base
+        base += p.numel()
+        for box_off, box_len in flat_range_to_boxes(p.shape, a, b):
+            # clip to what is held (the vocabulary padding rows are not the model's)
+            clipped = [(o, min(o + n, h) - o) for o, n, h in zip(box_off, box_len, held, strict=True)]
+            if any(n <= 0 for _, n in clipped):
+                continue
+            index = tuple(slice(o, o + n) for o, n in clipped)
+            where = tuple(o + g for (o, _), g in zip(clipped, off, strict=True))
+            shards.append(Shard(f"model/{name}", p.detach()[index].clone(), where, dense))
+            for key in keys:
+                if states[key][i] is not None:
+                    shards.append(Shard(f"optim/{key}/{name}", states[key][i].detach()[index].clone(), where, dense))
+    return shards
+
+
+def load_rank(trainer, read) -> None:
+    """Fill this rank's parameters and optimizer state from the checkpoint: ``read(name, offsets, lengths,
+    dtype, dense_shape)`` returns one box (``store.read_box`` bound to the checkpoint)."""
+    entries = tensor_map(trainer)
+    keys = trainer.spec.state_keys
+    with torch.no_grad():
+        state = {key: [] for key in keys}
+        for p, name, off, held, dense in entries:
+            index = tuple(slice(0, n) for n in held)
+            p.data[index].copy_(read(f"model/{name}", off, held, p.dtype, dense))
+            for key in keys:
+                full = torch.zeros_like(p.data)
+                full[index] = read(f"optim/{key}/{name}", off, held, p.dtype, dense)
+                state[key].append(full)
+        if trainer.zero_stage == 0:
+            for i, (p, *_) in enumerate(entries):
+                trainer.optimizer.state[p] = {key: state[key][i] for key in keys}
+        else:
+            flat = trainer.sync.flat
+            trainer.optimizer.state[trainer.sync.master] = {
+                key: torch.cat([t.flatten() for t in state[key]] +
+                               [torch.zeros(flat.padded - flat.numel, dtype=flat.buffer.dtype)])[flat.shard].clone()
+                for key in keys}
+        if "step" in trainer.spec.extra_state:  # Adam's step count: one scalar for every parameter
+            step = read("optim/step", (), (), torch.float32, ())
+            for st in trainer.optimizer.state.values():
+                st["step"] = step.clone()
+
+
+def save_3d(root, step_name: str, trainer, meta: dict, group=None, _die_after_write: int | None = None):
+    """Collective over ``group`` (default: the world): every rank writes its shards into one staging folder,
+    rank 0 merges the metadata and publishes ``root/step_name``. ``_die_after_write``: that rank exits
+    right after writing its file (the fault test's rank killed mid-save)."""
+    import os
+    import secrets
+    from pathlib import Path
+
+    from .store import finalize, publish, write_rank
+
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    name = [f".staging-{step_name}-{secrets.token_hex(4)}" if rank == 0 else None]
+    dist.broadcast_object_list(name, src=src, group=group)
+    staging = Path(root) / name[0]
+    if rank == 0:
+        staging.mkdir(parents=True)
+    dist.barrier(group)
+    write_rank(staging, rank, rank_shards(trainer))
+    if _die_after_write == rank:
+        os._exit(17)
+    dist.barrier(group)
+    status = [None]
+    if rank == 0:
+        try:
+            finalize(staging, world, meta)
+            publish(root, step_name, staging)
+        except Exception as exc:  # every rank raises the same sentence, none waits forever
+            status = [f"{type(exc).__name__}: {exc}"]
+    dist.broadcast_object_list(status, src=src, group=group)
+    if status[0]:
+        raise RuntimeError(f"saving {step_name!r} failed on rank 0: {status[0]}")
+    return Path(root) / step_name
+
+
+def load_3d(ckpt, trainer) -> dict:
+    """Fill ``trainer`` (any layout) from the published checkpoint folder ``ckpt``; returns its ``meta``."""
+    from .store import read_box, read_metadata
+
+    metadata = read_metadata(ckpt)
+
+    def read(name, offsets, lengths, dtype, dense):
+        return read_box(ckpt, name, offsets, lengths, dtype=dtype, metadata=metadata, global_shape=dense)
+
+    load_rank(trainer, read)
+    return metadata["meta"]
