@@ -53,7 +53,10 @@ def train_and_save(root: str, dims_t, schedule: str, zero: int, steps: int, seed
 def resume_and_compare(root: str, dims_t, schedule: str, zero: int, more: int, seed: int = 0) -> dict:
     """Layout B: load the latest step, train ``more`` steps, compare with one device."""
     dims = ParallelDims(*dims_t)
-    model, trainer = _trainer(dims_t, schedule, zero, seed)
+    try:
+        model, trainer = _trainer(dims_t, schedule, zero, seed)
+    except ValueError as exc:  # a layout this model cannot take: refused before anything is read
+        return {"refused": str(exc), "step": None, "worst": 0.0, "problems": []}
     meta = load_3d(latest(root), trainer)
     done = meta["step"]
     single = copy.deepcopy(model)
@@ -74,4 +77,4 @@ def resume_and_compare(root: str, dims_t, schedule: str, zero: int, more: int, s
             worst = max(worst, rel)
             if not rel <= limit:
                 problems.append(f"rank {dist.get_rank()} stage {s} {name}: off by {rel:.3g} > {limit:.3g}")
-    return {"step": done, "worst": worst, "bound": limit, "problems": problems}
+    return {"refused": None, "step": done, "worst": worst, "bound": limit, "problems": problems}

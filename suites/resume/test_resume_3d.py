@@ -35,6 +35,12 @@ def test_resume_on_another_layout_equals_one_device(a, b, world_cache, tmp_path,
     assert all(r["step"] == 2 for r in per_rank) and not problems, problems[:4]
 
 
+def test_a_layout_the_model_cannot_take_is_one_sentence(world_cache, tmp_path):
+    world_cache.get(2).run(case.train_and_save, str(tmp_path), (1, 1, 2), "1f1b", 0, 1, timeout=300)
+    refused = world_cache.get(3).run(case.resume_and_compare, str(tmp_path), (1, 1, 3), "1f1b", 0, 1, timeout=300)
+    assert all(r["refused"] == "tp (3) must divide the attention heads (8)." for r in refused)
+
+
 def test_a_rank_killed_mid_save_leaves_the_previous_step(world_cache, tmp_path):
     with pytest.raises(RankFailure, match="rank"):
         world_cache.get(4).run(case.train_and_save, str(tmp_path), (2, 1, 2), "1f1b", 1, 2, 0, (3, 1), timeout=300)
