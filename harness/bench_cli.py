@@ -21,6 +21,7 @@ def add_parsers(sub) -> None:
                            ("zero", "step time, memory per rank and bytes per DP / ZeRO stage"),
                            ("checkpoint", "activation memory and step time with and without checkpointing"),
                            ("3d", "every dp x pp x tp layout of one world size: step time, memory, bubble vs plan"),
+                           ("resume", "save and load time, GB/s and bytes per rank of the 3D stack's state"),
                            ("all", "collectives, pipeline, zero, checkpoint, then 3d, into one run folder")):
         p = bsub.add_parser(name, help=helptext)
         p.add_argument("--impls", default=None, help="comma-separated implementations (default: all registered)")
@@ -287,6 +288,12 @@ def run(args) -> int:
         from .threed import bench as threed_bench
 
         plans.append(("3d", threed_config(args), threed_bench.run_sweep))
+    if args.suite == "resume":
+        from .resume.bench import ResumeSweep
+        from .resume.bench import run_sweep as resume_sweep
+
+        plans.append(("resume", ResumeSweep(world_sizes=_sizes(args, args.world_sizes), iters=min(args.iters, 3),
+                                            warmup=min(args.warmup, 1)), resume_sweep))
     if args.suite == "tensor_parallel":
         from .tensor_parallel import bench as tp_bench
 

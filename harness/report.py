@@ -191,6 +191,11 @@ def write_report(run_dir, baseline=None) -> Path:
         from .threed.report import threed_section
 
         out += threed_section(threed, _md)
+    resume = bench[bench["suite"] == "resume"] if len(bench) else bench
+    if len(resume):
+        from .resume.bench import resume_section
+
+        out += resume_section(resume, _md)
     ckpt = bench[bench["suite"] == "checkpoint"] if len(bench) else bench
     if len(ckpt):
         from .checkpoint.report import checkpoint_section

@@ -1,0 +1,129 @@
+"""``paritybench bench resume``: save and load of the reference 3D stack's training state per layout —
+time, throughput (GB/s, GB = 1e9: the checkpoint's bytes / time), bytes the busiest rank writes against
+the model state a rank owns when saving splits it over all N ranks (``cost_model.training_memory`` at
+ZeRO-3 sharding: float32 weights and SGD momentum, (4 + 4) Psi / N; replicated LayerNorms and the
+vocabulary's uneven split make the measured a little larger)."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class ResumeSweep:
+    world_sizes: list[int] = field(default_factory=lambda: [2, 4])
+    layouts: list = field(default_factory=list)
+    """(dp, pp, tp) to run; empty: every layout of each world size the model takes."""
+    zero_stage: int = 1
+    vocab: int = 512
+    hidden: int = 128
+    heads: int = 8
+    ffn: int = 512
+    layers: int = 8
+    iters: int = 3
+    warmup: int = 1
+
+
+def _layouts(cfg: ResumeSweep, n: int) -> list[tuple[int, int, int]]:
+    if cfg.layouts:
+        return [tuple(d) for d in cfg.layouts if d[0] * d[1] * d[2] == n]
+    return [(dp, pp, n // (dp * pp)) for dp in range(1, n + 1) for pp in range(1, n + 1)
+            if n % (dp * pp) == 0 and cfg.heads % (n // (dp * pp)) == 0 and pp <= cfg.layers]
+
+
+def bench_rank(cfg: ResumeSweep, dims_t, root: str) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from harness.threed.case import _groups
+    from reference.compose import parallelize
+    from reference.models import GPT
+    from reference.state import latest
+    from reference.state.threed import load_3d, save_3d
+    from reference.topology import ParallelDims
+    from reference.zero import OptimizerSpec
+
+    dims = ParallelDims(*dims_t)
+    torch.manual_seed(0)
+    model = GPT(cfg.vocab, cfg.hidden, cfg.heads, cfg.ffn, cfg.layers, dtype=torch.float32)
+    trainer = parallelize(model, dims, "1f1b", cfg.zero_stage, False, groups=_groups(dims),
+                          optimizer=OptimizerSpec("sgd", 1e-3), microbatches=dims.pp)
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, cfg.vocab, (dims.dp * dims.pp, 16), generator=gen)
+    trainer.step(tokens, tokens)  # the momentum exists from the first step on
+    saves, loads, written = [], [], 0
+    for i in range(cfg.warmup + cfg.iters):
+        dist.barrier()
+        t0 = time.perf_counter()
+        step = save_3d(root, f"step-{i}", trainer, {"step": i})
+        t1 = time.perf_counter()
+        dist.barrier()
+        t2 = time.perf_counter()
+        load_3d(latest(root), trainer)
+        t3 = time.perf_counter()
+        if i >= cfg.warmup:
+            saves.append(t1 - t0)
+            loads.append(t3 - t2)
+            written = (step / f"rank{dist.get_rank():05d}.bin").stat().st_size
+        dist.barrier()
+        if dist.get_rank() == 0 and i:
+            shutil.rmtree(Path(root) / f"step-{i - 1}")  # keep the disk to one step or two
+    total = sum(f.stat().st_size for f in step.glob("rank*.bin"))
+    return {"save": saves, "load": loads, "written": written, "total": total,
+            "numel": sum(p.numel() for p in model.parameters())}
+
+
+def run_sweep(cfg: ResumeSweep, get_world, run_dir, progress=sys.stderr) -> int:
+    from reference.cost_model import training_memory
+
+    from ..timing import summarize
+
+    rows = 0
+    for n in cfg.world_sizes:
+        for dims in _layouts(cfg, n):
+            root = Path(run_dir.path) / f"resume-{'x'.join(map(str, dims))}"
+            world = get_world(n)
+            try:
+                per_rank = world.run(bench_rank, cfg, dims, str(root), timeout=600)
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
+            r0 = per_rank[0]
+            dp, pp, tp = dims
+            states = training_memory(r0["numel"], zero_stage=3, dp=dp, tp=tp, pp=pp, weight_bytes=4, grad_bytes=4,
+                                     optimizer_bytes=4)
+            for what in ("save", "load"):
+                stats = summarize([r[what] for r in per_rank])
+                row = {"suite": "resume", "op": f"{what} {dp}x{pp}x{tp}", "impl": "reference", "backend": world.backend,
+                       "world_size": n, "dtype": "float32", "zero_stage": cfg.zero_stage, "iters": cfg.iters,
+                       "warmup": cfg.warmup, "count": r0["numel"], "bytes": r0["total"], "status": "ok",
+                       "algbw_gbps": r0["total"] / (stats["time_p50_us"] * 1e-6) / 1e9,
+                       "state_bytes_rank_max": max(r["written"] for r in per_rank),
+                       "state_bytes_predicted": states.weights + states.optimizer, **stats}
+                run_dir.append("benchmarks.csv", row)
+                rows += 1
+            if progress:
+                print(f"resume {dp}x{pp}x{tp}: checkpoint {r0['total'] / 1e6:.1f} MB, busiest rank "
+                      f"{max(r['written'] for r in per_rank) / 1e6:.2f} MB", file=progress, flush=True)
+    return rows
+
+
+def resume_section(rows, md) -> list[str]:
+    ok = rows[rows["status"] == "ok"].copy()
+    if not len(ok):
+        return []
+    ok["layout"] = ok["op"].str.split(" ").str[1]
+    ok["what"] = ok["op"].str.split(" ").str[0]
+    ok["ms"] = ok["time_p50_us"] / 1e3
+    table = ok.pivot_table(index=["world_size", "layout", "bytes", "state_bytes_rank_max", "state_bytes_predicted"],
+                           columns="what", values=["ms", "algbw_gbps"], aggfunc="first")
+    table.columns = [f"{what} {v}" for v, what in table.columns]
+    return ["## Resume: save and load of the 3D stack's training state", "",
+            "Reference format (`reference/state`): every rank writes its ZeRO range of its tensor-parallel boxes, "
+            "rank 0 publishes with one rename; load reads only the boxes a rank needs, checksummed. `bytes`: the whole "
+            "checkpoint; `state_bytes_rank_max`: the busiest rank's file; predicted: float32 weights + momentum split "
+            "over all ranks (cost_model). GB/s = bytes / p50 time.", "",
+            md(table.reset_index(), ".4g", index=False), ""]

@@ -1,0 +1,26 @@
+"""``bench resume`` end to end on a tiny GPT over 2 ranks (no timing asserted): a save and a load row per
+layout, the busiest rank's bytes against the cost model, the report's section."""
+
+from __future__ import annotations
+
+from harness.report import write_report
+from harness.results import RunDir, read_run
+from harness.resume.bench import ResumeSweep, run_sweep
+
+
+def test_resume_sweep_rows_and_report(world_cache, tmp_path):
+    cfg = ResumeSweep(world_sizes=[2], vocab=13, hidden=16, heads=8, ffn=32, layers=2, iters=1, warmup=0)
+    run = RunDir(tmp_path, {"suite": "resume"})
+    assert run_sweep(cfg, world_cache.get, run, progress=None) == 2 * 3
+    run.finish()
+    rows = read_run(run.path)[1]["benchmarks.csv"]
+    assert sorted(rows["op"]) == sorted(f"{w} {lay}" for w in ("load", "save") for lay in ("1x1x2", "1x2x1", "2x1x1"))
+    assert (rows["status"] == "ok").all() and (rows["time_p50_us"] > 0).all()
+    # float32 weights + momentum: 8 bytes per parameter in all; the busiest rank writes its half, plus what
+    # is replicated (LayerNorms under TP) or unevenly split (13 vocabulary rows over 2)
+    numel = int(rows["count"].iloc[0])
+    assert (rows["bytes"] >= 8 * numel).all() and (rows["bytes"] <= 8 * numel * 1.2).all()
+    assert (rows["state_bytes_rank_max"] >= rows["state_bytes_predicted"]).all()
+    assert (rows["state_bytes_rank_max"] <= 1.2 * rows["state_bytes_predicted"]).all()
+    assert not any(p.name.startswith("resume-") for p in run.path.iterdir())  # the checkpoints are cleaned up
+    assert "## Resume: save and load" in write_report(run.path).read_text()
