@@ -99,6 +99,12 @@ FINDINGS: tuple[Finding, ...] = (
             "the gradient norm to 1 (Linear(4, 1), input 3 * ones: norm 6 applied as 1).",
             "suites/zero/test_findings.py::test_deepspeed_clips_gradients_by_default",
             handled_by_adapter="the deepspeed adapter sets gradient_clipping 0"),
+    Finding("deepspeed", "zero", "deepspeed", ("0.19", None),
+            "ds_to_universal, DeepSpeed's only way to resume a ZeRO 1-3 checkpoint at another DP size, assumes "
+            "Adam's optimizer state: a checkpoint trained with SGD + momentum fails to convert with KeyError "
+            "'exp_avg' (mlp, ZeRO-2, dp 2, 2 steps); with Adam it converts and resumes at dp 4 exactly.",
+            "suites/resume/test_deepspeed.py::test_universal_conversion_of_an_sgd_checkpoint_fails",
+            {"optimizer": "sgd", "universal": True}),
 )
 
 

@@ -146,6 +146,8 @@ def save_3d(root, step_name: str, trainer, meta: dict, group=None, _die_after_wr
 
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     src = dist.get_global_rank(group, 0) if group is not None else 0
+    meta = {**meta, "versions": {"torch": torch.__version__.split("+")[0]}, "zero_stage": trainer.zero_stage,
+            "dims": [trainer.dims.dp, trainer.dims.pp, trainer.dims.tp], "optimizer": trainer.spec.name}
     name = [f".staging-{step_name}-{secrets.token_hex(4)}" if rank == 0 else None]
     dist.broadcast_object_list(name, src=src, group=group)
     staging = Path(root) / name[0]
