@@ -27,6 +27,34 @@ def batch(step: int, model: GPT, seed: int = 0) -> tuple[torch.Tensor, torch.Ten
             torch.randint(0, model.vocab, (BATCH, SEQ), generator=gen))
 
 
+def continue_beside_one_device(model: GPT, trainer, done: int, more: int, seed: int) -> GPT:
+    """One device trained ``done + more`` steps on the step-indexed batches while ``trainer`` (resumed at
+    ``done``) trains the last ``more``; returns the one-device model."""
+    single = copy.deepcopy(model)
+    opt = OptimizerSpec("sgd", LR).build(single.parameters())
+    for step in range(done + more):
+        tokens, targets = batch(step, model, seed)
+        opt.zero_grad()
+        single.loss(tokens, targets).backward()
+        opt.step()
+        if step >= done:
+            trainer.step(tokens, targets)
+    return single
+
+
+def differences(pairs, limit: float) -> tuple[float, list[str]]:
+    """(largest difference relative to the expected tensor's magnitude, one line per one over ``limit``)
+    over (label, got, expected) triples."""
+    worst, problems = 0.0, []
+    for label, p, q in pairs:
+        p, q = p.detach(), q.detach()
+        rel = float((p - q).abs().max() / max(float(q.abs().max()), 1e-300))
+        worst = max(worst, rel)
+        if not rel <= limit:
+            problems.append(f"rank {dist.get_rank()} {label}: off by {rel:.3g} > {limit:.3g}")
+    return worst, problems
+
+
 def _trainer(dims_t, schedule: str, zero: int, seed: int):
     dims = ParallelDims(*dims_t)
     torch.manual_seed(seed)
@@ -59,22 +87,10 @@ def resume_and_compare(root: str, dims_t, schedule: str, zero: int, more: int, s
         return {"refused": str(exc), "step": None, "worst": 0.0, "problems": []}
     meta = load_3d(latest(root), trainer)
     done = meta["step"]
-    single = copy.deepcopy(model)
-    opt = OptimizerSpec("sgd", LR).build(single.parameters())
-    for step in range(done + more):
-        tokens, targets = batch(step, model, seed)
-        opt.zero_grad()
-        single.loss(tokens, targets).backward()
-        opt.step()
-        if step >= done:
-            trainer.step(tokens, targets)
+    single = continue_beside_one_device(model, trainer, done, more, seed)
     expected = shard_stages(single, dims, dist.get_rank(), trainer.groups["tp"], 2 if schedule == "interleaved" else 1)
     limit = bound(done + more, BATCH * SEQ, model, dims.world_size)
-    worst, problems = 0.0, []
-    for s, stage in trainer.stages.items():
-        for (name, p), q in zip(stage.named_parameters(), expected[s].parameters(), strict=True):
-            rel = float((p.detach() - q.detach()).abs().max() / max(float(q.detach().abs().max()), 1e-300))
-            worst = max(worst, rel)
-            if not rel <= limit:
-                problems.append(f"rank {dist.get_rank()} stage {s} {name}: off by {rel:.3g} > {limit:.3g}")
+    worst, problems = differences([(f"stage {s} {name}", p, q) for s, stage in trainer.stages.items()
+                                   for (name, p), q in zip(stage.named_parameters(), expected[s].parameters(),
+                                                           strict=True)], limit)
     return {"refused": None, "step": done, "worst": worst, "bound": limit, "problems": problems}

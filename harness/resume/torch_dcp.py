@@ -13,7 +13,7 @@ import copy
 import torch
 import torch.distributed as dist
 
-from harness.resume.case import batch
+from harness.resume.case import BATCH, batch, continue_beside_one_device, differences
 from harness.threed.case import LR, SEQ, bound
 from reference.models import GPT
 
@@ -65,22 +65,7 @@ def resume_and_compare(path: str, dims_t, schedule: str, done: int, more: int, s
             name = trainer.names[local]
             p.data.copy_(state[f"model.{name}"])
             trainer.optimizer.state[p] = {"momentum_buffer": state[f"optim.{name}.momentum_buffer"]}
-    single = copy.deepcopy(model)
-    opt = torch.optim.SGD(single.parameters(), lr=LR, momentum=0.9)
-    for step in range(done + more):
-        tokens, targets = batch(step, model, seed)
-        opt.zero_grad()
-        single.loss(tokens, targets).backward()
-        opt.step()
-        if step >= done:
-            trainer.step(tokens, targets)
-    dense = dict(single.named_parameters())
-    limit = bound(done + more, 8 * SEQ, model, dist.get_world_size())
-    worst, problems = 0.0, []
-    for name, p in trainer.full_params().items():
-        q = dense[name].detach()
-        rel = float((p - q).abs().max() / max(float(q.abs().max()), 1e-300))
-        worst = max(worst, rel)
-        if not rel <= limit:
-            problems.append(f"rank {dist.get_rank()} {name}: off by {rel:.3g} > {limit:.3g}")
+    dense = dict(continue_beside_one_device(model, trainer, done, more, seed).named_parameters())
+    limit = bound(done + more, BATCH * SEQ, model, dist.get_world_size())
+    worst, problems = differences([(name, p, dense[name]) for name, p in trainer.full_params().items()], limit)
     return {"error": None, "worst": worst, "bound": limit, "problems": problems}
