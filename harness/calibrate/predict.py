@@ -56,8 +56,11 @@ class Workload:
 
 
 def stage_layers(layers: int, stages: int) -> list[int]:
-    base, extra = divmod(layers, stages)  # as reference.compose.shard_stages: earlier stages take the extra
-    return [base + (s < extra) for s in range(stages)]
+    """Layers per stage, split as the reference 3D stack splits them (``reference.compose.stage_bounds``)."""
+    from reference.compose import stage_bounds
+
+    bounds = stage_bounds(layers, stages)
+    return [bounds[s + 1] - bounds[s] for s in range(stages)]
 
 
 def predict_step(profile: Profile, work: Workload, dp: int, pp: int, tp: int, zero: int, schedule: str,
@@ -167,10 +170,8 @@ def mlp_workload(layers: int, hidden: int, rows: int, dtype: str = "float32") ->
                     layer_kind="mlp_layer")
 
 
-def planned_columns(prediction: dict | None) -> dict:
-    """A prediction as benchmark-row columns (blank where there is none)."""
-    if prediction is None:
-        return {}
+def planned_columns(prediction: dict) -> dict:
+    """A prediction as benchmark-row columns."""
     out = {"time_planned_us": prediction["step_s"] * 1e6, "bubble_planned": prediction["bubble_fraction"]}
     out.update({f"plan_{k[:-2]}_us": prediction[k] * 1e6 for k in PARTS})
     return out

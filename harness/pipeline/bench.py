@@ -76,7 +76,7 @@ def bench_rank(impl_spec: str, schedule: str, p: int, m: int, v: int, hidden: in
         if it >= warmup:
             times.append(time.perf_counter() - t0)
             steps.append(getattr(trainer, "events", None))
-    return {"times": times, "events": steps[-1] if steps else None, "steps": steps}
+    return {"times": times, "steps": steps}
 
 
 def median_step_timeline(per_rank_steps):

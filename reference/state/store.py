@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import zlib
 from dataclasses import dataclass
@@ -48,13 +49,18 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_json(path: Path, data) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+def _replace(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file, fsync it, and rename it over ``path``: readers see old or new."""
+    tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def _write_json(path: Path, data) -> None:
+    _replace(path, json.dumps(data, indent=1, sort_keys=True))
 
 
 def write_rank(staging: Path, rank: int, shards: list[Shard]) -> list[dict]:
@@ -101,9 +107,9 @@ def finalize(staging: Path, world_size: int, meta: dict) -> dict:
                 t["shards"].append({k: e[k] for k in ("owner", "file", "byte_offset", "offsets", "lengths",
                                                       "block_crc32")})
     for name, t in tensors.items():
-        covered = sum(_numel(s["lengths"]) for s in t["shards"])
-        if covered != _numel(t["shape"]):
-            raise ResumeError(f"{name!r}: the shards cover {covered} of its {_numel(t['shape'])} elements "
+        covered = sum(math.prod(s["lengths"]) for s in t["shards"])
+        if covered != math.prod(t["shape"]):
+            raise ResumeError(f"{name!r}: the shards cover {covered} of its {math.prod(t['shape'])} elements "
                               "(overlapping or missing boxes).")
     metadata = {"format": FORMAT, "version": VERSION, "tensors": tensors, "meta": meta}
     _write_json(staging / "metadata.json", metadata)
@@ -118,12 +124,7 @@ def publish(root: Path, step: str, staging: Path) -> Path:
         raise ResumeError(f"{str(final)!r} already exists: a published step is never overwritten.")
     os.rename(staging, final)
     _fsync_dir(root)
-    tmp = root / ".latest.tmp"
-    with open(tmp, "w") as f:
-        f.write(step + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, root / "latest")
+    _replace(root / "latest", step + "\n")
     _fsync_dir(root)
     return final
 
@@ -150,13 +151,6 @@ def read_metadata(ckpt: Path) -> dict:
     if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION:
         raise ResumeError(f"{str(path)!r} is not a {FORMAT} checkpoint of version {VERSION}.")
     return data
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def read_box(ckpt: Path, name: str, offsets, lengths, dtype: torch.dtype | None = None, metadata: dict | None = None,
@@ -217,7 +211,7 @@ def _copy_intersection(ckpt, name, shard, lo, hi, box_off, box_len, item, flat) 
             start, nbytes = shard["byte_offset"] + src * item, run * item
             if start + nbytes > size:
                 raise ResumeError(f"{name!r}: {str(path)!r} is truncated ({size} bytes; the shard needs "
-                                  f"{shard['byte_offset'] + _numel(shard['lengths']) * item}).")
+                                  f"{shard['byte_offset'] + math.prod(shard['lengths']) * item}).")
             _verify_blocks(f, path, name, shard, src * item, nbytes, item, verified)
             f.seek(start)
             flat[dst * item: dst * item + nbytes] = numpy.frombuffer(f.read(nbytes), dtype=numpy.uint8)
@@ -226,7 +220,7 @@ def _copy_intersection(ckpt, name, shard, lo, hi, box_off, box_len, item, flat) 
 
 
 def _verify_blocks(f, path, name, shard, rel_start, nbytes, item, verified) -> None:
-    total = _numel(shard["lengths"]) * item
+    total = math.prod(shard["lengths"]) * item
     for b in range(rel_start // BLOCK, (rel_start + nbytes - 1) // BLOCK + 1 if nbytes else 0):
         if b in verified:
             continue

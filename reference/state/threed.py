@@ -27,7 +27,7 @@ from .boxes import flat_range_to_boxes
 from .store import Shard
 
 
-def _dense_name(stage_index: int, first_block: int, module_path: str) -> str:
+def _dense_name(first_block: int, module_path: str) -> str:
     parts = module_path.split(".")
     if parts[0] == "blocks":
         parts = ["blocks", str(first_block + int(parts[1]))] + [p for p in parts[2:] if p not in ("module", "mlp")]
@@ -42,7 +42,7 @@ def tensor_map(trainer) -> list[tuple[nn.Parameter, str, tuple[int, ...], tuple[
         first = trainer.block_bounds[s]
         for path, mod in stage.named_modules():
             for pname, p in mod.named_parameters(recurse=False):
-                name = _dense_name(s, first, f"{path}.{pname}" if path else pname)
+                name = _dense_name(first, f"{path}.{pname}" if path else pname)
                 shape, off = tuple(p.shape), (0,) * p.dim()
                 if isinstance(mod, VocabParallelEmbedding | ParallelLMHead):
                     vocab = mod.num_embeddings if isinstance(mod, VocabParallelEmbedding) else mod.vocab_size
