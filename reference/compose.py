@@ -14,6 +14,11 @@
 The loss each replica back-propagates is its tokens' summed cross-entropy / its token count (microbatch
 losses add up to the replica's mean); the DP average of the replicas' gradients is then the global
 batch's mean-loss gradient — one device's.
+
+Dropout (a GPT built with ``dropout`` > 0) is keyed (``reference.dropout``): the trainer sets the key's
+step and, before each microbatch's forward or backward, its global sample indices — so every layout
+draws one device's masks. A ``loss_scaler`` scales each microbatch loss, unscales the reduced gradients
+and skips the step on every rank when any rank holds an inf or NaN.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from torch import nn
 
 from .checkpoint import Checkpointed
 from .data_parallel import NaiveDataParallel
+from .dropout import DropoutKey, KeyedDropout
+from .mixed_precision import DynamicLossScaler
 from .models import GPT
 from .pipeline.generators import generate
 from .pipeline.runtime import PipelineRuntime
@@ -42,10 +49,11 @@ class ParallelGPTBlock(nn.Module):
         self.ln1, self.ln2 = copy.deepcopy(block.ln1), copy.deepcopy(block.ln2)
         self.attn = ParallelAttention.from_dense(block.attn, tp_group)
         self.mlp = ParallelMLP.from_dense(block.fc1, block.fc2, tp_group)
+        self.drop_attn, self.drop_mlp = copy.deepcopy(block.drop_attn), copy.deepcopy(block.drop_mlp)
 
     def forward(self, x):
-        x = x + self.attn(self.ln1(x).transpose(0, 1)).transpose(0, 1)
-        return x + self.mlp(self.ln2(x))
+        x = x + self.drop_attn(self.attn(self.ln1(x).transpose(0, 1)).transpose(0, 1))
+        return x + self.drop_mlp(self.mlp(self.ln2(x)))
 
 
 class Stage(nn.Module):
@@ -53,14 +61,15 @@ class Stage(nn.Module):
     applied in forward when ``apply_head``, else called by the pipeline's loss function (its parameters
     are this stage's either way)."""
 
-    def __init__(self, blocks, embed=None, ln_f=None, head=None, apply_head: bool = False):
+    def __init__(self, blocks, embed=None, ln_f=None, head=None, apply_head: bool = False, drop_embed=None):
         super().__init__()
         self.embed, self.blocks, self.ln_f, self.head = embed, nn.ModuleList(blocks), ln_f, head
-        self.apply_head = apply_head
+        self.drop_embed, self.apply_head = drop_embed, apply_head
 
     def forward(self, x):
         if self.embed is not None:
             x = self.embed(x)
+            x = self.drop_embed(x) if self.drop_embed is not None else x
         for block in self.blocks:
             x = block(x)
         x = self.ln_f(x) if self.ln_f is not None else x
@@ -91,7 +100,13 @@ def shard_stages(model: GPT, dims: ParallelDims, rank: int, tp_group, virtual: i
         last = s == num_stages - 1
         stages[s] = Stage(blocks, VocabParallelEmbedding.from_dense(model.embed, tp_group) if s == 0 else None,
                           copy.deepcopy(model.ln_f) if last else None,
-                          ParallelLMHead.from_dense(model.head, tp_group) if last else None)
+                          ParallelLMHead.from_dense(model.head, tp_group) if last else None,
+                          drop_embed=copy.deepcopy(model.drop_embed) if s == 0 else None)
+    key = DropoutKey(model.dropout_key.seed)  # one key for every dropout of this rank's stages
+    for stage in stages.values():
+        for mod in stage.modules():
+            if isinstance(mod, KeyedDropout):
+                mod.key = key
     return stages
 
 
@@ -100,7 +115,8 @@ class Parallel3D:
     the same) and returns the global mean loss on every rank."""
 
     def __init__(self, model: GPT, dims: ParallelDims, groups: dict, schedule: str, zero_stage: int,
-                 checkpointing: bool, optimizer: OptimizerSpec, microbatches: int):
+                 checkpointing: bool, optimizer: OptimizerSpec, microbatches: int,
+                 loss_scaler: DynamicLossScaler | None = None):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}; got {schedule!r}.")
         if zero_stage not in (0, 1, 2):
@@ -120,6 +136,10 @@ class Parallel3D:
         else:
             self.sync = ShardedOptimizer(self.local, optimizer, zero_stage, groups["dp"])
             self.optimizer = self.sync.optimizer
+        self.loss_scaler = loss_scaler
+        self.dropout_key = next((m.key for m in self.local.modules() if isinstance(m, KeyedDropout)), DropoutKey())
+        self.steps_done = 0
+        """Steps taken (skipped ones included): the data position and the dropout masks' step."""
 
     def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:
         dims, c = self.dims, self.coords
@@ -129,21 +149,32 @@ class Parallel3D:
         count = targets.numel()
         last = max(self.stages) == self.schedule.num_stages - 1
         head = self.stages[max(self.stages)].head if last else None
+        scale = self.loss_scaler.scale if self.loss_scaler is not None else 1.0
+        samples = torch.arange(mine.start, mine.stop).tensor_split(self.schedule.num_microbatches)
+        self.dropout_key.step = self.steps_done
 
         def loss_fn(hidden, target):
-            return head(hidden, target).sum() / count
+            return head(hidden, target).sum() / count * scale  # a power of two: exact
+
+        def on_compute(stage, microbatch):  # dropout masks keyed by the microbatch's global samples
+            self.dropout_key.samples = samples[microbatch]
 
         runtime = PipelineRuntime(self.schedule, self.stages, loss_fn, per_replica, (tokens.shape[1], self.hidden),
-                                  self.groups["pp"])
+                                  self.groups["pp"], on_compute)
         for p in self.local.parameters():
             p.grad = None
         loss = runtime.step(tokens if 0 in self.stages else None, targets if last else None)
+        loss = loss / scale if loss is not None else None
         self.last_events = runtime.events  # (action, start, end) seconds of this rank's last step
+        self.steps_done += 1
         if self.zero_stage == 0:
             self.sync.finish()
-            self.optimizer.step()
+            grads = [p.grad for p in self.local.parameters() if p.grad is not None]
         else:
-            self.sync.step()
+            self.sync.reduce()
+            grads = [self.sync.master.grad]
+        if self._may_step(grads, scale):
+            self.optimizer.step() if self.zero_stage == 0 else self.sync.update()
         device = next(self.local.parameters()).device
         value = torch.tensor([float(loss) if loss is not None and c.tp == 0 else 0.0], dtype=torch.float64,
                              device=device)
@@ -152,14 +183,30 @@ class Parallel3D:
                 dist.all_reduce(value, group=self.groups[kind])
         return float(value) / dims.dp
 
+    def _may_step(self, grads: list[torch.Tensor], scale: float) -> bool:
+        """Unscale the reduced gradients and ask the loss scaler, with an inf or NaN on any rank seen by
+        every rank (a max over the tp, pp and dp groups), so that all skip the step together."""
+        if self.loss_scaler is None:
+            return True
+        bad = torch.zeros(1, dtype=torch.float64, device=grads[0].device)
+        for g in grads:
+            g.mul_(1.0 / scale)
+            bad = torch.maximum(bad, (~torch.isfinite(g)).any().to(bad.dtype).reshape(1))
+        for kind in ("tp", "pp", "dp"):
+            if dist.get_world_size(self.groups[kind]) > 1:
+                dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=self.groups[kind])
+        return self.loss_scaler.update(bool(bad.item()))
+
 
 def parallelize(model: GPT, dims: ParallelDims, schedule: str = "1f1b", zero_stage: int = 0,
                 checkpointing: bool = False, *, groups: dict | None = None,
-                optimizer: OptimizerSpec | None = None, microbatches: int | None = None) -> Parallel3D:
+                optimizer: OptimizerSpec | None = None, microbatches: int | None = None,
+                loss_scaler: DynamicLossScaler | None = None) -> Parallel3D:
     """``model`` over ``dims`` (TP, then checkpointing, then the pipeline split, then DP / ZeRO), trained
-    with ``optimizer`` (default SGD, lr 0.05, momentum 0.9) on ``microbatches`` per step (default 2 pp).
+    with ``optimizer`` (default SGD, lr 0.05, momentum 0.9) on ``microbatches`` per step (default 2 pp),
+    with ``loss_scaler`` (``reference.mixed_precision``) scaling the loss and skipping non-finite steps.
     ``groups`` (from ``topology.build_groups``) is created here when not given — collectively."""
     dims.check(dist.get_world_size(), model.heads, len(model.blocks))
     groups = groups if groups is not None else build_groups(dims, dist.get_rank())
     return Parallel3D(model, dims, groups, schedule, zero_stage, checkpointing,
-                      optimizer or OptimizerSpec("sgd", 0.05), microbatches or 2 * dims.pp)
+                      optimizer or OptimizerSpec("sgd", 0.05), microbatches or 2 * dims.pp, loss_scaler)

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .dropout import DropoutKey, KeyedDropout
+
 
 def mlp(sizes: tuple[int, ...] = (4, 5, 3), dtype=torch.float64) -> nn.Sequential:
     """Linear-GELU-...-Linear. The default has 43 parameters (4*5 + 5 + 5*3 + 3): a prime, so no data-
@@ -39,37 +41,46 @@ class TransformerBlock(nn.Module):
 
 
 class GPTBlock(nn.Module):
-    """Pre-norm causal block on (batch, seq, hidden): x + attn(LN(x)), then + MLP(LN(.)) with GELU. The
-    attention is ``DenseAttention`` (seq-first, q/k/v/o Linears) so tensor parallelism shards it as is."""
+    """Pre-norm causal block on (batch, seq, hidden): x + drop(attn(LN(x))), then + drop(MLP(LN(.))) with
+    GELU. The attention is ``DenseAttention`` (seq-first, q/k/v/o Linears) so tensor parallelism shards it
+    as is; the dropouts are ``reference.dropout.KeyedDropout`` (identity at ``dropout`` 0)."""
 
-    def __init__(self, hidden: int, heads: int, ffn: int, dtype=torch.float64):
+    def __init__(self, hidden: int, heads: int, ffn: int, dtype=torch.float64, dropout: float = 0.0,
+                 key: DropoutKey | None = None, layer: int = 0):
         super().__init__()
         from .tensor_parallel import DenseAttention
 
+        key = key if key is not None else DropoutKey()
         self.ln1, self.ln2 = nn.LayerNorm(hidden, dtype=dtype), nn.LayerNorm(hidden, dtype=dtype)
         self.attn = DenseAttention(hidden, heads, dtype=dtype, causal=True)
         self.fc1, self.fc2 = nn.Linear(hidden, ffn, dtype=dtype), nn.Linear(ffn, hidden, dtype=dtype)
+        self.drop_attn = KeyedDropout(dropout, key, layer, "attn")
+        self.drop_mlp = KeyedDropout(dropout, key, layer, "mlp")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x).transpose(0, 1)).transpose(0, 1)
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+        x = x + self.drop_attn(self.attn(self.ln1(x).transpose(0, 1)).transpose(0, 1))
+        return x + self.drop_mlp(self.fc2(F.gelu(self.fc1(self.ln2(x)))))
 
 
 class GPT(nn.Module):
     """A small GPT: token embedding, ``layers`` causal blocks, final LayerNorm, a bias-free LM head.
-    ``loss(tokens, targets)`` is the mean cross-entropy over every token."""
+    ``loss(tokens, targets)`` is the mean cross-entropy over every token. ``dropout`` > 0: keyed dropout
+    (``reference.dropout``) after the embedding and in every block; set ``dropout_key.step`` before each
+    training step (the masks are drawn from (dropout_seed, step, layer, site, sample))."""
 
     def __init__(self, vocab: int = 13, hidden: int = 16, heads: int = 8, ffn: int = 32, layers: int = 4,
-                 dtype=torch.float64):
+                 dtype=torch.float64, *, dropout: float = 0.0, dropout_seed: int = 0):
         super().__init__()
-        self.vocab, self.heads = vocab, heads
+        self.vocab, self.heads, self.dropout_key = vocab, heads, DropoutKey(dropout_seed)
         self.embed = nn.Embedding(vocab, hidden, dtype=dtype)
-        self.blocks = nn.ModuleList(GPTBlock(hidden, heads, ffn, dtype) for _ in range(layers))
+        self.drop_embed = KeyedDropout(dropout, self.dropout_key, -1, "embed")
+        self.blocks = nn.ModuleList(GPTBlock(hidden, heads, ffn, dtype, dropout, self.dropout_key, i)
+                                    for i in range(layers))
         self.ln_f = nn.LayerNorm(hidden, dtype=dtype)
         self.head = nn.Linear(hidden, vocab, bias=False, dtype=dtype)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embed(tokens)
+        x = self.drop_embed(self.embed(tokens))
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))

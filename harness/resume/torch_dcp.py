@@ -65,7 +65,7 @@ def resume_and_compare(path: str, dims_t, schedule: str, done: int, more: int, s
             name = trainer.names[local]
             p.data.copy_(state[f"model.{name}"])
             trainer.optimizer.state[p] = {"momentum_buffer": state[f"optim.{name}.momentum_buffer"]}
-    dense = dict(continue_beside_one_device(model, trainer, done, more, seed).named_parameters())
+    dense = dict(continue_beside_one_device(model, trainer, done, more, seed)[0].named_parameters())
     limit = bound(done + more, BATCH * SEQ, model, dist.get_world_size())
     worst, problems = differences([(name, p, dense[name]) for name, p in trainer.full_params().items()], limit)
     return {"error": None, "worst": worst, "bound": limit, "problems": problems}

@@ -37,12 +37,14 @@ def bound(step: int, tokens: int, model: GPT, world: int) -> float:
 
 
 def train_3d(dp: int, pp: int, tp: int, schedule: str, zero: int, checkpointing: bool, steps: int = 3,
-             seed: int = 0) -> dict:
+             seed: int = 0, dropout: float = 0.1) -> dict:
+    """The reference 3D stack against one device, with keyed dropout on (``reference.dropout``: every layout
+    draws one device's masks, recomputation included)."""
     dims = ParallelDims(dp, pp, tp)
     try:
         groups = _groups(dims)
         torch.manual_seed(seed)
-        model = GPT().to(rank_device())
+        model = GPT(dropout=dropout).to(rank_device())
         spec = OptimizerSpec("sgd", LR)
         trainer = parallelize(copy.deepcopy(model), dims, schedule, zero, checkpointing, groups=groups,
                               optimizer=spec)
@@ -66,7 +68,8 @@ def against_one_device(model: GPT, trainer, batch: int, world: int, steps: int, 
     single = copy.deepcopy(model)
     opt = OptimizerSpec("sgd", LR).build(single.parameters())
     want, got = [], []
-    for _ in range(steps):
+    for step in range(steps):
+        single.dropout_key.step = step
         opt.zero_grad()
         loss = single.loss(tokens, targets)
         loss.backward()

@@ -30,12 +30,14 @@ class PipelineRuntime:
 
     Every activation and activation gradient between stages is a (rows, *sample_shape) tensor of the
     stages' dtype, rows being the microbatch's share of ``batch_size`` under ``tensor_split``.
+    ``on_compute(stage, microbatch)``, when given, is called before every F, B, I and W (a forward or a
+    backward that may recompute): e.g. to key dropout by the microbatch's global samples.
     """
 
     def __init__(self, schedule: Schedule, stages: dict[int, torch.nn.Module], loss_fn, batch_size: int,
-                 sample_shape: tuple[int, ...], group=None):
+                 sample_shape: tuple[int, ...], group=None, on_compute=None):
         self.schedule = schedule if schedule.meta.get("lowered") else add_send_recv(schedule)
-        self.stages, self.loss_fn, self.group = stages, loss_fn, group
+        self.stages, self.loss_fn, self.group, self.on_compute = stages, loss_fn, group, on_compute
         self.rows = [len(c) for c in torch.arange(batch_size).tensor_split(schedule.num_microbatches)]
         self.sample_shape = tuple(sample_shape)
         first = next(iter(stages.values())).parameters().__next__()
@@ -79,6 +81,8 @@ class PipelineRuntime:
                 continue
             a = unit
             s, j = a.stage, a.microbatch
+            if self.on_compute is not None:
+                self.on_compute(s, j)
             if a.kind == "F":
                 if s == 0:
                     x = xs[j]

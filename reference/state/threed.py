@@ -12,8 +12,15 @@ ZeRO rank writes exactly the optimizer state it owns (as DeepSpeed's ZeRO checkp
 the writing the same way. A range of a parameter is cut into boxes (``boxes.flat_range_to_boxes``).
 
 Loading reads, for every local tensor of the new layout, its box (``store.read_box``): any dp, pp, tp,
-ZeRO stage and schedule from any other. RNG: the reference GPT draws no random numbers in training (no
-dropout), so no generator state is saved; ``meta`` carries the step (the data position) and the layout.
+ZeRO stage and schedule from any other.
+
+``meta`` (in metadata.json) carries the rest of the training state: ``steps_done`` (the data position:
+the batches are step-indexed), the RNG state and the loss scaler's state. The RNG policy per (dp, pp, tp)
+coordinate is ``reference.dropout``'s: every dropout mask is a function of (seed, step, layer, site,
+global sample) — no rank holds generator state of its own, so ``dropout_seed`` and ``steps_done`` are the
+whole RNG state, valid on any layout (torch's global generators are not used by training and not saved).
+``loss_scaler``: the dynamic loss scaler's scale and growth tracker (a trainer with a scaler refuses a
+checkpoint without one; one without a scaler ignores it: unscaled training has no use for it).
 """
 
 from __future__ import annotations
@@ -147,7 +154,9 @@ def save_3d(root, step_name: str, trainer, meta: dict, group=None, _die_after_wr
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     src = dist.get_global_rank(group, 0) if group is not None else 0
     meta = {**meta, "versions": {"torch": torch.__version__.split("+")[0]}, "zero_stage": trainer.zero_stage,
-            "dims": [trainer.dims.dp, trainer.dims.pp, trainer.dims.tp], "optimizer": trainer.spec.name}
+            "dims": [trainer.dims.dp, trainer.dims.pp, trainer.dims.tp], "optimizer": trainer.spec.name,
+            "steps_done": trainer.steps_done, "dropout_seed": trainer.dropout_key.seed,
+            "loss_scaler": trainer.loss_scaler.state_dict() if trainer.loss_scaler is not None else None}
     name = [f".staging-{step_name}-{secrets.token_hex(4)}" if rank == 0 else None]
     dist.broadcast_object_list(name, src=src, group=group)
     staging = Path(root) / name[0]
@@ -172,13 +181,22 @@ def save_3d(root, step_name: str, trainer, meta: dict, group=None, _die_after_wr
 
 
 def load_3d(ckpt, trainer) -> dict:
-    """Fill ``trainer`` (any layout) from the published checkpoint folder ``ckpt``; returns its ``meta``."""
-    from .store import read_box, read_metadata
+    """Fill ``trainer`` (any layout) from the published checkpoint folder ``ckpt``: parameters, optimizer
+    state, steps done, dropout seed, loss scaler; returns its ``meta``."""
+    from .store import ResumeError, read_box, read_metadata
 
     metadata = read_metadata(ckpt)
+    meta = metadata["meta"]
+    if trainer.loss_scaler is not None and meta.get("loss_scaler") is None:
+        raise ResumeError(f"{ckpt}/metadata.json holds no loss-scaler state, but this trainer scales its loss: "
+                          f"resuming would restart the scale from {trainer.loss_scaler.scale:g}.")
 
     def read(name, offsets, lengths, dtype, dense):
         return read_box(ckpt, name, offsets, lengths, dtype=dtype, metadata=metadata, global_shape=dense)
 
     load_rank(trainer, read)
-    return metadata["meta"]
+    trainer.steps_done = int(meta.get("steps_done", meta.get("step", 0)))
+    trainer.dropout_key.seed = int(meta.get("dropout_seed", trainer.dropout_key.seed))
+    if trainer.loss_scaler is not None:
+        trainer.loss_scaler.load_state_dict(meta["loss_scaler"])
+    return meta

@@ -1,8 +1,9 @@
 """The whole recipe equals one device: a GPT (4 causal blocks, 8 heads, vocabulary 13 — padded under
-TP) trained 3 SGD-with-momentum steps over every (dp, pp, tp) layout of world sizes 1, 2, 4 and 8 (TP
-innermost), loss and every parameter within the bound derived in ranks.bound (float64). Each layout runs
-one (schedule, ZeRO stage, checkpointing) combination in rotation, and 2 x 2 x 2 runs all 18 of them:
-every combination is exercised, with few examples (world size 8 on 2 cores)."""
+TP) trained 3 SGD-with-momentum steps with keyed dropout 0.1 (reference.dropout) over every (dp, pp, tp)
+layout of world sizes 1, 2, 4 and 8 (TP innermost), loss and every parameter within the bound derived in
+ranks.bound (float64). Each layout runs one (schedule, ZeRO stage, checkpointing) combination in
+rotation, and 2 x 2 x 2 runs all 18 of them: every combination is exercised, with few examples (world
+size 8 on 2 cores)."""
 
 from __future__ import annotations
 
