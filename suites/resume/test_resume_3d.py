@@ -43,8 +43,8 @@ def test_resume_on_another_layout_equals_one_device(a, b, recipe, world_cache, t
                                              timeout=300)
     problems = [p for r in per_rank for p in r["problems"]]
     conformance.record("fail" if problems else "pass", suite="resume", world_size=_n(b[0]), dtype="float64",
-                       collective=f"{a} -> {b} {_id(recipe)}", impl="reference", max_rel_err=max(r["worst"] for r in per_rank),
-                       detail=" | ".join(problems[:1]))
+                       collective=f"{a} -> {b} {_id(recipe)}", impl="reference",
+                       max_rel_err=max(r["worst"] for r in per_rank), detail=" | ".join(problems[:1]))
     assert all(r["step"] == 2 for r in per_rank) and not problems, problems[:4]
 
 
