@@ -8,6 +8,8 @@ folder and hand back what it merges into run.json. Benchmark tests (pytest-bench
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from . import placement
@@ -96,12 +98,16 @@ def pytest_sessionfinish(session, exitstatus):
 
 def pytest_collection_modifyitems(config, items):
     """Benchmark tests (marker ``benchmark``) are opt-in: without ``-m`` naming them or ``--benchmark-only``
-    they are deselected, except the smoke test (marker ``paritybench_smoke``), so the default run stays short."""
-    if "benchmark" in (config.getoption("markexpr", "") or "") or config.getoption("benchmark_only", False):
-        return
+    they are deselected, except the smoke test (marker ``paritybench_smoke``), so the default run stays short.
+    The larger sweeps (marker ``thorough``) run under the thorough hypothesis profile or ``-m thorough``."""
+    markexpr = config.getoption("markexpr", "") or ""
+    benchmarks = "benchmark" in markexpr or config.getoption("benchmark_only", False)
+    thorough = "thorough" in markexpr or os.environ.get("PARITYBENCH_HYPOTHESIS_PROFILE") == "thorough"
     keep, drop = [], []
     for item in items:
-        opted_out = item.get_closest_marker("benchmark") and not item.get_closest_marker("paritybench_smoke")
+        opted_out = (not benchmarks and item.get_closest_marker("benchmark")
+                     and not item.get_closest_marker("paritybench_smoke"))
+        opted_out = opted_out or (not thorough and item.get_closest_marker("thorough"))
         (drop if opted_out else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)

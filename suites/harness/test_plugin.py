@@ -67,3 +67,12 @@ def test_a_harness_error_is_named_as_ours_in_the_summary(tmp_path):
     assert len(summary) == 1 and summary[0].startswith(  # the implementation's plain failure is not listed
         "paritybench: 1 harness error(s) — bugs of paritybench, not of the implementations under test: ")
     assert summary[0].endswith("::test_oracle"), out.stdout[-1500:]
+
+
+def test_thorough_sweeps_run_only_in_the_thorough_env(tmp_path):
+    test = tmp_path / "test_sweep.py"
+    test.write_text("import pytest\n\ndef test_tox():\n    pass\n\n"
+                    "@pytest.mark.thorough\ndef test_larger_sweep():\n    pass\n")
+    args = (str(test), "--rootdir", str(ROOT), "-p", "harness.pytest_plugin", "--collect-only")
+    assert "test_larger_sweep" not in pytest_run(*args).stdout
+    assert "test_larger_sweep" in pytest_run(*args, "-m", "thorough").stdout
