@@ -24,19 +24,27 @@ and skips the step on every rank when any rank holds an inf or NaN.
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from .checkpoint import Checkpointed
+from .clipping import clip_grad_norm_
 from .data_parallel import NaiveDataParallel
 from .dropout import DropoutKey, KeyedDropout
 from .mixed_precision import DynamicLossScaler
 from .models import GPT
 from .pipeline.generators import generate
 from .pipeline.runtime import PipelineRuntime
-from .tensor_parallel import ParallelAttention, ParallelLMHead, ParallelMLP, VocabParallelEmbedding
+from .tensor_parallel import (
+    ParallelAttention,
+    ParallelLMHead,
+    ParallelMLP,
+    VocabParallelEmbedding,
+    tp_sharded_parameters,
+)
 from .topology import ParallelDims, build_groups, coordinates
 from .zero import OptimizerSpec, ShardedOptimizer
 
@@ -116,11 +124,16 @@ class Parallel3D:
 
     def __init__(self, model: GPT, dims: ParallelDims, groups: dict, schedule: str, zero_stage: int,
                  checkpointing: bool, optimizer: OptimizerSpec, microbatches: int,
-                 loss_scaler: DynamicLossScaler | None = None):
+                 loss_scaler: DynamicLossScaler | None = None, max_grad_norm: float | None = None,
+                 norm_type: float = 2.0):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}; got {schedule!r}.")
         if zero_stage not in (0, 1, 2):
             raise ValueError(f"zero_stage must be 0, 1 or 2 with pipeline parallelism; got {zero_stage!r}.")
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be positive; got {max_grad_norm}.")
+        if norm_type not in (2.0, math.inf):
+            raise ValueError(f"norm_type must be 2 or inf; got {norm_type}.")
         self.dims, self.groups, self.zero_stage, self.spec = dims, groups, zero_stage, optimizer
         rank = dist.get_rank()
         self.coords = coordinates(dims, rank)
@@ -136,7 +149,12 @@ class Parallel3D:
         else:
             self.sync = ShardedOptimizer(self.local, optimizer, zero_stage, groups["dp"])
             self.optimizer = self.sync.optimizer
-        self.loss_scaler = loss_scaler
+        self.loss_scaler, self.max_grad_norm, self.norm_type = loss_scaler, max_grad_norm, norm_type
+        self.last_grad_norm: float | None = None
+        """The global gradient norm of the last step (before clipping), when clipping is on."""
+        self.clip_groups = groups
+        """The groups the norm's partial terms are reduced over (tp, pp, dp)."""
+        self._norm_args = self._norm_terms()
         self.dropout_key = next((m.key for m in self.local.modules() if isinstance(m, KeyedDropout)), DropoutKey())
         self.steps_done = 0
         """Steps taken (skipped ones included): the data position and the dropout masks' step."""
@@ -174,6 +192,10 @@ class Parallel3D:
             self.sync.reduce()
             grads = [self.sync.master.grad]
         if self._may_step(grads, scale):
+            if self.max_grad_norm is not None:
+                params, kwargs = self._norm_args
+                self.last_grad_norm = float(clip_grad_norm_(params, self.max_grad_norm, self.clip_groups, self.norm_type,
+                                                            **kwargs))
             self.optimizer.step() if self.zero_stage == 0 else self.sync.update()
         device = next(self.local.parameters()).device
         value = torch.tensor([float(loss) if loss is not None and c.tp == 0 else 0.0], dtype=torch.float64,
@@ -182,6 +204,20 @@ class Parallel3D:
             if dist.get_world_size(self.groups[kind]) > 1:
                 dist.all_reduce(value, group=self.groups[kind])
         return float(value) / dims.dp
+
+    def _norm_terms(self) -> tuple[list, dict]:
+        """What ``clip_grad_norm_`` needs: this rank's gradient holders and which are split where. ZeRO 0:
+        the local parameters; ZeRO 1/2: the rank's flat shard, with the elements of parameters replicated
+        over TP counted on TP rank 0 only."""
+        split = {id(p) for p in tp_sharded_parameters(self.local)}
+        if self.zero_stage == 0:
+            return list(self.local.parameters()), {"tp_sharded": [p for p in self.local.parameters() if id(p) in split]}
+        flat, first = self.sync.flat, dist.get_rank(self.groups["tp"]) == 0
+        counted = torch.zeros(flat.padded, dtype=torch.bool, device=flat.buffer.device)
+        for p, view in zip(flat.params, flat.views(counted), strict=True):
+            view.fill_(id(p) in split or first)
+        master = self.sync.master
+        return [master], {"dp_sharded": [master], "counted": {id(master): counted[flat.shard]}}
 
     def _may_step(self, grads: list[torch.Tensor], scale: float) -> bool:
         """Unscale the reduced gradients and ask the loss scaler, with an inf or NaN on any rank seen by
@@ -201,12 +237,15 @@ class Parallel3D:
 def parallelize(model: GPT, dims: ParallelDims, schedule: str = "1f1b", zero_stage: int = 0,
                 checkpointing: bool = False, *, groups: dict | None = None,
                 optimizer: OptimizerSpec | None = None, microbatches: int | None = None,
-                loss_scaler: DynamicLossScaler | None = None) -> Parallel3D:
+                loss_scaler: DynamicLossScaler | None = None, max_grad_norm: float | None = None,
+                norm_type: float = 2.0) -> Parallel3D:
     """``model`` over ``dims`` (TP, then checkpointing, then the pipeline split, then DP / ZeRO), trained
     with ``optimizer`` (default SGD, lr 0.05, momentum 0.9) on ``microbatches`` per step (default 2 pp),
-    with ``loss_scaler`` (``reference.mixed_precision``) scaling the loss and skipping non-finite steps.
+    with ``loss_scaler`` (``reference.mixed_precision``) scaling the loss and skipping non-finite steps, and
+    the gradients clipped to a global ``norm_type`` norm of ``max_grad_norm`` (``reference.clipping``).
     ``groups`` (from ``topology.build_groups``) is created here when not given — collectively."""
     dims.check(dist.get_world_size(), model.heads, len(model.blocks))
     groups = groups if groups is not None else build_groups(dims, dist.get_rank())
     return Parallel3D(model, dims, groups, schedule, zero_stage, checkpointing,
-                      optimizer or OptimizerSpec("sgd", 0.05), microbatches or 2 * dims.pp, loss_scaler)
+                      optimizer or OptimizerSpec("sgd", 0.05), microbatches or 2 * dims.pp, loss_scaler,
+                      max_grad_norm, norm_type)

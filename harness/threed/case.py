@@ -4,6 +4,7 @@ ZeRO stage and checkpointing, against one device trained on the same global batc
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 import torch.distributed as dist
@@ -17,6 +18,9 @@ from reference.zero import OptimizerSpec
 _GROUPS: dict[ParallelDims, dict] = {}  # process groups per layout, created once per rank process
 SEQ, LR = 4, 0.05
 U64 = 2.0**-53
+CLIP = [(0.5, 2.0), (1e6, math.inf), (0.1, math.inf)]
+"""Clipping per step: the 2-norm (about 2.0 here) clipped to 0.5; the inf norm (about 0.35) not clipped;
+then clipped to 0.1 — every layout clips and does not, under both norms."""
 
 
 def _groups(dims: ParallelDims) -> dict:
@@ -37,9 +41,13 @@ def bound(step: int, tokens: int, model: GPT, world: int) -> float:
 
 
 def train_3d(dp: int, pp: int, tp: int, schedule: str, zero: int, checkpointing: bool, steps: int = 3,
-             seed: int = 0, dropout: float = 0.1) -> dict:
+             seed: int = 0, dropout: float = 0.1, clip: list[tuple[float, float]] | None = CLIP,
+             planted: str | None = None) -> dict:
     """The reference 3D stack against one device, with keyed dropout on (``reference.dropout``: every layout
-    draws one device's masks, recomputation included)."""
+    draws one device's masks, recomputation included) and global gradient-norm clipping
+    (``reference.clipping``) with ``clip``'s (max_norm, norm_type) at step 1, 2, ... (each step's norm
+    compared too; None: no clipping). ``planted``: a known clipping bug put into the trainer
+    (``PLANTED_CLIPPING``)."""
     dims = ParallelDims(dp, pp, tp)
     try:
         groups = _groups(dims)
@@ -47,37 +55,80 @@ def train_3d(dp: int, pp: int, tp: int, schedule: str, zero: int, checkpointing:
         model = GPT(dropout=dropout).to(rank_device())
         spec = OptimizerSpec("sgd", LR)
         trainer = parallelize(copy.deepcopy(model), dims, schedule, zero, checkpointing, groups=groups,
-                              optimizer=spec)
+                              optimizer=spec, max_grad_norm=clip[0][0] if clip else None)
     except ValueError as exc:
         return {"refused": str(exc)}
+    if planted:
+        PLANTED_CLIPPING[planted](trainer)
     def compare(single):
         expected = shard_stages(single, dims, dist.get_rank(), groups["tp"], 2 if schedule == "interleaved" else 1)
         return [((f"stage {s} {name}", p), q) for s, stage in trainer.stages.items()
                 for (name, p), q in zip(stage.named_parameters(), expected[s].parameters(), strict=True)]
 
     return against_one_device(model, trainer, dp * trainer.schedule.num_microbatches, dims.world_size, steps, seed,
-                              compare)
+                              compare, clip)
 
 
-def against_one_device(model: GPT, trainer, batch: int, world: int, steps: int, seed: int, pairs) -> dict:
+def _count_replicated_tp_times(trainer) -> None:
+    params, kwargs = trainer._norm_args
+    everything = {id(p): torch.ones_like(p, dtype=torch.bool) for p in params}
+    trainer._norm_args = (params, {**kwargs, "tp_sharded": params, "counted": everything})
+
+
+def _leave_pp_out(trainer) -> None:
+    trainer.clip_groups = {k: g for k, g in trainer.groups.items() if k != "pp"}
+
+
+PLANTED_CLIPPING = {"replicated-counted-tp-times": _count_replicated_tp_times, "pp-not-reduced": _leave_pp_out}
+"""Planted clipping bugs: TransformerEngine PR 715's (parameters replicated over TP counted on every TP
+rank) and torchtitan #596's (each pipeline stage clips by its own norm)."""
+
+
+def norm_bound(step: int, grads: list[torch.Tensor], model: GPT, world: int, tokens: int) -> float:
+    """Allowed relative difference of the global gradient norm from one device's at ``step``: each gradient
+    element may differ by ``bound`` x its tensor's largest magnitude m_t (the parameters' derivation, for
+    the gradients they are computed from), so | |g'| - |g| | <= |g' - g| <= bound sqrt(sum_t n_t m_t^2);
+    plus the norm's own sum of N squares in another order, N u. Relative to one device's norm |g|."""
+    spread = math.sqrt(sum(g.numel() * float(g.abs().max()) ** 2 for g in grads))
+    norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads))
+    numel = sum(g.numel() for g in grads)
+    return bound(step, tokens, model, world) * spread / max(norm, 1e-300) + numel * U64
+
+
+def against_one_device(model: GPT, trainer, batch: int, world: int, steps: int, seed: int, pairs,
+                       clip: list[tuple[float, float]] | None = None) -> dict:
     """Train ``trainer`` and one device (a copy of ``model``) ``steps`` SGD-with-momentum steps on the same
-    global batch; ``pairs(single)`` lists ((label, parallel parameter), expected tensor) after training."""
+    global batch; ``pairs(single)`` lists ((label, parallel parameter), expected tensor) after training.
+    ``clip``: (max_norm, norm_type) per step (cycled): both clip their gradients' global norm (one device:
+    ``torch.nn.utils.clip_grad_norm_``; the trainer: its ``max_grad_norm`` and ``norm_type`` set before
+    the step) and the trainer's ``last_grad_norm`` is held to one device's."""
     gen = torch.Generator().manual_seed(seed + 1)
     tokens = torch.randint(0, model.vocab, (batch, SEQ), generator=gen).to(rank_device())
     targets = torch.randint(0, model.vocab, (batch, SEQ), generator=gen).to(rank_device())
     single = copy.deepcopy(model)
     opt = OptimizerSpec("sgd", LR).build(single.parameters())
-    want, got = [], []
+    want, got, problems, norms = [], [], [], []
     for step in range(steps):
         single.dropout_key.step = step
         opt.zero_grad()
         loss = single.loss(tokens, targets)
         loss.backward()
+        if clip:
+            trainer.max_grad_norm, trainer.norm_type = clip[step % len(clip)]
+            grads = [p.grad.clone() for p in single.parameters()]
+            expected = float(torch.nn.utils.clip_grad_norm_(single.parameters(), *clip[step % len(clip)]))
         opt.step()
-        want.append(float(loss))
+        want.append(float(loss.detach()))
         got.append(trainer.step(tokens, targets))
+        if clip:
+            norm, limit = trainer.last_grad_norm, norm_bound(step + 1, grads, model, world, tokens.numel())
+            rel = abs(norm - expected) / expected if norm is not None else math.inf
+            norms.append((norm, expected, rel, limit))
+            if not rel <= limit:
+                problems.append(f"gradient norm at step {step + 1}: {norm!r} vs one device {expected!r} "
+                                f"(off by {rel:.3g} > {limit:.3g})")
     limit = bound(steps, tokens.numel(), model, world)
-    worst, problems = 0.0, []
+    worst = 0.0
     for (label, p), q in pairs(single):
         p, q = p.detach(), q.detach()
         rel = float((p - q).abs().max() / max(float(q.abs().max()), 1e-300))
@@ -87,7 +138,8 @@ def against_one_device(model: GPT, trainer, batch: int, world: int, steps: int, 
     for k, (a, b) in enumerate(zip(got, want, strict=True)):
         if not abs(a - b) <= bound(k + 1, tokens.numel(), model, world) * abs(b):
             problems.append(f"loss after step {k + 1}: {a!r} vs one device {b!r}")
-    return {"refused": None, "worst": worst, "bound": limit, "problems": problems, "losses": got, "want": want}
+    return {"refused": None, "worst": worst, "bound": limit, "problems": problems, "losses": got, "want": want,
+            "norms": norms}
 
 
 def train_torch_3d(dp: int, pp: int, tp: int, schedule: str, steps: int = 3, seed: int = 0) -> dict:

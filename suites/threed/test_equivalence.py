@@ -1,7 +1,8 @@
 """The whole recipe equals one device: a GPT (4 causal blocks, 8 heads, vocabulary 13 — padded under
 TP) trained 3 SGD-with-momentum steps with keyed dropout 0.1 (reference.dropout) over every (dp, pp, tp)
-layout of world sizes 1, 2, 4 and 8 (TP innermost), loss and every parameter within the bound derived in
-ranks.bound (float64). Each layout runs one (schedule, ZeRO stage, checkpointing) combination in
+layout of world sizes 1, 2, 4 and 8 (TP innermost), with global gradient-norm clipping (ranks.CLIP: the
+2-norm clipped, the inf norm not clipped, then clipped), loss, each step's norm (ranks.norm_bound) and
+every parameter within the bound derived in ranks.bound (float64). Each layout runs one (schedule, ZeRO stage, checkpointing) combination in
 rotation, and 2 x 2 x 2 runs all 18 of them (6 in tox — every schedule and every ZeRO stage, with and
 without checkpointing — the other 12 in the thorough env): every combination is exercised, with few
 examples (world size 8 on 2 cores)."""
@@ -52,6 +53,25 @@ def test_3d_training_equals_one_device(n, dims, schedule, zero, checkpointing, w
                        collective=f"{'x'.join(map(str, dims))}/{schedule}/zero{zero}/ckpt{int(checkpointing)}",
                        impl="reference", max_rel_err=max(r["worst"] for r in per_rank), detail=" | ".join(problems[:1]))
     assert not problems, problems[:4]
+    assert len(per_rank[0]["norms"]) == 3  # every step's norm was compared
+
+
+@pytest.mark.parametrize("planted, dims", [("replicated-counted-tp-times", (1, 1, 2)), ("pp-not-reduced", (1, 2, 1))])
+def test_planted_clipping_bugs_fail_at_the_smallest_layout(planted, dims, world_cache):
+    per_rank = world_cache.get(2).run(ranks.train_3d, *dims, "1f1b", 0, False, 1, 0, 0.1, ranks.CLIP, planted,
+                                      timeout=300)
+    problems = [p for r in per_rank for p in r["problems"]]
+    assert problems and problems[0].startswith("gradient norm at step 1: "), problems[:2]
+
+
+def test_bad_clipping_arguments_are_one_sentence(world_cache):
+    from reference.clipping import grad_norm
+
+    with pytest.raises(ValueError, match="norm_type must be 2 or inf; got 1.0"):
+        grad_norm([], {}, 1.0)
+    refused = world_cache.get(1).run(ranks.train_3d, 1, 1, 1, "1f1b", 0, False, 1, 0, 0.1, [(0.0, 2.0)],
+                                     timeout=300)[0]["refused"]
+    assert refused == "max_grad_norm must be positive; got 0.0."
 
 
 def test_invalid_layouts_are_one_sentence(world_cache):
