@@ -194,8 +194,8 @@ class Parallel3D:
         if self._may_step(grads, scale):
             if self.max_grad_norm is not None:
                 params, kwargs = self._norm_args
-                self.last_grad_norm = float(clip_grad_norm_(params, self.max_grad_norm, self.clip_groups, self.norm_type,
-                                                            **kwargs))
+                norm = clip_grad_norm_(params, self.max_grad_norm, self.clip_groups, self.norm_type, **kwargs)
+                self.last_grad_norm = float(norm)
             self.optimizer.step() if self.zero_stage == 0 else self.sync.update()
         device = next(self.local.parameters()).device
         value = torch.tensor([float(loss) if loss is not None and c.tp == 0 else 0.0], dtype=torch.float64,
