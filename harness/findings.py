@@ -105,6 +105,14 @@ FINDINGS: tuple[Finding, ...] = (
             "'exp_avg' (mlp, ZeRO-2, dp 2, 2 steps); with Adam it converts and resumes at dp 4 exactly.",
             "suites/resume/test_deepspeed.py::test_universal_conversion_of_an_sgd_checkpoint_fails",
             {"optimizer": "sgd", "universal": True}),
+    Finding("torch", "zero", "torch", ("2.13", None),
+            "torch.nn.utils.get_total_norm / clip_grads_with_norm_ (torchtitan's clip_grad_norm_) raise 'All "
+            "operands in aten.stack.default must have the same mesh' when some gradients are DTensors on the "
+            "(dp, tp) mesh (TP layers under FSDP2) and others on the dp mesh only (LayerNorms FSDP-sharded, not "
+            "TP'd); minimal case: the torch 3D stack at 1x1x2 with max_norm set. Norms and clipping per mesh, "
+            "combined, equal one device.",
+            "suites/threed/test_torch_stack.py::test_torchtitan_clip_recipe_cannot_mix_meshes",
+            handled_by_adapter="the torch 3D adapter clips per device mesh (clip_recipe 'per-mesh')"),
 )
 
 

@@ -3,6 +3,9 @@ tensor parallelism (ColwiseParallel / RowwiseParallel per block, RowwiseParallel
 vocabulary-sharded head under ``loss_parallel``), torch.distributed.pipelining (PipelineStage and its
 GPipe / 1F1B schedules), and FSDP2 ``fully_shard`` over the DP mesh dimension — applied in torchtitan's
 order (TP, then the pipeline split, then FSDP) on one ``init_device_mesh`` (dp, pp, tp), TP innermost.
+With ``max_grad_norm`` set, the gradients are clipped as torchtitan's ``dist_utils.clip_grad_norm_`` does:
+``torch.nn.utils.get_total_norm`` over the stage's (DTensor) gradients, ``full_tensor()``, the PP
+reduction (sum of norm^p, or max) over the PP group, ``clip_grads_with_norm_``.
 """
 
 from __future__ import annotations
@@ -69,6 +72,12 @@ class Torch3D:
         self.pstage = pipelining.PipelineStage(stage, stage_idx, pp, rank_device(), group=mesh["pp"].get_group())
         self.first, self.last = first, last
         self.schedule_cls = getattr(pipelining, SCHEDULES[schedule])
+        self.max_grad_norm, self.norm_type, self.last_grad_norm = None, 2.0, None
+        self.clip_recipe = "per-mesh"
+        """"torchtitan": its clip_grad_norm_ verbatim (one get_total_norm over every gradient); "per-mesh":
+        one get_total_norm per device mesh, combined (sum of norm^p, or max) — this stack's LayerNorms are
+        FSDP-sharded only (mesh dp) while the TP layers are on (dp, tp), which the verbatim recipe
+        cannot mix."""
 
     def step(self, tokens, targets) -> float:
         from torch.distributed.tensor.parallel import loss_parallel
@@ -88,11 +97,39 @@ class Torch3D:
         with loss_parallel():
             kwargs = {"target": targets, "losses": losses} if self.last else {}
             schedule.step(*((tokens,) if self.first else ()), **kwargs)
+        if self.max_grad_norm is not None:
+            self.last_grad_norm = self._clip()
         self.optimizer.step()
         value = torch.tensor([float(sum(_full(loss).item() for loss in losses)) if self.last else 0.0],
                              dtype=torch.float64, device=rank_device())
         dist.all_reduce(value)  # the last stage's replicas, times tp ranks each
         return float(value) / (dp * self.dims[2])
+
+    def _clip(self) -> float:
+        """torchtitan's clip_grad_norm_ (non-EP path) — verbatim, or per device mesh (``clip_recipe``)."""
+        import math
+
+        params = [p for p in self.stage.parameters() if p.grad is not None]
+        groups: dict = {}  # the parameters per device mesh of their gradients (a plain tensor: None)
+        for p in params:
+            groups.setdefault(id(getattr(p.grad, "device_mesh", None)), []).append(p)
+        if self.clip_recipe == "torchtitan":
+            groups = {0: params}
+        norms = torch.stack([_full(torch.nn.utils.get_total_norm([p.grad for p in g], self.norm_type))
+                             for g in groups.values()])
+        p_ = self.norm_type
+        total = norms.max() if math.isinf(p_) else (norms ** p_).sum() ** (1 / p_)
+        if self.dims[1] > 1:
+            group = self.mesh["pp"].get_group()
+            if math.isinf(p_):
+                dist.all_reduce(total, op=dist.ReduceOp.MAX, group=group)
+            else:
+                total **= p_
+                dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+                total **= 1.0 / p_
+        for g in groups.values():
+            torch.nn.utils.clip_grads_with_norm_(g, self.max_grad_norm, total)
+        return float(total)
 
     def full_params(self) -> dict:
         return {self.names[name]: _full(p.detach()).clone() for name, p in self.stage.named_parameters()}

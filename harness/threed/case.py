@@ -142,8 +142,10 @@ def against_one_device(model: GPT, trainer, batch: int, world: int, steps: int, 
             "norms": norms}
 
 
-def train_torch_3d(dp: int, pp: int, tp: int, schedule: str, steps: int = 3, seed: int = 0) -> dict:
-    """The torchtitan-style torch stack (harness.adapters.torch_3d) against one device."""
+def train_torch_3d(dp: int, pp: int, tp: int, schedule: str, steps: int = 3, seed: int = 0,
+                   clip: list[tuple[float, float]] | None = None, clip_recipe: str = "per-mesh") -> dict:
+    """The torchtitan-style torch stack (harness.adapters.torch_3d) against one device; ``clip`` as in
+    ``train_3d`` (an exception from the stack's clipping is this rank's ``error``)."""
     from harness.adapters.torch_3d import Torch3D
 
     torch.manual_seed(seed)
@@ -153,8 +155,13 @@ def train_torch_3d(dp: int, pp: int, tp: int, schedule: str, steps: int = 3, see
         trainer = Torch3D(copy.deepcopy(model), dp, pp, tp, schedule, microbatches, LR)
     except NotImplementedError as exc:
         return {"refused": str(exc)}
+    trainer.clip_recipe = clip_recipe
     def compare(single):
         dense = dict(single.named_parameters())
         return [((name, p), dense[name]) for name, p in trainer.full_params().items()]
 
-    return against_one_device(model, trainer, dp * microbatches, dp * pp * tp, steps, seed, compare)
+    try:
+        return against_one_device(model, trainer, dp * microbatches, dp * pp * tp, steps, seed, compare, clip)
+    except Exception as exc:  # the stack's own failure is a verdict, not a harness crash
+        return {"refused": None, "error": f"{type(exc).__name__}: {exc}", "problems": [f"raised {exc!r}"[:300]],
+                "worst": math.inf}

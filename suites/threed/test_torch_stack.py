@@ -23,3 +23,24 @@ def test_torch_stack_2x2x2_equals_one_device(schedule, world_cache, conformance)
 def test_torch_stack_refuses_interleaved_in_one_sentence(world_cache):
     refused = world_cache.get(1).run(ranks.train_torch_3d, 1, 1, 1, "interleaved", timeout=300)[0]["refused"]
     assert refused == "the torch 3D stack runs gpipe, 1f1b here, not 'interleaved'."
+
+
+def test_torch_stack_clips_like_one_device(world_cache, conformance):
+    """Global-norm clipping per step (ranks.CLIP) on 2x2x2 with the per-mesh recipe: the norm of each step
+    and the parameters equal one device's (measured: the norms bitwise)."""
+    per_rank = world_cache.get(8).run(ranks.train_torch_3d, 2, 2, 2, "1f1b", 3, 0, ranks.CLIP, timeout=300)
+    problems = [p for r in per_rank for p in r["problems"]]
+    conformance.record("fail" if problems else "pass", suite="3d", world_size=8, dtype="float64",
+                       collective="2x2x2/1f1b/fsdp2/clip-per-mesh", impl="torch",
+                       max_rel_err=max(r["worst"] for r in per_rank), detail=" | ".join(problems[:1]))
+    assert not problems and all(len(r["norms"]) == 3 for r in per_rank), problems[:4]
+
+
+def test_torchtitan_clip_recipe_cannot_mix_meshes(world_cache):
+    """Watch test of the finding (harness/findings.py): torchtitan's clip_grad_norm_ (one get_total_norm
+    over every gradient) raises when the TP layers' gradients are on the (dp, tp) mesh and a LayerNorm's
+    on the dp mesh only (FSDP2 without TP on the norms, as torchtune's TP plans leave them); fails once
+    torch mixes meshes in the norm."""
+    per_rank = world_cache.get(2).run(ranks.train_torch_3d, 1, 1, 2, "1f1b", 1, 0, ranks.CLIP, "torchtitan",
+                                      timeout=300)
+    assert all("must have the same mesh" in (r.get("error") or "") for r in per_rank), per_rank[0].get("error")
