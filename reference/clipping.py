@@ -26,16 +26,16 @@ GROUPS = ("tp", "pp", "dp")
 
 
 def _rank(groups: dict, kind: str) -> int:
-    group = groups.get(kind)
-    return dist.get_rank(group) if group is not None else 0
+    return dist.get_rank(groups[kind]) if kind in groups else 0
 
 
 def grad_norm(params, groups: dict, norm_type: float = 2.0, *, tp_sharded=(), dp_sharded=(),
               counted: dict | None = None) -> torch.Tensor:
     """The global ``norm_type`` norm (2 or inf) of the gradients of ``params`` (this rank's), as one device
-    computes it over the whole model. ``groups``: {"tp", "pp", "dp"} process groups (a missing one: size
-    1). ``tp_sharded``: the parameters split over TP (the rest are replicated over it). ``dp_sharded``:
-    parameters whose ``grad`` is this rank's ZeRO shard (the rest are all-reduced replicas).
+    computes it over the whole model. ``groups``: {"tp", "pp", "dp"} process groups (a missing key: that
+    dimension has size 1; the value None: the default group). ``tp_sharded``: the parameters split over
+    TP (the rest are replicated over it). ``dp_sharded``: parameters whose ``grad`` is this rank's ZeRO
+    shard (the rest are all-reduced replicas).
     ``counted``: {id(parameter): bool tensor like its grad}, the elements this rank counts, for a flat shard
     that mixes split and replicated parameters (it overrides the TP rule for that parameter)."""
     if norm_type not in (2.0, math.inf):
@@ -60,9 +60,8 @@ def grad_norm(params, groups: dict, norm_type: float = 2.0, *, tp_sharded=(), dp
     total = total.reshape(1)
     op = dist.ReduceOp.MAX if norm_type == math.inf else dist.ReduceOp.SUM
     for kind in GROUPS:
-        group = groups.get(kind)
-        if group is not None and dist.get_world_size(group) > 1:
-            dist.all_reduce(total, op=op, group=group)
+        if kind in groups and dist.get_world_size(groups[kind]) > 1:
+            dist.all_reduce(total, op=op, group=groups[kind])
     return total[0] if norm_type == math.inf else total[0].sqrt()
 
 

@@ -14,6 +14,8 @@ rank (ring). Memory per rank: Psi parameters + Psi gradients + K Psi optimizer s
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -62,13 +64,26 @@ class BucketedDataParallel(nn.Module):
                        for j, p in enumerate(b)}
         self._pending = [len(b) for b in self.buckets]
         self._works: list = []
+        self._sync = True
         for p in params:
             p.register_post_accumulate_grad_hook(self._ready)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside only accumulate into ``.grad`` (gradient accumulation's first k - 1
+        micro-steps); the next backward outside hands the accumulated gradients to the buckets."""
+        self._sync = False
+        try:
+            yield
+        finally:
+            self._sync = True
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
     def _ready(self, p: nn.Parameter) -> None:
+        if not self._sync:
+            return
         i, offset = self._where[id(p)]
         self.flats[i][offset:offset + p.numel()].copy_(p.grad.flatten())
         p.grad = None  # the bucket holds it now

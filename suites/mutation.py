@@ -51,6 +51,8 @@ PLANTED = [
      "suites/zero/test_conformance.py::test_training_equals_one_device"),
     ("suites.zero.planted:RankOneDrifts", "rank 1's replica drifts (only its own view shows it)",
      "suites/zero/test_conformance.py::test_training_equals_one_device"),
+    ("suites.zero.planted:AveragesMicroStepsTwice", "gradient accumulation averages the micro-steps twice",
+     "suites/zero/test_seams.py::test_accumulation_and_clipping_equal_one_device"),
     ("suites.checkpoint.planted:NoRngRestore", "recomputed dropout draws new masks",
      "suites/checkpoint/test_equivalence.py::test_checkpointed_gradients_are_bitwise_identical"),
     ("suites.checkpoint.planted:LeavesRngAdvanced", "the caller's RNG stream is left advanced",

@@ -44,7 +44,15 @@ def _init() -> None:
 class DeepSpeedZero:
     dtypes = ("float32",)
 
-    def build(self, model, optimizer, stage: int, group=None):
+    def build(self, model, optimizer, stage: int, group=None, *, recipe=None):
+        """``recipe`` (reference.zero.StepRecipe): DeepSpeed's own ``gradient_accumulation_steps`` (the
+        engine divides each micro-step's loss by it in ``backward`` and steps at the boundary) and
+        ``gradient_clipping`` (its global 2-norm clipping; another norm type is unsupported)."""
+        from reference.zero import StepRecipe
+
+        recipe = recipe or StepRecipe()
+        if recipe.max_grad_norm is not None and recipe.norm_type != 2.0:
+            raise Unsupported(f"DeepSpeed's gradient_clipping clips the 2-norm, not the {recipe.norm_type} norm.")
         if stage not in (0, 1, 2, 3):
             raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3; got {stage!r}.")
         if group not in (None, dist.group.WORLD):
@@ -59,18 +67,19 @@ class DeepSpeedZero:
         zero = {"stage": stage, "stage3_param_persistence_threshold": 0}
         # gradient_clipping 0: DeepSpeed 0.19's default is 1.0, which silently clips the gradient norm to 1
         # (suites/zero/test_findings.py); the contract's step is the plain optimizer step.
-        config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "zero_optimization": zero,
-                  "gradient_clipping": 0.0,
+        config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": recipe.accumulation,
+                  "zero_optimization": zero, "gradient_clipping": recipe.max_grad_norm or 0.0,
                   "zero_allow_untested_optimizer": True, "steps_per_print": 1 << 30, "wall_clock_breakdown": False}
         names = [name for name, _ in model.named_parameters()]
         engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=optimizer.build(model.parameters()),
                                                  config=config)
-        return _Trainer(engine, opt, optimizer, stage, names)
+        return _Trainer(engine, opt, optimizer, stage, names, recipe)
 
 
 class _Trainer:
-    def __init__(self, engine, optimizer, spec, stage, names):
+    def __init__(self, engine, optimizer, spec, stage, names, recipe):
         self.engine, self.optimizer, self.spec, self.stage, self.names = engine, optimizer, spec, stage, names
+        self.recipe, self.last_grad_norm = recipe, None
         self._grads: dict = {}
 
     def _params(self):
@@ -79,13 +88,20 @@ class _Trainer:
     def step(self, x, y) -> float:
         from deepspeed.utils import safe_get_full_grad
 
-        loss = F.mse_loss(self.engine(x), y)
-        self.engine.backward(loss)
-        self._grads = {k: safe_get_full_grad(p) for k, p in self._params().items()}
-        self._grads = {k: None if g is None else g.detach().clone() for k, g in self._grads.items()}
-        self.grad_bytes = held_bytes(self._grad_tensors())
-        self.engine.step()
-        return float(loss.detach())
+        micro, total = self.recipe.split(x, y), 0.0
+        for i, (xm, ym) in enumerate(micro):
+            loss = F.mse_loss(self.engine(xm), ym)
+            self.engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
+            total += float(loss.detach()) / len(micro)
+            if i == len(micro) - 1:
+                self._grads = {k: safe_get_full_grad(p) for k, p in self._params().items()}
+                self._grads = {k: None if g is None else g.detach().clone() for k, g in self._grads.items()}
+                self.grad_bytes = held_bytes(self._grad_tensors())
+            self.engine.step()
+        if self.recipe.max_grad_norm is not None:
+            norm = self.engine.get_global_grad_norm()
+            self.last_grad_norm = None if norm is None else float(norm)
+        return total
 
     def full_params(self) -> dict:
         import deepspeed

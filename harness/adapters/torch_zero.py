@@ -8,9 +8,16 @@
 FSDP2 reshards after backward in both configurations, so at rest (after a step) stage 2 holds sharded
 parameters like stage 3; it differs only between forward and backward. Memory is measured from the
 tensors this rank keeps (DTensor local shards; ZeroRedundancyOptimizer's local optimizer state).
+
+A ``StepRecipe`` as torch users write it: accumulation under DDP's ``no_sync()`` (stages 0-1) or FSDP2's
+``set_requires_gradient_sync(False)`` (stages 2-3) for the first k - 1 micro-steps, each loss divided by
+k; clipping with ``torch.nn.utils.clip_grad_norm_`` over the module's parameters (DTensor gradients under
+FSDP2: the returned norm is a DTensor, read with ``full_tensor()``).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.distributed as dist
@@ -30,15 +37,18 @@ def _local(t):
 
 
 class TorchZero:
-    def build(self, model, optimizer, stage: int, group=None):
+    def build(self, model, optimizer, stage: int, group=None, *, recipe=None):
+        from reference.zero import StepRecipe
+
         if stage not in (0, 1, 2, 3):
             raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3; got {stage!r}.")
-        return _Trainer(model, optimizer, stage, group or dist.group.WORLD)
+        return _Trainer(model, optimizer, stage, group or dist.group.WORLD, recipe or StepRecipe())
 
 
 class _Trainer:
-    def __init__(self, model, spec, stage, group):
-        self.spec, self.stage, self.group = spec, stage, group
+    def __init__(self, model, spec, stage, group, recipe):
+        self.spec, self.stage, self.group, self.recipe = spec, stage, group, recipe
+        self.last_grad_norm: float | None = None
         if stage <= 1:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -65,13 +75,32 @@ class _Trainer:
             self.model = self.inner = model
             self.optimizer = spec.build(model.parameters())
 
+    def _quiet(self, sync: bool):
+        """DDP's no_sync, or FSDP2's gradient sync switched off, for a micro-step that must not reduce."""
+        if sync:
+            if self.stage >= 2:
+                self.model.set_requires_gradient_sync(True)
+            return contextlib.nullcontext()
+        if self.stage <= 1:
+            return self.model.no_sync()
+        self.model.set_requires_gradient_sync(False)
+        return contextlib.nullcontext()
+
     def step(self, x, y) -> float:
         self.optimizer.zero_grad(set_to_none=self.stage >= 2)
-        loss = F.mse_loss(self.model(x), y)
-        loss.backward()
+        micro, total = self.recipe.split(x, y), 0.0
+        for i, (xm, ym) in enumerate(micro):
+            with self._quiet(i == len(micro) - 1):
+                loss = F.mse_loss(self.model(xm), ym)
+                (loss / len(micro)).backward()
+            total += float(loss.detach()) / len(micro)
         self.grad_bytes = held_bytes(_local(p.grad) for p in self.inner.parameters())
+        if self.recipe.max_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(self.inner.parameters(), self.recipe.max_grad_norm,
+                                                  self.recipe.norm_type)
+            self.last_grad_norm = float(_full(norm))
         self.optimizer.step()
-        return float(loss.detach())
+        return total
 
     def full_params(self) -> dict:
         return {k: _full(p.detach()).clone() for k, p in self.inner.named_parameters()}

@@ -13,7 +13,13 @@ class Zero(Protocol):
         """A trainer for ``model`` (this rank's replica, identical on every rank; the trainer may wrap or
         modify it) with ``optimizer`` (reference.zero.OptimizerSpec: SGD with momentum or Adam) at ZeRO
         ``stage``. Raise ``Unsupported`` for what is not provided (e.g. a dtype), ValueError for a bad
-        stage, in one sentence."""
+        stage, in one sentence.
+
+        Optional: a keyword ``recipe`` (reference.zero.StepRecipe), passed only by the seams suite:
+        ``accumulation`` k — ``step(x, y)`` runs k micro-steps on equal row blocks, each loss divided by k,
+        reducing over the group once; ``max_grad_norm`` / ``norm_type`` — clip the reduced gradient's
+        global norm, and set ``trainer.last_grad_norm`` (the norm before clipping; None if not known). A
+        build without the keyword is unsupported for those cases."""
 
 
 @runtime_checkable

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from harness.errors import describe
 from reference.models import TransformerBlock, mlp
-from reference.zero import OptimizerSpec
+from reference.zero import OptimizerSpec, StepRecipe
 
 LR = {"sgd": 0.05, "adam": 0.01}
 ADAM_EPS = 1e-3  # bounds Adam's sensitivity to gradient rounding (see bound())
@@ -51,16 +51,20 @@ def global_batch(name: str, batch: int, seed: int, dtype: str) -> tuple[torch.Te
     return torch.randn(shape_in, generator=g, dtype=dt), torch.randn(shape_out, generator=g, dtype=dt)
 
 
-def _single_device(model, spec, x, y, steps: int) -> list[dict]:
-    """One device, whole batch: after each step the loss, params, grads and optimizer state."""
+def _single_device(model, spec, x, y, steps: int, recipe: StepRecipe | None = None) -> list[dict]:
+    """One device, whole batch, one backward (accumulation is what the parallel side does): after each
+    step the loss, params, grads, optimizer state and, with clipping, the gradient norm before clipping."""
     opt = spec.build(model.parameters())
     out = []
     for _ in range(steps):
         opt.zero_grad()
         loss = F.mse_loss(model(x), y)
         loss.backward()
+        norm = None
+        if recipe is not None and recipe.max_grad_norm is not None:
+            norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm, recipe.norm_type))
         opt.step()
-        out.append({"loss": float(loss),
+        out.append({"loss": float(loss), "norm": norm,
                     "params": {k: p.detach().clone() for k, p in model.named_parameters()},
                     "grads": {k: p.grad.clone() for k, p in model.named_parameters()},
                     "state": {k: {s: opt.state[p][s].clone() for s in spec.state_keys}
@@ -69,8 +73,12 @@ def _single_device(model, spec, x, y, steps: int) -> list[dict]:
 
 
 def train_case(impl_spec: str, stage: int, model_name: str, opt_name: str, steps: int, per_rank: int,
-               seed: int, dtype: str | None = None) -> dict:
-    """``dtype`` None: float64 where the implementation allows it (its ``dtypes``), else its first."""
+               seed: int, dtype: str | None = None, recipe: StepRecipe | None = None) -> dict:
+    """``dtype`` None: float64 where the implementation allows it (its ``dtypes``), else its first.
+    ``recipe``: gradient accumulation and clipping (passed to ``build`` as ``recipe=``; an implementation
+    whose build takes no recipe is unsupported for it). With clipping, the trainer's ``last_grad_norm``,
+    where it reports one (not None), is held to one device's norm, and the gradients are not compared
+    (some read them before clipping, some after: the contract leaves it open)."""
     from harness import registry
 
     n, r = dist.get_world_size(), dist.get_rank()
@@ -82,9 +90,14 @@ def train_case(impl_spec: str, stage: int, model_name: str, opt_name: str, steps
     device = rank_device()  # cuda:<local rank> under nccl (tox -e gpu), else the CPU
     model = build_model(model_name, seed, dtype).to(device)
     x, y = (t.to(device) for t in global_batch(model_name, n * per_rank, seed, dtype))
-    want = _single_device(copy.deepcopy(model), spec, x, y, steps)
+    want = _single_device(copy.deepcopy(model), spec, x, y, steps, recipe)
     try:
-        trainer = impl.build(copy.deepcopy(model), spec, stage, None)
+        trainer = (impl.build(copy.deepcopy(model), spec, stage, None) if recipe is None
+                   else impl.build(copy.deepcopy(model), spec, stage, None, recipe=recipe))
+    except TypeError as exc:
+        if recipe is not None and "recipe" in str(exc):
+            return {"refused": f"its build takes no recipe ({exc}).", "unsupported": True}
+        return _raised("build", exc, model)
     except ValueError as exc:
         return {"refused": str(exc), "unsupported": False}
     except NotImplementedError as exc:
@@ -102,15 +115,23 @@ def train_case(impl_spec: str, stage: int, model_name: str, opt_name: str, steps
         dist.all_reduce(local)
         if k in (0, steps - 1):
             try:
-                check = _compare(k + 1, float(local) / n, trainer, want[k])
+                check = _compare(k + 1, float(local) / n, trainer, want[k], grads=want[k]["norm"] is None)
             except Exception as exc:  # noqa: BLE001 - full_params / full_grads / full_optimizer_state raised
                 return _raised(f"reading the state after step {k + 1}", exc, model)
             check["bound"] = bound(k + 1, n * per_rank, n, dtype, spec, grad_scale)
+            got = getattr(trainer, "last_grad_norm", None)
+            check["norms"] = (got, want[k]["norm"])
+            if want[k]["norm"] is not None and got is not None:  # not reported: the parameters still tell
+                check["worst"]["gradient norm"] = abs(got - want[k]["norm"]) / want[k]["norm"]
             problems += check.pop("problems") + [f"step {k + 1}: {what} off by {rel:.3g} of its magnitude > "
                                                  f"{check['bound']:.3g}" for what, rel in check["worst"].items()
                                                  if not rel <= check["bound"]]
             checks.append(check)
-    return {"refused": None, "checks": checks, "problems": problems, "memory": trainer.memory(),
+    try:
+        memory = trainer.memory()
+    except Exception as exc:  # noqa: BLE001 - the code under test's failure is a verdict
+        memory, problems = {}, problems + [f"memory() raised {describe(exc)}"]
+    return {"refused": None, "checks": checks, "problems": problems, "memory": memory,
             "numel": sum(p.numel() for p in model.parameters()), "dtype": dtype}
 
 
@@ -120,13 +141,13 @@ def _raised(what: str, exc: Exception, model) -> dict:
             "numel": sum(p.numel() for p in model.parameters())}
 
 
-def _compare(step: int, loss: float, trainer, want: dict) -> dict:
+def _compare(step: int, loss: float, trainer, want: dict, grads: bool = True) -> dict:
     """Largest difference of each quantity, relative to that tensor's own largest magnitude."""
-    got = {"params": trainer.full_params(), "grads": trainer.full_grads(),
+    got = {"params": trainer.full_params(), "grads": trainer.full_grads() if grads else {},
            "state": trainer.full_optimizer_state()}
     worst = {"loss": abs(loss - want["loss"]) / max(abs(want["loss"]), 1e-300)}
     problems = []
-    for what in ("params", "grads"):
+    for what in ("params", "grads") if grads else ("params",):
         for name, w in want[what].items():
             g = got[what].get(name)
             if g is None or g.shape != w.shape:

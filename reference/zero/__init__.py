@@ -2,8 +2,8 @@
 
 from .accounting import held_bytes
 from .flat import FlatParams
-from .optim import OptimizerSpec
+from .optim import OptimizerSpec, StepRecipe
 from .sharded_optimizer import ShardedOptimizer
 from .stage3 import Zero3
 
-__all__ = ["FlatParams", "OptimizerSpec", "ShardedOptimizer", "Zero3", "held_bytes"]
+__all__ = ["FlatParams", "OptimizerSpec", "ShardedOptimizer", "StepRecipe", "Zero3", "held_bytes"]

@@ -1,14 +1,22 @@
 """The data-parallel / ZeRO contract (harness/contracts/zero.py) on the reference: stage 0 is
-``BucketedDataParallel`` (or ``NaiveDataParallel``), stages 1-2 ``ShardedOptimizer``, stage 3 ``Zero3``."""
+``BucketedDataParallel`` (or ``NaiveDataParallel``), stages 1-2 ``ShardedOptimizer``, stage 3 ``Zero3``.
+A ``StepRecipe``: gradient accumulation (stage 0: the buckets skip the first k - 1 backward passes,
+``no_sync``; stages 1-2: the gradients accumulate in ``.grad`` and are reduce-scattered once; stage 3:
+each micro-step's reduce-scattered shard adds to the last) and global-norm clipping after the reduction
+(``reference.clipping``: a stage-0 gradient is the same on every rank, counted once; a shard is this
+rank's part)."""
 
 from __future__ import annotations
+
+import contextlib
 
 import torch.nn.functional as F
 from torch import nn
 
+from ..clipping import clip_grad_norm_
 from ..data_parallel import BucketedDataParallel, NaiveDataParallel
 from .accounting import held_bytes, optimizer_state_tensors
-from .optim import OptimizerSpec
+from .optim import OptimizerSpec, StepRecipe
 from .sharded_optimizer import ShardedOptimizer
 from .stage3 import Zero3
 
@@ -17,15 +25,18 @@ class ReferenceZero:
     def __init__(self, bucketed: bool = True, bucket_bytes: int = 1 << 20):
         self.bucketed, self.bucket_bytes = bucketed, bucket_bytes
 
-    def build(self, model: nn.Module, optimizer: OptimizerSpec, stage: int, group=None):
+    def build(self, model: nn.Module, optimizer: OptimizerSpec, stage: int, group=None, *,
+              recipe: StepRecipe | None = None):
         if stage not in (0, 1, 2, 3):
             raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3; got {stage!r}.")
-        return _Trainer(model, optimizer, stage, group, self.bucketed, self.bucket_bytes)
+        return _Trainer(model, optimizer, stage, group, self.bucketed, self.bucket_bytes, recipe or StepRecipe())
 
 
 class _Trainer:
-    def __init__(self, model, spec, stage, group, bucketed, bucket_bytes):
-        self.model, self.spec, self.stage = model, spec, stage
+    def __init__(self, model, spec, stage, group, bucketed, bucket_bytes, recipe=None):
+        self.model, self.spec, self.stage, self.group = model, spec, stage, group
+        self.recipe = recipe or StepRecipe()
+        self.last_grad_norm: float | None = None
         self.names = [name for name, _ in model.named_parameters()]
         if stage == 0:
             self.ddp = (BucketedDataParallel(model, group, bucket_bytes) if bucketed
@@ -38,17 +49,32 @@ class _Trainer:
 
     def step(self, x, y) -> float:
         (self.ddp if self.stage == 0 else self.engine).zero_grad()
-        loss = F.mse_loss(self.model(x), y)
-        loss.backward()
+        micro, total = self.recipe.split(x, y), 0.0
+        for i, (xm, ym) in enumerate(micro):
+            last = i == len(micro) - 1
+            quiet = self.ddp.no_sync() if self.stage == 0 and not last and hasattr(self.ddp, "no_sync") else None
+            with quiet or contextlib.nullcontext():
+                loss = F.mse_loss(self.model(xm), ym)
+                (loss / len(micro)).backward()
+            total += float(loss.detach()) / len(micro)
         if self.stage == 0:
             self.ddp.finish()
             self.grad_bytes = held_bytes(p.grad for p in self.model.parameters())
+            self._clip(list(self.model.parameters()), ())
             self.optimizer.step()
         else:
             self.engine.reduce()
             self.grad_bytes = held_bytes(self.engine.grad_tensors())
+            shards = [self.engine.master] if self.stage < 3 else [u.shard for u in self.engine.units]
+            self._clip(shards, shards)
             self.engine.update()
-        return float(loss.detach())
+        return total
+
+    def _clip(self, params, dp_sharded) -> None:
+        if self.recipe.max_grad_norm is not None:
+            norm = clip_grad_norm_(params, self.recipe.max_grad_norm, {"dp": self.group}, self.recipe.norm_type,
+                                   dp_sharded=dp_sharded)
+            self.last_grad_norm = float(norm)
 
     def _named(self, tensors) -> dict:
         return dict(zip(self.names, tensors, strict=True))

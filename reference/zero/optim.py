@@ -46,3 +46,32 @@ class OptimizerSpec:
     def state_bytes_per_param(self, element_size: int) -> int:
         """K of the ZeRO paper for this optimizer in this precision (no separate master copy)."""
         return len(self.state_keys) * element_size
+
+
+@dataclass(frozen=True)
+class StepRecipe:
+    """How a data-parallel / ZeRO trainer turns a step's rows into one optimizer step, beyond the plain
+    case (one backward, no clipping)."""
+
+    accumulation: int = 1
+    """Micro-steps per optimizer step: ``step(x, y)`` splits its rows into this many equal parts, runs
+    forward and backward on each with the loss divided by ``accumulation`` (so the micro-steps' gradients
+    sum to the slice's mean-loss gradient), and reduces over the group once, after the last."""
+    max_grad_norm: float | None = None
+    """Clip the reduced gradient's global norm (over the whole model, each element once) to this."""
+    norm_type: float = 2.0
+    """2 or inf."""
+
+    def __post_init__(self):
+        if not (isinstance(self.accumulation, int) and self.accumulation >= 1):
+            raise ValueError(f"accumulation must be a whole number >= 1; got {self.accumulation!r}.")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be positive; got {self.max_grad_norm}.")
+        if self.norm_type not in (2.0, float("inf")):
+            raise ValueError(f"norm_type must be 2 or inf; got {self.norm_type}.")
+
+    def split(self, x: torch.Tensor, y: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The micro-steps' (x, y): equal row blocks (the rows must divide)."""
+        if len(x) % self.accumulation:
+            raise ValueError(f"{len(x)} rows cannot be split into {self.accumulation} equal micro-steps.")
+        return list(zip(x.chunk(self.accumulation), y.chunk(self.accumulation), strict=True))

@@ -89,3 +89,28 @@ class StepRaises(ReferenceZero):
 
         trainer.step = step
         return trainer
+
+
+class _AveragedTwice(_Trainer):
+    """Bug: each micro-step's loss is divided by k, and the accumulated gradient by k once more."""
+
+    def step(self, x, y) -> float:
+        self.ddp.zero_grad()
+        micro = self.recipe.split(x, y)
+        for xm, ym in micro:
+            (torch.nn.functional.mse_loss(self.model(xm), ym) / len(micro)).backward()
+        for p in self.model.parameters():
+            p.grad /= len(micro)
+        self.ddp.finish()
+        self.grad_bytes = 0
+        self.optimizer.step()
+        return 0.0
+
+
+class AveragesMicroStepsTwice(ReferenceZero):
+    """Planted bug: gradient accumulation averaging over the micro-steps twice (stage 0)."""
+
+    def build(self, model, optimizer, stage, group=None, *, recipe=None):
+        trainer = _AveragedTwice(model, optimizer, 0, group, bucketed=False, bucket_bytes=1, recipe=recipe)
+        trainer.ddp = NaiveDataParallel(model, group)
+        return trainer
