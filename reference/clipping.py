@@ -53,8 +53,9 @@ def grad_norm(params, groups: dict, norm_type: float = 2.0, *, tp_sharded=(), dp
             continue
         if not (id(p) in dp_ids or dp_first):
             continue
-        term = g.abs().max() if norm_type == math.inf else (g.double() ** 2).sum()
-        term = term.double() if g.numel() else torch.zeros((), dtype=torch.float64, device=device)
+        if not g.numel():
+            continue
+        term = (g.abs().max() if norm_type == math.inf else (g.double() ** 2).sum()).double()
         total = term if total is None else (torch.maximum(total, term) if norm_type == math.inf else total + term)
     total = torch.zeros((), dtype=torch.float64, device=device) if total is None else total
     total = total.reshape(1)

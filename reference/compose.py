@@ -154,10 +154,15 @@ class Parallel3D:
         """The global gradient norm of the last step (before clipping), when clipping is on."""
         self.clip_groups = groups
         """The groups the norm's partial terms are reduced over (tp, pp, dp)."""
-        self._norm_args = self._norm_terms()
         self.dropout_key = next((m.key for m in self.local.modules() if isinstance(m, KeyedDropout)), DropoutKey())
         self.steps_done = 0
         """Steps taken (skipped ones included): the data position and the dropout masks' step."""
+        last = self.schedule.num_stages - 1
+        self.tied = ([self.stages[0].embed.weight] if 0 in self.stages else []) + (
+            [self.stages[last].head.weight] if last in self.stages else [])
+        self.tied = self.tied if getattr(model, "tie_embeddings", False) else []
+        """This rank's copies of the tied embedding / LM head weight (the same vocabulary rows)."""
+        self._norm_args = self._norm_terms()
 
     def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:
         dims, c = self.dims, self.coords
@@ -185,6 +190,7 @@ class Parallel3D:
         loss = loss / scale if loss is not None else None
         self.last_events = runtime.events  # (action, start, end) seconds of this rank's last step
         self.steps_done += 1
+        self._sum_tied()
         if self.zero_stage == 0:
             self.sync.finish()
             grads = [p.grad for p in self.local.parameters() if p.grad is not None]
@@ -205,17 +211,33 @@ class Parallel3D:
                 dist.all_reduce(value, group=self.groups[kind])
         return float(value) / dims.dp
 
+    def _sum_tied(self) -> None:
+        """Tied embedding and head: each copy's gradient becomes the sum of both (Megatron's embedding-group
+        all-reduce between the first and the last pipeline rank; a local sum when one rank holds both),
+        so the copies, equal at the start, stay equal — one device's single parameter."""
+        if not self.tied:
+            return
+        total = self.tied[0].grad.clone() if len(self.tied) == 1 else self.tied[0].grad + self.tied[1].grad
+        if dist.get_world_size(self.groups["embed"]) > 1:
+            dist.all_reduce(total, group=self.groups["embed"])
+        for p in self.tied:
+            p.grad = total.clone()
+
     def _norm_terms(self) -> tuple[list, dict]:
         """What ``clip_grad_norm_`` needs: this rank's gradient holders and which are split where. ZeRO 0:
         the local parameters; ZeRO 1/2: the rank's flat shard, with the elements of parameters replicated
         over TP counted on TP rank 0 only."""
         split = {id(p) for p in tp_sharded_parameters(self.local)}
-        if self.zero_stage == 0:
-            return list(self.local.parameters()), {"tp_sharded": [p for p in self.local.parameters() if id(p) in split]}
+        last = self.schedule.num_stages - 1
+        copy_ = {id(self.stages[last].head.weight)} if self.tied and last in self.stages else set()
+        if self.zero_stage == 0:  # a tied head is the embedding's copy: its gradient counts once, there
+            params = list(self.local.parameters())
+            skip = {id(p): torch.zeros_like(p, dtype=torch.bool) for p in params if id(p) in copy_}
+            return params, {"tp_sharded": [p for p in params if id(p) in split], "counted": skip}
         flat, first = self.sync.flat, dist.get_rank(self.groups["tp"]) == 0
         counted = torch.zeros(flat.padded, dtype=torch.bool, device=flat.buffer.device)
         for p, view in zip(flat.params, flat.views(counted), strict=True):
-            view.fill_(id(p) in split or first)
+            view.fill_((id(p) in split or first) and id(p) not in copy_)
         master = self.sync.master
         return [master], {"dp_sharded": [master], "counted": {id(master): counted[flat.shard]}}
 

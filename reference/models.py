@@ -66,10 +66,11 @@ class GPT(nn.Module):
     """A small GPT: token embedding, ``layers`` causal blocks, final LayerNorm, a bias-free LM head.
     ``loss(tokens, targets)`` is the mean cross-entropy over every token. ``dropout`` > 0: keyed dropout
     (``reference.dropout``) after the embedding and in every block; set ``dropout_key.step`` before each
-    training step (the masks are drawn from (dropout_seed, step, layer, site, sample))."""
+    training step (the masks are drawn from (dropout_seed, step, layer, site, sample)).
+    ``tie_embeddings``: the LM head's weight is the input embedding's (one parameter, as most LLMs)."""
 
     def __init__(self, vocab: int = 13, hidden: int = 16, heads: int = 8, ffn: int = 32, layers: int = 4,
-                 dtype=torch.float64, *, dropout: float = 0.0, dropout_seed: int = 0):
+                 dtype=torch.float64, *, dropout: float = 0.0, dropout_seed: int = 0, tie_embeddings: bool = False):
         super().__init__()
         self.vocab, self.heads, self.dropout_key = vocab, heads, DropoutKey(dropout_seed)
         self.embed = nn.Embedding(vocab, hidden, dtype=dtype)
@@ -78,6 +79,9 @@ class GPT(nn.Module):
                                     for i in range(layers))
         self.ln_f = nn.LayerNorm(hidden, dtype=dtype)
         self.head = nn.Linear(hidden, vocab, bias=False, dtype=dtype)
+        self.tie_embeddings = tie_embeddings
+        if tie_embeddings:
+            self.head.weight = self.embed.weight
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.drop_embed(self.embed(tokens))

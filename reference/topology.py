@@ -60,15 +60,21 @@ def rank_of(dims: ParallelDims, dp: int, pp: int, tp: int) -> int:
 
 
 def layout(dims: ParallelDims) -> dict[str, list[list[int]]]:
-    """Every group of each kind as its list of global ranks: {"tp": [...], "pp": [...], "dp": [...]}."""
+    """Every group of each kind as its list of global ranks: {"tp": [...], "pp": [...], "dp": [...],
+    "embed": [...]}. "embed" (Megatron's embedding group): the first and the last pipeline rank of each
+    (dp, tp) coordinate, which hold the input embedding and the LM head — tied weights' gradients are
+    summed over it (one rank when pp = 1)."""
     r = range
+    last = dims.pp - 1
     return {"tp": [[rank_of(dims, d, p, t) for t in r(dims.tp)] for d in r(dims.dp) for p in r(dims.pp)],
             "pp": [[rank_of(dims, d, p, t) for p in r(dims.pp)] for d in r(dims.dp) for t in r(dims.tp)],
-            "dp": [[rank_of(dims, d, p, t) for d in r(dims.dp)] for p in r(dims.pp) for t in r(dims.tp)]}
+            "dp": [[rank_of(dims, d, p, t) for d in r(dims.dp)] for p in r(dims.pp) for t in r(dims.tp)],
+            "embed": [sorted({rank_of(dims, d, 0, t), rank_of(dims, d, last, t)}) for d in r(dims.dp)
+                      for t in r(dims.tp)]}
 
 
 def build_groups(dims: ParallelDims, rank: int) -> dict:
-    """This rank's process groups {"tp", "pp", "dp"}, created collectively (every rank calls this)."""
+    """This rank's process groups {"tp", "pp", "dp", "embed"}, created collectively (every rank calls this)."""
     import torch.distributed as dist
 
     dims.check(dist.get_world_size())

@@ -42,24 +42,25 @@ def bound(step: int, tokens: int, model: GPT, world: int) -> float:
 
 def train_3d(dp: int, pp: int, tp: int, schedule: str, zero: int, checkpointing: bool, steps: int = 3,
              seed: int = 0, dropout: float = 0.1, clip: list[tuple[float, float]] | None = CLIP,
-             planted: str | None = None) -> dict:
+             planted: str | None = None, tie: bool = True) -> dict:
     """The reference 3D stack against one device, with keyed dropout on (``reference.dropout``: every layout
     draws one device's masks, recomputation included) and global gradient-norm clipping
     (``reference.clipping``) with ``clip``'s (max_norm, norm_type) at step 1, 2, ... (each step's norm
-    compared too; None: no clipping). ``planted``: a known clipping bug put into the trainer
-    (``PLANTED_CLIPPING``)."""
+    compared too; None: no clipping), the embedding tied to the LM head (``tie``: on the first and the
+    last pipeline stage, summed over the embedding group). ``planted``: a known bug put into the trainer
+    (``PLANTED``)."""
     dims = ParallelDims(dp, pp, tp)
     try:
         groups = _groups(dims)
         torch.manual_seed(seed)
-        model = GPT(dropout=dropout).to(rank_device())
+        model = GPT(dropout=dropout, tie_embeddings=tie).to(rank_device())
         spec = OptimizerSpec("sgd", LR)
         trainer = parallelize(copy.deepcopy(model), dims, schedule, zero, checkpointing, groups=groups,
                               optimizer=spec, max_grad_norm=clip[0][0] if clip else None)
     except ValueError as exc:
         return {"refused": str(exc)}
     if planted:
-        PLANTED_CLIPPING[planted](trainer)
+        PLANTED[planted](trainer)
     def compare(single):
         expected = shard_stages(single, dims, dist.get_rank(), groups["tp"], 2 if schedule == "interleaved" else 1)
         return [((f"stage {s} {name}", p), q) for s, stage in trainer.stages.items()
@@ -79,9 +80,15 @@ def _leave_pp_out(trainer) -> None:
     trainer.clip_groups = {k: g for k, g in trainer.groups.items() if k != "pp"}
 
 
-PLANTED_CLIPPING = {"replicated-counted-tp-times": _count_replicated_tp_times, "pp-not-reduced": _leave_pp_out}
-"""Planted clipping bugs: TransformerEngine PR 715's (parameters replicated over TP counted on every TP
-rank) and torchtitan #596's (each pipeline stage clips by its own norm)."""
+def _tied_not_summed(trainer) -> None:
+    trainer._sum_tied = lambda: None
+
+
+PLANTED = {"replicated-counted-tp-times": _count_replicated_tp_times, "pp-not-reduced": _leave_pp_out,
+           "tied-not-summed": _tied_not_summed}
+"""Planted bugs: TransformerEngine PR 715's (parameters replicated over TP counted in the norm on every TP
+rank), torchtitan #596's (each pipeline stage clips by its own norm), and a tied embedding whose two
+copies' gradients are never summed."""
 
 
 def norm_bound(step: int, grads: list[torch.Tensor], model: GPT, world: int, tokens: int) -> float:

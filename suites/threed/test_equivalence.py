@@ -1,5 +1,6 @@
 """The whole recipe equals one device: a GPT (4 causal blocks, 8 heads, vocabulary 13 — padded under
-TP) trained 3 SGD-with-momentum steps with keyed dropout 0.1 (reference.dropout) over every (dp, pp, tp)
+TP — its input embedding tied to its LM head: on the first and the last stage under PP, their gradients
+summed over the embedding group) trained 3 SGD-with-momentum steps with keyed dropout 0.1 (reference.dropout) over every (dp, pp, tp)
 layout of world sizes 1, 2, 4 and 8 (TP innermost), with global gradient-norm clipping (ranks.CLIP: the
 2-norm clipped, the inf norm not clipped, then clipped), loss, each step's norm (ranks.norm_bound) and
 every parameter within the bound derived in ranks.bound (float64). Each layout runs one (schedule, ZeRO
@@ -56,8 +57,9 @@ def test_3d_training_equals_one_device(n, dims, schedule, zero, checkpointing, w
     assert len(per_rank[0]["norms"]) == 3  # every step's norm was compared
 
 
-@pytest.mark.parametrize("planted, dims", [("replicated-counted-tp-times", (1, 1, 2)), ("pp-not-reduced", (1, 2, 1))])
-def test_planted_clipping_bugs_fail_at_the_smallest_layout(planted, dims, world_cache):
+@pytest.mark.parametrize("planted, dims", [("replicated-counted-tp-times", (1, 1, 2)), ("pp-not-reduced", (1, 2, 1)),
+                                           ("tied-not-summed", (1, 2, 1))])
+def test_planted_bugs_fail_at_the_smallest_layout(planted, dims, world_cache):
     per_rank = world_cache.get(2).run(ranks.train_3d, *dims, "1f1b", 0, False, 1, 0, 0.1, ranks.CLIP, planted,
                                       timeout=300)
     problems = [p for r in per_rank for p in r["problems"]]
