@@ -36,6 +36,11 @@ class Torch3D:
 
         if schedule not in SCHEDULES:
             raise NotImplementedError(f"the torch 3D stack runs {', '.join(SCHEDULES)} here, not {schedule!r}.")
+        if getattr(model, "tie_embeddings", False) and not getattr(self, "split_tied", False):
+            # PipelineStage holds a stage's own modules: nothing sums a parameter shared by two stages, and
+            # torchtitan has no weight tying (pytorch/torchtitan#1524); split as is, the copies drift apart
+            raise NotImplementedError("the torch 3D stack cannot tie the embedding to the LM head: "
+                                      "torch.distributed.pipelining has no parameter shared across stages.")
         mesh = init_device_mesh(rank_device().type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
         self.dims, self.mesh, self.microbatches = (dp, pp, tp), mesh, microbatches
         coord = mesh.get_coordinate()

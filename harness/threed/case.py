@@ -150,21 +150,24 @@ def against_one_device(model: GPT, trainer, batch: int, world: int, steps: int, 
 
 
 def train_torch_3d(dp: int, pp: int, tp: int, schedule: str, steps: int = 3, seed: int = 0,
-                   clip: list[tuple[float, float]] | None = None, clip_recipe: str = "per-mesh") -> dict:
+                   clip: list[tuple[float, float]] | None = None, clip_recipe: str = "per-mesh",
+                   tie: bool = False, split_tied: bool = False) -> dict:
     """The torchtitan-style torch stack (harness.adapters.torch_3d) against one device; ``clip`` as in
-    ``train_3d`` (an exception from the stack's clipping is this rank's ``error``)."""
+    ``train_3d`` (an exception from the stack's clipping is this rank's ``error``). ``tie``: the tied GPT
+    (the stack refuses it); ``split_tied``: split it anyway, as a user would, to measure what that does."""
     from harness.adapters.torch_3d import Torch3D
 
     torch.manual_seed(seed)
-    model = GPT().to(rank_device())
+    model = GPT(tie_embeddings=tie).to(rank_device())
     microbatches = 2 * pp
     try:
-        trainer = Torch3D(copy.deepcopy(model), dp, pp, tp, schedule, microbatches, LR)
+        cls = type("SplitTied", (Torch3D,), {"split_tied": True}) if split_tied else Torch3D
+        trainer = cls(copy.deepcopy(model), dp, pp, tp, schedule, microbatches, LR)
     except NotImplementedError as exc:
         return {"refused": str(exc)}
     trainer.clip_recipe = clip_recipe
     def compare(single):
-        dense = dict(single.named_parameters())
+        dense = dict(single.named_parameters(remove_duplicate=False))
         return [((name, p), dense[name]) for name, p in trainer.full_params().items()]
 
     try:
