@@ -125,7 +125,7 @@ class Parallel3D:
     def __init__(self, model: GPT, dims: ParallelDims, groups: dict, schedule: str, zero_stage: int,
                  checkpointing: bool, optimizer: OptimizerSpec, microbatches: int,
                  loss_scaler: DynamicLossScaler | None = None, max_grad_norm: float | None = None,
-                 norm_type: float = 2.0):
+                 norm_type: float = 2.0, accumulation: int = 1):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}; got {schedule!r}.")
         if zero_stage not in (0, 1, 2):
@@ -149,7 +149,10 @@ class Parallel3D:
         else:
             self.sync = ShardedOptimizer(self.local, optimizer, zero_stage, groups["dp"])
             self.optimizer = self.sync.optimizer
+        if not (isinstance(accumulation, int) and accumulation >= 1):
+            raise ValueError(f"accumulation must be a whole number >= 1; got {accumulation!r}.")
         self.loss_scaler, self.max_grad_norm, self.norm_type = loss_scaler, max_grad_norm, norm_type
+        self.accumulation = accumulation
         self.last_grad_norm: float | None = None
         """The global gradient norm of the last step (before clipping), when clipping is on."""
         self.clip_groups = groups
@@ -173,22 +176,32 @@ class Parallel3D:
         last = max(self.stages) == self.schedule.num_stages - 1
         head = self.stages[max(self.stages)].head if last else None
         scale = self.loss_scaler.scale if self.loss_scaler is not None else 1.0
-        samples = torch.arange(mine.start, mine.stop).tensor_split(self.schedule.num_microbatches)
+        k = self.accumulation
+        if per_replica % k:
+            raise ValueError(f"a replica's {per_replica} rows cannot be split into {k} accumulation steps.")
+        rows = per_replica // k
         self.dropout_key.step = self.steps_done
 
-        def loss_fn(hidden, target):
+        def loss_fn(hidden, target):  # every micro-step divides by the replica's whole token count
             return head(hidden, target).sum() / count * scale  # a power of two: exact
 
-        def on_compute(stage, microbatch):  # dropout masks keyed by the microbatch's global samples
-            self.dropout_key.samples = samples[microbatch]
-
-        runtime = PipelineRuntime(self.schedule, self.stages, loss_fn, per_replica, (tokens.shape[1], self.hidden),
-                                  self.groups["pp"], on_compute)
         for p in self.local.parameters():
             p.grad = None
-        loss = runtime.step(tokens if 0 in self.stages else None, targets if last else None)
+        loss = None
+        for a in range(k):  # gradient accumulation: k pipeline passes, one reduction after the last
+            part = slice(a * rows, (a + 1) * rows)
+            first = mine.start + a * rows
+            samples = torch.arange(first, first + rows).tensor_split(self.schedule.num_microbatches)
+
+            def on_compute(stage, microbatch, samples=samples):  # dropout keyed by the global samples
+                self.dropout_key.samples = samples[microbatch]
+
+            runtime = PipelineRuntime(self.schedule, self.stages, loss_fn, rows, (tokens.shape[1], self.hidden),
+                                      self.groups["pp"], on_compute)
+            got = runtime.step(tokens[part] if 0 in self.stages else None, targets[part] if last else None)
+            loss = got if loss is None else (loss + got if got is not None else loss)
         loss = loss / scale if loss is not None else None
-        self.last_events = runtime.events  # (action, start, end) seconds of this rank's last step
+        self.last_events = runtime.events  # (action, start, end) seconds of this rank's last pipeline pass
         self.steps_done += 1
         self._sum_tied()
         if self.zero_stage == 0:
@@ -260,14 +273,15 @@ def parallelize(model: GPT, dims: ParallelDims, schedule: str = "1f1b", zero_sta
                 checkpointing: bool = False, *, groups: dict | None = None,
                 optimizer: OptimizerSpec | None = None, microbatches: int | None = None,
                 loss_scaler: DynamicLossScaler | None = None, max_grad_norm: float | None = None,
-                norm_type: float = 2.0) -> Parallel3D:
+                norm_type: float = 2.0, accumulation: int = 1) -> Parallel3D:
     """``model`` over ``dims`` (TP, then checkpointing, then the pipeline split, then DP / ZeRO), trained
     with ``optimizer`` (default SGD, lr 0.05, momentum 0.9) on ``microbatches`` per step (default 2 pp),
     with ``loss_scaler`` (``reference.mixed_precision``) scaling the loss and skipping non-finite steps, and
-    the gradients clipped to a global ``norm_type`` norm of ``max_grad_norm`` (``reference.clipping``).
+    the gradients clipped to a global ``norm_type`` norm of ``max_grad_norm`` (``reference.clipping``), and
+    ``accumulation`` pipeline passes (each of ``microbatches``) per optimizer step.
     ``groups`` (from ``topology.build_groups``) is created here when not given — collectively."""
     dims.check(dist.get_world_size(), model.heads, len(model.blocks))
     groups = groups if groups is not None else build_groups(dims, dist.get_rank())
     return Parallel3D(model, dims, groups, schedule, zero_stage, checkpointing,
                       optimizer or OptimizerSpec("sgd", 0.05), microbatches or 2 * dims.pp, loss_scaler,
-                      max_grad_norm, norm_type)
+                      max_grad_norm, norm_type, accumulation)

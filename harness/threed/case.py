@@ -42,12 +42,13 @@ def bound(step: int, tokens: int, model: GPT, world: int) -> float:
 
 def train_3d(dp: int, pp: int, tp: int, schedule: str, zero: int, checkpointing: bool, steps: int = 3,
              seed: int = 0, dropout: float = 0.1, clip: list[tuple[float, float]] | None = CLIP,
-             planted: str | None = None, tie: bool = True) -> dict:
+             planted: str | None = None, tie: bool = True, accumulation: int = 1) -> dict:
     """The reference 3D stack against one device, with keyed dropout on (``reference.dropout``: every layout
     draws one device's masks, recomputation included) and global gradient-norm clipping
     (``reference.clipping``) with ``clip``'s (max_norm, norm_type) at step 1, 2, ... (each step's norm
     compared too; None: no clipping), the embedding tied to the LM head (``tie``: on the first and the
-    last pipeline stage, summed over the embedding group). ``planted``: a known bug put into the trainer
+    last pipeline stage, summed over the embedding group), ``accumulation`` pipeline passes per optimizer
+    step (one device: one step on the k-times batch). ``planted``: a known bug put into the trainer
     (``PLANTED``)."""
     dims = ParallelDims(dp, pp, tp)
     try:
@@ -56,7 +57,8 @@ def train_3d(dp: int, pp: int, tp: int, schedule: str, zero: int, checkpointing:
         model = GPT(dropout=dropout, tie_embeddings=tie).to(rank_device())
         spec = OptimizerSpec("sgd", LR)
         trainer = parallelize(copy.deepcopy(model), dims, schedule, zero, checkpointing, groups=groups,
-                              optimizer=spec, max_grad_norm=clip[0][0] if clip else None)
+                              optimizer=spec, max_grad_norm=clip[0][0] if clip else None,
+                              accumulation=accumulation)
     except ValueError as exc:
         return {"refused": str(exc)}
     if planted:
@@ -66,8 +68,8 @@ def train_3d(dp: int, pp: int, tp: int, schedule: str, zero: int, checkpointing:
         return [((f"stage {s} {name}", p), q) for s, stage in trainer.stages.items()
                 for (name, p), q in zip(stage.named_parameters(), expected[s].parameters(), strict=True)]
 
-    return against_one_device(model, trainer, dp * trainer.schedule.num_microbatches, dims.world_size, steps, seed,
-                              compare, clip)
+    return against_one_device(model, trainer, dp * trainer.schedule.num_microbatches * accumulation, dims.world_size,
+                              steps, seed, compare, clip)
 
 
 def _count_replicated_tp_times(trainer) -> None:

@@ -4,7 +4,8 @@ summed over the embedding group) trained 3 SGD-with-momentum steps with keyed dr
 (reference.dropout) over every (dp, pp, tp) layout of world sizes 1, 2, 4 and 8 (TP innermost), with
 global gradient-norm clipping (ranks.CLIP: the 2-norm clipped, the inf norm not clipped, then clipped):
 loss, each step's norm (ranks.norm_bound) and every parameter within the bound derived in ranks.bound
-(float64). Each layout runs one (schedule, ZeRO stage, checkpointing) combination in rotation, and
+(float64); every other case accumulates 2 pipeline passes per optimizer step (one device: the 2-times
+batch). Each layout runs one (schedule, ZeRO stage, checkpointing) combination in rotation, and
 2 x 2 x 2 runs all 18 of them (6 in tox — every schedule and every ZeRO stage, with and without
 checkpointing — the other 12 in the thorough env): every combination is exercised, with few examples
 (world size 8 on 2 cores). Planted bugs (ranks.PLANTED) fail at their smallest layout."""
@@ -37,22 +38,26 @@ def _cases():
             for i, (schedule, zero, ckpt) in enumerate(combos):
                 if schedule == "interleaved" and 2 * dims[1] > len(MODEL.blocks):
                     schedule = "1f1b"  # two virtual stages per rank need 2 pp <= layers
-                label = f"{'x'.join(map(str, dims))}-{schedule}-zero{zero}-{'ckpt' if ckpt else 'nockpt'}"
+                acc = 1 + (k + i) % 2  # every other case accumulates 2 pipeline passes per optimizer step
+                label = f"{'x'.join(map(str, dims))}-{schedule}-zero{zero}-{'ckpt' if ckpt else 'nockpt'}-acc{acc}"
                 # 2x2x2 in tox: 6 of 18, each schedule with two ZeRO stages (one checkpointed), each ZeRO
                 # stage under two schedules; all 18 in the thorough env
                 j = i // 6  # the schedule's index in COMBOS
                 in_tox = (zero, ckpt) in ((j % 3, False), ((j + 2) % 3, True))
                 marks = [pytest.mark.thorough] if len(combos) > 1 and not in_tox else []
-                yield pytest.param(n, dims, schedule, zero, ckpt, id=label, marks=marks)
+                yield pytest.param(n, dims, schedule, zero, ckpt, acc, id=label, marks=marks)
 
 
-@pytest.mark.parametrize("n, dims, schedule, zero, checkpointing", list(_cases()))
-def test_3d_training_equals_one_device(n, dims, schedule, zero, checkpointing, world_cache, conformance):
-    per_rank = world_cache.get(n).run(ranks.train_3d, *dims, schedule, zero, checkpointing, timeout=300)
+@pytest.mark.parametrize("n, dims, schedule, zero, checkpointing, accumulation", list(_cases()))
+def test_3d_training_equals_one_device(n, dims, schedule, zero, checkpointing, accumulation, world_cache,
+                                       conformance):
+    per_rank = world_cache.get(n).run(ranks.train_3d, *dims, schedule, zero, checkpointing,
+                                      accumulation=accumulation, timeout=300)
     assert all(r["refused"] is None for r in per_rank), per_rank[0]["refused"]
     problems = [p for r in per_rank for p in r["problems"]]
     conformance.record("fail" if problems else "pass", suite="3d", world_size=n, dtype="float64",
-                       collective=f"{'x'.join(map(str, dims))}/{schedule}/zero{zero}/ckpt{int(checkpointing)}",
+                       collective=f"{'x'.join(map(str, dims))}/{schedule}/zero{zero}/ckpt{int(checkpointing)}"
+                                  f"/acc{accumulation}",
                        impl="reference", max_rel_err=max(r["worst"] for r in per_rank), detail=" | ".join(problems[:1]))
     assert not problems, problems[:4]
     assert len(per_rank[0]["norms"]) == 3  # every step's norm was compared
