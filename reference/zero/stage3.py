@@ -24,8 +24,8 @@ from .optim import OptimizerSpec
 
 
 class _Unit:
-    def __init__(self, module: nn.Module, group):
-        self.params = list(module.parameters(recurse=False))
+    def __init__(self, module: nn.Module, group, reduce_dtype: torch.dtype | None = None):
+        self.params, self.reduce_dtype = list(module.parameters(recurse=False)), reduce_dtype
         self.flat = FlatParams(self.params, group)
         self.shard = nn.Parameter(self.flat.buffer[self.flat.shard].clone())
         self._bytes = self.flat.buffer.untyped_storage().nbytes()
@@ -62,7 +62,9 @@ class _Unit:
         if self._ready < len(self.params):
             return
         self._ready = 0
-        shard = self.flat.reduce_scatter_mean(self.flat.flatten_grads())
+        grads = self.flat.flatten_grads()
+        grads = grads.to(self.reduce_dtype) if self.reduce_dtype is not None else grads
+        shard = self.flat.reduce_scatter_mean(grads).to(self.shard.dtype)  # reduced in reduce_dtype, kept in ours
         self.shard.grad = shard if self.shard.grad is None else self.shard.grad + shard
         for q in self.params:
             q.grad = None
@@ -70,10 +72,11 @@ class _Unit:
 
 
 class Zero3:
-    def __init__(self, module: nn.Module, spec: OptimizerSpec, group=None):
+    def __init__(self, module: nn.Module, spec: OptimizerSpec, group=None, reduce_dtype: torch.dtype | None = None):
+        """``reduce_dtype``: the dtype gradients are reduce-scattered in (default: the parameters')."""
         self.module, self.spec, self.group = module, spec, group
         owners = [m for m in module.modules() if next(m.parameters(recurse=False), None) is not None]
-        self.units = [_Unit(m, group) for m in owners]
+        self.units = [_Unit(m, group, reduce_dtype) for m in owners]
         self.optimizer = spec.build([u.shard for u in self.units])
 
     def zero_grad(self) -> None:

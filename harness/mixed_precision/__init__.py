@@ -1,0 +1,1 @@
+"""The mixed-precision case and its memory table (reference.mixed_precision)."""
