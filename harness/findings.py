@@ -105,6 +105,20 @@ FINDINGS: tuple[Finding, ...] = (
             "'exp_avg' (mlp, ZeRO-2, dp 2, 2 steps); with Adam it converts and resumes at dp 4 exactly.",
             "suites/resume/test_deepspeed.py::test_universal_conversion_of_an_sgd_checkpoint_fails",
             {"optimizer": "sgd", "universal": True}),
+    Finding("deepspeed", "zero", "deepspeed", ("0.19", None),
+            "fp16 at ZeRO stage 0 (a client torch optimizer, wrapped in FP16_UnfusedOptimizer): engine.backward "
+            "scales the loss only for a ZeROOptimizer, yet the step divides the gradients by the loss scale — every "
+            "update is 2^initial_scale_power times too small and no overflow is ever seen, so the scale keeps "
+            "growing (mlp, dp 2, initial_scale_power 18: the fp32 masters moved 5e-8 in 3 steps, 1e-2 in fp32).",
+            "suites/mixed_precision/test_third_party.py::test_deepspeed_fp16_stage0_never_scales_the_loss",
+            {"precision": "fp16", "stage": 0}),
+    Finding("deepspeed", "zero", "deepspeed", ("0.19", None),
+            "fp16 at ZeRO 1-3: the dynamic loss scale is updated before the gradients are unscaled, so on a step "
+            "where the scale grows the gradients are divided by the doubled scale and that update is halved "
+            "(mlp, dp 2, ZeRO 1, initial_scale_power 14, loss_scale_window 2: equal to one device after 2 steps, "
+            "off by 1.6e-3 vs the bound 1.4e-4 after the 3rd, where the scale grows).",
+            "suites/mixed_precision/test_third_party.py::test_deepspeed_fp16_halves_the_update_when_the_scale_grows",
+            {"precision": "fp16", "stage": lambda s: s in (1, 2, 3), "scale_grew": True}),
     Finding("torch", "zero", "torch", ("2.13", None),
             "torch.nn.utils.get_total_norm / clip_grads_with_norm_ (torchtitan's clip_grad_norm_) raise 'All "
             "operands in aten.stack.default must have the same mesh' when some gradients are DTensors on the "

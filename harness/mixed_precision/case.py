@@ -40,8 +40,14 @@ def bound(steps: int, n: int, dtype: torch.dtype, g_max: float) -> float:
     return LR * carried * (n + 5) * u * g_max
 
 
-def _one_device(model, x, y, slices, steps: int, scaler, spec: OptimizerSpec):
-    """The same recipe on one device; also the largest |gradient| of any rank's slice at any step."""
+def _one_device(model, x, y, slices, steps: int, scaler, spec: OptimizerSpec, master: bool = True,
+                fp32_loss: bool = False):
+    """The same recipe on one device; also the largest |gradient| of any rank's slice at any step.
+    ``master`` False: no fp32 copy — the optimizer steps the low-precision parameters themselves.
+    ``fp32_loss``: the loss is scaled in fp32 (``loss.float() * scale``, DeepSpeed's and autocast's way),
+    so only the gradients can overflow; else in the low precision, where the scaled loss itself can."""
+    if not master:
+        return _pure_low_precision(model, x, y, slices, steps, spec)
     masters = [torch.nn.Parameter(p.detach().float().clone()) for p in model.parameters()]
     opt = spec.build(masters)
     g_max = 0.0
@@ -52,7 +58,8 @@ def _one_device(model, x, y, slices, steps: int, scaler, spec: OptimizerSpec):
             g_max = max(g_max, max(float(p.grad.float().abs().max()) for p in model.parameters()))
         model.zero_grad()
         scale = scaler.scale if scaler is not None else 1.0
-        (F.mse_loss(model(x), y) * scale).backward()
+        loss = F.mse_loss(model(x), y)
+        ((loss.float() if fp32_loss else loss) * scale).backward()
         for m, p in zip(masters, model.parameters(), strict=True):
             m.grad = p.grad.float() / scale
         if scaler is not None and not scaler.update(any(not bool(torch.isfinite(m.grad).all()) for m in masters)):
@@ -64,6 +71,36 @@ def _one_device(model, x, y, slices, steps: int, scaler, spec: OptimizerSpec):
     return [m.detach() for m in masters], g_max
 
 
+def _pure_low_precision(model, x, y, slices, steps: int, spec: OptimizerSpec):
+    opt, g_max = spec.build(model.parameters()), 0.0
+    for _ in range(steps):
+        for xs, ys in slices:
+            model.zero_grad()
+            F.mse_loss(model(xs), ys).backward()
+            g_max = max(g_max, max(float(p.grad.float().abs().max()) for p in model.parameters()))
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+    return [p.detach().float() for p in model.parameters()], g_max
+
+
+def inputs(n: int, per_rank: int, seed: int, dtype: torch.dtype):
+    """The low-precision model (seeded), the global batch, and each rank's slice."""
+    torch.manual_seed(seed)
+    model = mlp(SIZES, dtype=dtype)
+    gen = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(n * per_rank, SIZES[0], generator=gen).to(dtype)
+    y = torch.randn(n * per_rank, SIZES[-1], generator=gen).to(dtype)
+    return model, x, y, [(x[k * per_rank:(k + 1) * per_rank], y[k * per_rank:(k + 1) * per_rank]) for k in range(n)]
+
+
+def compare(got: list, want: list, limit: float) -> tuple[float, list[str]]:
+    """(largest absolute difference, one line per parameter off by more than ``limit``)."""
+    diffs = [float((a.float() - b).abs().max()) for a, b in zip(got, want, strict=True)]
+    return max(diffs), [f"rank {dist.get_rank()}: parameter {i} off by {d:.3g} > {limit:.3g}"
+                        for i, d in enumerate(diffs) if not d <= limit]
+
+
 def train_mixed(stage: int, dtype_name: str, reduce_name: str, steps: int = 3, per_rank: int = 4, seed: int = 0,
                 init_scale: float | None = None, planted: str | None = None, optimizer: str = "sgd") -> dict:
     """``reduce_name``: "float32" or "low". ``init_scale``: a dynamic loss scaler (fp16's) starting there,
@@ -73,13 +110,8 @@ def train_mixed(stage: int, dtype_name: str, reduce_name: str, steps: int = 3, p
     divides a rounding difference by sqrt(v) + eps) — ``checked`` is False."""
     n, r = dist.get_world_size(), dist.get_rank()
     dtype = DTYPES[dtype_name]
-    torch.manual_seed(seed)
-    model = mlp(SIZES, dtype=dtype)
-    gen = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(n * per_rank, SIZES[0], generator=gen).to(dtype)
-    y = torch.randn(n * per_rank, SIZES[-1], generator=gen).to(dtype)
+    model, x, y, slices = inputs(n, per_rank, seed, dtype)
     scaler = (lambda: DynamicLossScaler(init_scale, growth_interval=2)) if init_scale else (lambda: None)
-    slices = [(x[k * per_rank:(k + 1) * per_rank], y[k * per_rank:(k + 1) * per_rank]) for k in range(n)]
     single_scaler = scaler()
     spec = OptimizerSpec(optimizer, LR)
     want, g_max = _one_device(copy.deepcopy(model), x, y, slices, steps, single_scaler, spec)
@@ -101,11 +133,9 @@ def train_mixed(stage: int, dtype_name: str, reduce_name: str, steps: int = 3, p
     memory["optimizer"] = held_bytes(trainer.masters + optimizer_state_tensors(trainer.optimizer))
     got = trainer.full_masters()
     limit = bound(steps, n, dtype, g_max)
-    worst = max(float((a - b).abs().max()) for a, b in zip(got, want, strict=True))
     checked = optimizer == "sgd"
-    problems = [f"rank {r}: master {i} off by {float((a - b).abs().max()):.3g} > {limit:.3g}"
-                for i, (a, b) in enumerate(zip(got, want, strict=True))
-                if checked and not float((a - b).abs().max()) <= limit]
+    worst, problems = compare(got, want, limit)
+    problems = problems if checked else []
     if single_scaler is not None and trainer.loss_scaler.state_dict() != single_scaler.state_dict():
         problems.append(f"rank {r}: loss scaler {trainer.loss_scaler.state_dict()} != one device's "
                         f"{single_scaler.state_dict()}")
