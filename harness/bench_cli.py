@@ -53,6 +53,9 @@ def add_parsers(sub) -> None:
             p.add_argument("--stages", default="0,1,2,3", help="ZeRO stages (0: plain data parallelism)")
             p.add_argument("--zero-world-sizes", default=None, help="DP sizes (default: --world-sizes)")
             p.add_argument("--zero-hidden", type=int, default=256, help="transformer block width")
+            p.add_argument("--zero-variants", default="plain,bf16,clip",
+                           help="plain; bf16 (the reference in mixed precision); clip (every implementation "
+                                "clipping at 1.0, at the largest DP size)")
         if name in ("checkpoint", "all"):
             p.add_argument("--layers", default="4,16,64", help="layer counts L of the checkpointed stack")
             p.add_argument("--policies", default="layer,sqrt", help="checkpointing policies")
@@ -146,13 +149,20 @@ def zero_config(args):
         raise UsageError(f"--stages {args.stages!r} must be comma-separated ZeRO stages among 0, 1, 2, 3.")
     if args.zero_hidden < 1:
         raise UsageError(f"--zero-hidden must be >= 1; got {args.zero_hidden}.")
+    from .zero.bench import VARIANTS
+
+    variants = [t.strip() for t in args.zero_variants.split(",") if t.strip()]
+    if not variants or any(v not in VARIANTS for v in variants):
+        raise UsageError(f"--zero-variants {args.zero_variants!r} must be comma-separated among "
+                         f"{', '.join(VARIANTS)}.")
     if args.suite == "zero":
         impls = _impls(args, "zero")
     else:  # bench all: --impls/--impl choose collectives; every runnable zero implementation runs
         impls = [s for s in registry.names("zero") if not registry.resolve(s, "zero").only_ops
                  and registry.skip_reason(registry.resolve(s, "zero")) is None]
     return ZeroSweep(impls=impls, world_sizes=_sizes(args, args.zero_world_sizes or args.world_sizes),
-                     stages=[int(t) for t in stages], hidden=args.zero_hidden, iters=args.iters, warmup=args.warmup)
+                     stages=[int(t) for t in stages], hidden=args.zero_hidden, iters=args.iters, warmup=args.warmup,
+                     variants=variants)
 
 
 def checkpoint_config(args):

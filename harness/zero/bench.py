@@ -5,6 +5,11 @@ collectives are not seen: blank), next to ``cost_model.dp_step_comm_bytes`` (2 P
 
 The model is one transformer block (reference.models.TransformerBlock) in float32 trained with Adam:
 K = 8 bytes of optimizer state per parameter, 4-byte weights and gradients.
+
+Variants (``ZeroSweep.variants``), at every stage and DP size: ``bf16`` — the reference's mixed precision
+(``reference.mixed_precision.MixedPrecisionZero``: bf16 block, fp32 master and Adam state, gradients
+reduced in fp32; the ZeRO paper's 2 + 2 + 12 bytes; row dtype "bfloat16"); ``clip`` — every
+implementation with global-norm clipping at 1.0 (``StepRecipe``; row op "stage<k>+clip").
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import sys
 from dataclasses import dataclass, field
 
 from reference.cost_model import dp_step_comm_bytes, training_memory
+from reference.zero.accounting import held_bytes
 
 from .. import registry
 from ..comm_count import counted_collectives
@@ -36,26 +42,38 @@ class ZeroSweep:
     """Samples per rank per step."""
     iters: int = 10
     warmup: int = 3
+    variants: list[str] = field(default_factory=lambda: ["plain", "bf16", "clip"])
+    """"plain"; "bf16": the reference in mixed precision; "clip": every implementation clipping at 1.0."""
 
 
-def bench_rank(impl_spec: str, stage: int, hidden: int, seq: int, batch: int, iters: int, warmup: int) -> dict:
+VARIANTS = ("plain", "bf16", "clip")
+
+
+def bench_rank(impl_spec: str, stage: int, hidden: int, seq: int, batch: int, iters: int, warmup: int,
+               variant: str = "plain") -> dict:
     import torch
 
     from reference.models import TransformerBlock
-    from reference.zero import OptimizerSpec
+    from reference.zero import OptimizerSpec, StepRecipe
 
     from ..world import rank_device
 
     device = rank_device()
     torch.manual_seed(0)
-    model = TransformerBlock(hidden, max(1, hidden // 64), 4 * hidden, dtype=torch.float32).to(device)
+    dtype = torch.bfloat16 if variant == "bf16" else torch.float32
+    model = TransformerBlock(hidden, max(1, hidden // 64), 4 * hidden, dtype=dtype).to(device)
     numel = sum(p.numel() for p in model.parameters())
     try:
-        trainer = registry.load(impl_spec, "zero").build(model, OptimizerSpec("adam", 1e-4), stage, None)
-    except (NotImplementedError, ValueError) as exc:
+        if variant == "bf16":
+            trainer = _MixedTrainer(model, OptimizerSpec("adam", 1e-4), stage)
+        else:
+            recipe = {"recipe": StepRecipe(max_grad_norm=1.0)} if variant == "clip" else {}
+            trainer = registry.load(impl_spec, "zero").build(model, OptimizerSpec("adam", 1e-4), stage, None,
+                                                             **recipe)
+    except (NotImplementedError, ValueError, TypeError) as exc:
         return {"unsupported": str(exc)}
-    x = torch.randn(batch, seq, hidden, device=device)
-    y = torch.randn(batch, seq, hidden, device=device)
+    x = torch.randn(batch, seq, hidden, device=device, dtype=dtype)
+    y = torch.randn(batch, seq, hidden, device=device, dtype=dtype)
 
     def step():
         trainer.step(x, y)
@@ -68,30 +86,82 @@ def bench_rank(impl_spec: str, stage: int, hidden: int, seq: int, batch: int, it
             "memory": trainer.memory(), "numel": numel}
 
 
+class _MixedTrainer:
+    """The reference's mixed precision behind the bench's ``step`` / ``memory``."""
+
+    def __init__(self, model, spec, stage: int):
+        from reference.mixed_precision import MixedPrecisionZero
+
+        self.model, self.engine = model, MixedPrecisionZero(model, spec, stage)
+
+    def step(self, x, y) -> None:
+        import torch.nn.functional as F
+
+        self.engine.zero_grad()
+        F.mse_loss(self.model(x), y).backward()
+        self.engine.reduce()
+        self.grads = held_bytes(self.engine.held_grads())
+        self.engine.update()
+
+    def memory(self) -> dict:
+        from reference.zero.accounting import optimizer_state_tensors
+
+        e = self.engine
+        return {"params": held_bytes(list(self.model.parameters()) + e.parts), "grads": self.grads,
+                "optimizer": held_bytes(e.masters + optimizer_state_tensors(e.optimizer))}
+
+
+def _mixed_comm_bytes(numel: int, stage: int, n: int) -> float:
+    """The reference's mixed precision per rank per step: gradients reduced in fp32 (4 bytes: an all-reduce,
+    2 ring passes, at stage 0; a reduce-scatter, 1, from stage 1), parameters all-gathered in bf16 (2 bytes:
+    once at stages 1-2, forward and backward at stage 3) — cost_model.dp_step_comm_bytes' ring passes with
+    each pass's own element size."""
+    passes = (n - 1) / n * numel
+    return passes * (2 * 4 if stage == 0 else 4 + 2 * (2 if stage == 3 else 1))
+
+
+def _cases(cfg: ZeroSweep) -> list[tuple[int, str, int, str]]:
+    """(N, impl, stage, variant): plain for every implementation; bf16 for the reference; clip for every
+    implementation at the largest N."""
+    unknown = [v for v in cfg.variants if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"variants must be among {', '.join(VARIANTS)}; got {', '.join(unknown)}.")
+    out = []
+    for n, impl, stage, variant in itertools.product(cfg.world_sizes, cfg.impls, cfg.stages, cfg.variants):
+        if not registry.resolve(impl, "zero").owns(f"stage{stage}"):  # reference-naive: stage 0 only
+            continue
+        if (variant == "bf16" and impl != "reference") or (variant == "clip" and n != max(cfg.world_sizes)):
+            continue
+        out.append((n, impl, stage, variant))
+    return out
+
+
 def run_sweep(cfg: ZeroSweep, get_world, run_dir, progress=sys.stderr) -> int:
-    cases = [(n, impl, stage) for n, impl, stage in itertools.product(cfg.world_sizes, cfg.impls, cfg.stages)
-             if registry.resolve(impl, "zero").owns(f"stage{stage}")]  # reference-naive: stage 0 only
-    for done, (n, impl, stage) in enumerate(cases, 1):
+    cases = _cases(cfg)
+    for done, (n, impl, stage, variant) in enumerate(cases, 1):
         world = get_world(n)
         per_rank = world.run(bench_rank, impl, stage, cfg.hidden, cfg.seq, cfg.batch, cfg.iters, cfg.warmup,
-                             timeout=600)
-        row = {"suite": "zero", "op": f"stage{stage}", "zero_stage": stage, "impl": impl, "backend": world.backend,
-               "world_size": n, "dtype": "float32", "iters": cfg.iters, "warmup": cfg.warmup,
+                             variant, timeout=600)
+        row = {"suite": "zero", "op": f"stage{stage}" + ("+clip" if variant == "clip" else ""), "zero_stage": stage,
+               "impl": impl, "backend": world.backend, "world_size": n,
+               "dtype": "bfloat16" if variant == "bf16" else "float32", "iters": cfg.iters, "warmup": cfg.warmup,
                "count": cfg.batch * cfg.seq}
         unsupported = [r["unsupported"] for r in per_rank if "unsupported" in r]
         if unsupported:
             row.update(status="unsupported", detail=unsupported[0])
         else:
             numel = per_rank[0]["numel"]
-            model = training_memory(numel, zero_stage=stage, dp=n, weight_bytes=4, grad_bytes=4, optimizer_bytes=8)
+            model = (training_memory(numel, zero_stage=stage, dp=n) if variant == "bf16" else  # 2 + 2 + 12
+                     training_memory(numel, zero_stage=stage, dp=n, weight_bytes=4, grad_bytes=4, optimizer_bytes=8))
             counted = max(r["bytes_sent"] for r in per_rank)
             mem = per_rank[0]["memory"]  # rank 0; ranks differ only by padding or whole-parameter partitions
             row.update(status="ok", comm_bytes_measured=counted if counted or n == 1 else None,
-                       comm_bytes_predicted=dp_step_comm_bytes(numel, stage, n, grad_bytes=4),
+                       comm_bytes_predicted=(_mixed_comm_bytes(numel, stage, n) if variant == "bf16"
+                                             else dp_step_comm_bytes(numel, stage, n, grad_bytes=4)),
                        mem_params_bytes=mem["params"], mem_grads_bytes=mem["grads"],
                        mem_optimizer_bytes=mem["optimizer"], mem_params_predicted=model.weights,
                        mem_grads_predicted=model.gradients, mem_optimizer_predicted=model.optimizer,
                        **summarize([r["times"] for r in per_rank]))
         run_dir.append("benchmarks.csv", row)
-        print(f"[{done}/{len(cases)}] zero {impl} stage {stage} dp={n}: {row['status']}", file=progress)
+        print(f"[{done}/{len(cases)}] zero {impl} stage {stage} dp={n} {variant}: {row['status']}", file=progress)
     return len(cases)

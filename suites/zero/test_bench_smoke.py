@@ -1,6 +1,7 @@
-"""The ZeRO benchmark runs end to end on a small block; for the reference, measured memory and counted
-bytes equal the cost model's exactly (its padding is zero here: every flat buffer's size is even at
-N = 2). No timings asserted."""
+"""The ZeRO benchmark runs end to end on a small block, with its variants (the reference in bf16 mixed
+precision, every implementation clipping); for the reference, measured memory and counted bytes equal the
+cost model's exactly (its padding is zero here: every flat buffer's size is even at N = 2) — in mixed
+precision the ZeRO paper's 2 + 2 + 12 bytes per parameter. No timings asserted."""
 
 from __future__ import annotations
 
@@ -19,11 +20,14 @@ def test_zero_sweep_memory_bytes_and_report(world_cache, world_sizes, tmp_path):
     cfg = ZeroSweep(impls=["reference", "reference-naive", "torch"], world_sizes=[2], hidden=64, seq=4, batch=2,
                     iters=2, warmup=1)
     run = RunDir(tmp_path, {"suite": "zero"})
-    assert run_sweep(cfg, world_cache.get, run, progress=None) == 4 + 1 + 4  # the naive variant: stage 0 only
+    # plain: 4 + 1 (the naive variant: stage 0 only) + 4; bf16: the reference's 4; clip: 4 + 1 + 4
+    assert run_sweep(cfg, world_cache.get, run, progress=None) == 9 + 4 + 9
     run.finish()
     rows = read_run(run.path)[1]["benchmarks.csv"]
     assert (rows["status"] == "ok").all() and (rows["time_p50_us"] > 0).all()
-    for _, r in rows.iterrows():
+    assert sorted(rows[rows["dtype"] == "bfloat16"]["op"]) == ["stage0", "stage1", "stage2", "stage3"]
+    assert (rows["op"].str.endswith("+clip")).sum() == 9
+    for _, r in rows[~rows["op"].str.endswith("+clip")].iterrows():  # clip rows add the norm's all-reduce
         if r["impl"].startswith("reference"):
             assert r["comm_bytes_measured"] == r["comm_bytes_predicted"], r
             for kind in ("params", "grads", "optimizer"):
@@ -32,3 +36,5 @@ def test_zero_sweep_memory_bytes_and_report(world_cache, world_sizes, tmp_path):
             assert math.isnan(r["comm_bytes_measured"])  # DDP's C++ reducer: not counted, not zero
     text = write_report(run.path).read_text()
     assert "## Data parallel / ZeRO: memory per rank" in text and (run.path / "zero_memory.png").exists()
+    assert "### Mixed precision: the ZeRO paper's setting, measured" in text
+    assert "### Global-norm clipping: step time" in text
