@@ -4,8 +4,8 @@ summed over the embedding group) trained 3 SGD-with-momentum steps with keyed dr
 (reference.dropout) over every (dp, pp, tp) layout of world sizes 1, 2, 4 and 8 (TP innermost), with
 global gradient-norm clipping (ranks.CLIP: the 2-norm clipped, the inf norm not clipped, then clipped):
 loss, each step's norm (ranks.norm_bound) and every parameter within the bound derived in ranks.bound
-(float64); every other case accumulates 2 pipeline passes per optimizer step (one device: the 2-times
-batch). Each layout runs one (schedule, ZeRO stage, checkpointing) combination in rotation, and
+(float64); every layout accumulates 2 pipeline passes per optimizer step (one device: the 2-times
+batch; 2x2x2 alternates 1 and 2). Each layout runs one (schedule, ZeRO stage, checkpointing) combination in rotation, and
 2 x 2 x 2 runs all 18 of them (6 in tox — every schedule and every ZeRO stage, with and without
 checkpointing — the other 12 in the thorough env): every combination is exercised, with few examples
 (world size 8 on 2 cores). Planted bugs (ranks.PLANTED) fail at their smallest layout."""
@@ -38,7 +38,8 @@ def _cases():
             for i, (schedule, zero, ckpt) in enumerate(combos):
                 if schedule == "interleaved" and 2 * dims[1] > len(MODEL.blocks):
                     schedule = "1f1b"  # two virtual stages per rank need 2 pp <= layers
-                acc = 1 + (k + i) % 2  # every other case accumulates 2 pipeline passes per optimizer step
+                # every layout accumulates 2 pipeline passes per optimizer step; 2x2x2 alternates with 1
+                acc = 1 + (i % 2 if len(combos) > 1 else 1)
                 label = f"{'x'.join(map(str, dims))}-{schedule}-zero{zero}-{'ckpt' if ckpt else 'nockpt'}-acc{acc}"
                 # 2x2x2 in tox: 6 of 18, each schedule with two ZeRO stages (one checkpointed), each ZeRO
                 # stage under two schedules; all 18 in the thorough env
