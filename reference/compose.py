@@ -163,7 +163,8 @@ class Parallel3D:
         last = self.schedule.num_stages - 1
         self.tied = ([self.stages[0].embed.weight] if 0 in self.stages else []) + (
             [self.stages[last].head.weight] if last in self.stages else [])
-        self.tied = self.tied if getattr(model, "tie_embeddings", False) else []
+        self.tie_embeddings = bool(getattr(model, "tie_embeddings", False))
+        self.tied = self.tied if self.tie_embeddings else []
         """This rank's copies of the tied embedding / LM head weight (the same vocabulary rows)."""
         self._norm_args = self._norm_terms()
 

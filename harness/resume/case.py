@@ -31,6 +31,8 @@ class Recipe:
     dropout: float = 0.0
     optimizer: str = "sgd"
     growth_interval: int | None = None
+    tie: bool = False
+    """The embedding tied to the LM head (two copies under PP, kept equal)."""
 
     def spec(self) -> OptimizerSpec:
         return OptimizerSpec(self.optimizer, LR)
@@ -50,7 +52,7 @@ class Recipe:
 
     def model(self, seed: int) -> GPT:
         torch.manual_seed(seed)
-        return GPT(dropout=self.dropout, dropout_seed=seed + 7)
+        return GPT(dropout=self.dropout, dropout_seed=seed + 7, tie_embeddings=self.tie)
 
 
 def one_device_step(single: GPT, opt, scaler: DynamicLossScaler | None, step: int, tokens, targets) -> float:

@@ -156,6 +156,7 @@ def save_3d(root, step_name: str, trainer, meta: dict, group=None, _die_after_wr
     meta = {**meta, "versions": {"torch": torch.__version__.split("+")[0]}, "zero_stage": trainer.zero_stage,
             "dims": [trainer.dims.dp, trainer.dims.pp, trainer.dims.tp], "optimizer": trainer.spec.name,
             "steps_done": trainer.steps_done, "dropout_seed": trainer.dropout_key.seed,
+            "tie_embeddings": trainer.tie_embeddings,
             "loss_scaler": trainer.loss_scaler.state_dict() if trainer.loss_scaler is not None else None}
     name = [f".staging-{step_name}-{secrets.token_hex(4)}" if rank == 0 else None]
     dist.broadcast_object_list(name, src=src, group=group)
@@ -187,6 +188,10 @@ def load_3d(ckpt, trainer) -> dict:
 
     metadata = read_metadata(ckpt)
     meta = metadata["meta"]
+    if bool(meta.get("tie_embeddings", False)) != trainer.tie_embeddings:
+        have, want = ("ties", "an untied") if trainer.tie_embeddings else ("does not tie", "a tied")
+        raise ResumeError(f"{ckpt}/metadata.json is from {want} model, and this trainer's model {have} its "
+                          f"embedding to its LM head.")
     if trainer.loss_scaler is not None and meta.get("loss_scaler") is None:
         raise ResumeError(f"{ckpt}/metadata.json holds no loss-scaler state, but this trainer scales its loss: "
                           f"resuming would restart the scale from {trainer.loss_scaler.scale:g}.")

@@ -2,7 +2,8 @@
 2 more steps equals 4 steps on one device (float64, the 3D suite's bound; Adam adds the allowance derived
 in case.Recipe.allowance), every rank of B compared. Pairs change the world size (1 -> 4, 4 -> 4, 8 -> 2,
 2 -> 8), dp <-> pp <-> tp, the ZeRO stage (0 <-> 1 <-> 2) and the schedule; tp = 2 and 4 pad the 13-word
-vocabulary. Dropout is on in every pair (keyed masks: the RNG state is (seed, step), see
+vocabulary; the last pair ties the embedding to the LM head (first and last stage on A, one rank's two copies
+on B). Dropout is on in every pair (keyed masks: the RNG state is (seed, step), see
 reference.dropout); two pairs train Adam (moments and step count resharded), one of them with a dynamic
 loss scaler whose state (scale, growth tracker) must come back: it grows every 3 steps, so a fresh
 scaler after the resume would differ from one device's. A rank killed mid-save leaves the previous step,
@@ -22,13 +23,13 @@ PAIRS = [  # (A dims, schedule, zero) -> (B dims, schedule, zero), recipe
     (((1, 2, 2), "1f1b", 0), ((4, 1, 1), "1f1b", 2), ADAM),
     (((1, 1, 1), "1f1b", 0), ((1, 2, 2), "interleaved", 1), DROP),
     (((2, 2, 2), "1f1b", 2), ((1, 1, 2), "gpipe", 1), SCALED),
-    (((1, 2, 1), "gpipe", 1), ((2, 1, 4), "1f1b", 0), DROP),
+    (((1, 2, 1), "gpipe", 1), ((2, 1, 4), "1f1b", 0), Recipe(0.1, tie=True)),
 ]
 
 
 def _id(x):
     if isinstance(x, Recipe):
-        return f"{x.optimizer}{'-scaler' if x.growth_interval else ''}"
+        return f"{x.optimizer}{'-scaler' if x.growth_interval else ''}{'-tied' if x.tie else ''}"
     return f"{'x'.join(map(str, x[0]))}-{x[1]}-zero{x[2]}"
 
 
@@ -46,6 +47,14 @@ def test_resume_on_another_layout_equals_one_device(a, b, recipe, world_cache, t
                        collective=f"{a} -> {b} {_id(recipe)}", impl="reference",
                        max_rel_err=max(r["worst"] for r in per_rank), detail=" | ".join(problems[:1]))
     assert all(r["step"] == 2 for r in per_rank) and not problems, problems[:4]
+
+
+def test_a_checkpoint_of_an_untied_model_is_refused_by_a_tied_one(world_cache, tmp_path):
+    world_cache.get(1).run(case.train_and_save, str(tmp_path), (1, 1, 1), "1f1b", 0, 1, timeout=300)
+    got = world_cache.get(1).run(case.resume_and_compare, str(tmp_path), (1, 1, 1), "1f1b", 0, 1, 0,
+                                 Recipe(tie=True), timeout=300)[0]
+    assert got["refused"] == (f"{tmp_path}/step-1/metadata.json is from an untied model, and this trainer's model "
+                              "ties its embedding to its LM head.")
 
 
 def test_a_layout_the_model_cannot_take_is_one_sentence(world_cache, tmp_path):

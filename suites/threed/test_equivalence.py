@@ -5,8 +5,8 @@ summed over the embedding group) trained 3 SGD-with-momentum steps with keyed dr
 global gradient-norm clipping (ranks.CLIP: the 2-norm clipped, the inf norm not clipped, then clipped):
 loss, each step's norm (ranks.norm_bound) and every parameter within the bound derived in ranks.bound
 (float64); every layout accumulates 2 pipeline passes per optimizer step (one device: the 2-times
-batch; 2x2x2 alternates 1 and 2). Each layout runs one (schedule, ZeRO stage, checkpointing) combination in rotation, and
-2 x 2 x 2 runs all 18 of them (6 in tox — every schedule and every ZeRO stage, with and without
+batch; 2x2x2 alternates 1 and 2). Each layout runs one (schedule, ZeRO stage, checkpointing) combination
+in rotation, and 2 x 2 x 2 runs all 18 of them (6 in tox — every schedule and every ZeRO stage, with and without
 checkpointing — the other 12 in the thorough env): every combination is exercised, with few examples
 (world size 8 on 2 cores). Planted bugs (ranks.PLANTED) fail at their smallest layout."""
 
