@@ -1,11 +1,12 @@
 """Mixed precision (reference.mixed_precision.MixedPrecisionZero) against one device running the same
 recipe — the model in bf16 / fp16, fp32 master weights and optimizer state — at every ZeRO stage, DP 2
-(and 4 in the thorough env), the gradient reduced in fp32 or in the low precision: every rank's fp32 masters after 3 SGD steps
-within the bound derived in harness/mixed_precision/case.py (the reduction-order difference in the low
-precision; measured 5.6e-5 vs bound 1.1e-3 in bf16 at DP 2). fp16 with a dynamic loss scaler started at
-2^18: the overflowing steps (4 of 6) are skipped on every rank as on one device, scaler states equal.
-Memory: what each rank holds, measured from live tensors, equals cost_model.training_memory for Adam
-(K = 12) at every stage and N = 2, 4, 8 — the ZeRO paper's table with measured numbers."""
+(and 4 in the thorough env), the gradient reduced in fp32 or in the low precision: every rank's fp32
+masters after 3 SGD steps within the bound derived in harness/mixed_precision/case.py (the
+reduction-order difference in the low precision; measured 5.6e-5 vs bound 1.1e-3 in bf16 at DP 2). fp16
+with a dynamic loss scaler started at 2^18: the overflowing steps (4 of 6) are skipped on every rank as
+on one device, scaler states equal. Memory: what each rank holds, measured from live tensors, equals
+cost_model.training_memory for Adam (K = 12) at every stage and N = 2, 4, 8 — the ZeRO paper's table
+with measured numbers."""
 
 from __future__ import annotations
 
