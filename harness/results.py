@@ -22,6 +22,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from reference.files import atomic_write_text
+
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 """Version 2 added samples.csv; version-1 folders read with it empty (their times cannot be judged)."""
@@ -62,16 +64,6 @@ FILES = {"conformance.csv": CONFORMANCE_COLUMNS, "benchmarks.csv": BENCHMARK_COL
 
 class ResultsError(ValueError):
     """A results folder that cannot be written, or a path that is not a run; one sentence."""
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so that readers see the old or the new file, never a mix."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class CsvAppender:

@@ -22,7 +22,7 @@ import math
 import torch
 import torch.distributed as dist
 
-GROUPS = ("tp", "pp", "dp")
+from .topology import all_reduce_over
 
 
 def _rank(groups: dict, kind: str) -> int:
@@ -59,10 +59,7 @@ def grad_norm(params, groups: dict, norm_type: float = 2.0, *, tp_sharded=(), dp
         total = term if total is None else (torch.maximum(total, term) if norm_type == math.inf else total + term)
     total = torch.zeros((), dtype=torch.float64, device=device) if total is None else total
     total = total.reshape(1)
-    op = dist.ReduceOp.MAX if norm_type == math.inf else dist.ReduceOp.SUM
-    for kind in GROUPS:
-        if kind in groups and dist.get_world_size(groups[kind]) > 1:
-            dist.all_reduce(total, op=op, group=groups[kind])
+    all_reduce_over(total, groups, dist.ReduceOp.MAX if norm_type == math.inf else dist.ReduceOp.SUM)
     return total[0] if norm_type == math.inf else total[0].sqrt()
 
 

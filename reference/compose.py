@@ -24,7 +24,6 @@ and skips the step on every rank when any rank holds an inf or NaN.
 from __future__ import annotations
 
 import copy
-import math
 
 import torch
 import torch.distributed as dist
@@ -45,8 +44,8 @@ from .tensor_parallel import (
     VocabParallelEmbedding,
     tp_sharded_parameters,
 )
-from .topology import ParallelDims, build_groups, coordinates
-from .zero import OptimizerSpec, ShardedOptimizer
+from .topology import ParallelDims, all_reduce_over, build_groups, coordinates
+from .zero import OptimizerSpec, ShardedOptimizer, StepRecipe
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
@@ -130,10 +129,7 @@ class Parallel3D:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}; got {schedule!r}.")
         if zero_stage not in (0, 1, 2):
             raise ValueError(f"zero_stage must be 0, 1 or 2 with pipeline parallelism; got {zero_stage!r}.")
-        if max_grad_norm is not None and not max_grad_norm > 0:
-            raise ValueError(f"max_grad_norm must be positive; got {max_grad_norm}.")
-        if norm_type not in (2.0, math.inf):
-            raise ValueError(f"norm_type must be 2 or inf; got {norm_type}.")
+        StepRecipe(accumulation, max_grad_norm, norm_type)  # the same checks, the same sentences
         self.dims, self.groups, self.zero_stage, self.spec = dims, groups, zero_stage, optimizer
         rank = dist.get_rank()
         self.coords = coordinates(dims, rank)
@@ -149,8 +145,6 @@ class Parallel3D:
         else:
             self.sync = ShardedOptimizer(self.local, optimizer, zero_stage, groups["dp"])
             self.optimizer = self.sync.optimizer
-        if not (isinstance(accumulation, int) and accumulation >= 1):
-            raise ValueError(f"accumulation must be a whole number >= 1; got {accumulation!r}.")
         self.loss_scaler, self.max_grad_norm, self.norm_type = loss_scaler, max_grad_norm, norm_type
         self.accumulation = accumulation
         self.last_grad_norm: float | None = None
@@ -161,10 +155,10 @@ class Parallel3D:
         self.steps_done = 0
         """Steps taken (skipped ones included): the data position and the dropout masks' step."""
         last = self.schedule.num_stages - 1
-        self.tied = ([self.stages[0].embed.weight] if 0 in self.stages else []) + (
-            [self.stages[last].head.weight] if last in self.stages else [])
         self.tie_embeddings = bool(getattr(model, "tie_embeddings", False))
-        self.tied = self.tied if self.tie_embeddings else []
+        self.tied = [] if not self.tie_embeddings else (
+            ([self.stages[0].embed.weight] if 0 in self.stages else [])
+            + ([self.stages[last].head.weight] if last in self.stages else []))
         """This rank's copies of the tied embedding / LM head weight (the same vocabulary rows)."""
         self._norm_args = self._norm_terms()
 
@@ -200,7 +194,8 @@ class Parallel3D:
             runtime = PipelineRuntime(self.schedule, self.stages, loss_fn, rows, (tokens.shape[1], self.hidden),
                                       self.groups["pp"], on_compute)
             got = runtime.step(tokens[part] if 0 in self.stages else None, targets[part] if last else None)
-            loss = got if loss is None else (loss + got if got is not None else loss)
+            if got is not None:  # the last stage's rank: the pass's summed loss
+                loss = got if loss is None else loss + got
         loss = loss / scale if loss is not None else None
         self.last_events = runtime.events  # (action, start, end) seconds of this rank's last pipeline pass
         self.steps_done += 1
@@ -220,9 +215,8 @@ class Parallel3D:
         device = next(self.local.parameters()).device
         value = torch.tensor([float(loss) if loss is not None and c.tp == 0 else 0.0], dtype=torch.float64,
                              device=device)
-        for kind in ("pp", "tp", "dp"):  # the last stage's replica losses, summed, then averaged over DP
-            if dist.get_world_size(self.groups[kind]) > 1:
-                dist.all_reduce(value, group=self.groups[kind])
+        # the last stage's replica losses, summed, then averaged over DP
+        all_reduce_over(value, self.groups, kinds=("pp", "tp", "dp"))
         return float(value) / dims.dp
 
     def _sum_tied(self) -> None:
@@ -260,14 +254,9 @@ class Parallel3D:
         every rank (a max over the tp, pp and dp groups), so that all skip the step together."""
         if self.loss_scaler is None:
             return True
-        bad = torch.zeros(1, dtype=torch.float64, device=grads[0].device)
         for g in grads:
             g.mul_(1.0 / scale)
-            bad = torch.maximum(bad, (~torch.isfinite(g)).any().to(bad.dtype).reshape(1))
-        for kind in ("tp", "pp", "dp"):
-            if dist.get_world_size(self.groups[kind]) > 1:
-                dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=self.groups[kind])
-        return self.loss_scaler.update(bool(bad.item()))
+        return self.loss_scaler.update_from(grads, self.groups)
 
 
 def parallelize(model: GPT, dims: ParallelDims, schedule: str = "1f1b", zero_stage: int = 0,

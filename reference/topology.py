@@ -85,3 +85,16 @@ def build_groups(dims: ParallelDims, rank: int) -> dict:
             if rank in ranks:
                 mine[kind] = group
     return mine
+
+
+def all_reduce_over(tensor, groups: dict, op=None, kinds: tuple[str, ...] = ("tp", "pp", "dp")):
+    """All-reduce ``tensor`` in place (``op``, default SUM) over each of ``groups``' groups named in ``kinds``,
+    in that order — the whole 3D world when every kind is given. A missing key is a dimension of size 1;
+    the value None is the default group. Returns ``tensor``."""
+    import torch.distributed as dist
+
+    op = dist.ReduceOp.SUM if op is None else op
+    for kind in kinds:
+        if kind in groups and dist.get_world_size(groups[kind]) > 1:
+            dist.all_reduce(tensor, op=op, group=groups[kind])
+    return tensor

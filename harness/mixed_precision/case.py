@@ -62,7 +62,7 @@ def _one_device(model, x, y, slices, steps: int, scaler, spec: OptimizerSpec, ma
         ((loss.float() if fp32_loss else loss) * scale).backward()
         for m, p in zip(masters, model.parameters(), strict=True):
             m.grad = p.grad.float() / scale
-        if scaler is not None and not scaler.update(any(not bool(torch.isfinite(m.grad).all()) for m in masters)):
+        if scaler is not None and not scaler.update_from([m.grad for m in masters], {}):
             continue
         opt.step()
         with torch.no_grad():

@@ -66,7 +66,7 @@ def one_device_step(single: GPT, opt, scaler: DynamicLossScaler | None, step: in
         grads = [p.grad for p in single.parameters()]
         for g in grads:
             g.mul_(1.0 / scale)
-        if not scaler.update(any(not bool(torch.isfinite(g).all()) for g in grads)):
+        if not scaler.update_from(grads, {}):
             return 0.0
     opt.step()
     return max(float(p.grad.abs().max()) for p in single.parameters())

@@ -12,6 +12,11 @@ from __future__ import annotations
 
 import math
 
+import torch
+import torch.distributed as dist
+
+from ..topology import all_reduce_over
+
 
 class DynamicLossScaler:
     def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
@@ -42,6 +47,15 @@ class DynamicLossScaler:
             self.scale *= self.growth_factor
             self.growth_tracker = 0
         return True
+
+    def update_from(self, grads, groups: dict) -> bool:
+        """``update`` with ``found_inf``: whether any of ``grads`` on any rank of ``groups`` (as
+        ``topology.all_reduce_over`` reads them; {} for one device) holds an inf or NaN — every rank of a
+        3D layout decides the same, and skips together."""
+        found = any(not bool(torch.isfinite(g).all()) for g in grads)
+        flag = torch.tensor([float(found)], dtype=torch.float64, device=grads[0].device if grads else None)
+        all_reduce_over(flag, groups, dist.ReduceOp.MAX)
+        return self.update(bool(flag.item()))
 
     def state_dict(self) -> dict:
         return {"scale": self.scale, "growth_tracker": self.growth_tracker, "skipped": self.skipped}

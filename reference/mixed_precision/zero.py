@@ -103,12 +103,9 @@ class MixedPrecisionZero:
         scale = self.scale
         for master, g in zip(self.masters, self.grads, strict=True):
             master.grad = g.float() / scale  # a power of two: exact
-        if self.loss_scaler is not None:
-            bad = torch.tensor([float(any(not bool(torch.isfinite(m.grad).all()) for m in self.masters))])
-            if self.n > 1:
-                dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=self.group)
-            if not self.loss_scaler.update(bool(bad.item())):
-                return False
+        if self.loss_scaler is not None and not self.loss_scaler.update_from([m.grad for m in self.masters],
+                                                                             {"dp": self.group}):
+            return False
         if self.max_grad_norm is not None:
             norm = clip_grad_norm_(self.masters, self.max_grad_norm, {"dp": self.group},
                                    dp_sharded=self.masters if self.stage else ())

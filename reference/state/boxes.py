@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 def flat_range_to_boxes(shape, start: int, stop: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     """The elements [start, stop) of a C-ordered tensor of ``shape`` as (offsets, lengths) boxes, in order:
@@ -12,9 +14,7 @@ def flat_range_to_boxes(shape, start: int, stop: int) -> list[tuple[tuple[int, .
         return []
     if len(shape) <= 1:
         return [((start,), (stop - start,))] if shape else [((), ())]
-    inner = 1
-    for d in shape[1:]:
-        inner *= d
+    inner = math.prod(shape[1:])
     first, last = start // inner, (stop - 1) // inner
     if first == last:
         return [((first, *o), (1, *n)) for o, n in flat_range_to_boxes(shape[1:], start - first * inner,

@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy
 import torch
 
+from ..files import atomic_write_text
+
 FORMAT, VERSION, BLOCK = "paritybench-resume", 1, 1 << 16
 
 
@@ -49,18 +51,8 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _replace(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file, fsync it, and rename it over ``path``: readers see old or new."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _write_json(path: Path, data) -> None:
-    _replace(path, json.dumps(data, indent=1, sort_keys=True))
+    atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True))
 
 
 def write_rank(staging: Path, rank: int, shards: list[Shard]) -> list[dict]:
@@ -124,7 +116,7 @@ def publish(root: Path, step: str, staging: Path) -> Path:
         raise ResumeError(f"{str(final)!r} already exists: a published step is never overwritten.")
     os.rename(staging, final)
     _fsync_dir(root)
-    _replace(root / "latest", step + "\n")
+    atomic_write_text(root / "latest", step + "\n")
     _fsync_dir(root)
     return final
 
