@@ -19,6 +19,12 @@ Dropout (a GPT built with ``dropout`` > 0) is keyed (``reference.dropout``): the
 step and, before each microbatch's forward or backward, its global sample indices — so every layout
 draws one device's masks. A ``loss_scaler`` scales each microbatch loss, unscales the reduced gradients
 and skips the step on every rank when any rank holds an inf or NaN.
+
+Mixed precision: a GPT in bfloat16 or float16 trains as ``reference.mixed_precision.MixedPrecisionZero``
+does over the DP group — low-precision parameters, activations (pipeline messages, TP partial sums) and
+gradients, an fp32 master copy and fp32 optimizer state (ZeRO 1/2: this DP rank's shard of them), the DP
+reduction in ``reduce_dtype`` — with the cross-entropy in fp32 (Megatron's default); the loss scaler's
+check and the clipping norm read the fp32 masters' gradients.
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ from .checkpoint import Checkpointed
 from .clipping import clip_grad_norm_
 from .data_parallel import NaiveDataParallel
 from .dropout import DropoutKey, KeyedDropout
-from .mixed_precision import DynamicLossScaler
+from .mixed_precision import DynamicLossScaler, MixedPrecisionZero
+from .mixed_precision.zero import LOW
 from .models import GPT
 from .pipeline.generators import generate
 from .pipeline.runtime import PipelineRuntime
@@ -124,7 +131,7 @@ class Parallel3D:
     def __init__(self, model: GPT, dims: ParallelDims, groups: dict, schedule: str, zero_stage: int,
                  checkpointing: bool, optimizer: OptimizerSpec, microbatches: int,
                  loss_scaler: DynamicLossScaler | None = None, max_grad_norm: float | None = None,
-                 norm_type: float = 2.0, accumulation: int = 1):
+                 norm_type: float = 2.0, accumulation: int = 1, reduce_dtype: torch.dtype = torch.float32):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}; got {schedule!r}.")
         if zero_stage not in (0, 1, 2):
@@ -139,7 +146,12 @@ class Parallel3D:
         self.block_bounds = stage_bounds(len(model.blocks), self.schedule.num_stages)
         self.hidden = model.embed.embedding_dim
         self.local = nn.ModuleList(self.stages.values())
-        if zero_stage == 0:
+        self.mixed = next(model.parameters()).dtype in LOW
+        """Low-precision parameters with fp32 masters (``reference.mixed_precision``)."""
+        if self.mixed:
+            self.sync = MixedPrecisionZero(self.local, optimizer, zero_stage, groups["dp"], reduce_dtype=reduce_dtype)
+            self.optimizer = self.sync.optimizer
+        elif zero_stage == 0:
             self.sync = NaiveDataParallel(self.local, groups["dp"])
             self.optimizer = optimizer.build(self.local.parameters())
         else:
@@ -148,7 +160,8 @@ class Parallel3D:
         self.loss_scaler, self.max_grad_norm, self.norm_type = loss_scaler, max_grad_norm, norm_type
         self.accumulation = accumulation
         self.last_grad_norm: float | None = None
-        """The global gradient norm of the last step (before clipping), when clipping is on."""
+        """The global gradient norm of the last step (before clipping), when clipping is on and the step
+        was taken (None after a step the loss scaler skipped)."""
         self.clip_groups = groups
         """The groups the norm's partial terms are reduced over (tp, pp, dp)."""
         self.dropout_key = next((m.key for m in self.local.modules() if isinstance(m, KeyedDropout)), DropoutKey())
@@ -175,7 +188,7 @@ class Parallel3D:
         if per_replica % k:
             raise ValueError(f"a replica's {per_replica} rows cannot be split into {k} accumulation steps.")
         rows = per_replica // k
-        self.dropout_key.step = self.steps_done
+        self.dropout_key.step, self.last_grad_norm = self.steps_done, None
 
         def loss_fn(hidden, target):  # every micro-step divides by the replica's whole token count
             return head(hidden, target).sum() / count * scale  # a power of two: exact
@@ -200,24 +213,37 @@ class Parallel3D:
         self.last_events = runtime.events  # (action, start, end) seconds of this rank's last pipeline pass
         self.steps_done += 1
         self._sum_tied()
-        if self.zero_stage == 0:
-            self.sync.finish()
-            grads = [p.grad for p in self.local.parameters() if p.grad is not None]
-        else:
-            self.sync.reduce()
-            grads = [self.sync.master.grad]
-        if self._may_step(grads, scale):
+        if self._may_step(self._reduce(scale)):
             if self.max_grad_norm is not None:
                 params, kwargs = self._norm_args
                 norm = clip_grad_norm_(params, self.max_grad_norm, self.clip_groups, self.norm_type, **kwargs)
                 self.last_grad_norm = float(norm)
-            self.optimizer.step() if self.zero_stage == 0 else self.sync.update()
+            if self.mixed:
+                self.sync.apply()
+            else:
+                self.optimizer.step() if self.zero_stage == 0 else self.sync.update()
         device = next(self.local.parameters()).device
         value = torch.tensor([float(loss) if loss is not None and c.tp == 0 else 0.0], dtype=torch.float64,
                              device=device)
         # the last stage's replica losses, summed, then averaged over DP
         all_reduce_over(value, self.groups, kinds=("pp", "tp", "dp"))
         return float(value) / dims.dp
+
+    def _reduce(self, scale: float) -> list[torch.Tensor]:
+        """The DP reduction; returns the gradients the optimizer steps from, divided by ``scale``."""
+        if self.mixed:
+            self.sync.reduce()
+            return self.sync.unscale(scale)
+        if self.zero_stage == 0:
+            self.sync.finish()
+            grads = [p.grad for p in self.local.parameters() if p.grad is not None]
+        else:
+            self.sync.reduce()
+            grads = [self.sync.master.grad]
+        if scale != 1.0:
+            for g in grads:
+                g.mul_(1.0 / scale)
+        return grads
 
     def _sum_tied(self) -> None:
         """Tied embedding and head: each copy's gradient becomes the sum of both (Megatron's embedding-group
@@ -238,7 +264,7 @@ class Parallel3D:
         split = {id(p) for p in tp_sharded_parameters(self.local)}
         last = self.schedule.num_stages - 1
         copy_ = {id(self.stages[last].head.weight)} if self.tied and last in self.stages else set()
-        if self.zero_stage == 0:  # a tied head is the embedding's copy: its gradient counts once, there
+        if self.zero_stage == 0 and not self.mixed:  # a tied head is the embedding's copy: counted once, there
             params = list(self.local.parameters())
             skip = {id(p): torch.zeros_like(p, dtype=torch.bool) for p in params if id(p) in copy_}
             return params, {"tp_sharded": [p for p in params if id(p) in split], "counted": skip}
@@ -246,32 +272,32 @@ class Parallel3D:
         counted = torch.zeros(flat.padded, dtype=torch.bool, device=flat.buffer.device)
         for p, view in zip(flat.params, flat.views(counted), strict=True):
             view.fill_((id(p) in split or first) and id(p) not in copy_)
+        if self.mixed:  # the fp32 master: the whole flat buffer (ZeRO 0, replicated over DP) or its shard
+            master, mine = self.sync.masters[0], flat.shard if self.zero_stage else slice(None)
+            return [master], {"dp_sharded": [master] if self.zero_stage else [], "counted": {id(master): counted[mine]}}
         master = self.sync.master
         return [master], {"dp_sharded": [master], "counted": {id(master): counted[flat.shard]}}
 
-    def _may_step(self, grads: list[torch.Tensor], scale: float) -> bool:
-        """Unscale the reduced gradients and ask the loss scaler, with an inf or NaN on any rank seen by
-        every rank (a max over the tp, pp and dp groups), so that all skip the step together."""
-        if self.loss_scaler is None:
-            return True
-        for g in grads:
-            g.mul_(1.0 / scale)
-        return self.loss_scaler.update_from(grads, self.groups)
+    def _may_step(self, grads: list[torch.Tensor]) -> bool:
+        """Ask the loss scaler about the unscaled gradients, with an inf or NaN on any rank seen by every
+        rank (a max over the tp, pp and dp groups), so that all skip the step together."""
+        return self.loss_scaler is None or self.loss_scaler.update_from(grads, self.groups)
 
 
 def parallelize(model: GPT, dims: ParallelDims, schedule: str = "1f1b", zero_stage: int = 0,
                 checkpointing: bool = False, *, groups: dict | None = None,
                 optimizer: OptimizerSpec | None = None, microbatches: int | None = None,
                 loss_scaler: DynamicLossScaler | None = None, max_grad_norm: float | None = None,
-                norm_type: float = 2.0, accumulation: int = 1) -> Parallel3D:
+                norm_type: float = 2.0, accumulation: int = 1, reduce_dtype: torch.dtype = torch.float32) -> Parallel3D:
     """``model`` over ``dims`` (TP, then checkpointing, then the pipeline split, then DP / ZeRO), trained
     with ``optimizer`` (default SGD, lr 0.05, momentum 0.9) on ``microbatches`` per step (default 2 pp),
     with ``loss_scaler`` (``reference.mixed_precision``) scaling the loss and skipping non-finite steps, and
     the gradients clipped to a global ``norm_type`` norm of ``max_grad_norm`` (``reference.clipping``), and
-    ``accumulation`` pipeline passes (each of ``microbatches``) per optimizer step.
+    ``accumulation`` pipeline passes (each of ``microbatches``) per optimizer step; a bfloat16 / float16
+    ``model`` trains in mixed precision (fp32 masters), its DP gradients reduced in ``reduce_dtype``.
     ``groups`` (from ``topology.build_groups``) is created here when not given — collectively."""
     dims.check(dist.get_world_size(), model.heads, len(model.blocks))
     groups = groups if groups is not None else build_groups(dims, dist.get_rank())
     return Parallel3D(model, dims, groups, schedule, zero_stage, checkpointing,
                       optimizer or OptimizerSpec("sgd", 0.05), microbatches or 2 * dims.pp, loss_scaler,
-                      max_grad_norm, norm_type, accumulation)
+                      max_grad_norm, norm_type, accumulation, reduce_dtype)

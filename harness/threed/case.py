@@ -24,6 +24,12 @@ clipped to 0.5; the inf norm (1.8-2.8) not clipped; then (1.2-1.3) clipped to 0.
 and does not, under both norms."""
 
 
+def layouts(n: int, model: GPT) -> list[tuple[int, int, int]]:
+    """Every (dp, pp, tp) of world size ``n`` that ``model`` admits: tp divides the heads, pp <= layers."""
+    return [(dp, pp, n // (dp * pp)) for dp in range(1, n + 1) for pp in range(1, n + 1)
+            if n % (dp * pp) == 0 and model.heads % (n // (dp * pp)) == 0 and pp <= len(model.blocks)]
+
+
 def _groups(dims: ParallelDims) -> dict:
     if dims not in _GROUPS:
         _GROUPS[dims] = build_groups(dims, dist.get_rank())

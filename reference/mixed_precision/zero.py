@@ -98,18 +98,30 @@ class MixedPrecisionZero:
         """The gradient tensors this rank holds once reduced (each storage counted once by held_bytes)."""
         return self.grads + [p.grad for p in self.module.parameters()]
 
-    def update(self) -> bool:
-        """Step the fp32 master from the reduced gradients; returns False when the loss scaler skipped."""
-        scale = self.scale
+    def unscale(self, scale: float | None = None) -> list[torch.Tensor]:
+        """Set each fp32 master's gradient to this rank's reduced gradient / ``scale`` (default: the loss
+        scaler's) and return them — for a caller (the 3D stack) that checks and clips them over its own
+        groups before ``apply``."""
+        scale = self.scale if scale is None else scale
         for master, g in zip(self.masters, self.grads, strict=True):
             master.grad = g.float() / scale  # a power of two: exact
-        if self.loss_scaler is not None and not self.loss_scaler.update_from([m.grad for m in self.masters],
-                                                                             {"dp": self.group}):
+        return [m.grad for m in self.masters]
+
+    def update(self) -> bool:
+        """Step the fp32 master from the reduced gradients; returns False when the loss scaler skipped."""
+        grads = self.unscale()
+        if self.loss_scaler is not None and not self.loss_scaler.update_from(grads, {"dp": self.group}):
             return False
         if self.max_grad_norm is not None:
             norm = clip_grad_norm_(self.masters, self.max_grad_norm, {"dp": self.group},
                                    dp_sharded=self.masters if self.stage else ())
             self.last_grad_norm = float(norm)
+        self.apply()
+        return True
+
+    def apply(self) -> None:
+        """Step the fp32 masters from their (unscaled, checked, clipped) gradients and write them, rounded
+        to ``dtype``, back into the parameters (stages 1-2: this rank's range, all-gathered)."""
         self.optimizer.step()
         with torch.no_grad():
             for part, master in zip(self.parts, self.masters, strict=True):
@@ -118,7 +130,6 @@ class MixedPrecisionZero:
                 self.flat.gather(self.parts[0], out=self.flat.buffer)
         for master in self.masters:
             master.grad = None
-        return True
 
     def full_masters(self) -> list[torch.Tensor]:
         """Every parameter's fp32 master, full, in ``module.parameters()`` order."""

@@ -141,6 +141,13 @@ def load_rank(trainer, read) -> None:
                 st["step"] = step.clone()
 
 
+def _refuse_mixed(trainer) -> None:
+    if getattr(trainer, "mixed", False):  # every rank raises it, before any collective
+        raise ValueError("a mixed-precision 3D trainer cannot be saved or loaded yet: its fp32 masters and their "
+                         "optimizer state have no place in this format (its low-precision parameters alone "
+                         "would lose them).")
+
+
 def save_3d(root, step_name: str, trainer, meta: dict, group=None, _die_after_write: int | None = None):
     """Collective over ``group`` (default: the world): every rank writes its shards into one staging folder,
     rank 0 merges the metadata and publishes ``root/step_name``. ``_die_after_write``: that rank exits
@@ -151,6 +158,7 @@ def save_3d(root, step_name: str, trainer, meta: dict, group=None, _die_after_wr
 
     from .store import finalize, publish, write_rank
 
+    _refuse_mixed(trainer)
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     src = dist.get_global_rank(group, 0) if group is not None else 0
     meta = {**meta, "versions": {"torch": torch.__version__.split("+")[0]}, "zero_stage": trainer.zero_stage,
@@ -186,6 +194,7 @@ def load_3d(ckpt, trainer) -> dict:
     state, steps done, dropout seed, loss scaler; returns its ``meta``."""
     from .store import ResumeError, read_box, read_metadata
 
+    _refuse_mixed(trainer)
     metadata = read_metadata(ckpt)
     meta = metadata["meta"]
     if bool(meta.get("tie_embeddings", False)) != trainer.tie_embeddings:

@@ -129,4 +129,6 @@ class ParallelLMHead(nn.Module):
 
     def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         x = gather_from_sequence_region(x, self.group) if self.sequence_parallel else copy_to_region(x, self.group)
-        return vocab_parallel_cross_entropy(F.linear(x, self.weight), target, self.vocab_size, self.group)
+        logits = F.linear(x, self.weight)  # a low-precision model's cross-entropy in fp32 (Megatron's default)
+        logits = logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
+        return vocab_parallel_cross_entropy(logits, target, self.vocab_size, self.group)

@@ -24,15 +24,10 @@ COMBOS = list(itertools.product(("gpipe", "1f1b", "interleaved"), (0, 1, 2), (Fa
 MODEL = GPT()
 
 
-def _layouts(n: int) -> list[tuple[int, int, int]]:
-    return [(dp, pp, n // (dp * pp)) for dp in range(1, n + 1) for pp in range(1, n + 1)
-            if n % (dp * pp) == 0 and MODEL.heads % (n // (dp * pp)) == 0 and pp <= len(MODEL.blocks)]
-
-
 def _cases():
     k = 0
     for n in (1, 2, 4, 8):
-        for dims in _layouts(n):
+        for dims in ranks.layouts(n, MODEL):
             combos = COMBOS if dims == (2, 2, 2) else [COMBOS[k % len(COMBOS)]]
             k += 1
             for i, (schedule, zero, ckpt) in enumerate(combos):

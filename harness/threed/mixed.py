@@ -1,0 +1,197 @@
+"""The 3D mixed-precision conformance case (rank side): a bfloat16 / float16 GPT (tied, keyed dropout,
+clipped, accumulating — the 3D suite's recipe) trained over (dp, pp, tp) with fp32 masters
+(``reference.compose.Parallel3D`` in mixed precision) against one device running the same recipe on the
+whole batch, every rank's fp32 masters compared; the bound is ``allowed_ratio`` x the one-device recipe's
+own distance from exact arithmetic (the same recipe in float64)."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+import torch.distributed as dist
+
+from harness.threed.case import CLIP, LR, SEQ, _groups
+from harness.world import rank_device
+from reference.compose import parallelize, shard_stages
+from reference.mixed_precision import DynamicLossScaler
+from reference.models import GPT
+from reference.state.threed import tensor_map
+from reference.topology import ParallelDims
+from reference.zero import OptimizerSpec
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+FP16_SCALER = {"init_scale": 2.0**20, "backoff_factor": 2.0**-6, "growth_interval": 2}
+"""float16's dynamic loss scaler: step 1 at 2^20 overflows on every layout and on one device (this model's
+gradients overflow float16 from a scale of about 2^15-2^17), is skipped, the scale backs off to 2^14 —
+clean everywhere — and doubles after 2 clean steps. The band 2^15-2^17 is avoided on purpose: there a
+rounding decides whether a step overflows, and a parallel run (whose replicas' local gradients are not
+the average) may legitimately skip a step that one device takes (measured at 2x1x1 and 2x2x2)."""
+
+
+def allowed_ratio(microbatches: int, accumulation: int, dp: int, tp: int) -> float:
+    """How far the parallel run's masters may be from one device's, in units of E_T — the largest
+    difference of one device's low-precision run from exact arithmetic (float64) over the whole dense
+    tensor T, measured on every rank.
+
+    Both runs are the same low-precision computation, rounded in different places: by the triangle
+    inequality |parallel - one device| <= |parallel - exact| + E_T. One device rounds a weight gradient
+    element once (one GEMM over the whole batch, accumulated in fp32) and a row-parallel layer's output
+    once; the parallel run rounds each microbatch's partial gradient of each accumulation pass
+    (m k), the DP reduction's partial sums (<= dp), and each TP rank's partial output plus the TP
+    all-reduce's sums (2 tp). Rounding errors of independent operations add in quadrature (the
+    probabilistic model of Higham & Mary 2019: an error grows as the square root of the number of
+    roundings, not linearly), so |parallel - exact| <= sqrt(m k + dp + 2 tp) x one device's error,
+    where a tensor's maximum over n >= 16 elements of such an error fluctuates by up to 2x around its
+    typical value: 1 + 2 sqrt(m k + dp + 2 tp) — from 4.5 (one rank, m k = 2) to 9.7 (tp 8).
+    A missing DP average moves masters 180-2,200 E_T (measured: 2x1x1 to 8x1x1)."""
+    return 1 + 2 * math.sqrt(microbatches * accumulation + dp + 2 * tp)
+
+
+class OneDevice:
+    """The recipe on one device: ``model`` (low precision, or float64 for exact arithmetic) with an fp32
+    master copy (float64: the parameters themselves), the cross-entropy in fp32, the loss scaled, the
+    gradients unscaled in fp32, the step skipped on an inf / NaN, clipped by torch's clip_grad_norm_.
+    ``grads``: the last step's gradients before clipping; ``norm``: its norm."""
+
+    def __init__(self, model: GPT, scaler: DynamicLossScaler | None):
+        self.model, self.scaler = model, scaler
+        self.low = next(model.parameters()).dtype != torch.float64
+        self.masters = ([torch.nn.Parameter(p.detach().float().clone()) for p in model.parameters()] if self.low
+                        else list(model.parameters()))
+        self.opt = OptimizerSpec("sgd", LR).build(self.masters)
+        self.norm, self.grads = None, []
+
+    def step(self, step: int, tokens, targets, clip) -> float:
+        model, scale = self.model, self.scaler.scale if self.scaler is not None else 1.0
+        model.dropout_key.step, self.norm = step, None
+        model.zero_grad()
+        loss = model.loss(tokens, targets)
+        (loss * scale).backward()
+        if self.low:
+            for m, p in zip(self.masters, model.parameters(), strict=True):
+                m.grad = p.grad.float() / scale  # a power of two: exact
+        self.grads = [m.grad.detach().double().clone() for m in self.masters]
+        if self.scaler is not None and not self.scaler.update_from([m.grad for m in self.masters], {}):
+            return float(loss.detach())
+        if clip:
+            self.norm = float(torch.nn.utils.clip_grad_norm_(self.masters, *clip))
+        self.opt.step()
+        if self.low:
+            with torch.no_grad():
+                for m, p in zip(self.masters, model.parameters(), strict=True):
+                    p.copy_(m.to(p.dtype))
+        return float(loss.detach())
+
+    def dense(self) -> dict[str, torch.Tensor]:
+        """Every parameter by its one-device name (tied ones under both names), as float64."""
+        names = [n for n, _ in self.model.named_parameters()]
+        by_name = dict(zip(names, (m.detach().double() for m in self.masters), strict=True))
+        return {n: by_name.get(n, by_name.get("embed.weight")) for n, _ in
+                self.model.named_parameters(remove_duplicate=False)}
+
+    def as_model(self) -> GPT:
+        """The float64 model holding the masters (to be split as the parallel run is)."""
+        out = copy.deepcopy(self.model).double()
+        with torch.no_grad():
+            for p, m in zip(out.parameters(), self.masters, strict=True):
+                p.copy_(m)
+        return out
+
+
+def _plant_missing_average(trainer, dp: int) -> None:
+    reduce = trainer.sync.reduce
+
+    def summed():  # the DP reduction sums and forgets to divide by dp
+        reduce()
+        for g in trainer.sync.grads:
+            g.mul_(dp)
+    trainer.sync.reduce = summed
+
+
+def train_3d_mixed(dp: int, pp: int, tp: int, schedule: str, zero: int, checkpointing: bool,
+                   dtype_name: str = "bfloat16", reduce_name: str = "float32", steps: int = 3, seed: int = 0,
+                   dropout: float = 0.1, clip: list | None = CLIP, accumulation: int = 2,
+                   planted: str | None = None) -> dict:
+    """``reduce_name``: the DP reduction in "float32" or "low" precision. float16 trains with the dynamic
+    loss scaler ``FP16_SCALER`` (its state must equal one device's: the same steps skipped).
+    ``planted`` "missing-average": the DP reduction sums the replicas' gradients."""
+    dims, dtype = ParallelDims(dp, pp, tp), DTYPES[dtype_name]
+    groups = _groups(dims)
+    torch.manual_seed(seed)
+    model = GPT(dropout=dropout, tie_embeddings=True, dtype=dtype).to(rank_device())
+    scaler = (lambda: DynamicLossScaler(**FP16_SCALER)) if dtype == torch.float16 else (lambda: None)
+    try:
+        trainer = parallelize(copy.deepcopy(model), dims, schedule, zero, checkpointing, groups=groups,
+                              optimizer=OptimizerSpec("sgd", LR), max_grad_norm=clip[0][0] if clip else None,
+                              accumulation=accumulation, loss_scaler=scaler(),
+                              reduce_dtype=torch.float32 if reduce_name == "float32" else dtype)
+    except ValueError as exc:
+        return {"refused": str(exc)}
+    if planted == "missing-average":
+        _plant_missing_average(trainer, dp)
+    m = trainer.schedule.num_microbatches
+    ratio = allowed_ratio(m, accumulation, dp, tp)
+    gen = torch.Generator().manual_seed(seed + 1)
+    shape = (dp * m * accumulation, SEQ)
+    tokens = torch.randint(0, model.vocab, shape, generator=gen).to(rank_device())
+    targets = torch.randint(0, model.vocab, shape, generator=gen).to(rank_device())
+    single, exact = OneDevice(copy.deepcopy(model), scaler()), OneDevice(copy.deepcopy(model).double(), None)
+    problems, norms = [], []
+    for step in range(steps):
+        c = clip[step % len(clip)] if clip else None
+        if c:
+            trainer.max_grad_norm, trainer.norm_type = c
+        single.step(step, tokens, targets, c)
+        exact.step(step, tokens, targets, c)
+        trainer.step(tokens, targets)
+        got, want = trainer.last_grad_norm, single.norm
+        if c and (got is None) != (want is None):
+            problems.append(f"step {step + 1}: taken on {'one device' if got is None else 'the parallel run'} "
+                            f"only (norm {got!r} vs one device {want!r})")
+        elif c and want is not None:  # |n' - n| <= |g' - g|, held to the gradients' own scale
+            scale = math.sqrt(sum(float(((a - b) ** 2).sum()) for a, b in zip(single.grads, exact.grads, strict=True)))
+            diff = abs(got - want)
+            norms.append((got, want, diff / max(scale, 1e-300)))
+            if not diff <= ratio * scale:
+                problems.append(f"gradient norm at step {step + 1}: {got!r} vs one device {want!r} "
+                                f"(off by {diff:.3g} > {ratio:.3g} x {scale:.3g})")
+    worst, more = _compare_masters(trainer, dims, groups, schedule, single, exact, ratio)
+    problems += more
+    if single.scaler is not None and trainer.loss_scaler.state_dict() != single.scaler.state_dict():
+        problems.append(f"rank {dist.get_rank()}: loss scaler {trainer.loss_scaler.state_dict()} != one "
+                        f"device's {single.scaler.state_dict()}")
+    return {"refused": None, "worst": worst, "bound": ratio, "problems": problems, "norms": norms,
+            "scaler": trainer.loss_scaler.state_dict() if trainer.loss_scaler else None}
+
+
+def _compare_masters(trainer, dims, groups, schedule, single: OneDevice, exact: OneDevice, ratio: float):
+    """(largest |parallel - one device| / E_T over this rank's tensors, one line per tensor beyond
+    ``ratio`` x E_T); E_T from the dense tensors, the parallel masters against one device's split alike."""
+    virtual = 2 if schedule == "interleaved" else 1
+    split = shard_stages(single.as_model(), dims, dist.get_rank(), groups["tp"], virtual)
+    expected = [p for s in trainer.stages for p in split[s].parameters()]  # trainer.local.parameters() order
+    ones, exacts = single.dense(), exact.dense()
+    worst, problems = 0.0, []
+    for got, want, (_, name, *_) in zip(trainer.sync.full_masters(), expected, tensor_map(trainer), strict=True):
+        scale = float((ones[name] - exacts[name]).abs().max())
+        diff = float((got.double() - want.detach()).abs().max())
+        worst = max(worst, diff / max(scale, 1e-300))
+        if not diff <= ratio * scale:
+            problems.append(f"rank {dist.get_rank()} {name}: off by {diff:.3g} = {diff / max(scale, 1e-300):.3g} "
+                            f"E_T > {ratio:.3g} E_T (E_T = {scale:.3g})")
+    return worst, problems
+
+
+def save_refused(root: str) -> str | None:
+    """The sentence ``save_3d`` raises for a mixed-precision trainer (None: it saved)."""
+    from reference.state.threed import save_3d
+
+    dims = ParallelDims(1, 1, dist.get_world_size())
+    trainer = parallelize(GPT(dtype=torch.bfloat16).to(rank_device()), dims, groups=_groups(dims))
+    try:
+        save_3d(root, "step-0", trainer, {})
+    except ValueError as exc:
+        return str(exc)
+    return None
