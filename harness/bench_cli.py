@@ -70,6 +70,9 @@ def add_parsers(sub) -> None:
                            choices=["gpipe", "1f1b", "interleaved"])
             p.add_argument("--3d-zero", dest="threed_zero", type=int, default=1, choices=[0, 1, 2])
             p.add_argument("--3d-checkpointing", dest="threed_checkpointing", action="store_true")
+            p.add_argument("--3d-variants", dest="threed_variants", default="plain",
+                           help="comma-separated among plain, bf16 (bfloat16 with fp32 masters), clip (global "
+                                "gradient-norm clipping at 1.0); opt-in: each adds one run of every layout")
         if name == "tensor_parallel":
             p.add_argument("--hidden", type=int, default=512)
             p.add_argument("--ffn", type=int, default=2048)
@@ -183,12 +186,16 @@ def checkpoint_config(args):
 
 
 def threed_config(args):
-    from .threed.bench import ThreeDSweep, valid_layouts
+    from .threed.bench import VARIANTS, ThreeDSweep, valid_layouts
 
     if args.threed_world_size < 1:
         raise UsageError(f"--3d-world-size must be >= 1; got {args.threed_world_size}.")
+    variants = [t.strip() for t in args.threed_variants.split(",") if t.strip()]
+    if not variants or any(v not in VARIANTS for v in variants):
+        raise UsageError(f"--3d-variants {args.threed_variants!r} must be comma-separated among {', '.join(VARIANTS)}.")
     cfg = ThreeDSweep(world_size=args.threed_world_size, schedule=args.threed_schedule, zero_stage=args.threed_zero,
-                      checkpointing=args.threed_checkpointing, iters=min(args.iters, 5), warmup=min(args.warmup, 1))
+                      checkpointing=args.threed_checkpointing, iters=min(args.iters, 5), warmup=min(args.warmup, 1),
+                      variants=variants)
     if not valid_layouts(cfg):
         raise UsageError(f"no dp x pp x tp layout of {cfg.world_size} ranks fits the model ({cfg.heads} heads, "
                          f"{cfg.layers} layers).")

@@ -5,6 +5,12 @@ over the timed steps) — beside
 ``paritybench plan``'s prediction for the same layout (``harness.plan.estimate``: its 1F1B bubble and
 communication; model-state bytes from ``training_memory`` in this run's float32 / SGD-momentum terms).
 
+Variants (``ThreeDSweep.variants``, opt-in beyond ``plain``): ``bf16`` — the GPT in bfloat16 with fp32
+masters (``reference.compose`` mixed precision; model state against ``training_memory`` with 2-byte
+weights and gradients and K = 8: the fp32 master + SGD's fp32 momentum); ``clip`` — global gradient-norm
+clipping at 1.0 (``reference.clipping``: one all-reduce over tp, pp and dp more per step). Rows: ``op``
+``<dp>x<pp>x<tp>`` with ``dtype`` bfloat16, or ``<dp>x<pp>x<tp>+clip``.
+
 On 2 CPU cores 8 ranks are oversubscribed: compare layouts with each other, not with a machine.
 """
 
@@ -37,6 +43,8 @@ class ThreeDSweep:
     warmup: int = 1
     layouts: list = field(default_factory=list)
     """(dp, pp, tp) to run; empty: all valid ones."""
+    variants: list = field(default_factory=lambda: ["plain"])
+    """plain, bf16, clip (see the module's docstring)."""
     profile: str | None = None
     """A machine profile (``paritybench calibrate``): each row gets the step time it predicts, with its parts."""
 
@@ -52,7 +60,10 @@ def valid_layouts(cfg: ThreeDSweep) -> list[tuple[int, int, int]]:
             and (cfg.schedule != "interleaved" or 2 * pp <= cfg.layers)]
 
 
-def bench_rank(cfg: ThreeDSweep, dims_t: tuple[int, int, int]) -> dict:
+VARIANTS = ("plain", "bf16", "clip")
+
+
+def bench_rank(cfg: ThreeDSweep, dims_t: tuple[int, int, int], variant: str = "plain") -> dict:
     import torch
     import torch.distributed as dist
 
@@ -66,10 +77,11 @@ def bench_rank(cfg: ThreeDSweep, dims_t: tuple[int, int, int]) -> dict:
     if dims not in _GROUPS:
         _GROUPS[dims] = build_groups(dims, dist.get_rank())
     torch.manual_seed(0)
-    model = GPT(cfg.vocab, cfg.hidden, cfg.heads, cfg.ffn, cfg.layers, dtype=torch.float32)
+    model = GPT(cfg.vocab, cfg.hidden, cfg.heads, cfg.ffn, cfg.layers,
+                dtype=torch.bfloat16 if variant == "bf16" else torch.float32)
     numel = sum(p.numel() for p in model.parameters())
     trainer = parallelize(model, dims, cfg.schedule, cfg.zero_stage, cfg.checkpointing, groups=_GROUPS[dims],
-                          optimizer=OptimizerSpec("sgd", 1e-3))
+                          optimizer=OptimizerSpec("sgd", 1e-3), max_grad_norm=1.0 if variant == "clip" else None)
     m = trainer.schedule.num_microbatches
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, cfg.vocab, (dims.dp * m * cfg.rows, cfg.seq), generator=gen)
@@ -87,10 +99,13 @@ def bench_rank(cfg: ThreeDSweep, dims_t: tuple[int, int, int]) -> dict:
             busy.append(sum(end - begin for name, begin, end in events if Action.parse(name).kind in "FBIW"))
             makespan.append(max((end for _, _, end in events), default=0.0))
     params = list(trainer.local.parameters())
-    grads = [p.grad for p in params] + ([trainer.sync.master.grad] if cfg.zero_stage else [])
+    if trainer.mixed:  # fp32 masters count as optimizer state (the ZeRO paper's K)
+        grads, state = trainer.sync.held_grads(), trainer.sync.masters
+    else:
+        grads, state = [p.grad for p in params] + ([trainer.sync.master.grad] if cfg.zero_stage else []), []
     return {"times": times, "numel": numel, "microbatches": m,
             "memory": {"params": held_bytes(params), "grads": held_bytes(grads),
-                       "optimizer": held_bytes(optimizer_state_tensors(trainer.optimizer))},
+                       "optimizer": held_bytes(state + optimizer_state_tensors(trainer.optimizer))},
             "busy": busy, "makespan": makespan}
 
 
@@ -103,14 +118,19 @@ def run_sweep(cfg: ThreeDSweep, get_world, run_dir, progress=sys.stderr) -> int:
 
     profile = load_profile(cfg.profile)
     work = gpt_workload(cfg.vocab, cfg.hidden, cfg.heads, cfg.ffn, cfg.layers, cfg.seq, cfg.rows)
-    layouts = cfg.layouts or valid_layouts(cfg)
+    unknown = [v for v in cfg.variants if v not in VARIANTS]
+    if unknown or not cfg.variants:
+        raise ValueError(f"variants must be among {', '.join(VARIANTS)}; got {', '.join(unknown) or 'none'}.")
+    cases = [(dims, v) for dims in (cfg.layouts or valid_layouts(cfg)) for v in cfg.variants]
     world = get_world(cfg.world_size)
-    for done, dims in enumerate(layouts, 1):
+    for done, (dims, variant) in enumerate(cases, 1):
         dp, pp, tp = dims
-        per_rank = world.run(bench_rank, cfg, dims, timeout=600)
+        per_rank = world.run(bench_rank, cfg, dims, variant, timeout=600)
         r0 = per_rank[0]
-        states = training_memory(r0["numel"], zero_stage=cfg.zero_stage, dp=dp, tp=tp, pp=pp, weight_bytes=4,
-                                 grad_bytes=4, optimizer_bytes=4)
+        low = variant == "bf16"  # bf16 weights and gradients; fp32 master + momentum: K = 8
+        states = training_memory(r0["numel"], zero_stage=cfg.zero_stage, dp=dp, tp=tp, pp=pp,
+                                 weight_bytes=2 if low else 4, grad_bytes=2 if low else 4,
+                                 optimizer_bytes=8 if low else 4)
         plan = estimate(Model(r0["numel"], cfg.seq, cfg.rows, cfg.hidden, cfg.heads, cfg.layers,
                               r0["microbatches"]), Layout(dp=dp, tp=tp, pp=pp, zero=cfg.zero_stage)) \
             if cfg.layers % pp == 0 else None
@@ -118,8 +138,9 @@ def run_sweep(cfg: ThreeDSweep, get_world, run_dir, progress=sys.stderr) -> int:
         # per timed step over every rank, then the median step (one step's bubble is noisy on a shared CPU)
         bubble = statistics.median(1 - sum(r["busy"][i] for r in per_rank) / sum(r["makespan"][i] for r in per_rank)
                                    for i in range(len(r0["busy"])))
-        row = {"suite": "3d", "op": f"{dp}x{pp}x{tp}", "impl": "reference", "backend": world.backend,
-               "world_size": cfg.world_size, "dtype": "float32", "iters": cfg.iters, "warmup": cfg.warmup,
+        row = {"suite": "3d", "op": f"{dp}x{pp}x{tp}" + ("+clip" if variant == "clip" else ""), "impl": "reference",
+               "backend": world.backend, "world_size": cfg.world_size, "dtype": "bfloat16" if low else "float32",
+               "iters": cfg.iters, "warmup": cfg.warmup,
                "count": r0["numel"], "microbatches": r0["microbatches"], "zero_stage": cfg.zero_stage, "status": "ok",
                "mem_params_bytes": worst["params"], "mem_grads_bytes": worst["grads"],
                "mem_optimizer_bytes": worst["optimizer"], "mem_params_predicted": states.weights,
@@ -128,11 +149,11 @@ def run_sweep(cfg: ThreeDSweep, get_world, run_dir, progress=sys.stderr) -> int:
                "comm_bytes_predicted": plan["comm_bytes_per_step"]["total"] if plan else None,
                "detail": f"{cfg.schedule}, zero {cfg.zero_stage}, checkpointing {cfg.checkpointing}",
                **summarize([r["times"] for r in per_rank])}
-        if profile is not None:
+        if profile is not None and variant == "plain":  # the profile predicts the float32 step
             row.update(planned_columns(predict_step(profile, work, dp, pp, tp, cfg.zero_stage, cfg.schedule,
                                                     r0["microbatches"], recompute=cfg.checkpointing)))
         run_dir.append("benchmarks.csv", row)
         planned = f" (planned {row['time_planned_us'] / 1e3:.1f} ms)" if "time_planned_us" in row else ""
-        print(f"[{done}/{len(layouts)}] 3d dp={dp} pp={pp} tp={tp}: {row['time_p50_us'] / 1e3:.1f} ms{planned}",
-              file=progress)
-    return len(layouts)
+        print(f"[{done}/{len(cases)}] 3d dp={dp} pp={pp} tp={tp} {variant}: {row['time_p50_us'] / 1e3:.1f} ms"
+              f"{planned}", file=progress)
+    return len(cases)

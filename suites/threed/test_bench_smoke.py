@@ -29,3 +29,28 @@ def test_3d_sweep_and_report(world_cache, tmp_path):
     assert (rows["time_planned_us"] > 0).all() and ((parts - rows["time_planned_us"]).abs() < 1e-6).all()
     report = write_report(run.path).read_text()
     assert "## 3D layouts: measured beside predicted" in report and "Spearman rank correlation" in report
+    assert "### Mixed precision and clipping per layout" not in report  # opt-in variants only
+
+
+def test_3d_variants_rows_and_memory(world_cache, tmp_path):
+    cfg = ThreeDSweep(world_size=2, vocab=13, hidden=16, heads=8, ffn=32, layers=2, seq=4, rows=1, iters=1, warmup=0,
+                      layouts=[(2, 1, 1)], variants=["plain", "bf16", "clip"])
+    run = RunDir(tmp_path, {"suite": "3d"})
+    assert run_sweep(cfg, world_cache.get, run, progress=None) == 3
+    run.finish()
+    rows = read_run(run.path)[1]["benchmarks.csv"]
+    rows = rows.set_index([rows["op"], rows["dtype"]])
+    assert set(rows.index) == {("2x1x1", "float32"), ("2x1x1", "bfloat16"), ("2x1x1+clip", "float32")}
+    bf16 = rows.loc[("2x1x1", "bfloat16")]
+    for kind in ("params", "grads", "optimizer"):  # bf16 weights and grads, fp32 master + momentum (K = 8)
+        assert abs(bf16[f"mem_{kind}_bytes"] - bf16[f"mem_{kind}_predicted"]) <= 16, kind
+    assert bf16["mem_optimizer_predicted"] == 2 * bf16["mem_params_predicted"]  # ZeRO 1 over 2: 8 / 2 vs 2
+    report = write_report(run.path).read_text()
+    assert "### Mixed precision and clipping per layout" in report
+
+
+def test_bad_3d_variants_are_one_sentence(capsys):
+    from harness.cli import main
+
+    assert main(["bench", "3d", "--3d-variants", "bf16,fp8"]) == 2
+    assert "--3d-variants 'bf16,fp8' must be comma-separated among plain, bf16, clip." in capsys.readouterr().err
