@@ -71,6 +71,31 @@ def _one_device(model, x, y, slices, steps: int, scaler, spec: OptimizerSpec, ma
     return [m.detach() for m in masters], g_max
 
 
+def _one_device_autocast(model, x, y, slices, steps: int, scaler, spec: OptimizerSpec):
+    """torch AMP's recipe on one device: the fp32 ``model`` (the masters) run under
+    ``torch.autocast(float16)`` (GEMMs in fp16, the loss in fp32), the loss scaled, the fp32 gradients
+    unscaled, a step with an inf / NaN skipped; the largest |gradient| of any slice, for ``bound``."""
+    params, device = list(model.parameters()), x.device.type
+    opt, g_max = spec.build(params), 0.0
+
+    def loss_of(xs, ys):
+        with torch.autocast(device, dtype=torch.float16):
+            return F.mse_loss(model(xs.float()), ys.float())
+
+    for _ in range(steps):
+        for xs, ys in slices:
+            model.zero_grad()
+            loss_of(xs, ys).backward()
+            g_max = max(g_max, max(float(p.grad.abs().max()) for p in params))
+        model.zero_grad()
+        (loss_of(x, y) * scaler.scale).backward()
+        for p in params:
+            p.grad.div_(scaler.scale)  # a power of two: exact
+        if scaler.update_from([p.grad for p in params], {}):
+            opt.step()
+    return [p.detach().clone() for p in params], g_max
+
+
 def _pure_low_precision(model, x, y, slices, steps: int, spec: OptimizerSpec):
     opt, g_max = spec.build(model.parameters()), 0.0
     for _ in range(steps):

@@ -6,6 +6,11 @@ parallel over the World, every rank's parameters compared within ``case.bound``:
   reshard_after_forward False, stage 3: True);
 - ``ddp-bf16``: DDP over a bf16 model (no master: the optimizer steps bf16 parameters; one device does
   the same), gradients all-reduced in bf16;
+- ``fsdp2-fp16``: the same with ``param_dtype=fp16`` and ``torch.amp.GradScaler`` (FSDP2's documented
+  fp16 recipe: the plain GradScaler, whose inf check on the sharded DTensor gradients is reduced over the
+  mesh by DTensor's ``found_inf_reduce_handler``);
+- ``ddp-amp-fp16``: torch AMP — an fp32 model (the masters) under ``torch.autocast(float16)``, DDP,
+  ``torch.amp.GradScaler``; one device runs the same autocast recipe (``case._one_device_autocast``);
 - ``deepspeed``: ``bf16: {enabled: true}`` at ZeRO stage 0-3 (its fp32 master read with
   ``safe_get_full_fp32_param``; at stage 0 DeepSpeed 0.19 wraps the optimizer in FP16_UnfusedOptimizer,
   whose ``fp32_groups`` are the masters).
@@ -26,29 +31,83 @@ from reference.zero import OptimizerSpec
 from . import case
 
 
-def _fsdp2(model, stage: int):
+class _TorchScaler:
+    """``torch.amp.GradScaler`` (torch's rule = ``DynamicLossScaler``'s: from 2^init_power, growing every 2
+    clean steps) driving ``opt``; counts the steps it skipped (the scale backed off)."""
+
+    def __init__(self, opt, init_power: int):
+        from harness.world import rank_device
+
+        self.opt, self.skipped = opt, 0
+        self.torch = torch.amp.GradScaler(rank_device().type, init_scale=2.0**init_power, growth_interval=2)
+
+    def step(self, loss) -> None:
+        before = self.torch.get_scale()
+        self.torch.scale(loss).backward()
+        self.torch.step(self.opt)
+        self.torch.update()
+        self.skipped += self.torch.get_scale() < before
+
+    def state(self) -> dict:
+        return {"scale": float(self.torch.get_scale()), "skipped": self.skipped}
+
+
+def _fsdp2(model, stage: int, fp16: bool = False, init_power: int = 18):
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from harness.world import rank_device
 
     mesh = DeviceMesh.from_group(dist.group.WORLD, rank_device().type)
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    policy = MixedPrecisionPolicy(param_dtype=torch.float16 if fp16 else torch.bfloat16, reduce_dtype=torch.float32)
     model = model.float()  # the fp32 masters: the bf16 values, exactly
     for module in list(model.modules())[1:]:
         if next(module.parameters(recurse=False), None) is not None:
             fully_shard(module, mesh=mesh, reshard_after_forward=stage == 3, mp_policy=policy)
     fully_shard(model, mesh=mesh, reshard_after_forward=stage == 3, mp_policy=policy)
     opt = OptimizerSpec("sgd", case.LR).build(model.parameters())
+    scaler = _TorchScaler(opt, init_power) if fp16 else None
 
     def step(xs, ys):
         opt.zero_grad()
-        F.mse_loss(model(xs.float()), ys).backward()
+        loss = F.mse_loss(model(xs.float()), ys)
+        if scaler is not None:
+            return scaler.step(loss)
+        loss.backward()
         opt.step()
 
     def params():
         return [p.detach().full_tensor() for p in model.parameters()]
 
+    if scaler is not None:
+        params.scaler = scaler.state
+    return step, params
+
+
+def _fsdp2_fp16(model, stage: int, init_power: int = 18):
+    return _fsdp2(model, stage, fp16=True, init_power=init_power)
+
+
+def _ddp_amp_fp16(model, stage: int, init_power: int = 18):
+    from torch.nn.parallel import DistributedDataParallel
+
+    from harness.world import rank_device
+
+    model = model.float()  # the fp32 masters: the fp16 values, exactly
+    ddp = DistributedDataParallel(model)
+    opt = OptimizerSpec("sgd", case.LR).build(model.parameters())
+    scaler = _TorchScaler(opt, init_power)
+
+    def step(xs, ys):
+        opt.zero_grad()
+        with torch.autocast(rank_device().type, dtype=torch.float16):
+            loss = F.mse_loss(ddp(xs.float()), ys.float())
+        scaler.step(loss)
+
+    def params():
+        return [p.detach() for p in model.parameters()]
+
+    params.scaler = scaler.state
     return step, params
 
 
@@ -129,6 +188,7 @@ def _deepspeed_fp16(model, stage: int, init_power: int = 18):
 
 
 STACKS = {"fsdp2": (_fsdp2, (2, 3), True), "ddp-bf16": (_ddp_bf16, (0,), False),
+          "fsdp2-fp16": (_fsdp2_fp16, (2, 3), True), "ddp-amp-fp16": (_ddp_amp_fp16, (0,), True),
           "deepspeed": (_deepspeed, (0, 1, 2, 3), True), "deepspeed-fp16": (_deepspeed_fp16, (0, 1, 2, 3), True)}
 """name -> (builder, stages, whether it keeps fp32 master weights)."""
 
@@ -144,9 +204,13 @@ def train_stack(stack: str, stage: int, steps: int = 3, per_rank: int = 4, seed:
     model, x, y, slices = case.inputs(n, per_rank, seed, dtype)
     spec = OptimizerSpec("sgd", case.LR)
     # fp16: the stack's own scaler rule, from 2^init_power: the same recipe
-    scaler = DeepSpeedRule(2.0**init_power, 2) if dtype == torch.float16 else None
-    want, g_max = case._one_device(copy.deepcopy(model), x, y, slices, steps, scaler, spec, master=master,
-                                   fp32_loss=True)
+    scaler = None if dtype != torch.float16 else (DeepSpeedRule(2.0**init_power, 2) if stack.startswith("deepspeed")
+                                                  else DynamicLossScaler(2.0**init_power, growth_interval=2))
+    if stack == "ddp-amp-fp16":
+        want, g_max = case._one_device_autocast(copy.deepcopy(model).float(), x, y, slices, steps, scaler, spec)
+    else:
+        want, g_max = case._one_device(copy.deepcopy(model), x, y, slices, steps, scaler, spec, master=master,
+                                       fp32_loss=True)
     limit = case.bound(steps, n, dtype, g_max)
     if not master:
         limit += steps * torch.finfo(torch.bfloat16).eps * max(float(w.abs().max()) for w in want)

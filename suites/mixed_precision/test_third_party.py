@@ -1,6 +1,7 @@
 """Third-party mixed precision against one device running the same recipe (harness.mixed_precision.
 third_party): FSDP2 MixedPrecisionPolicy(bf16 params, fp32 reduce) at stages 2-3, DDP over a bf16 model
-(no master, as one device), DeepSpeed bf16 at ZeRO 0-3 and fp16 (its own dynamic-scaler rule, reproduced
+(no master, as one device), fp16 with torch.amp.GradScaler over FSDP2 and over DDP + autocast, DeepSpeed bf16
+at ZeRO 0-3 and fp16 (its own dynamic-scaler rule, reproduced
 on one device: DeepSpeedRule) at DP 2 — every rank's fp32 masters (or bf16 parameters) within
 harness/mixed_precision/case.py's bound. Measured (torch 2.13, deepspeed 0.19.8, CPU): FSDP2 5.7e-5,
 DeepSpeed bf16 5.6e-5 (the reference's own figure), DDP bf16 4.9e-4 (bound 7.2e-3). DeepSpeed fp16
@@ -30,6 +31,23 @@ def test_bf16_stack_equals_one_device_running_its_recipe(stack, stage, world_cac
                        collective=f"{stack}/stage{stage}", impl="torch" if stack != "deepspeed" else "deepspeed",
                        max_rel_err=max(r["worst"] for r in per_rank), detail=" | ".join(problems[:1]))
     assert not problems, problems[:3]
+
+
+@pytest.mark.parametrize("stack, stage, init_power", [("fsdp2-fp16", 2, 18), ("fsdp2-fp16", 3, 18),
+                                                       ("ddp-amp-fp16", 0, 22)], ids=lambda v: str(v))
+def test_torch_fp16_with_grad_scaler_equals_one_device(stack, stage, init_power, world_cache, conformance):
+    """torch.amp.GradScaler over FSDP2 (fp16 params, fp32 reduce) and over DDP + autocast: 6 steps, the first
+    4 overflowing on both ranks and on one device (skipped, the scale halved each time), then 2 taken — scale
+    and skips equal to one device's. The start avoids the band where a DP replica overflows and one device
+    does not: a replica back-propagates its own mean loss, whose per-sample gradients are n x one device's
+    (measured: DDP + autocast skipped at 2^19 where one device on the whole batch took steps at 2^21)."""
+    per_rank = _run(world_cache, stack, stage, 6, init_power)
+    problems = [p for r in per_rank for p in r["problems"]]
+    conformance.record("fail" if problems else "pass", suite="mixed_precision", world_size=2, dtype="float16",
+                       collective=f"{stack}/stage{stage}", impl="torch", max_rel_err=max(r["worst"] for r in per_rank),
+                       detail=" | ".join(problems[:1]))
+    assert not problems, problems[:3]
+    assert all(r["scaler"]["skipped"] == 4 for r in per_rank), per_rank[0]["scaler"]
 
 
 @pytest.mark.parametrize("stage, steps", [(1, 2), (1, 3), (0, 3)])
