@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from harness.threed.case import LR, SEQ, _groups, bound
+from harness.threed.case import LR, SEQ, _groups, bound, differences
 from reference.compose import parallelize, shard_stages
 from reference.mixed_precision import DynamicLossScaler
 from reference.models import GPT
@@ -91,20 +91,6 @@ def continue_beside_one_device(model: GPT, trainer, done: int, more: int, seed: 
         if step >= done:
             trainer.step(tokens, targets)
     return single, scaler, gmax
-
-
-def differences(pairs, limit: float, absolute: float = 0.0) -> tuple[float, list[str]]:
-    """(largest difference relative to the expected tensor's magnitude, one line per tensor off by more
-    than ``limit`` x its magnitude + ``absolute``) over (label, got, expected) triples."""
-    worst, problems = 0.0, []
-    for label, p, q in pairs:
-        p, q = p.detach(), q.detach()
-        mag = max(float(q.abs().max()), 1e-300)
-        diff = float((p - q).abs().max())
-        worst = max(worst, diff / mag)
-        if not diff <= limit * mag + absolute:
-            problems.append(f"rank {dist.get_rank()} {label}: off by {diff / mag:.3g} > {limit + absolute / mag:.3g}")
-    return worst, problems
 
 
 def _trainer(dims_t, schedule: str, zero: int, seed: int, recipe: Recipe):

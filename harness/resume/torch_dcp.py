@@ -13,8 +13,8 @@ import copy
 import torch
 import torch.distributed as dist
 
-from harness.resume.case import BATCH, batch, continue_beside_one_device, differences
-from harness.threed.case import LR, SEQ, bound
+from harness.resume.case import BATCH, batch, continue_beside_one_device
+from harness.threed.case import LR, SEQ, bound, differences
 from reference.models import GPT
 
 

@@ -111,6 +111,20 @@ def norm_bound(step: int, grads: list[torch.Tensor], model: GPT, world: int, tok
     return bound(step, tokens, model, world) * spread / max(norm, 1e-300) + numel * U64
 
 
+def differences(pairs, limit: float, absolute: float = 0.0) -> tuple[float, list[str]]:
+    """(largest difference relative to the expected tensor's magnitude, one line per tensor off by more
+    than ``limit`` x its magnitude + ``absolute``) over (label, got, expected) triples."""
+    worst, problems = 0.0, []
+    for label, p, q in pairs:
+        p, q = p.detach(), q.detach()
+        mag = max(float(q.abs().max()), 1e-300)
+        diff = float((p - q).abs().max())
+        worst = max(worst, diff / mag)
+        if not diff <= limit * mag + absolute:
+            problems.append(f"rank {dist.get_rank()} {label}: off by {diff / mag:.3g} > {limit + absolute / mag:.3g}")
+    return worst, problems
+
+
 def against_one_device(model: GPT, trainer, batch: int, world: int, steps: int, seed: int, pairs,
                        clip: list[tuple[float, float]] | None = None) -> dict:
     """Train ``trainer`` and one device (a copy of ``model``) ``steps`` SGD-with-momentum steps on the same
@@ -144,13 +158,8 @@ def against_one_device(model: GPT, trainer, batch: int, world: int, steps: int, 
                 problems.append(f"gradient norm at step {step + 1}: {norm!r} vs one device {expected!r} "
                                 f"(off by {rel:.3g} > {limit:.3g})")
     limit = bound(steps, tokens.numel(), model, world)
-    worst = 0.0
-    for (label, p), q in pairs(single):
-        p, q = p.detach(), q.detach()
-        rel = float((p - q).abs().max() / max(float(q.abs().max()), 1e-300))
-        worst = max(worst, rel)
-        if not rel <= limit:
-            problems.append(f"{label}: off by {rel:.3g} of its magnitude > {limit:.3g}")
+    worst, off = differences([(label, p, q) for (label, p), q in pairs(single)], limit)
+    problems += off
     for k, (a, b) in enumerate(zip(got, want, strict=True)):
         if not abs(a - b) <= bound(k + 1, tokens.numel(), model, world) * abs(b):
             problems.append(f"loss after step {k + 1}: {a!r} vs one device {b!r}")
