@@ -131,7 +131,7 @@ class Parallel3D:
     def __init__(self, model: GPT, dims: ParallelDims, groups: dict, schedule: str, zero_stage: int,
                  checkpointing: bool, optimizer: OptimizerSpec, microbatches: int,
                  loss_scaler: DynamicLossScaler | None = None, max_grad_norm: float | None = None,
-                 norm_type: float = 2.0, accumulation: int = 1, reduce_dtype: torch.dtype = torch.float32):
+                 norm_type: float = 2.0, accumulation: int = 1, reduce_dtype: torch.dtype | None = None):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}; got {schedule!r}.")
         if zero_stage not in (0, 1, 2):
@@ -146,10 +146,14 @@ class Parallel3D:
         self.block_bounds = stage_bounds(len(model.blocks), self.schedule.num_stages)
         self.hidden = model.embed.embedding_dim
         self.local = nn.ModuleList(self.stages.values())
-        self.mixed = next(model.parameters()).dtype in LOW
+        dtype = next(model.parameters()).dtype
+        self.mixed = dtype in LOW
         """Low-precision parameters with fp32 masters (``reference.mixed_precision``)."""
+        if not self.mixed and reduce_dtype not in (None, dtype):
+            raise ValueError(f"reduce_dtype applies to a bfloat16 or float16 model; this one is {dtype}.")
         if self.mixed:
-            self.sync = MixedPrecisionZero(self.local, optimizer, zero_stage, groups["dp"], reduce_dtype=reduce_dtype)
+            self.sync = MixedPrecisionZero(self.local, optimizer, zero_stage, groups["dp"],
+                                           reduce_dtype=reduce_dtype or torch.float32)
             self.optimizer = self.sync.optimizer
         elif zero_stage == 0:
             self.sync = NaiveDataParallel(self.local, groups["dp"])
@@ -288,13 +292,14 @@ def parallelize(model: GPT, dims: ParallelDims, schedule: str = "1f1b", zero_sta
                 checkpointing: bool = False, *, groups: dict | None = None,
                 optimizer: OptimizerSpec | None = None, microbatches: int | None = None,
                 loss_scaler: DynamicLossScaler | None = None, max_grad_norm: float | None = None,
-                norm_type: float = 2.0, accumulation: int = 1, reduce_dtype: torch.dtype = torch.float32) -> Parallel3D:
+                norm_type: float = 2.0, accumulation: int = 1, reduce_dtype: torch.dtype | None = None) -> Parallel3D:
     """``model`` over ``dims`` (TP, then checkpointing, then the pipeline split, then DP / ZeRO), trained
     with ``optimizer`` (default SGD, lr 0.05, momentum 0.9) on ``microbatches`` per step (default 2 pp),
     with ``loss_scaler`` (``reference.mixed_precision``) scaling the loss and skipping non-finite steps, and
     the gradients clipped to a global ``norm_type`` norm of ``max_grad_norm`` (``reference.clipping``), and
     ``accumulation`` pipeline passes (each of ``microbatches``) per optimizer step; a bfloat16 / float16
-    ``model`` trains in mixed precision (fp32 masters), its DP gradients reduced in ``reduce_dtype``.
+    ``model`` trains in mixed precision (fp32 masters), its DP gradients reduced in ``reduce_dtype`` (default
+    fp32; a float32 / float64 model takes none).
     ``groups`` (from ``topology.build_groups``) is created here when not given — collectively."""
     dims.check(dist.get_world_size(), model.heads, len(model.blocks))
     groups = groups if groups is not None else build_groups(dims, dist.get_rank())

@@ -6,8 +6,10 @@ over the timed steps) — beside
 communication; model-state bytes from ``training_memory`` in this run's float32 / SGD-momentum terms).
 
 Variants (``ThreeDSweep.variants``, opt-in beyond ``plain``): ``bf16`` — the GPT in bfloat16 with fp32
-masters (``reference.compose`` mixed precision; model state against ``training_memory`` with 2-byte
-weights and gradients and K = 8: the fp32 master + SGD's fp32 momentum); ``clip`` — global gradient-norm
+masters and the DP reduction in bfloat16 too (``reference.compose`` mixed precision; model state against
+``training_memory`` with 2-byte weights and gradients and K = 8: the fp32 master + SGD's fp32 momentum;
+every message — TP activations, pipeline sends, DP gradients — in 2 bytes, the terms ``plan`` counts
+``comm_bytes_predicted`` in); ``clip`` — global gradient-norm
 clipping at 1.0 (``reference.clipping``: one all-reduce over tp, pp and dp more per step). Rows: ``op``
 ``<dp>x<pp>x<tp>`` with ``dtype`` bfloat16, or ``<dp>x<pp>x<tp>+clip``.
 
@@ -81,7 +83,8 @@ def bench_rank(cfg: ThreeDSweep, dims_t: tuple[int, int, int], variant: str = "p
                 dtype=torch.bfloat16 if variant == "bf16" else torch.float32)
     numel = sum(p.numel() for p in model.parameters())
     trainer = parallelize(model, dims, cfg.schedule, cfg.zero_stage, cfg.checkpointing, groups=_GROUPS[dims],
-                          optimizer=OptimizerSpec("sgd", 1e-3), max_grad_norm=1.0 if variant == "clip" else None)
+                          optimizer=OptimizerSpec("sgd", 1e-3), max_grad_norm=1.0 if variant == "clip" else None,
+                          reduce_dtype=torch.bfloat16 if variant == "bf16" else None)  # 2-byte messages: plan's
     m = trainer.schedule.num_microbatches
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, cfg.vocab, (dims.dp * m * cfg.rows, cfg.seq), generator=gen)

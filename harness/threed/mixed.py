@@ -195,3 +195,13 @@ def save_refused(root: str) -> str | None:
     except ValueError as exc:
         return str(exc)
     return None
+
+
+def reduce_dtype_refused() -> str | None:
+    """The sentence ``parallelize`` raises for a reduce_dtype given to a float64 model (None: accepted)."""
+    dims = ParallelDims(1, 1, dist.get_world_size())
+    try:
+        parallelize(GPT().to(rank_device()), dims, groups=_groups(dims), reduce_dtype=torch.bfloat16)
+    except ValueError as exc:
+        return str(exc)
+    return None

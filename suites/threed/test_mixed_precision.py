@@ -79,3 +79,8 @@ def test_saving_a_mixed_precision_trainer_is_refused(world_cache, tmp_path):
                        "optimizer state have no place in this format (its low-precision parameters alone would "
                        "lose them).")
     assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_reduce_dtype_on_a_full_precision_model_is_one_sentence(world_cache):
+    refused = world_cache.get(1).run(mixed.reduce_dtype_refused, timeout=300)[0]
+    assert refused == "reduce_dtype applies to a bfloat16 or float16 model; this one is torch.float64."
