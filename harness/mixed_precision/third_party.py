@@ -5,7 +5,7 @@ parallel over the World, every rank's parameters compared within ``case.bound``:
   sharded fp32 parameters are the master weights, compute in bf16, reduce-scatter in fp32 (stage 2:
   reshard_after_forward False, stage 3: True);
 - ``ddp-bf16``: DDP over a bf16 model (no master: the optimizer steps bf16 parameters; one device does
-  the same), gradients all-reduced in bf16;
+  the same), gradients all-reduced in bf16; stage 1: with ``ZeroRedundancyOptimizer`` (torch's ZeRO 1);
 - ``fsdp2-fp16``: the same with ``param_dtype=fp16`` and ``torch.amp.GradScaler`` (FSDP2's documented
   fp16 recipe: the plain GradScaler, whose inf check on the sharded DTensor gradients is reduced over the
   mesh by DTensor's ``found_inf_reduce_handler``);
@@ -115,7 +115,14 @@ def _ddp_bf16(model, stage: int):
     from torch.nn.parallel import DistributedDataParallel
 
     ddp = DistributedDataParallel(model)
-    opt = OptimizerSpec("sgd", case.LR).build(model.parameters())
+    spec = OptimizerSpec("sgd", case.LR)
+    if stage == 1:  # torch's ZeRO 1: each rank steps its partition of the bf16 parameters, then broadcasts it
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=spec.lr,
+                                      momentum=spec.momentum)
+    else:
+        opt = spec.build(model.parameters())
 
     def step(xs, ys):
         opt.zero_grad()
@@ -187,7 +194,7 @@ def _deepspeed_fp16(model, stage: int, init_power: int = 18):
     return _deepspeed(model, stage, fp16=True, init_power=init_power)
 
 
-STACKS = {"fsdp2": (_fsdp2, (2, 3), True), "ddp-bf16": (_ddp_bf16, (0,), False),
+STACKS = {"fsdp2": (_fsdp2, (2, 3), True), "ddp-bf16": (_ddp_bf16, (0, 1), False),
           "fsdp2-fp16": (_fsdp2_fp16, (2, 3), True), "ddp-amp-fp16": (_ddp_amp_fp16, (0,), True),
           "deepspeed": (_deepspeed, (0, 1, 2, 3), True), "deepspeed-fp16": (_deepspeed_fp16, (0, 1, 2, 3), True)}
 """name -> (builder, stages, whether it keeps fp32 master weights)."""

@@ -105,10 +105,18 @@ def norm_bound(step: int, grads: list[torch.Tensor], model: GPT, world: int, tok
     element may differ by ``bound`` x its tensor's largest magnitude m_t (the parameters' derivation, for
     the gradients they are computed from), so | |g'| - |g| | <= |g' - g| <= bound sqrt(sum_t n_t m_t^2);
     plus the norm's own sum of N squares in another order, N u. Relative to one device's norm |g|."""
+    return _norm_limit(step, _norm_parts(grads), model, world, tokens)
+
+
+def _norm_parts(grads: list[torch.Tensor]) -> tuple[float, int]:
+    """(sqrt(sum_t n_t m_t^2) / |g|, N): what ``norm_bound`` needs of one device's gradients."""
     spread = math.sqrt(sum(g.numel() * float(g.abs().max()) ** 2 for g in grads))
     norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads))
-    numel = sum(g.numel() for g in grads)
-    return bound(step, tokens, model, world) * spread / max(norm, 1e-300) + numel * U64
+    return spread / max(norm, 1e-300), sum(g.numel() for g in grads)
+
+
+def _norm_limit(step: int, parts: tuple[float, int], model: GPT, world: int, tokens: int) -> float:
+    return bound(step, tokens, model, world) * parts[0] + parts[1] * U64
 
 
 def differences(pairs, limit: float, absolute: float = 0.0) -> tuple[float, list[str]]:
@@ -125,6 +133,43 @@ def differences(pairs, limit: float, absolute: float = 0.0) -> tuple[float, list
     return worst, problems
 
 
+_ONE_DEVICE: dict = {}
+"""One device's runs by what determines them, computed once per World by rank 0 and broadcast (8 ranks on
+2 cores would otherwise each train the same model every case)."""
+
+
+def one_device(model: GPT, tokens, targets, steps: int, clip) -> dict:
+    """``model`` trained ``steps`` SGD-with-momentum steps on one device (keyed dropout, clipping per ``clip``):
+    its losses, per step (norm before clipping, ``_norm_parts`` of its gradients), the trained model (CPU).
+    Collective over the default group: every rank of the World calls it with the same arguments."""
+    key = (tuple(float(p.double().sum()) for p in model.parameters()), tuple(model.state_dict()),
+           model.dropout_key.seed, getattr(model.drop_embed, "p", 0.0), model.tie_embeddings,
+           tuple(tokens.flatten().tolist()),
+           tuple(targets.flatten().tolist()), steps, tuple(clip or ()))
+    if key not in _ONE_DEVICE:  # every rank makes the same calls: all broadcast, or none
+        box = [_train_one_device(model, tokens, targets, steps, clip) if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        _ONE_DEVICE[key] = box[0]
+    return _ONE_DEVICE[key]
+
+
+def _train_one_device(model: GPT, tokens, targets, steps: int, clip) -> dict:
+    single = copy.deepcopy(model)
+    opt = OptimizerSpec("sgd", LR).build(single.parameters())
+    losses, norms = [], []
+    for step in range(steps):
+        single.dropout_key.step = step
+        opt.zero_grad()
+        loss = single.loss(tokens, targets)
+        loss.backward()
+        if clip:
+            parts = _norm_parts([p.grad for p in single.parameters()])
+            norms.append((float(torch.nn.utils.clip_grad_norm_(single.parameters(), *clip[step % len(clip)])), parts))
+        opt.step()
+        losses.append(float(loss.detach()))
+    return {"losses": losses, "norms": norms, "model": single.cpu()}
+
+
 def against_one_device(model: GPT, trainer, batch: int, world: int, steps: int, seed: int, pairs,
                        clip: list[tuple[float, float]] | None = None) -> dict:
     """Train ``trainer`` and one device (a copy of ``model``) ``steps`` SGD-with-momentum steps on the same
@@ -135,23 +180,16 @@ def against_one_device(model: GPT, trainer, batch: int, world: int, steps: int, 
     gen = torch.Generator().manual_seed(seed + 1)
     tokens = torch.randint(0, model.vocab, (batch, SEQ), generator=gen).to(rank_device())
     targets = torch.randint(0, model.vocab, (batch, SEQ), generator=gen).to(rank_device())
-    single = copy.deepcopy(model)
-    opt = OptimizerSpec("sgd", LR).build(single.parameters())
-    want, got, problems, norms = [], [], [], []
+    oracle = one_device(model, tokens, targets, steps, clip)
+    single = oracle["model"].to(rank_device())
+    want, got, problems, norms = oracle["losses"], [], [], []
     for step in range(steps):
-        single.dropout_key.step = step
-        opt.zero_grad()
-        loss = single.loss(tokens, targets)
-        loss.backward()
         if clip:
             trainer.max_grad_norm, trainer.norm_type = clip[step % len(clip)]
-            grads = [p.grad.clone() for p in single.parameters()]
-            expected = float(torch.nn.utils.clip_grad_norm_(single.parameters(), *clip[step % len(clip)]))
-        opt.step()
-        want.append(float(loss.detach()))
         got.append(trainer.step(tokens, targets))
         if clip:
-            norm, limit = trainer.last_grad_norm, norm_bound(step + 1, grads, model, world, tokens.numel())
+            expected, parts = oracle["norms"][step]
+            norm, limit = trainer.last_grad_norm, _norm_limit(step + 1, parts, model, world, tokens.numel())
             rel = abs(norm - expected) / expected if norm is not None else math.inf
             norms.append((norm, expected, rel, limit))
             if not rel <= limit:

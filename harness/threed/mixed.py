@@ -209,19 +209,6 @@ def _compare_masters(trainer, dims, groups, schedule, oracle: dict, ratio: float
     return worst, problems
 
 
-def save_refused(root: str) -> str | None:
-    """The sentence ``save_3d`` raises for a mixed-precision trainer (None: it saved)."""
-    from reference.state.threed import save_3d
-
-    dims = ParallelDims(1, 1, dist.get_world_size())
-    trainer = parallelize(GPT(dtype=torch.bfloat16).to(rank_device()), dims, groups=_groups(dims))
-    try:
-        save_3d(root, "step-0", trainer, {})
-    except ValueError as exc:
-        return str(exc)
-    return None
-
-
 def reduce_dtype_refused() -> str | None:
     """The sentence ``parallelize`` raises for a reduce_dtype given to a float64 model (None: accepted)."""
     dims = ParallelDims(1, 1, dist.get_world_size())

@@ -67,18 +67,38 @@ def tensor_map(trainer) -> list[tuple[nn.Parameter, str, tuple[int, ...], tuple[
     return [entries[id(p)] for p in trainer.local.parameters()]
 
 
+def _spread(trainer, part: torch.Tensor) -> list[torch.Tensor]:
+    """Each local parameter's view of a full flat tensor holding ``part``: this rank's ZeRO shard of the
+    flat buffer (the rest zeros) or the whole of it."""
+    flat = trainer.sync.flat
+    if part.numel() == flat.padded:
+        return flat.views(part)
+    full = torch.zeros(flat.padded, dtype=part.dtype, device=part.device)
+    full[flat.shard] = part
+    return flat.views(full)
+
+
+def _holder(trainer):
+    """The tensor the optimizer steps (its state's key) for a flat trainer: the fp32 master (mixed
+    precision: the whole flat at ZeRO 0, else this rank's shard) or ZeRO 1/2's shard."""
+    return trainer.sync.masters[0] if trainer.mixed else trainer.sync.master
+
+
 def _state_of(trainer, key: str) -> list[torch.Tensor | None]:
     """Each local parameter's optimizer state ``key`` as a tensor of its shape (flat views under ZeRO)."""
     params = list(trainer.local.parameters())
-    if trainer.zero_stage == 0:
+    if trainer.zero_stage == 0 and not trainer.mixed:
         return [trainer.optimizer.state.get(p, {}).get(key) for p in params]
-    flat = trainer.sync.flat
-    shard = trainer.optimizer.state.get(trainer.sync.master, {}).get(key)
-    if shard is None:
-        return [None] * len(params)
-    full = torch.zeros_like(flat.buffer)
-    full[flat.shard] = shard
-    return flat.views(full)
+    part = trainer.optimizer.state.get(_holder(trainer), {}).get(key)
+    return [None] * len(params) if part is None else _spread(trainer, part)
+
+
+def _values(trainer) -> list[torch.Tensor]:
+    """What is saved as each local parameter: the parameter, or in mixed precision its fp32 master (the
+    low-precision parameter is the master rounded: the master is the training state)."""
+    if trainer.mixed:
+        return _spread(trainer, trainer.sync.masters[0].detach())
+    return [p.detach() for p in trainer.local.parameters()]
 
 
 def rank_shards(trainer) -> list[Shard]:
@@ -90,6 +110,7 @@ def rank_shards(trainer) -> list[Shard]:
     lo, hi = r * size, min((r + 1) * size, numel)
     keys = trainer.spec.state_keys
     states = {key: _state_of(trainer, key) for key in keys}
+    values = _values(trainer)
     shards, base = [], 0
     if "step" in trainer.spec.extra_state and dist.get_rank() == 0:
         steps = [st["step"] for st in trainer.optimizer.state.values() if "step" in st]
@@ -105,7 +126,7 @@ def rank_shards(trainer) -> list[Shard]:
                 continue
             index = tuple(slice(o, o + n) for o, n in clipped)
             where = tuple(o + g for (o, _), g in zip(clipped, off, strict=True))
-            shards.append(Shard(f"model/{name}", p.detach()[index].clone(), where, dense))
+            shards.append(Shard(f"model/{name}", values[i][index].clone(), where, dense))
             for key in keys:
                 if states[key][i] is not None:
                     shards.append(Shard(f"optim/{key}/{name}", states[key][i].detach()[index].clone(), where, dense))
@@ -118,34 +139,36 @@ def load_rank(trainer, read) -> None:
     entries = tensor_map(trainer)
     keys = trainer.spec.state_keys
     with torch.no_grad():
-        state = {key: [] for key in keys}
+        state, values = {key: [] for key in keys}, []
         for p, name, off, held, dense in entries:
             index = tuple(slice(0, n) for n in held)
-            p.data[index].copy_(read(f"model/{name}", off, held, p.dtype, dense))
+            dtype = torch.float32 if trainer.mixed else p.dtype  # mixed precision: the fp32 master
+            full = torch.zeros_like(p.data, dtype=dtype)
+            full[index] = read(f"model/{name}", off, held, dtype, dense)
+            p.data.copy_(full)  # mixed precision: the master rounded, as each step writes it back
+            values.append(full)
             for key in keys:
-                full = torch.zeros_like(p.data)
-                full[index] = read(f"optim/{key}/{name}", off, held, p.dtype, dense)
+                full = torch.zeros_like(p.data, dtype=dtype)
+                full[index] = read(f"optim/{key}/{name}", off, held, dtype, dense)
                 state[key].append(full)
-        if trainer.zero_stage == 0:
+        if trainer.zero_stage == 0 and not trainer.mixed:
             for i, (p, *_) in enumerate(entries):
                 trainer.optimizer.state[p] = {key: state[key][i] for key in keys}
         else:
             flat = trainer.sync.flat
-            trainer.optimizer.state[trainer.sync.master] = {
-                key: torch.cat([t.flatten() for t in state[key]] +
-                               [torch.zeros(flat.padded - flat.numel, dtype=flat.buffer.dtype)])[flat.shard].clone()
-                for key in keys}
+            mine = flat.shard if trainer.zero_stage else slice(None)
+
+            def part(tensors):  # this rank's range of the flat layout (padding zeros)
+                pad = torch.zeros(flat.padded - flat.numel, dtype=tensors[0].dtype, device=tensors[0].device)
+                return torch.cat([t.flatten() for t in tensors] + [pad])[mine].clone()
+
+            if trainer.mixed:
+                trainer.sync.masters[0].data.copy_(part(values))
+            trainer.optimizer.state[_holder(trainer)] = {key: part(state[key]) for key in keys}
         if "step" in trainer.spec.extra_state:  # Adam's step count: one scalar for every parameter
             step = read("optim/step", (), (), torch.float32, ())
             for st in trainer.optimizer.state.values():
                 st["step"] = step.clone()
-
-
-def _refuse_mixed(trainer) -> None:
-    if getattr(trainer, "mixed", False):  # every rank raises it, before any collective
-        raise ValueError("a mixed-precision 3D trainer cannot be saved or loaded yet: its fp32 masters and their "
-                         "optimizer state have no place in this format (its low-precision parameters alone "
-                         "would lose them).")
 
 
 def save_3d(root, step_name: str, trainer, meta: dict, group=None, _die_after_write: int | None = None):
@@ -158,7 +181,6 @@ def save_3d(root, step_name: str, trainer, meta: dict, group=None, _die_after_wr
 
     from .store import finalize, publish, write_rank
 
-    _refuse_mixed(trainer)
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     src = dist.get_global_rank(group, 0) if group is not None else 0
     meta = {**meta, "versions": {"torch": torch.__version__.split("+")[0]}, "zero_stage": trainer.zero_stage,
@@ -194,7 +216,6 @@ def load_3d(ckpt, trainer) -> dict:
     state, steps done, dropout seed, loss scaler; returns its ``meta``."""
     from .store import ResumeError, read_box, read_metadata
 
-    _refuse_mixed(trainer)
     metadata = read_metadata(ckpt)
     meta = metadata["meta"]
     if bool(meta.get("tie_embeddings", False)) != trainer.tie_embeddings:

@@ -1,11 +1,11 @@
 """Third-party mixed precision against one device running the same recipe (harness.mixed_precision.
 third_party): FSDP2 MixedPrecisionPolicy(bf16 params, fp32 reduce) at stages 2-3, DDP over a bf16 model
-(no master, as one device), fp16 with torch.amp.GradScaler over FSDP2 and over DDP + autocast, DeepSpeed bf16
-at ZeRO 0-3 and fp16 (its own dynamic-scaler rule, reproduced
-on one device: DeepSpeedRule) at DP 2 — every rank's fp32 masters (or bf16 parameters) within
+(no master, as one device; with ZeroRedundancyOptimizer at stage 1), fp16 with torch.amp.GradScaler over
+FSDP2 and over DDP + autocast, DeepSpeed bf16 at ZeRO 0-3 and fp16 (its own dynamic-scaler rule,
+reproduced on one device: DeepSpeedRule) at DP 2 — every rank's fp32 masters (or bf16 parameters) within
 harness/mixed_precision/case.py's bound. Measured (torch 2.13, deepspeed 0.19.8, CPU): FSDP2 5.7e-5,
-DeepSpeed bf16 5.6e-5 (the reference's own figure), DDP bf16 4.9e-4 (bound 7.2e-3). DeepSpeed fp16
-disagrees twice — both findings with watch tests (harness/findings.py)."""
+DeepSpeed bf16 5.6e-5 (the reference's own figure), DDP bf16 4.9e-4 (bound 7.2e-3), torch fp16 2.9e-6
+(bound 4.4e-4). DeepSpeed fp16 disagrees twice — both findings with watch tests (harness/findings.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import pytest
 from harness import findings
 from harness.mixed_precision import third_party as tp
 
-CASES = [("fsdp2", 2), ("fsdp2", 3), ("ddp-bf16", 0), ("deepspeed", 0), ("deepspeed", 2), ("deepspeed", 3)]
+CASES = [("fsdp2", 2), ("fsdp2", 3), ("ddp-bf16", 0), ("ddp-bf16", 1), ("deepspeed", 0), ("deepspeed", 2),
+         ("deepspeed", 3)]
 
 
 def _run(world_cache, stack, stage, steps=3, init_power=18):

@@ -73,14 +73,6 @@ def test_bound_grows_with_the_roundings():
     assert mixed.allowed_ratio(4, 2, 2, 2) > mixed.allowed_ratio(2, 2, 2, 1) > mixed.allowed_ratio(2, 2, 1, 1)
 
 
-def test_saving_a_mixed_precision_trainer_is_refused(world_cache, tmp_path):
-    refused = world_cache.get(1).run(mixed.save_refused, str(tmp_path), timeout=300)[0]
-    assert refused == ("a mixed-precision 3D trainer cannot be saved or loaded yet: its fp32 masters and their "
-                       "optimizer state have no place in this format (its low-precision parameters alone would "
-                       "lose them).")
-    assert not list(tmp_path.iterdir())  # nothing half-written
-
-
 def test_reduce_dtype_on_a_full_precision_model_is_one_sentence(world_cache):
     refused = world_cache.get(1).run(mixed.reduce_dtype_refused, timeout=300)[0]
     assert refused == "reduce_dtype applies to a bfloat16 or float16 model; this one is torch.float64."
