@@ -144,6 +144,13 @@ def pipeline_config(args):
                          warmup=args.warmup)
 
 
+def _variants(text: str, flag: str, valid: tuple[str, ...]) -> list[str]:
+    variants = [t.strip() for t in text.split(",") if t.strip()]
+    if not variants or any(v not in valid for v in variants):
+        raise UsageError(f"{flag} {text!r} must be comma-separated among {', '.join(valid)}.")
+    return variants
+
+
 def zero_config(args):
     from .zero.bench import ZeroSweep
 
@@ -154,10 +161,7 @@ def zero_config(args):
         raise UsageError(f"--zero-hidden must be >= 1; got {args.zero_hidden}.")
     from .zero.bench import VARIANTS
 
-    variants = [t.strip() for t in args.zero_variants.split(",") if t.strip()]
-    if not variants or any(v not in VARIANTS for v in variants):
-        raise UsageError(f"--zero-variants {args.zero_variants!r} must be comma-separated among "
-                         f"{', '.join(VARIANTS)}.")
+    variants = _variants(args.zero_variants, "--zero-variants", VARIANTS)
     if args.suite == "zero":
         impls = _impls(args, "zero")
     else:  # bench all: --impls/--impl choose collectives; every runnable zero implementation runs
@@ -190,9 +194,7 @@ def threed_config(args):
 
     if args.threed_world_size < 1:
         raise UsageError(f"--3d-world-size must be >= 1; got {args.threed_world_size}.")
-    variants = [t.strip() for t in args.threed_variants.split(",") if t.strip()]
-    if not variants or any(v not in VARIANTS for v in variants):
-        raise UsageError(f"--3d-variants {args.threed_variants!r} must be comma-separated among {', '.join(VARIANTS)}.")
+    variants = _variants(args.threed_variants, "--3d-variants", VARIANTS)
     cfg = ThreeDSweep(world_size=args.threed_world_size, schedule=args.threed_schedule, zero_stage=args.threed_zero,
                       checkpointing=args.threed_checkpointing, iters=min(args.iters, 5), warmup=min(args.warmup, 1),
                       variants=variants)

@@ -90,6 +90,6 @@ class GPT(nn.Module):
         return self.head(self.ln_f(x))
 
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self(tokens)  # a low-precision model's cross-entropy in fp32 (Megatron's default)
-        logits = logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        from .tensor_parallel.vocab import fp32_logits  # the LM head's rule: low precision in fp32
+
+        return F.cross_entropy(fp32_logits(self(tokens)).flatten(0, 1), targets.flatten())

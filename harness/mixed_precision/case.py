@@ -40,6 +40,16 @@ def bound(steps: int, n: int, dtype: torch.dtype, g_max: float) -> float:
     return LR * carried * (n + 5) * u * g_max
 
 
+def _slice_grad_max(model, slices, loss_of) -> float:
+    """The largest |gradient| of ``loss_of(xs, ys)`` over every rank's slice: the G of ``bound``."""
+    g_max = 0.0
+    for xs, ys in slices:
+        model.zero_grad()
+        loss_of(xs, ys).backward()
+        g_max = max(g_max, max(float(p.grad.float().abs().max()) for p in model.parameters()))
+    return g_max
+
+
 def _one_device(model, x, y, slices, steps: int, scaler, spec: OptimizerSpec, master: bool = True,
                 fp32_loss: bool = False):
     """The same recipe on one device; also the largest |gradient| of any rank's slice at any step.
@@ -52,10 +62,7 @@ def _one_device(model, x, y, slices, steps: int, scaler, spec: OptimizerSpec, ma
     opt = spec.build(masters)
     g_max = 0.0
     for _ in range(steps):
-        for xs, ys in slices:  # what each rank's slice gradient is, for the bound
-            model.zero_grad()
-            F.mse_loss(model(xs), ys).backward()
-            g_max = max(g_max, max(float(p.grad.float().abs().max()) for p in model.parameters()))
+        g_max = max(g_max, _slice_grad_max(model, slices, lambda xs, ys: F.mse_loss(model(xs), ys)))
         model.zero_grad()
         scale = scaler.scale if scaler is not None else 1.0
         loss = F.mse_loss(model(x), y)
@@ -83,10 +90,7 @@ def _one_device_autocast(model, x, y, slices, steps: int, scaler, spec: Optimize
             return F.mse_loss(model(xs.float()), ys.float())
 
     for _ in range(steps):
-        for xs, ys in slices:
-            model.zero_grad()
-            loss_of(xs, ys).backward()
-            g_max = max(g_max, max(float(p.grad.abs().max()) for p in params))
+        g_max = max(g_max, _slice_grad_max(model, slices, loss_of))
         model.zero_grad()
         (loss_of(x, y) * scaler.scale).backward()
         for p in params:
@@ -99,10 +103,7 @@ def _one_device_autocast(model, x, y, slices, steps: int, scaler, spec: Optimize
 def _pure_low_precision(model, x, y, slices, steps: int, spec: OptimizerSpec):
     opt, g_max = spec.build(model.parameters()), 0.0
     for _ in range(steps):
-        for xs, ys in slices:
-            model.zero_grad()
-            F.mse_loss(model(xs), ys).backward()
-            g_max = max(g_max, max(float(p.grad.float().abs().max()) for p in model.parameters()))
+        g_max = max(g_max, _slice_grad_max(model, slices, lambda xs, ys: F.mse_loss(model(xs), ys)))
         opt.zero_grad()
         F.mse_loss(model(x), y).backward()
         opt.step()

@@ -138,6 +138,24 @@ _ONE_DEVICE: dict = {}
 2 cores would otherwise each train the same model every case)."""
 
 
+def global_batch(vocab: int, rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (tokens, targets) every rank passes to a 3D step: ``rows`` x SEQ, drawn from ``seed`` + 1."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    tokens = torch.randint(0, vocab, (rows, SEQ), generator=gen).to(rank_device())
+    return tokens, torch.randint(0, vocab, (rows, SEQ), generator=gen).to(rank_device())
+
+
+def computed_once(cache: dict, key, compute):
+    """``compute()`` run by rank 0 of the default group and broadcast (picklable, CPU tensors), cached per
+    process under ``key``. Collective: every rank of the World makes the same calls, so all broadcast or
+    none."""
+    if key not in cache:
+        box = [compute() if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        cache[key] = box[0]
+    return cache[key]
+
+
 def one_device(model: GPT, tokens, targets, steps: int, clip) -> dict:
     """``model`` trained ``steps`` SGD-with-momentum steps on one device (keyed dropout, clipping per ``clip``):
     its losses, per step (norm before clipping, ``_norm_parts`` of its gradients), the trained model (CPU).
@@ -146,11 +164,7 @@ def one_device(model: GPT, tokens, targets, steps: int, clip) -> dict:
            model.dropout_key.seed, getattr(model.drop_embed, "p", 0.0), model.tie_embeddings,
            tuple(tokens.flatten().tolist()),
            tuple(targets.flatten().tolist()), steps, tuple(clip or ()))
-    if key not in _ONE_DEVICE:  # every rank makes the same calls: all broadcast, or none
-        box = [_train_one_device(model, tokens, targets, steps, clip) if dist.get_rank() == 0 else None]
-        dist.broadcast_object_list(box, src=0)
-        _ONE_DEVICE[key] = box[0]
-    return _ONE_DEVICE[key]
+    return computed_once(_ONE_DEVICE, key, lambda: _train_one_device(model, tokens, targets, steps, clip))
 
 
 def _train_one_device(model: GPT, tokens, targets, steps: int, clip) -> dict:
@@ -177,9 +191,7 @@ def against_one_device(model: GPT, trainer, batch: int, world: int, steps: int, 
     ``clip``: (max_norm, norm_type) per step (cycled): both clip their gradients' global norm (one device:
     ``torch.nn.utils.clip_grad_norm_``; the trainer: its ``max_grad_norm`` and ``norm_type`` set before
     the step) and the trainer's ``last_grad_norm`` is held to one device's."""
-    gen = torch.Generator().manual_seed(seed + 1)
-    tokens = torch.randint(0, model.vocab, (batch, SEQ), generator=gen).to(rank_device())
-    targets = torch.randint(0, model.vocab, (batch, SEQ), generator=gen).to(rank_device())
+    tokens, targets = global_batch(model.vocab, batch, seed)
     oracle = one_device(model, tokens, targets, steps, clip)
     single = oracle["model"].to(rank_device())
     want, got, problems, norms = oracle["losses"], [], [], []

@@ -12,7 +12,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from harness.threed.case import CLIP, LR, SEQ, _groups
+from harness.threed.case import CLIP, LR, _groups, computed_once, global_batch
 from harness.world import rank_device
 from reference.compose import parallelize, shard_stages
 from reference.mixed_precision import DynamicLossScaler
@@ -44,7 +44,8 @@ def allowed_ratio(microbatches: int, accumulation: int, dp: int, tp: int) -> flo
     probabilistic model of Higham & Mary 2019: an error grows as the square root of the number of
     roundings, not linearly), so |parallel - exact| <= sqrt(m k + dp + 2 tp) x one device's error,
     where a tensor's maximum over n >= 16 elements of such an error fluctuates by up to 2x around its
-    typical value: 1 + 2 sqrt(m k + dp + 2 tp) — from 4.5 (one rank, m k = 2) to 9.7 (tp 8).
+    typical value: 1 + 2 sqrt(m k + dp + 2 tp) — in the suite (k = 2) from 6.3 (one rank, m = 2) to 10.2
+    (tp 8).
     A missing DP average moves masters 180-2,200 E_T (measured: 2x1x1 to 8x1x1)."""
     return 1 + 2 * math.sqrt(microbatches * accumulation + dp + 2 * tp)
 
@@ -133,16 +134,9 @@ def train_3d_mixed(dp: int, pp: int, tp: int, schedule: str, zero: int, checkpoi
         _plant_missing_average(trainer, dp)
     m = trainer.schedule.num_microbatches
     ratio = allowed_ratio(m, accumulation, dp, tp)
-    gen = torch.Generator().manual_seed(seed + 1)
-    shape = (dp * m * accumulation, SEQ)
-    tokens = torch.randint(0, model.vocab, shape, generator=gen).to(rank_device())
-    targets = torch.randint(0, model.vocab, shape, generator=gen).to(rank_device())
-    key = (dtype_name, seed, steps, dropout, tuple(clip or ()), shape)
-    if key not in _ORACLES:  # every rank makes the same calls: all broadcast, or none
-        box = [_oracle(model, tokens, targets, steps, clip, scaler) if dist.get_rank() == 0 else None]
-        dist.broadcast_object_list(box, src=0)
-        _ORACLES[key] = box[0]
-    oracle = _ORACLES[key]
+    tokens, targets = global_batch(model.vocab, dp * m * accumulation, seed)
+    key = (dtype_name, seed, steps, dropout, tuple(clip or ()), tuple(tokens.shape))
+    oracle = computed_once(_ORACLES, key, lambda: _oracle(model, tokens, targets, steps, clip, scaler))
     problems, norms = [], []
     for step, (want, scale) in enumerate(oracle["steps"]):
         c = clip[step % len(clip)] if clip else None

@@ -102,6 +102,12 @@ def vocab_parallel_cross_entropy(logits_shard: torch.Tensor, target: torch.Tenso
     return _VocabParallelCrossEntropy.apply(logits_shard, target, r * per_rank, vocab_size, group)
 
 
+def fp32_logits(logits: torch.Tensor) -> torch.Tensor:
+    """The logits a cross-entropy reads: a low-precision (bfloat16 / float16) model's upcast to fp32 —
+    Megatron's default (``fp16_lm_cross_entropy=False``) — others as they are."""
+    return logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
+
+
 class ParallelLMHead(nn.Module):
     """The output projection hidden -> vocabulary, column-parallel over ceil(V / n) rows per rank (padding
     rows zero), followed by ``vocab_parallel_cross_entropy``: per-token loss, full on every rank. With
@@ -129,6 +135,4 @@ class ParallelLMHead(nn.Module):
 
     def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         x = gather_from_sequence_region(x, self.group) if self.sequence_parallel else copy_to_region(x, self.group)
-        logits = F.linear(x, self.weight)  # a low-precision model's cross-entropy in fp32 (Megatron's default)
-        logits = logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
-        return vocab_parallel_cross_entropy(logits, target, self.vocab_size, self.group)
+        return vocab_parallel_cross_entropy(fp32_logits(F.linear(x, self.weight)), target, self.vocab_size, self.group)

@@ -38,3 +38,10 @@ def test_zero_sweep_memory_bytes_and_report(world_cache, world_sizes, tmp_path):
     assert "## Data parallel / ZeRO: memory per rank" in text and (run.path / "zero_memory.png").exists()
     assert "### Mixed precision: the ZeRO paper's setting, measured" in text
     assert "### Global-norm clipping: step time" in text
+
+
+def test_bad_zero_variants_are_one_sentence(capsys):
+    from harness.cli import main
+
+    assert main(["bench", "zero", "--zero-variants", "plain,fp8"]) == 2
+    assert "--zero-variants 'plain,fp8' must be comma-separated among plain, bf16, clip." in capsys.readouterr().err
