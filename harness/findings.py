@@ -3,7 +3,10 @@
 A finding belongs to the suite, never to the code under test: it names a built-in implementation, the
 package and version range it was seen in, the condition (on the case) under which it shows, the reason,
 and the watch test that fails once the package changes the behaviour. The suites consult ``match`` for
-an example that failed: a match turns the failure into ``known-nonconformance`` (pytest: xfail with the
+an example that failed, with the failure's own lines (``evidence``): a finding matches only where its condition
+holds the case AND every line of the failure is its ``symptom`` — the same configuration failing for another
+reason (an exception the finding does not name, another tensor wrong) stays a failure. A match turns the
+failure into ``known-nonconformance`` (pytest: xfail with the
 reason; ``pytest --strict``: a failure). Nothing read from an implementation object can excuse a failure
 or loosen a bound — a user's implementation (``package.module:object``, an entry point) never matches,
 even if it calls itself "torch". Precision-matched bounds (``precision``) come from here too.
@@ -31,6 +34,9 @@ class Finding:
     """The test that fails when the package changes this behaviour."""
     condition: dict = field(default_factory=dict)
     """Case parameters -> required value, or a callable of the parameter (all must hold)."""
+    symptom: str = ""
+    """A regular expression every line of a failure must contain (``re.search``) for the finding to explain it:
+    what differs and how, or the error raised. Empty: the finding explains no failure (it is watched only)."""
     precision: str | None = None
     """Where the finding is a precision (not a wrong result): the dtype the suite's bound uses."""
     handled_by_adapter: str = ""
@@ -47,6 +53,11 @@ class Finding:
                 return False
         return True
 
+    def explains(self, evidence) -> bool:
+        """Every line of ``evidence`` (a failure's lines, or one string) shows this finding's symptom."""
+        lines = [evidence] if isinstance(evidence, str) else list(evidence)
+        return bool(self.symptom) and bool(lines) and all(re.search(self.symptom, line) for line in lines)
+
 
 def _not_power_of_two(n: int) -> bool:
     return n & (n - 1) != 0
@@ -57,13 +68,14 @@ FINDINGS: tuple[Finding, ...] = (
             "DTensor RowwiseParallel adds bias / n on each of n ranks to a Partial output: it rounds when the "
             "mesh size is not a power of two (minimal case: tp=3, Linear(3, 4), integer weights and inputs).",
             "suites/tensor_parallel/test_findings.py::test_dtensor_rowwise_bias_rounds_on_three_ranks",
-            {"row_bias": True, "n": _not_power_of_two}),
+            {"row_bias": True, "n": _not_power_of_two}, symptom=r"^output: \d+ of \d+ differ, first got "),
     Finding("megatron", "tensor_parallel", "megatron-core", ("0.12", None),
             "megatron-core's vocab_parallel_cross_entropy takes the softmax over the padded vocabulary: the "
             "padding logits enter the denominator, so the loss is not the dense model's (minimal case: tp=2, "
             "vocabulary 3 padded to 4).",
             "suites/tensor_parallel/test_findings.py::test_megatron_loss_includes_padded_vocabulary",
-            {"kind": "lm_head", "vocab_remainder": lambda r: r != 0}),
+            {"kind": "lm_head", "vocab_remainder": lambda r: r != 0},
+            symptom=r"^(loss|input grad|weight grad): \d+ of \d+ differ, first got "),
     Finding("megatron", "tensor_parallel", "megatron-core", ("0.12", None),
             "megatron-core's vocab_parallel_cross_entropy computes in float32 whatever the logits' dtype "
             "(.float()): the loss is held to float32 rounding.",
@@ -73,7 +85,9 @@ FINDINGS: tuple[Finding, ...] = (
             "torch.utils.checkpoint with use_reentrant=True and an input that does not require grad: the "
             "checkpointed segment's parameters get no gradient (every layer checkpointed: backward raises).",
             "suites/checkpoint/test_findings.py::test_reentrant_checkpoint_drops_parameter_gradients_when_the_"
-            "input_needs_none", {"input_requires_grad": False}),
+            "input_needs_none", {"input_requires_grad": False},
+            symptom=r"^step \d+: parameter \d+ gradient missing$|^forward or backward raised RuntimeError: element 0 of "
+                    r"tensors does not require grad"),
     Finding("torch", "collectives", "torch", ("2.13", None),
             "torch.distributed.all_to_all_single with the output aliasing the input returns blocks in the wrong "
             "places on gloo, silently and intermittently (16 of 20 calls wrong at 1 element per block, 2 ranks).",
@@ -104,21 +118,23 @@ FINDINGS: tuple[Finding, ...] = (
             "Adam's optimizer state: a checkpoint trained with SGD + momentum fails to convert with KeyError "
             "'exp_avg' (mlp, ZeRO-2, dp 2, 2 steps); with Adam it converts and resumes at dp 4 exactly.",
             "suites/resume/test_deepspeed.py::test_universal_conversion_of_an_sgd_checkpoint_fails",
-            {"optimizer": "sgd", "universal": True}),
+            {"optimizer": "sgd", "universal": True}, symptom=r"KeyError: 'exp_avg'"),
     Finding("deepspeed", "zero", "deepspeed", ("0.19", None),
             "fp16 at ZeRO stage 0 (a client torch optimizer, wrapped in FP16_UnfusedOptimizer): engine.backward "
             "scales the loss only for a ZeROOptimizer, yet the step divides the gradients by the loss scale — every "
             "update is 2^initial_scale_power times too small and no overflow is ever seen, so the scale keeps "
             "growing (mlp, dp 2, initial_scale_power 18: the fp32 masters moved 5e-8 in 3 steps, 1e-2 in fp32).",
             "suites/mixed_precision/test_third_party.py::test_deepspeed_fp16_stage0_never_scales_the_loss",
-            {"precision": "fp16", "stage": 0}),
+            {"precision": "fp16", "stage": 0}, symptom=r"^rank \d+: (parameter \d+ off by [^ ]+ > |loss scaler \{'scale': "
+                                                       r"[0-9.]+, 'skipped': 0\} != one device's )"),
     Finding("deepspeed", "zero", "deepspeed", ("0.19", None),
             "fp16 at ZeRO 1-3: the dynamic loss scale is updated before the gradients are unscaled, so on a step "
             "where the scale grows the gradients are divided by the doubled scale and that update is halved "
             "(mlp, dp 2, ZeRO 1, initial_scale_power 14, loss_scale_window 2: equal to one device after 2 steps, "
             "off by 1.6e-3 vs the bound 1.4e-4 after the 3rd, where the scale grows).",
             "suites/mixed_precision/test_third_party.py::test_deepspeed_fp16_halves_the_update_when_the_scale_grows",
-            {"precision": "fp16", "stage": lambda s: s in (1, 2, 3), "scale_grew": True}),
+            {"precision": "fp16", "stage": lambda s: s in (1, 2, 3), "scale_grew": True},
+            symptom=r"^rank \d+: parameter \d+ off by [^ ]+ > "),
     Finding("torch", "zero", "torch", ("2.13", None),
             "torch.nn.utils.get_total_norm / clip_grads_with_norm_ (torchtitan's clip_grad_norm_) raise 'All "
             "operands in aten.stack.default must have the same mesh' when some gradients are DTensors on the "
@@ -165,10 +181,11 @@ def _applicable(spec: str, paradigm: str, case: dict) -> list[Finding]:
             and _in_range(f) and f.applies(**case)]
 
 
-def match(spec: str, paradigm: str, **case) -> Finding | None:
-    """The finding that explains a failed example of ``spec`` under ``case``, or None (then it is a failure)."""
-    return next((f for f in _applicable(spec, paradigm, case) if f.precision is None and not f.handled_by_adapter),
-                None)
+def match(spec: str, paradigm: str, evidence, **case) -> Finding | None:
+    """The finding that explains a failed example of ``spec`` under ``case`` whose failure reads ``evidence``
+    (its lines), or None (then it is a failure)."""
+    return next((f for f in _applicable(spec, paradigm, case)
+                 if f.precision is None and not f.handled_by_adapter and f.explains(evidence)), None)
 
 
 def precision(spec: str, paradigm: str, **case) -> str | None:

@@ -36,7 +36,7 @@ def device_world_sizes(devices: int) -> list[int]:
 def auto_world_sizes(backend: str | None, cpu_default: str, minimum: int = 1) -> list[int]:
     """``--world-sizes auto``: under torchrun the job's size; on a node where the backend is (or would
     be) nccl, ``device_world_sizes(torch.cuda.device_count())`` from ``minimum`` up; else ``cpu_default``."""
-    from . import spmd
+    from . import spmd_runtime as spmd
 
     if spmd.active():
         return [spmd.world_size()]

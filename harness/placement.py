@@ -62,6 +62,6 @@ def merged(meta: dict, other: dict) -> dict:
 
 def launcher() -> str:
     """"torchrun" when this process drives a torchrun job (harness.spmd), else "world" (spawned ranks)."""
-    from . import spmd
+    from . import spmd_runtime as spmd
 
     return "torchrun" if spmd.active() else "world"

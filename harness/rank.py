@@ -31,6 +31,19 @@ def rank_device():
     return torch.device("cpu")
 
 
+_VERDICT: list[str] = []
+"""This call's failure of the code under test, as ``failed_in_implementation`` recorded it (rank side)."""
+
+
+def failed_in_implementation(detail: str) -> str:
+    """Rank side, where a case catches the code under test's own exception (or any failure that may leave
+    its peers blocked inside it): the case has its verdict. The rank still returns its result; the World
+    then gives peers that have not returned a short grace and ends them rather than waiting out the
+    deadline (``harness.world.ImplementationFailure`` names this rank's ``detail``). Returns ``detail``."""
+    _VERDICT.append(detail)
+    return detail
+
+
 def _rank_main(rank: int, size: int, backend: str, store_path: str, stack_path: str, conn, timeout_s):
     """Body of a rank process: initialise the default group, then serve calls until told to stop."""
     import faulthandler
@@ -64,8 +77,10 @@ def _rank_main(rank: int, size: int, backend: str, store_path: str, stack_path: 
         call_id = -1
         try:
             call_id, fn, args, kwargs = pickle.loads(data)
+            _VERDICT.clear()
             result = fn(*args, **kwargs)
-            conn.send_bytes(pickle.dumps(("ok", call_id, result)))
+            status = ("failed", _VERDICT[0]) if _VERDICT else "ok"
+            conn.send_bytes(pickle.dumps((status, call_id, result)))
         except BaseException:  # noqa: BLE001 - everything a rank raises goes back to the parent
             conn.send(("err", call_id, traceback.format_exc()))
     dist.destroy_process_group()

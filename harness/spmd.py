@@ -1,87 +1,17 @@
-"""Running paritybench under torchrun (multi-node): rank 0 drives, the other ranks follow.
+"""The torchrun entry point: ``torchrun ... -m harness.spmd (pytest|paritybench) ARGS...``.
 
     torchrun --nnodes 2 --nproc-per-node 8 ... -m harness.spmd pytest suites/collectives --world-sizes 16
     torchrun --nproc-per-node 4 -m harness.spmd paritybench bench collectives --world-sizes 4
 
-Every process initialises the default group from torchrun's environment (nccl with one GPU per local
-rank where CUDA is available, else gloo) and a gloo control group. Rank 0 runs the command; a
-``World(size)`` there (``size`` must be torchrun's world size) broadcasts each call on the control
-group, runs it itself, and gathers every rank's result. The other ranks serve calls in ``follow()``
-until rank 0 is done. torchrun/SLURM are the launcher: we write none of our own.
-
-Under torchrun the parent cannot kill remote ranks, so a call's deadline is the backend's collective
-timeout, not the World's; a rank that raises still yields ``RankFailure`` with its traceback.
+Every process initialises the runtime (``harness.spmd_runtime``); rank 0 runs the command, the others
+follow its World's calls until it is done.
 """
 
 from __future__ import annotations
 
-import os
 import sys
-import traceback
 
-_STATE: dict = {}
-
-
-def under_torchrun() -> bool:
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"))
-
-
-def active() -> bool:
-    """True in the driving process (rank 0) of an initialised torchrun job."""
-    return bool(_STATE) and _STATE["rank"] == 0
-
-
-def world_size() -> int:
-    return _STATE["size"]
-
-
-def backend() -> str:
-    return _STATE["backend"]
-
-
-def init() -> None:
-    import torch
-    import torch.distributed as dist
-
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    else:
-        torch.set_num_threads(1)
-    dist.init_process_group(backend)
-    _STATE.update(rank=dist.get_rank(), size=dist.get_world_size(), backend=backend,
-                  control=dist.new_group(backend="gloo"))
-
-
-def _execute(fn, args, kwargs) -> tuple[str, object]:
-    try:
-        return "ok", fn(*args, **kwargs)
-    except BaseException:  # noqa: BLE001 - every failure goes back to rank 0
-        return "err", traceback.format_exc()
-
-
-def call_all(fn, args: tuple, kwargs: dict) -> list[tuple[str, object]]:
-    """Rank 0: run ``fn`` on every rank; [(status, value)] indexed by rank."""
-    import torch.distributed as dist
-
-    dist.broadcast_object_list([(fn, args, kwargs)], src=0, group=_STATE["control"])
-    mine = _execute(fn, args, kwargs)
-    gathered = [None] * _STATE["size"]
-    dist.gather_object(mine, gathered, dst=0, group=_STATE["control"])
-    return gathered
-
-
-def follow() -> None:
-    """Ranks other than 0: serve calls until rank 0 sends the end (None)."""
-    import torch.distributed as dist
-
-    while True:
-        msg = [None]
-        dist.broadcast_object_list(msg, src=0, group=_STATE["control"])
-        if msg[0] is None:
-            return
-        fn, args, kwargs = msg[0]
-        dist.gather_object(_execute(fn, args, kwargs), None, dst=0, group=_STATE["control"])
+from . import spmd_runtime as runtime
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,15 +19,15 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in ("pytest", "paritybench"):
         print("harness.spmd: usage: torchrun ... -m harness.spmd (pytest|paritybench) [ARGS...]", file=sys.stderr)
         return 2
-    if not under_torchrun():
+    if not runtime.under_torchrun():
         print("harness.spmd: not under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR unset).", file=sys.stderr)
         return 2
     import torch.distributed as dist
 
-    init()
+    runtime.init()
     code = 0
-    if _STATE["rank"] != 0:
-        follow()
+    if runtime._STATE["rank"] != 0:
+        runtime.follow()
     else:
         try:
             if argv[0] == "pytest":
@@ -109,13 +39,10 @@ def main(argv: list[str] | None = None) -> int:
 
                 code = cli_main(argv[1:])
         finally:
-            dist.broadcast_object_list([None], src=0, group=_STATE["control"])
+            dist.broadcast_object_list([None], src=0, group=runtime._STATE["control"])
     dist.destroy_process_group()
     return code
 
 
 if __name__ == "__main__":
-    # Run the importable module's main, not this __main__ copy: World looks at harness.spmd's state.
-    from harness.spmd import main as _main
-
-    sys.exit(_main())
+    sys.exit(main())

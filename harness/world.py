@@ -29,12 +29,14 @@ import tempfile
 import time
 from multiprocessing import connection, get_context
 
-from . import spmd
+from . import spmd_runtime as spmd
 from .rank import _RANK_ENV, _rank_main, default_backend, rank_device
 
-__all__ = ["World", "RankFailure", "WorldTimeout", "rank_device", "default_backend"]
+__all__ = ["World", "RankFailure", "ImplementationFailure", "WorldTimeout", "rank_device", "default_backend",
+           "verdict_of", "run_or_fail"]
 
-# A rank that raised leaves its peers blocked in a collective; they get this long to finish anyway.
+# A rank that raised (or failed in the code under test, harness.rank.failed_in_implementation) leaves its
+# peers blocked in a collective; they get this long to finish anyway.
 _PEER_GRACE_S = 3.0
 _STACK_WAIT_S = 1.0
 
@@ -85,6 +87,23 @@ class RankFailure(RuntimeError):
     def ranks(self) -> list[int]:
         """The failing ranks (for ``WorldTimeout``: the ranks that never returned)."""
         return list(self.failures)
+
+
+class ImplementationFailure(RankFailure):
+    """A rank's case had its verdict from the code under test's own failure (``harness.rank.
+    failed_in_implementation``) while its peers were still blocked inside the code under test: they were
+    ended after the peer grace instead of at the deadline. ``failures`` maps each such rank -> its verdict
+    line, ``stuck`` the ended ranks -> their stacks, ``results`` the ranks that returned -> their results.
+    The message's first line is the verdict: "rank 2: raised ValueError: ..."."""
+
+    def __init__(self, message: str, failures: dict[int, str], stuck: dict[int, str], results: dict):
+        super().__init__(message, failures, stuck)
+        self.results = dict(results)
+
+
+def _first_errors(errors: dict[int, str]) -> str:
+    """'rank 2: ValueError: odd length' — each failing rank's exception line (a traceback's last line)."""
+    return "; ".join(f"rank {r}: {(t.strip().splitlines() or ['?'])[-1]}" for r, t in sorted(errors.items()))
 
 
 class WorldTimeout(RankFailure):
@@ -218,13 +237,14 @@ class World:
         results = spmd.call_all(fn, args, kwargs)
         errors = {r: value for r, (status, value) in enumerate(results) if status != "ok"}
         if errors:
-            raise RankFailure(f"rank(s) {sorted(errors)} of {self.size} raised during "
-                              f"{getattr(fn, '__qualname__', fn)} (torchrun).", errors)
+            raise RankFailure(f"{_first_errors(errors)} (rank(s) {sorted(errors)} of {self.size} raised during "
+                              f"{getattr(fn, '__qualname__', fn)} under torchrun).", errors)
         return [value for _, value in results]
 
     def _collect(self, call_id: int, deadline: float, what: str) -> list:
         results: dict[int, object] = {}
         errors: dict[int, str] = {}
+        verdicts: dict[int, str] = {}
         dead: dict[int, str] = {}
         pending = set(range(self.size))
         by_conn = {id(c): r for r, c in enumerate(self._conns)}
@@ -244,7 +264,9 @@ class World:
                     if got_id != call_id:
                         continue  # stale answer to a call that already failed
                     pending.discard(rank)
-                    (results if status in ("ok", "ready") else errors)[rank] = value
+                    if isinstance(status, tuple):  # ("failed", detail): a verdict from the code under test's failure
+                        verdicts[rank] = status[1]
+                    (results if status in ("ok", "ready") or rank in verdicts else errors)[rank] = value
                 if rank in pending and not self._procs[rank].is_alive():
                     self._procs[rank].join(timeout=1)  # reap it, so the exit code is known
                     code = self._procs[rank].exitcode
@@ -252,13 +274,14 @@ class World:
                     pending.discard(rank)
             if dead:
                 break  # a dead rank breaks the group; the others cannot finish
-            if errors:
+            if errors or verdicts:
                 deadline = min(deadline, time.monotonic() + _PEER_GRACE_S)
         if not pending and not errors and not dead:
             return [results[r] for r in range(self.size)]
-        return self._fail(what, pending, errors, dead)
+        return self._fail(what, pending, errors, dead, verdicts, results)
 
-    def _fail(self, what: str, pending: set[int], errors: dict, dead: dict):
+    def _fail(self, what: str, pending: set[int], errors: dict, dead: dict, verdicts: dict | None = None,
+              results: dict | None = None):
         stuck = {} if dead else self._stacks(sorted(pending))
         # Any failure leaves the group untrustworthy, even when every other rank returned: a rank may
         # return with a collective still in flight (DTensor's functional collectives are asynchronous)
@@ -271,8 +294,15 @@ class World:
                 "the world will be respawned on the next call.", failures)
         if errors:
             note = f"; ranks {sorted(stuck)} were stuck waiting for them" if stuck else ""
-            raise RankFailure(f"rank(s) {sorted(errors)} of {self.size} raised during {what}{note}; the world "
-                              "will be respawned on the next call.", errors, stuck)
+            raise RankFailure(f"{_first_errors(errors)} (rank(s) {sorted(errors)} of {self.size} raised during "
+                              f"{what}{note}; the world will be respawned on the next call).", errors, stuck)
+        if verdicts:
+            first = min(verdicts)
+            line = verdicts[first] if verdicts[first].startswith(f"rank {first}:") else f"rank {first}: {verdicts[first]}"
+            raise ImplementationFailure(
+                f"{line} (ranks {sorted(stuck)} of {self.size} were still inside the "
+                f"code under test {_PEER_GRACE_S:g} s later and were ended; the world will be respawned on the "
+                "next call).", verdicts, stuck, results or {})
         raise WorldTimeout(
             f"rank(s) {sorted(stuck)} of {self.size} did not return from {what} within the deadline; "
             "the world was restarted.", stuck)
@@ -301,3 +331,19 @@ class World:
         for rank in ranks:
             stacks.setdefault(rank, "(no stack: the rank did not answer SIGUSR1)")
         return stacks
+
+
+def verdict_of(exc: RankFailure) -> str:
+    """The one line a conformance row and a test report carry for a call that failed on the World: the
+    failing rank's own failure first ("rank 2: raised ValueError: ..."), then what became of its peers."""
+    return str(exc).splitlines()[0]
+
+
+def run_or_fail(world: World, fn, *args, failed, timeout: float | None = None, **kwargs) -> list:
+    """``world.run(fn, *args, **kwargs)``; where a rank raised, died, hung, or failed in the code under test
+    while its peers were stuck inside it, every rank's result is ``failed(verdict_of(exc))`` — the suite then
+    records its ``fail`` row like any other verdict, naming the failing rank's own failure."""
+    try:
+        return world.run(fn, *args, timeout=timeout, **kwargs)
+    except RankFailure as exc:
+        return [failed(verdict_of(exc))] * world.size

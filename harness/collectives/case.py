@@ -16,6 +16,7 @@ import torch
 
 from .. import registry
 from ..errors import describe
+from ..rank import failed_in_implementation
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
 REDUCING = ("all_reduce", "reduce_scatter", "reduce")
@@ -213,7 +214,7 @@ def run_case(case: Case) -> dict:
         return {"outcome": "unsupported", "wrong": 0, "detail": str(exc), "bytes_sent": 0}
     except Exception as exc:  # noqa: BLE001 - whatever the code under test raises is its verdict, not ours
         return {"outcome": "fail", "wrong": 0, "bytes_sent": 0,
-                "detail": f"rank {me}: raised {describe(exc)}"}
+                "detail": failed_in_implementation(f"rank {me}: raised {describe(exc)}")}
     if case.op == "avg" and case.collective in REDUCING and not out.dtype.is_floating_point:
         return {"outcome": "fail", "wrong": 0, "bytes_sent": 0,
                 "detail": f"rank {me}: accepted AVG on {case.dtype}, which the contract leaves out (AVG is for "

@@ -24,7 +24,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from harness import capabilities
+from harness.contracts import Unsupported
 from harness.errors import describe
+from harness.rank import rank_device
 from reference.mixed_precision import DynamicLossScaler
 from reference.zero import OptimizerSpec
 
@@ -36,8 +39,6 @@ class _TorchScaler:
     clean steps) driving ``opt``; counts the steps it skipped (the scale backed off)."""
 
     def __init__(self, opt, init_power: int):
-        from harness.world import rank_device
-
         self.opt, self.skipped = opt, 0
         self.torch = torch.amp.GradScaler(rank_device().type, init_scale=2.0**init_power, growth_interval=2)
 
@@ -55,8 +56,6 @@ class _TorchScaler:
 def _fsdp2(model, stage: int, fp16: bool = False, init_power: int = 18):
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    from harness.world import rank_device
 
     mesh = DeviceMesh.from_group(dist.group.WORLD, rank_device().type)
     policy = MixedPrecisionPolicy(param_dtype=torch.float16 if fp16 else torch.bfloat16, reduce_dtype=torch.float32)
@@ -90,8 +89,6 @@ def _fsdp2_fp16(model, stage: int, init_power: int = 18):
 
 def _ddp_amp_fp16(model, stage: int, init_power: int = 18):
     from torch.nn.parallel import DistributedDataParallel
-
-    from harness.world import rank_device
 
     model = model.float()  # the fp32 masters: the fp16 values, exactly
     ddp = DistributedDataParallel(model)
@@ -146,6 +143,9 @@ def _deepspeed(model, stage: int, fp16: bool = False, init_power: int = 18):
     config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
               **precision, "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
               "zero_allow_untested_optimizer": True, "steps_per_print": 1 << 30}
+    reason = capabilities.deepspeed_dtype_unsupported(torch.float16 if fp16 else torch.bfloat16)
+    if reason:
+        raise Unsupported(reason)
     model = model.float()
     engine, opt, _, _ = deepspeed.initialize(model=model, config=config,
                                              optimizer=OptimizerSpec("sgd", case.LR).build(model.parameters()))
@@ -190,6 +190,27 @@ class DeepSpeedRule(DynamicLossScaler):
         return not found_inf
 
 
+def deepspeed_capability_and_engine(dtype_name: str) -> tuple[str | None, str | None]:
+    """Rank side, the capability's watch: (our capability check's reason, the error DeepSpeed's engine raises
+    when it is initialised in ``dtype_name`` at ZeRO 1 anyway) — both None where the machine runs it."""
+    from harness.adapters.deepspeed_zero import _init
+
+    _init()
+    import deepspeed
+
+    dtype = getattr(torch, dtype_name)
+    key = "fp16" if dtype == torch.float16 else "bf16"
+    model = torch.nn.Linear(2, 2)
+    config = {"train_micro_batch_size_per_gpu": 1, key: {"enabled": True}, "zero_optimization": {"stage": 1},
+              "zero_allow_untested_optimizer": True, "steps_per_print": 1 << 30}
+    try:
+        deepspeed.initialize(model=model, config=config, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+        engine = None
+    except ValueError as exc:
+        engine = describe(exc)
+    return capabilities.deepspeed_dtype_unsupported(dtype), engine
+
+
 def _deepspeed_fp16(model, stage: int, init_power: int = 18):
     return _deepspeed(model, stage, fp16=True, init_power=init_power)
 
@@ -208,6 +229,9 @@ def train_stack(stack: str, stage: int, steps: int = 3, per_rank: int = 4, seed:
     build, stages, master = STACKS[stack]
     n, r = dist.get_world_size(), dist.get_rank()
     dtype = torch.float16 if stack.endswith("fp16") else torch.bfloat16
+    reason = capabilities.dtype_unsupported(dtype, rank_device())
+    if reason:
+        return unsupported(reason)
     model, x, y, slices = case.inputs(n, per_rank, seed, dtype)
     spec = OptimizerSpec("sgd", case.LR)
     # fp16: the stack's own scaler rule, from 2^init_power: the same recipe
@@ -223,6 +247,11 @@ def train_stack(stack: str, stage: int, steps: int = 3, per_rank: int = 4, seed:
         limit += steps * torch.finfo(torch.bfloat16).eps * max(float(w.abs().max()) for w in want)
     try:
         step, params = build(model, stage, init_power) if dtype == torch.float16 else build(model, stage)
+    except NotImplementedError as exc:  # Unsupported: what this machine (or the stack) does not run
+        return unsupported(str(exc))
+    except Exception as exc:  # noqa: BLE001 - the stack's own failure is a verdict
+        return {"error": describe(exc), "problems": [f"raised {describe(exc)}"], "worst": float("inf"), "bound": limit}
+    try:
         for _ in range(steps):
             step(*slices[r])
         got = params()
@@ -234,3 +263,8 @@ def train_stack(stack: str, stage: int, steps: int = 3, per_rank: int = 4, seed:
     if theirs != mine:
         problems.append(f"rank {r}: loss scaler {theirs} != one device's {mine}")
     return {"error": None, "problems": problems, "worst": worst, "bound": limit, "scaler": theirs}
+
+
+def unsupported(reason: str) -> dict:
+    """A case this machine or stack cannot run: no problems, no figures, the reason."""
+    return {"unsupported": reason, "error": None, "problems": [], "worst": float("nan"), "bound": float("nan")}

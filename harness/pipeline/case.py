@@ -14,6 +14,8 @@ import torch
 from reference.pipeline.model import batch, build_layers, split_stages, sum_squared_error
 
 from .. import registry
+from ..errors import describe
+from ..rank import failed_in_implementation
 
 LR, MOMENTUM = 2.0**-10, 0.5
 EPS = 2.0**-53  # float64 unit roundoff
@@ -100,11 +102,16 @@ def run_rank(case: PipelineCase) -> dict:
                              case.batch, (case.hidden,))
     except NotImplementedError as exc:
         return {"unsupported": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - whatever the code under test raises is a verdict
+        return {"failed": failed_in_implementation(f"rank {rank}: build raised {describe(exc)}")}
     x, y = (t.to(device) for t in batch(case.batch, case.hidden, case.seed))
     first, last = 0 in mine, case.num_stages - 1 in mine
     order = sorted(mine)
-    losses, grads, params = _train([mine[s] for s in order],
-                                   lambda: trainer.step(x if first else None, y if last else None), case.steps)
+    try:
+        losses, grads, params = _train([mine[s] for s in order],
+                                       lambda: trainer.step(x if first else None, y if last else None), case.steps)
+    except Exception as exc:  # noqa: BLE001 - peers still inside the implementation are ended after a grace
+        return {"failed": failed_in_implementation(f"rank {rank}: step raised {describe(exc)}")}
     counts = [sum(1 for _ in mine[s].parameters()) for s in order]
     per_stage, k = {}, 0
     for s, c in zip(order, counts, strict=True):
@@ -137,6 +144,9 @@ def step_tolerance(case: PipelineCase, reference: dict) -> float:
 def compare(case: PipelineCase, reference: dict, per_rank: list[dict]) -> dict:
     """One verdict: step-1 loss and gradients bitwise, later losses within 2 (batch * hidden) eps of
     the loss (a sum of non-negative terms regrouped), final parameters within ``step_tolerance``."""
+    failed = [r["failed"] for r in per_rank if "failed" in r]
+    if failed:
+        return {"outcome": "fail", "detail": "; ".join(failed), "max_param_error": None}
     unsupported = [r["unsupported"] for r in per_rank if "unsupported" in r]
     if unsupported:
         return {"outcome": "unsupported", "detail": unsupported[0], "max_param_error": None}

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ..rank import failed_in_implementation
 from .layer_case import EPS64, _block, _dense_linear, _ints, _mismatch, attention_against_dense
 
 
@@ -84,6 +85,7 @@ def contract_case(impl_spec: str, kind: str, dims: tuple, seed: int, sequence_pa
 def _failure(detail: str, kind: str, dense, n: int) -> dict:
     """The code under test raised (not ValueError at shard time, not Unsupported) or returned no usable
     result: a failure with its detail."""
+    failed_in_implementation(detail)  # peers still inside the code under test are ended after the World's grace
     return {"refused": None, "unsupported": False, "problems": [detail], "case": _conditions(kind, dense, n)}
 
 

@@ -9,7 +9,8 @@ import math
 import torch
 import torch.distributed as dist
 
-from harness.world import rank_device
+from harness.errors import describe
+from harness.rank import failed_in_implementation, rank_device
 from reference.compose import parallelize, shard_stages
 from reference.models import GPT
 from reference.topology import ParallelDims, build_groups
@@ -93,11 +94,20 @@ def _tied_not_summed(trainer) -> None:
     trainer._sum_tied = lambda: None
 
 
+def _last_rank_raises(trainer) -> None:
+    if dist.get_rank() == dist.get_world_size() - 1:
+        def step(tokens, targets):
+            raise ValueError(f"sequence length {tokens.shape[-1]} not supported on the last rank")
+
+        trainer.step = step
+
+
 PLANTED = {"replicated-counted-tp-times": _count_replicated_tp_times, "pp-not-reduced": _leave_pp_out,
-           "tied-not-summed": _tied_not_summed}
+           "tied-not-summed": _tied_not_summed, "last-rank-raises": _last_rank_raises}
 """Planted bugs: TransformerEngine PR 715's (parameters replicated over TP counted in the norm on every TP
-rank), torchtitan #596's (each pipeline stage clips by its own norm), and a tied embedding whose two
-copies' gradients are never summed."""
+rank), torchtitan #596's (each pipeline stage clips by its own norm), a tied embedding whose two
+copies' gradients are never summed, and a trainer whose step raises on the last rank only (its peers
+block inside their own steps)."""
 
 
 def norm_bound(step: int, grads: list[torch.Tensor], model: GPT, world: int, tokens: int) -> float:
@@ -184,6 +194,13 @@ def _train_one_device(model: GPT, tokens, targets, steps: int, clip) -> dict:
     return {"losses": losses, "norms": norms, "model": single.cpu()}
 
 
+def failed(detail: str) -> dict:
+    """A rank's result where the trainer failed (its own exception, or the World's verdict of a call that
+    failed: ``harness.world.run_or_fail``)."""
+    return {"refused": None, "worst": math.inf, "bound": math.nan, "problems": [detail], "losses": [], "want": [],
+            "norms": []}
+
+
 def against_one_device(model: GPT, trainer, batch: int, world: int, steps: int, seed: int, pairs,
                        clip: list[tuple[float, float]] | None = None) -> dict:
     """Train ``trainer`` and one device (a copy of ``model``) ``steps`` SGD-with-momentum steps on the same
@@ -198,7 +215,10 @@ def against_one_device(model: GPT, trainer, batch: int, world: int, steps: int, 
     for step in range(steps):
         if clip:
             trainer.max_grad_norm, trainer.norm_type = clip[step % len(clip)]
-        got.append(trainer.step(tokens, targets))
+        try:
+            got.append(trainer.step(tokens, targets))
+        except Exception as exc:  # noqa: BLE001 - the trainer's failure is a verdict; peers inside it are ended
+            return failed(failed_in_implementation(f"rank {dist.get_rank()}: step {step + 1} raised {describe(exc)}"))
         if clip:
             expected, parts = oracle["norms"][step]
             norm, limit = trainer.last_grad_norm, _norm_limit(step + 1, parts, model, world, tokens.numel())

@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from harness.errors import describe
+from harness.rank import failed_in_implementation
 from reference.models import TransformerBlock, mlp
 from reference.zero import OptimizerSpec, StepRecipe
 
@@ -110,7 +111,7 @@ def train_case(impl_spec: str, stage: int, model_name: str, opt_name: str, steps
     for k in range(steps):
         try:
             local = torch.tensor([float(trainer.step(x[mine], y[mine]))], dtype=torch.float64, device=device)
-        except Exception as exc:  # noqa: BLE001 - (peers blocked in the implementation's collective time out)
+        except Exception as exc:  # noqa: BLE001 - peers blocked in the implementation are ended after a grace
             return _raised(f"step {k + 1}", exc, model)
         dist.all_reduce(local)
         if k in (0, steps - 1):
@@ -136,8 +137,11 @@ def train_case(impl_spec: str, stage: int, model_name: str, opt_name: str, steps
 
 
 def _raised(what: str, exc: Exception, model) -> dict:
-    """The implementation raised (not ValueError / Unsupported at build time): a failure with its detail."""
-    return {"refused": None, "checks": [], "problems": [f"{what} raised {describe(exc)}"], "memory": {}, "dtype": "",
+    """The implementation raised (not ValueError / Unsupported at build time): a failure with its detail (its
+    peers, maybe blocked inside the implementation, are ended after the World's grace)."""
+    detail = f"{what} raised {describe(exc)}"
+    failed_in_implementation(f"rank {dist.get_rank()}: {detail}")
+    return {"refused": None, "checks": [], "problems": [detail], "memory": {}, "dtype": "",
             "numel": sum(p.numel() for p in model.parameters())}
 
 
@@ -203,6 +207,13 @@ def unit_sizes(model_name: str) -> list[int]:
             if next(m.parameters(recurse=False), None) is not None]
 
 
+def failed(detail: str) -> dict:
+    """Every rank's result where the call failed on the World (``harness.world.run_or_fail``): ``detail``
+    names the failing rank and its failure."""
+    return {"refused": None, "checks": [], "problems": [detail], "memory": {}, "dtype": "", "numel": "",
+            "worst": float("nan")}
+
+
 def merge(per_rank: list[dict]) -> dict:
     """One verdict from every rank's ``train_case``: each rank compared its own full view (parameters,
     gradients, optimizer state) with one device; a problem on any rank is a problem, named by rank."""
@@ -210,7 +221,9 @@ def merge(per_rank: list[dict]) -> dict:
     if any(r["refused"] for r in per_rank):
         refused = next(r for r in per_rank if r["refused"])
         return {**refused, "problems": []}
-    problems = [f"rank {i}: {p}" for i, r in enumerate(per_rank) for p in r["problems"]]
+    # a World's verdict (run_or_fail) names its rank already and stands for every rank: once
+    problems = list(dict.fromkeys(p if p.startswith("rank ") else f"rank {i}: {p}"
+                                  for i, r in enumerate(per_rank) for p in r["problems"]))
     if not first["checks"]:  # rank 0 raised before its first check: take a rank that got further, if any
         first = max(per_rank, key=lambda r: len(r["checks"]))
     worst = max((v for r in per_rank for c in r["checks"] for v in c["worst"].values()), default=0.0)

@@ -82,3 +82,13 @@ class RhdLeavesOutExtraRanks(ReferenceCollectives):
             _FIRST[p2] = dist.new_group(list(range(p2)))
         if dist.get_rank() < p2:
             super().all_reduce(tensor, op, _FIRST[p2])
+
+
+class LastRankRaisesOnOddLength(ReferenceCollectives):
+    """Planted: a shape check that fires only where the uneven remainder lives — the last rank raises on an
+    odd length while its peers enter the all-reduce and block there."""
+
+    def all_reduce(self, tensor, op="sum", group=None):
+        if dist.get_rank(group) == dist.get_world_size(group) - 1 and tensor.numel() % 2:
+            raise ValueError(f"odd length {tensor.numel()} not supported on the last rank")
+        super().all_reduce(tensor, op, group)

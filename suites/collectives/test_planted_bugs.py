@@ -57,3 +57,22 @@ def test_corners_catch_what_the_default_profile_can_miss(world_cache, world_size
     assert failing and {n for n, _ in failing} == {3}, [c.line(n) for n, c in failing]
     assert not [c for n, c in corner_cases("reference-rhd", "all_reduce", world_sizes)
                 if verdict(world_cache, n, c)["outcome"] != "pass"]
+
+
+def test_one_rank_raising_fails_the_property_naming_that_rank(world_cache, world_sizes, conformance):
+    """The last rank raises on an odd length while its peers block in the all-reduce: the property's
+    first corner with numel 1 fails with that rank's exception (its peers ended after the World's grace,
+    not at the deadline), and the example is a fail row."""
+    if max(world_sizes) < 2:
+        pytest.skip("needs two ranks")
+    from .property import check_collective
+
+    n = 3 if 3 in world_sizes else max(world_sizes)
+    with pytest.raises(AssertionError) as failure:
+        check_collective("suites.collectives.impls:LastRankRaisesOnOddLength", "all_reduce", world_cache, [n],
+                         conformance)
+    message = str(failure.value)
+    assert "numel=1 " in message and (
+        f": rank {n - 1}: raised ValueError: odd length 1 not supported on the last rank (ranks "
+        f"{list(range(n - 1))} of {n} were still inside the code under test") in message, message
+    assert conformance.counts.get("fail") == 1, conformance.counts

@@ -14,6 +14,26 @@ from harness.findings import FINDINGS, Finding
 from harness.pytest_plugin import Conformance
 
 ROOT = Path(__file__).resolve().parents[2]
+ROUNDED = "output: 1 of 12 differ, first got 7.000000000000001 expected 7.0"
+
+# Per matchable finding (by its watch test): a case its condition holds, and a failure line of its own symptom —
+# as the suite's case writes it. Every other failure in that configuration must stay a failure.
+EXAMPLES = {
+    "test_dtensor_rowwise_bias_rounds_on_three_ranks": ({"row_bias": True, "n": 3, "kind": "row"}, ROUNDED),
+    "test_megatron_loss_includes_padded_vocabulary": (
+        {"kind": "lm_head", "vocab_remainder": 1, "n": 2}, "loss: 1 of 1 differ, first got 2.25 expected 2.0"),
+    "test_reentrant_checkpoint_drops_parameter_gradients_when_the_input_needs_none": (
+        {"input_requires_grad": False}, "step 1: parameter 0 gradient missing"),
+    "test_universal_conversion_of_an_sgd_checkpoint_fails": (
+        {"optimizer": "sgd", "universal": True}, "ds_to_universal raised KeyError: 'exp_avg'"),
+    "test_deepspeed_fp16_stage0_never_scales_the_loss": (
+        {"precision": "fp16", "stage": 0}, "rank 0: parameter 1 off by 0.0102 > 0.000137"),
+    "test_deepspeed_fp16_halves_the_update_when_the_scale_grows": (
+        {"precision": "fp16", "stage": 1, "scale_grew": True}, "rank 1: parameter 0 off by 0.0016 > 0.00014"),
+}
+OTHER_FAILURES = ["raised ValueError: Type fp16 is not supported on your device.",
+                  "rank 0: died with exit code -11", "shard raised RuntimeError: shape mismatch",
+                  "weight grad: shape (4, 3) != (3, 4)", "step 2: the caller's RNG state after the step differs"]
 
 
 def _installed(finding: Finding) -> bool:
@@ -30,18 +50,18 @@ def test_each_finding_has_a_watch_test_that_exists():
 def test_a_users_implementation_never_matches_a_finding():
     """A user's object is matched by nothing, whatever it is called or declares."""
     for spec in ("mypkg.tp:Torch", "harness.adapters.torch_tensor_parallel:TorchTensorParallel", "reference"):
-        assert findings.match(spec, "tensor_parallel", row_bias=True, n=3, kind="row") is None
+        assert findings.match(spec, "tensor_parallel", [ROUNDED], row_bias=True, n=3, kind="row") is None
         assert findings.precision(spec, "tensor_parallel", kind="lm_head") is None
 
 
 def test_builtin_matches_only_under_its_condition():
     if not _installed(FINDINGS[0]):
         pytest.skip("torch outside the finding's version range")
-    assert findings.match("torch", "tensor_parallel", row_bias=True, n=3, kind="row") is FINDINGS[0]
-    assert findings.match("torch", "tensor_parallel", row_bias=True, n=4, kind="row") is None
-    assert findings.match("torch", "tensor_parallel", row_bias=False, n=3, kind="row") is None
-    assert findings.match("torch", "tensor_parallel", kind="row") is None  # condition keys missing: no match
-    assert findings.match("torch", "zero", row_bias=True, n=3) is None
+    assert findings.match("torch", "tensor_parallel", [ROUNDED], row_bias=True, n=3, kind="row") is FINDINGS[0]
+    assert findings.match("torch", "tensor_parallel", [ROUNDED], row_bias=True, n=4, kind="row") is None
+    assert findings.match("torch", "tensor_parallel", [ROUNDED], row_bias=False, n=3, kind="row") is None
+    assert findings.match("torch", "tensor_parallel", [ROUNDED], kind="row") is None  # condition keys missing
+    assert findings.match("torch", "zero", [ROUNDED], row_bias=True, n=3) is None
 
 
 def test_version_range_is_honoured(monkeypatch):
@@ -77,4 +97,26 @@ def test_findings_the_adapters_handle_excuse_nothing():
     handled = [f for f in FINDINGS if f.handled_by_adapter]
     assert len(handled) == 6 and all(not f.condition for f in handled)
     for f in handled:  # no condition to meet, yet a handled finding never matches a failure
-        assert findings.match(f.impl, f.paradigm, kind="row", n=3, row_bias=False) not in handled
+        assert findings.match(f.impl, f.paradigm, [ROUNDED], kind="row", n=3, row_bias=False) not in handled
+
+
+def test_every_matchable_finding_names_its_symptom():
+    matchable = [f for f in FINDINGS if f.condition and not f.handled_by_adapter and f.precision is None]
+    assert {f.watch.partition("::")[2] for f in matchable} == set(EXAMPLES)
+    assert all(f.symptom for f in matchable)
+
+
+@pytest.mark.parametrize("watch", sorted(EXAMPLES))
+def test_a_finding_explains_only_its_own_symptom(watch, monkeypatch):
+    """The finding's configuration failing with its symptom: known. The same configuration failing for
+    another reason (an exception it does not name, a rank that died, another quantity wrong), or with its
+    symptom and something else besides: a failure, reported as what it is."""
+    monkeypatch.setattr(findings, "_in_range", lambda finding: True)  # whatever is installed here
+    finding = next(f for f in FINDINGS if f.watch.endswith("::" + watch))
+    case, line = EXAMPLES[watch]
+    assert findings.match(finding.impl, finding.paradigm, [line], **case) is finding
+    assert findings.match(finding.impl, finding.paradigm, line, **case) is finding  # one string
+    assert findings.match(finding.impl, finding.paradigm, [], **case) is None  # no evidence, nothing explained
+    for other in OTHER_FAILURES:
+        assert findings.match(finding.impl, finding.paradigm, [other], **case) is None, other
+        assert findings.match(finding.impl, finding.paradigm, [line, other], **case) is None, other

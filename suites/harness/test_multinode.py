@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness import spmd
+from harness import spmd_runtime as spmd
 from harness.report import write_report
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -97,7 +97,8 @@ def test_killed_sweep_keeps_every_finished_row(tmp_path):
 
 
 def test_run_json_records_where_each_rank_ran(world_cache, world_sizes, tmp_path):
-    from harness import placement, spmd
+    from harness import placement
+    from harness import spmd_runtime as spmd
 
     if spmd.active():
         pytest.skip("under torchrun placement is tested by test_multinode (nodes, GROUP_RANK)")

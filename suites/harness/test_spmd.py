@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness import spmd
+from harness import spmd_runtime as spmd
 
 from .ranks import pid
 

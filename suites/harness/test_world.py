@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from harness import spmd
+from harness import spmd_runtime as spmd
 from harness.world import RankFailure, World, WorldTimeout
 
 from . import ranks

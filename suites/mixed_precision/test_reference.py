@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from harness.capabilities import require_dtype
 from harness.mixed_precision import case
 from reference.cost_model import training_memory
 
@@ -23,6 +24,8 @@ GRID = [(stage, dtype, reduce) for stage in (0, 1, 2, 3)
 @pytest.mark.parametrize("stage, dtype, reduce", GRID, ids=lambda v: str(v))
 def test_mixed_precision_equals_one_device_running_the_same_recipe(n, stage, dtype, reduce, world_cache,
                                                                     conformance):
+    require_dtype(world_cache.get(n), dtype, conformance, suite="mixed_precision", impl="reference",
+                  collective=f"stage{stage}/reduce-{reduce}")
     per_rank = world_cache.get(n).run(case.train_mixed, stage, dtype, reduce, timeout=300)
     problems = [p for r in per_rank for p in r["problems"]]
     conformance.record("fail" if problems else "pass", suite="mixed_precision", world_size=n, dtype=dtype,
@@ -33,6 +36,7 @@ def test_mixed_precision_equals_one_device_running_the_same_recipe(n, stage, dty
 
 @pytest.mark.parametrize("stage", [0, 3])
 def test_fp16_overflow_steps_are_skipped_everywhere_as_on_one_device(stage, world_cache):
+    require_dtype(world_cache.get(4), "float16")
     per_rank = world_cache.get(4).run(case.train_mixed, stage, "float16", "float32", 6, 4, 0, 2.0**18,
                                       timeout=300)
     assert all(r["scaler"] == {"scale": 32768.0, "growth_tracker": 0, "skipped": 4} for r in per_rank), per_rank[0]
@@ -40,6 +44,7 @@ def test_fp16_overflow_steps_are_skipped_everywhere_as_on_one_device(stage, worl
 
 
 def test_a_missing_average_is_caught(world_cache):
+    require_dtype(world_cache.get(2), "bfloat16")
     per_rank = world_cache.get(2).run(case.train_mixed, 0, "bfloat16", "float32", 3, 4, 0, None, "missing-average",
                                       timeout=300)
     assert all(r["problems"] for r in per_rank)
@@ -47,6 +52,7 @@ def test_a_missing_average_is_caught(world_cache):
 
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_memory_per_rank_is_the_zero_papers_model_with_k_12(n, world_cache):
+    require_dtype(world_cache.get(n), "bfloat16")
     psi = sum(a * b + b for a, b in zip(case.SIZES, case.SIZES[1:], strict=False))
     for stage in (0, 1, 2, 3):
         per_rank = world_cache.get(n).run(case.train_mixed, stage, "bfloat16", "float32", 1, 4, 0, None, None,

@@ -56,3 +56,20 @@ class ReturnsNoLoss(ReferencePipeline):
               sample_shape, group=None):
         return _Wrapped(super().build(stages, num_stages, schedule, num_microbatches, virtual_stages, loss_fn,
                                       batch_size, sample_shape, group), lambda loss: None)
+
+
+class LastStageRaises(ReferencePipeline):
+    """Planted: the last stage's rank raises on uneven microbatches while the other stages block in their
+    sends and receives."""
+
+    def build(self, stages, num_stages, schedule, num_microbatches, virtual_stages, loss_fn, batch_size,
+              sample_shape, group=None):
+        inner = super().build(stages, num_stages, schedule, num_microbatches, virtual_stages, loss_fn, batch_size,
+                              sample_shape, group)
+        if num_stages - 1 not in stages or batch_size % num_microbatches == 0:
+            return inner
+
+        def refuse(_loss):
+            raise ValueError(f"uneven microbatches ({batch_size} rows in {num_microbatches}) on the last stage")
+
+        return _Wrapped(inner, refuse)

@@ -13,6 +13,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from harness.pipeline.case import PipelineCase, compare, run_rank, single_device
+from harness.world import run_or_fail
 
 SCHEDULES = ["gpipe", "1f1b", "interleaved", "zb-h1"]
 
@@ -45,7 +46,8 @@ def test_pipelined_training_equals_one_device(pipeline_impl, schedule, world_cac
 
     def check(case: PipelineCase) -> dict:
         world = world_cache.get(case.p)
-        verdict = compare(case, single_device(case), world.run(run_rank, case, timeout=120))
+        per_rank = run_or_fail(world, run_rank, case, timeout=120, failed=lambda detail: {"failed": detail})
+        verdict = compare(case, single_device(case), per_rank)
         conformance.record(verdict["outcome"], suite="pipeline", backend=world.backend, world_size=case.p,
                            dtype="float64", detail=verdict["detail"], collective=schedule, numel=case.m,
                            impl=impl)

@@ -3,9 +3,11 @@ and shrinks each to its minimal case."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import find, settings
 
 from harness.pipeline.case import PipelineCase, compare, run_rank, single_device
+from harness.world import run_or_fail
 
 from .test_equivalence import pipeline_cases
 
@@ -37,3 +39,18 @@ def test_a_missing_gradient_or_loss_is_a_failure_with_its_detail_not_a_crash(wor
         case = PipelineCase(impl, "1f1b", p, 3, batch=5, hidden=2)
         verdict = compare(case, single_device(case), world_cache.get(p).run(run_rank, case))
         assert verdict["outcome"] == "fail" and needle in verdict["detail"], verdict
+
+
+def test_one_stage_raising_is_a_fail_naming_that_rank(world_cache, world_sizes):
+    """The last stage's rank raises (uneven microbatches) while the others block in their sends and
+    receives: a fail verdict naming that rank's exception, its peers ended after the World's grace."""
+    p = 3 if 3 in world_sizes else max(world_sizes)
+    if p < 2:
+        pytest.skip("needs two ranks")
+    case = PipelineCase("suites.pipeline.impls:LastStageRaises", "1f1b", p, 2, 1, batch=5, hidden=2, seed=0)
+    per_rank = run_or_fail(world_cache.get(p), run_rank, case, timeout=120, failed=lambda detail: {"failed": detail})
+    verdict = compare(case, single_device(case), per_rank)
+    assert verdict["outcome"] == "fail", verdict
+    assert verdict["detail"].startswith(f"rank {p - 1}: step raised ValueError: uneven microbatches (5 rows in 2) on "
+                                        "the last stage"), verdict["detail"]
+    assert "still inside the code under test" in verdict["detail"], verdict["detail"]

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import pytest
 
+from harness.capabilities import require_dtype
 from harness.resume import mixed
 
 
 @pytest.mark.parametrize("a, zero_a, b, zero_b", [((2, 1, 2), 2, (1, 2, 2), 1), ((1, 2, 2), 0, (4, 1, 1), 2)],
                          ids=["2x1x2-zero2-to-1x2x2-zero1", "1x2x2-zero0-to-4x1x1-zero2"])
 def test_mixed_precision_trainer_resumes_exactly(a, zero_a, b, zero_b, world_cache, tmp_path):
+    require_dtype(world_cache.get(4), "bfloat16")
     per_rank = world_cache.get(4).run(mixed.resume_mixed, str(tmp_path), a, zero_a, b, zero_b, timeout=300)
     problems = [p for r in per_rank for p in r["problems"]]
     assert not problems, problems[:4]

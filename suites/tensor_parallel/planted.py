@@ -19,3 +19,19 @@ class RaisesInFullGrads(ReferenceTensorParallel):
 
     def full_grads(self, kind, sharded, group=None) -> dict:
         raise RuntimeError("gradients not gathered yet")
+
+
+class LastRankRaisesInForward(ReferenceTensorParallel):
+    """Planted: the sharded module's forward raises on the last rank only; the others enter the layer's
+    all-reduce (row) or its backward's (column) and block there."""
+
+    def shard(self, kind, dense, group=None, sequence_parallel=False):
+        import torch.distributed as dist
+
+        sharded = super().shard(kind, dense, group, sequence_parallel)
+        if dist.get_rank(group) == dist.get_world_size(group) - 1:
+            def forward(*args, **kw):
+                raise ValueError("features not divisible on the last rank")
+
+            sharded.forward = forward
+        return sharded

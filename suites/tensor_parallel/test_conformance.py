@@ -15,7 +15,7 @@ from harness import findings
 from harness.contracts.tensor_parallel import KINDS
 from harness.tensor_parallel import case as contract_ranks
 from harness.tensor_parallel import layer_case as ranks
-from harness.world import RankFailure
+from harness.world import run_or_fail
 
 
 def _dims(data, kind: str, n: int, sp: bool) -> tuple[tuple, bool]:
@@ -53,13 +53,12 @@ def _corner_dims(kind: str, n: int, sp: bool, divisible: bool) -> tuple:
 def test_sharded_layer_equals_dense(tensor_parallel_impl, kind, world_cache, world_sizes, conformance):
     def check(n: int, sp: bool, dims: tuple, divisible: bool, seed: int) -> str:
         case = (tensor_parallel_impl, kind, dims, seed, sp)
-        try:
-            per_rank = world_cache.get(n).run(contract_ranks.contract_case, *case)
-        except RankFailure as exc:  # a rank died, or hung in the implementation's collective: its verdict
-            per_rank = [{"refused": None, "unsupported": False, "problems": [str(exc).splitlines()[0]], "case": {}}]
+        per_rank = run_or_fail(world_cache.get(n), contract_ranks.contract_case, *case,
+                               failed=lambda detail: {"refused": None, "unsupported": False, "problems": [detail],
+                                                      "case": {}})
         refused = {r["refused"] for r in per_rank}
         problems = [p for r in per_rank for p in r["problems"]]
-        known = findings.match(tensor_parallel_impl, "tensor_parallel", **per_rank[0]["case"]) if problems else None
+        known = findings.match(tensor_parallel_impl, "tensor_parallel", problems, **per_rank[0]["case"]) if problems else None
         declared = all(r["unsupported"] for r in per_rank)
         outcome = (("unsupported" if declared else "refused") if None not in refused
                    else "known-nonconformance" if known else "fail" if problems else "pass")
@@ -118,3 +117,19 @@ def test_an_implementation_that_raises_is_a_failure_with_its_detail(world_cache,
     per_rank = world_cache.get(n).run(contract_ranks.contract_case, "suites.tensor_parallel.planted:RaisesInFullGrads",
                                       "column", (2, 2, 3, 2 * n), 0, False)
     assert all(r["problems"] == ["full_grads raised RuntimeError: gradients not gathered yet"] for r in per_rank)
+
+
+def test_one_rank_raising_is_a_fail_naming_that_rank(world_cache, world_sizes):
+    """The last rank's forward raises while its peers block in the row layer's all-reduce: the verdict is
+    that rank's exception, its peers ended after the World's grace."""
+    n = 3 if 3 in world_sizes else max(world_sizes)
+    if n < 2:
+        pytest.skip("needs two ranks")
+    per_rank = run_or_fail(world_cache.get(n), contract_ranks.contract_case,
+                           "suites.tensor_parallel.planted:LastRankRaisesInForward", "row", (2, 2, 2 * n, 3), 0, False,
+                           failed=lambda detail: {"problems": [detail]})
+    problems = {p for r in per_rank for p in r["problems"]}
+    assert len(problems) == 1, problems
+    (line,) = problems
+    assert line.startswith(f"rank {n - 1}: the sharded module's forward or backward raised ValueError: features not "
+                           "divisible on the last rank") and "still inside the code under test" in line, line

@@ -17,6 +17,7 @@ import itertools
 import pytest
 
 from harness.threed import case as ranks
+from harness.world import run_or_fail
 from reference.models import GPT
 from reference.topology import ParallelDims
 
@@ -47,8 +48,8 @@ def _cases():
 @pytest.mark.parametrize("n, dims, schedule, zero, checkpointing, accumulation", list(_cases()))
 def test_3d_training_equals_one_device(n, dims, schedule, zero, checkpointing, accumulation, world_cache,
                                        conformance):
-    per_rank = world_cache.get(n).run(ranks.train_3d, *dims, schedule, zero, checkpointing,
-                                      accumulation=accumulation, timeout=300)
+    per_rank = run_or_fail(world_cache.get(n), ranks.train_3d, *dims, schedule, zero, checkpointing,
+                           accumulation=accumulation, timeout=300, failed=ranks.failed)
     assert all(r["refused"] is None for r in per_rank), per_rank[0]["refused"]
     problems = [p for r in per_rank for p in r["problems"]]
     conformance.record("fail" if problems else "pass", suite="3d", world_size=n, dtype="float64",
@@ -57,6 +58,19 @@ def test_3d_training_equals_one_device(n, dims, schedule, zero, checkpointing, a
                        impl="reference", max_rel_err=max(r["worst"] for r in per_rank), detail=" | ".join(problems[:1]))
     assert not problems, problems[:4]
     assert len(per_rank[0]["norms"]) == 3  # every step's norm was compared
+
+
+def test_a_trainer_that_raises_on_one_rank_is_a_fail_naming_that_rank(world_cache, conformance):
+    """The last rank's step raises while its peers block inside their own steps (pipeline sends, TP and DP
+    reductions): the verdict is that rank's exception, recorded as a fail row, not the World's deadline."""
+    per_rank = run_or_fail(world_cache.get(4), ranks.train_3d, 1, 2, 2, "1f1b", 0, False, 2, 0, 0.1, ranks.CLIP,
+                           "last-rank-raises", timeout=300, failed=ranks.failed)
+    problems = sorted({p for r in per_rank for p in r["problems"]})
+    conformance.record("fail" if problems else "pass", suite="3d", world_size=4, dtype="float64",
+                       collective="1x2x2/1f1b/planted-last-rank-raises", impl="reference", detail=" | ".join(problems))
+    assert len(problems) == 1 and problems[0].startswith(
+        "rank 3: step 1 raised ValueError: sequence length 4 not supported on the last rank"), problems
+    assert "still inside the code under test" in problems[0], problems
 
 
 @pytest.mark.parametrize("planted, dims", [("replicated-counted-tp-times", (1, 1, 2)), ("pp-not-reduced", (1, 2, 1)),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 
+from harness.capabilities import require_dtype
 from harness.threed import case as ranks
 from harness.threed import mixed
 from reference.models import GPT
@@ -42,6 +43,7 @@ def _cases():
 @pytest.mark.parametrize("n, dims, schedule, zero, checkpointing, dtype, reduce", list(_cases()))
 def test_mixed_precision_3d_equals_one_device(n, dims, schedule, zero, checkpointing, dtype, reduce, world_cache,
                                               conformance):
+    require_dtype(world_cache.get(n), dtype, conformance, suite="3d-mixed-precision", impl="reference")
     per_rank = world_cache.get(n).run(mixed.train_3d_mixed, *dims, schedule, zero, checkpointing, dtype, reduce,
                                       timeout=300)
     assert all(r["refused"] is None for r in per_rank), per_rank[0]["refused"]
@@ -60,6 +62,7 @@ def test_mixed_precision_3d_equals_one_device(n, dims, schedule, zero, checkpoin
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_planted_missing_average_fails(dtype, world_cache):
+    require_dtype(world_cache.get(2), dtype)
     per_rank = world_cache.get(2).run(mixed.train_3d_mixed, 2, 1, 1, "1f1b", 1, False, dtype, "float32",
                                       planted="missing-average", timeout=300)
     problems = [p for r in per_rank for p in r["problems"]]

@@ -114,3 +114,16 @@ class AveragesMicroStepsTwice(ReferenceZero):
         trainer = _AveragedTwice(model, optimizer, 0, group, bucketed=False, bucket_bytes=1, recipe=recipe)
         trainer.ddp = NaiveDataParallel(model, group)
         return trainer
+
+
+class LastRankStepRaises(ReferenceZero):
+    """Planted: the trainer's step raises on the last rank only; the others block in the gradient reduction."""
+
+    def build(self, model, optimizer, stage, group=None):
+        trainer = super().build(model, optimizer, stage, group)
+        if dist.get_rank(group) == dist.get_world_size(group) - 1:
+            def step(x, y):
+                raise ValueError("bucket size not divisible on the last rank")
+
+            trainer.step = step
+        return trainer

@@ -10,7 +10,7 @@ import itertools
 import pytest
 
 from harness import registry
-from harness.world import RankFailure
+from harness.world import run_or_fail
 from harness.zero import case as ranks
 
 STEPS, PER_RANK = 5, 2
@@ -27,12 +27,8 @@ def test_training_equals_one_device(zero_impl, stage, world_cache, world_sizes, 
     _skip_unless_stage(zero_impl, stage)
     failures = []
     for n, model, opt in itertools.product(world_sizes, ("mlp", "block"), ("sgd", "adam")):
-        try:
-            r = ranks.merge(world_cache.get(n).run(ranks.train_case, zero_impl, stage, model, opt, STEPS, PER_RANK,
-                                                   n, timeout=300))
-        except RankFailure as exc:  # a rank died, or hung in the implementation's collective: its verdict
-            r = {"refused": None, "problems": [str(exc).splitlines()[0]], "worst": float("nan"), "dtype": "",
-                 "numel": ""}
+        r = ranks.merge(run_or_fail(world_cache.get(n), ranks.train_case, zero_impl, stage, model, opt, STEPS,
+                                    PER_RANK, n, timeout=300, failed=ranks.failed))
         case = f"stage {stage}, dp {n}, {model}, {opt}"
         if r["refused"]:
             conformance.record("unsupported" if r["unsupported"] else "refused", suite="zero", world_size=n,
@@ -79,3 +75,16 @@ def test_an_implementation_that_raises_is_a_failure_with_its_detail(world_cache,
                                            PER_RANK, n))
     assert r["problems"] and all("step 1 raised RuntimeError: optimizer state on the wrong device" in p
                                  for p in r["problems"]), r["problems"]
+
+
+def test_one_rank_raising_is_a_fail_naming_that_rank(world_cache, world_sizes):
+    """The last rank's step raises while its peers block in the gradient reduction: the verdict is that
+    rank's exception, its peers ended after the World's grace."""
+    n = max(world_sizes)
+    if n < 2:
+        pytest.skip("needs two ranks")
+    r = ranks.merge(run_or_fail(world_cache.get(n), ranks.train_case, "suites.zero.planted:LastRankStepRaises", 0,
+                                "mlp", "sgd", 2, PER_RANK, n, failed=ranks.failed))
+    assert len(r["problems"]) == 1 and r["problems"][0].startswith(
+        f"rank {n - 1}: step 1 raised ValueError: bucket size not divisible on the last rank"), r["problems"]
+    assert "still inside the code under test" in r["problems"][0], r["problems"]

@@ -15,7 +15,7 @@ import math
 
 import pytest
 
-from harness.world import RankFailure
+from harness.world import run_or_fail
 from harness.zero import case as ranks
 from reference.zero import StepRecipe
 
@@ -36,12 +36,8 @@ def test_accumulation_and_clipping_equal_one_device(zero_impl, stage, world_cach
     n, failures = _dp(world_sizes), []
     for name in SLOW.get(zero_impl, RECIPES):
         recipe = RECIPES[name]
-        try:
-            r = ranks.merge(world_cache.get(n).run(ranks.train_case, zero_impl, stage, "mlp", "sgd", 2, 4, n, None,
-                                                   recipe, timeout=300))
-        except RankFailure as exc:
-            r = {"refused": None, "problems": [str(exc).splitlines()[0]], "worst": float("nan"), "dtype": "",
-                 "numel": "", "checks": []}
+        r = ranks.merge(run_or_fail(world_cache.get(n), ranks.train_case, zero_impl, stage, "mlp", "sgd", 2, 4, n,
+                                    None, recipe, timeout=300, failed=ranks.failed))
         if r["refused"]:
             conformance.record("unsupported" if r["unsupported"] else "refused", suite="zero", world_size=n,
                                collective=f"stage{stage}/mlp/sgd/{name}", impl=zero_impl, detail=r["refused"])
