@@ -5,6 +5,7 @@
     paritybench compare BASELINE NEW [--time-threshold 10%] [--confidence 0.99] [--format text|markdown|json]
     paritybench baseline RUN [RUN ...] --out results/baselines/<name>/
     paritybench impls
+    paritybench test [PARADIGM ...] --impl pkg.mod:obj [pytest args]   # the installed suites, by pytest
     paritybench plan --params 70B --dp 64 --tp 8 --pp 4 --hidden 8192 --heads 64 --layers 80 ...
 
 Every bad input gets one sentence on stderr and exit code 2; never a traceback.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import bench_cli, plan, registry
+from . import bench_cli, plan, registry, suite_cli
 from .calibrate import cli as calibrate_cli
 from .errors import UsageError
 from .gate import cli as gate_cli
@@ -41,6 +42,7 @@ def _build_parser() -> argparse.ArgumentParser:
     sub.add_parser("impls", help="list the registered implementations and whether they can run here")
     plan.add_parser(sub)
     calibrate_cli.add_parser(sub)
+    suite_cli.add_parser(sub)
     s = sub.add_parser("schedule", help="print (and draw) a pipeline schedule and its simulated metrics")
     s.add_argument("name", choices=["gpipe", "1f1b", "interleaved", "zb-h1"])
     s.add_argument("--p", type=int, required=True, help="pipeline ranks")
@@ -96,7 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     from .report import write_report
     from .results import ResultsError
 
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        if argv[:1] == ["test"]:  # pytest's own options follow: not argparse's to parse
+            return suite_cli.run(argv[1:])
         args = _build_parser().parse_args(argv)
         if args.command == "bench":
             return bench_cli.run(args)

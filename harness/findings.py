@@ -37,6 +37,9 @@ class Finding:
     symptom: str = ""
     """A regular expression every line of a failure must contain (``re.search``) for the finding to explain it:
     what differs and how, or the error raised. Empty: the finding explains no failure (it is watched only)."""
+    cause: str = ""
+    """Where the symptom also admits the cause's consequences (a missing gradient, then the weights it did not
+    move): a regular expression at least one line must contain. Empty: the symptom itself."""
     precision: str | None = None
     """Where the finding is a precision (not a wrong result): the dtype the suite's bound uses."""
     handled_by_adapter: str = ""
@@ -56,7 +59,8 @@ class Finding:
     def explains(self, evidence) -> bool:
         """Every line of ``evidence`` (a failure's lines, or one string) shows this finding's symptom."""
         lines = [evidence] if isinstance(evidence, str) else list(evidence)
-        return bool(self.symptom) and bool(lines) and all(re.search(self.symptom, line) for line in lines)
+        return (bool(self.symptom) and all(re.search(self.symptom, line) for line in lines)
+                and any(re.search(self.cause or self.symptom, line) for line in lines))
 
 
 def _not_power_of_two(n: int) -> bool:
@@ -86,8 +90,11 @@ FINDINGS: tuple[Finding, ...] = (
             "checkpointed segment's parameters get no gradient (every layer checkpointed: backward raises).",
             "suites/checkpoint/test_findings.py::test_reentrant_checkpoint_drops_parameter_gradients_when_the_"
             "input_needs_none", {"input_requires_grad": False},
-            symptom=r"^step \d+: parameter \d+ gradient missing$|^forward or backward raised RuntimeError: element 0 of "
-                    r"tensors does not require grad"),
+            symptom=r"^step \d+: (parameter \d+ gradient missing|(weights|momentum) after the optimizer step differ|"
+                    r"(output|input) differs)$|^forward or backward raised RuntimeError: element 0 of tensors does not "
+                    r"require grad",
+            cause=r"^step 1: parameter \d+ gradient missing$|^forward or backward raised RuntimeError: element 0 of "
+                  r"tensors does not require grad"),
     Finding("torch", "collectives", "torch", ("2.13", None),
             "torch.distributed.all_to_all_single with the output aliasing the input returns blocks in the wrong "
             "places on gloo, silently and intermittently (16 of 20 calls wrong at 1 element per block, 2 ranks).",
@@ -125,8 +132,9 @@ FINDINGS: tuple[Finding, ...] = (
             "update is 2^initial_scale_power times too small and no overflow is ever seen, so the scale keeps "
             "growing (mlp, dp 2, initial_scale_power 18: the fp32 masters moved 5e-8 in 3 steps, 1e-2 in fp32).",
             "suites/mixed_precision/test_third_party.py::test_deepspeed_fp16_stage0_never_scales_the_loss",
-            {"precision": "fp16", "stage": 0}, symptom=r"^rank \d+: (parameter \d+ off by [^ ]+ > |loss scaler \{'scale': "
-                                                       r"[0-9.]+, 'skipped': 0\} != one device's )"),
+            {"precision": "fp16", "stage": 0},
+            symptom=r"^rank \d+: (parameter \d+ off by [^ ]+ > |loss scaler \{'scale': [0-9.]+, 'skipped': 0\} "
+                    r"!= one device's )"),
     Finding("deepspeed", "zero", "deepspeed", ("0.19", None),
             "fp16 at ZeRO 1-3: the dynamic loss scale is updated before the gradients are unscaled, so on a step "
             "where the scale grows the gradients are divided by the doubled scale and that update is halved "

@@ -80,6 +80,8 @@ def _impl_specs(config, paradigm: str) -> list[str]:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "world: the test runs ranks on a World")
+    config.addinivalue_line("markers", "checkout: needs a clone of paritybench (docs/, tox.ini): skipped when the "
+                                       "suites run installed")
     config.addinivalue_line("markers", "benchmark: a pytest-benchmark test (opt in: -m benchmark or --benchmark-only)")
     config.addinivalue_line("markers", "paritybench_smoke: the benchmark test that also runs by default")
     config.addinivalue_line("markers", "thorough: part of a larger sweep, run by `tox -e thorough` (the thorough "

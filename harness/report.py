@@ -68,12 +68,15 @@ def plot_busbw(bench, op: str, path: Path) -> bool:
     rows = bench[(bench["suite"] == "collectives") & (bench["op"] == op) & (bench["status"] == "ok")]
     if rows.empty:
         return False
+    from .scaling import impl_colors
+
+    colors = impl_colors(bench["impl"])  # the report-wide colours
     sizes = sorted(rows["world_size"].unique())
     fig, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 3.8), squeeze=False, sharey=True)
     for ax, n in zip(axes[0], sizes, strict=True):
         for impl, g in rows[rows["world_size"] == n].groupby("impl"):
             g = g.sort_values("bytes")
-            ax.plot(g["bytes"], g["busbw_gbps"], marker="o", ms=3, label=impl)
+            ax.plot(g["bytes"], g["busbw_gbps"], marker="o", ms=3, label=impl, color=colors[impl])
         ax.set_xscale("log", base=2)
         ax.set_title(f"{op}, {n} ranks ({rows['backend'].iloc[0]})")
         ax.set_xlabel("size S (bytes)")

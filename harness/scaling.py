@@ -75,25 +75,60 @@ def scaling_section(bench, run_dir, md) -> list[str]:
 
 
 def _plot(table, path) -> bool:
+    import matplotlib.pyplot as plt
+
+    fig = scaling_figure(table)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def scaling_figure(table):
+    """Small multiples: one panel per suite and operation (collective, stage, schedule, layer kind), one
+    line per implementation in its report-wide colour (``impl_colors``) — its largest case, so a panel
+    holds as many lines as implementations — with its ideal dashed in the same colour; the legend outside
+    the panels."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
-    suites = sorted(table["suite"].unique())
-    fig, axes = plt.subplots(1, len(suites), figsize=(5 * len(suites), 3.8), squeeze=False)
-    for ax, suite in zip(axes[0], suites, strict=True):
-        rows = table[table["suite"] == suite]
-        if suite == "collectives":  # one line per collective and implementation: its largest size
-            rows = rows[rows["bytes"] == rows.groupby(["op", "impl"])["bytes"].transform("max")]
-        for (op, impl, _), g in rows.groupby(["op", "impl", "case"]):
-            line = ax.plot(g["world_size"], g["throughput"], marker="o", ms=3, label=f"{op} {impl}")[0]
-            ax.plot(g["world_size"], g["ideal"], ls="--", lw=0.8, color=line.get_color())
-        ax.set_title(f"{suite} ({rows['unit'].iloc[0]}; dashed: ideal)")
-        ax.set_xlabel("world size")
+    colors = impl_colors(table["impl"])
+    size = table["bytes"].fillna(0) if "bytes" in table else 0
+    table = table.assign(_size=size)
+    largest = table[table["_size"] == table.groupby(["suite", "op", "impl"])["_size"].transform("max")]
+    panels = list(largest.groupby(["suite", "op"], sort=True))
+    cols = min(4, len(panels))
+    rows_n = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(3.3 * cols, 2.6 * rows_n + 0.6), squeeze=False)
+    for ax, ((suite, op), rows) in zip(axes.flat, panels, strict=False):
+        for impl, g in rows.groupby("impl"):
+            g = g[g["case"] == g["case"].iloc[-1]].sort_values("world_size")
+            ax.plot(g["world_size"], g["throughput"], marker="o", ms=3, color=colors[impl])
+            ax.plot(g["world_size"], g["ideal"], ls="--", lw=0.8, color=colors[impl])
+        ax.set_title(f"{suite}: {op}", fontsize=8)
+        ax.set_ylabel(rows["unit"].iloc[0], fontsize=7)
+        ax.set_xticks(sorted(rows["world_size"].unique()))
+        ax.tick_params(labelsize=6)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("world size", fontsize=7)
+    handles = [Line2D([], [], color=c, marker="o", ms=3, label=i) for i, c in colors.items()]
+    handles.append(Line2D([], [], color="grey", ls="--", lw=0.8, label="ideal (same colour)"))
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6), fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.6 / (2.6 * rows_n + 0.6), 1, 1))
+    return fig
+
+
+_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+            "#17becf")
+
+
+def impl_colors(impls) -> dict[str, str]:
+    """One colour per implementation, the same in every plot of a report: the sorted names of the run's
+    implementations in the palette's order (a user's ``package.module:object`` included)."""
+    names = sorted({str(i) for i in impls if str(i) not in ("", "nan")})
+    return {name: _PALETTE[k % len(_PALETTE)] for k, name in enumerate(names)}

@@ -18,7 +18,6 @@ timeout, not the World's; a rank that raises still yields ``RankFailure`` with i
 from __future__ import annotations
 
 import os
-import sys
 import traceback
 
 _STATE: dict = {}

@@ -298,7 +298,8 @@ class World:
                               f"{what}{note}; the world will be respawned on the next call).", errors, stuck)
         if verdicts:
             first = min(verdicts)
-            line = verdicts[first] if verdicts[first].startswith(f"rank {first}:") else f"rank {first}: {verdicts[first]}"
+            line = verdicts[first]
+            line = line if line.startswith(f"rank {first}:") else f"rank {first}: {line}"
             raise ImplementationFailure(
                 f"{line} (ranks {sorted(stuck)} of {self.size} were still inside the "
                 f"code under test {_PEER_GRACE_S:g} s later and were ended; the world will be respawned on the "

@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 
 from .. import registry
-from ..timing import summarize
+from ..timing import median_interval, summarize
 
 COMPUTE = ("F", "B", "I", "W")
 
@@ -174,8 +174,11 @@ def run_sweep(cfg: PipelineSweep, get_world, run_dir, progress=sys.stderr) -> in
             if all(r["steps"] and all(r["steps"]) for r in per_rank):
                 measured = median_step_timeline([r["steps"] for r in per_rank])
                 predicted = predicted_timeline(schedule, p, m, v, measured)
+                # the step-to-step spread of the bubble: the interval the planner's bubble is judged within
+                lo, hi, _ = median_interval([measured_timeline(list(step)).bubble_fraction
+                                             for step in zip(*[r["steps"] for r in per_rank], strict=True)])
                 row.update(bubble_measured=measured.bubble_fraction, bubble_predicted=predicted.bubble_fraction,
-                           makespan_predicted_us=predicted.makespan * 1e6)
+                           makespan_predicted_us=predicted.makespan * 1e6, bubble_ci_lo=lo, bubble_ci_hi=hi)
                 stem = f"pipeline_{impl}_{schedule}_p{p}_m{m}"
                 gantt_png(measured, run_dir.path / f"{stem}_measured.png",
                           f"{schedule} p={p} m={m}, measured: bubble {measured.bubble_fraction:.3f}")

@@ -13,6 +13,12 @@ every message — TP activations, pipeline sends, DP gradients — in 2 bytes, t
 clipping at 1.0 (``reference.clipping``: one all-reduce over tp, pp and dp more per step). Rows: ``op``
 ``<dp>x<pp>x<tp>`` with ``dtype`` bfloat16, or ``<dp>x<pp>x<tp>+clip``.
 
+Timing: every layout is timed in ``iters`` interleaved rounds — round 1 steps every layout once, then
+round 2, ... (each rank keeps its trainers between rounds; the first round warms each up) — so that a
+drift of the machine (another job, a thermal step) lands on every layout alike rather than on the ones
+that happened to run late. Every round's step is kept (``samples_us``, the max over ranks); a row carries
+their median and its distribution-free confidence interval (``harness.timing.median_interval``).
+
 On 2 CPU cores 8 ranks are oversubscribed: compare layouts with each other, not with a machine.
 """
 
@@ -24,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 
 _GROUPS: dict = {}  # the process groups of each layout, created once per rank process
+_TRAINERS: dict = {}  # (sweep, layout, variant) -> this rank's trainer and batch, kept between rounds
 
 
 @dataclass
@@ -42,7 +49,9 @@ class ThreeDSweep:
     rows: int = 2
     """Samples per microbatch; microbatches per step = 2 pp (per replica)."""
     iters: int = 3
+    """Interleaved rounds, one timed step of every layout each."""
     warmup: int = 1
+    """Untimed steps of each layout in the first round."""
     layouts: list = field(default_factory=list)
     """(dp, pp, tp) to run; empty: all valid ones."""
     variants: list = field(default_factory=lambda: ["plain"])
@@ -65,15 +74,56 @@ def valid_layouts(cfg: ThreeDSweep) -> list[tuple[int, int, int]]:
 VARIANTS = ("plain", "bf16", "clip")
 
 
-def bench_rank(cfg: ThreeDSweep, dims_t: tuple[int, int, int], variant: str = "plain") -> dict:
+def release_rank() -> None:
+    """Rank side: drop the trainers kept between rounds."""
+    _TRAINERS.clear()
+
+
+def bench_rank(cfg: ThreeDSweep, dims_t: tuple[int, int, int], variant: str = "plain", steps: int | None = None,
+               warmup: int | None = None) -> dict:
+    """Rank side: ``warmup`` untimed and ``steps`` timed steps of the layout's trainer (built on the first
+    call of a sweep, kept for its later rounds); defaults: the sweep's own."""
+    import torch.distributed as dist
+
+    from reference.pipeline.schedule import Action
+    from reference.zero import held_bytes
+    from reference.zero.accounting import optimizer_state_tensors
+
+    key = (repr(cfg), tuple(dims_t), variant)
+    if key not in _TRAINERS:
+        _TRAINERS[key] = _build(cfg, dims_t, variant)
+    trainer, tokens, targets, numel = _TRAINERS[key]
+    steps = cfg.iters if steps is None else steps
+    warmup = cfg.warmup if warmup is None else warmup
+    times, busy, makespan = [], [], []
+    for i in range(warmup + steps):
+        dist.barrier()
+        start = time.perf_counter()
+        trainer.step(tokens, targets)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+            events = trainer.last_events
+            busy.append(sum(end - begin for name, begin, end in events if Action.parse(name).kind in "FBIW"))
+            makespan.append(max((end for _, _, end in events), default=0.0))
+    params = list(trainer.local.parameters())
+    if trainer.mixed:  # fp32 masters count as optimizer state (the ZeRO paper's K)
+        grads, state = trainer.sync.held_grads(), trainer.sync.masters
+    else:
+        grads, state = [p.grad for p in params] + ([trainer.sync.master.grad] if cfg.zero_stage else []), []
+    return {"times": times, "numel": numel, "microbatches": trainer.schedule.num_microbatches,
+            "memory": {"params": held_bytes(params), "grads": held_bytes(grads),
+                       "optimizer": held_bytes(state + optimizer_state_tensors(trainer.optimizer))},
+            "busy": busy, "makespan": makespan}
+
+
+def _build(cfg: ThreeDSweep, dims_t: tuple[int, int, int], variant: str):
     import torch
     import torch.distributed as dist
 
     from reference.compose import parallelize
     from reference.models import GPT
     from reference.topology import ParallelDims, build_groups
-    from reference.zero import OptimizerSpec, held_bytes
-    from reference.zero.accounting import optimizer_state_tensors
+    from reference.zero import OptimizerSpec
 
     dims = ParallelDims(*dims_t)
     if dims not in _GROUPS:
@@ -89,27 +139,7 @@ def bench_rank(cfg: ThreeDSweep, dims_t: tuple[int, int, int], variant: str = "p
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, cfg.vocab, (dims.dp * m * cfg.rows, cfg.seq), generator=gen)
     targets = torch.randint(0, cfg.vocab, tokens.shape, generator=gen)
-    from reference.pipeline.schedule import Action
-
-    times, busy, makespan = [], [], []
-    for i in range(cfg.warmup + cfg.iters):
-        dist.barrier()
-        start = time.perf_counter()
-        trainer.step(tokens, targets)
-        if i >= cfg.warmup:
-            times.append(time.perf_counter() - start)
-            events = trainer.last_events
-            busy.append(sum(end - begin for name, begin, end in events if Action.parse(name).kind in "FBIW"))
-            makespan.append(max((end for _, _, end in events), default=0.0))
-    params = list(trainer.local.parameters())
-    if trainer.mixed:  # fp32 masters count as optimizer state (the ZeRO paper's K)
-        grads, state = trainer.sync.held_grads(), trainer.sync.masters
-    else:
-        grads, state = [p.grad for p in params] + ([trainer.sync.master.grad] if cfg.zero_stage else []), []
-    return {"times": times, "numel": numel, "microbatches": m,
-            "memory": {"params": held_bytes(params), "grads": held_bytes(grads),
-                       "optimizer": held_bytes(state + optimizer_state_tensors(trainer.optimizer))},
-            "busy": busy, "makespan": makespan}
+    return trainer, tokens, targets, numel
 
 
 def run_sweep(cfg: ThreeDSweep, get_world, run_dir, progress=sys.stderr) -> int:
@@ -117,7 +147,7 @@ def run_sweep(cfg: ThreeDSweep, get_world, run_dir, progress=sys.stderr) -> int:
 
     from ..calibrate.predict import gpt_workload, load_profile, planned_columns, predict_step
     from ..plan import Layout, Model, estimate
-    from ..timing import summarize
+    from ..timing import median_interval, summarize
 
     profile = load_profile(cfg.profile)
     work = gpt_workload(cfg.vocab, cfg.hidden, cfg.heads, cfg.ffn, cfg.layers, cfg.seq, cfg.rows)
@@ -126,9 +156,19 @@ def run_sweep(cfg: ThreeDSweep, get_world, run_dir, progress=sys.stderr) -> int:
         raise ValueError(f"variants must be among {', '.join(VARIANTS)}; got {', '.join(unknown) or 'none'}.")
     cases = [(dims, v) for dims in (cfg.layouts or valid_layouts(cfg)) for v in cfg.variants]
     world = get_world(cfg.world_size)
-    for done, (dims, variant) in enumerate(cases, 1):
+    kept: dict = {}  # case -> every round's per-rank results
+    for round_ in range(cfg.iters):
+        for done, case in enumerate(cases, 1):
+            kept.setdefault(case, []).append(world.run(bench_rank, cfg, *case, 1, cfg.warmup if round_ == 0 else 0,
+                                                       timeout=600))
+            print(f"[round {round_ + 1}/{cfg.iters}, {done}/{len(cases)}] 3d {'x'.join(map(str, case[0]))} {case[1]}: "
+                  f"{max(r['times'][0] for r in kept[case][-1]) * 1e3:.1f} ms", file=progress)
+    world.run(release_rank, timeout=60)
+    for dims, variant in cases:
         dp, pp, tp = dims
-        per_rank = world.run(bench_rank, cfg, dims, variant, timeout=600)
+        rounds = kept[(dims, variant)]
+        per_rank = [{k: [x for rnd in rounds for x in rnd[rank][k]] if k in ("times", "busy", "makespan")
+                     else rounds[-1][rank][k] for k in rounds[-1][rank]} for rank in range(cfg.world_size)]
         r0 = per_rank[0]
         low = variant == "bf16"  # bf16 weights and gradients; fp32 master + momentum: K = 8
         states = training_memory(r0["numel"], zero_stage=cfg.zero_stage, dp=dp, tp=tp, pp=pp,
@@ -152,11 +192,13 @@ def run_sweep(cfg: ThreeDSweep, get_world, run_dir, progress=sys.stderr) -> int:
                "comm_bytes_predicted": plan["comm_bytes_per_step"]["total"] if plan else None,
                "detail": f"{cfg.schedule}, zero {cfg.zero_stage}, checkpointing {cfg.checkpointing}",
                **summarize([r["times"] for r in per_rank])}
+        lo, hi, level = median_interval(row["samples_us"])
+        row.update(rounds=cfg.iters, time_ci_lo_us=lo, time_ci_hi_us=hi, time_ci_level=level)
         if profile is not None and variant == "plain":  # the profile predicts the float32 step
             row.update(planned_columns(predict_step(profile, work, dp, pp, tp, cfg.zero_stage, cfg.schedule,
                                                     r0["microbatches"], recompute=cfg.checkpointing)))
         run_dir.append("benchmarks.csv", row)
         planned = f" (planned {row['time_planned_us'] / 1e3:.1f} ms)" if "time_planned_us" in row else ""
-        print(f"[{done}/{len(cases)}] 3d dp={dp} pp={pp} tp={tp} {variant}: {row['time_p50_us'] / 1e3:.1f} ms"
-              f"{planned}", file=progress)
+        print(f"3d dp={dp} pp={pp} tp={tp} {variant}: median {row['time_p50_us'] / 1e3:.1f} ms over {cfg.iters} "
+              f"rounds, [{lo / 1e3:.1f}, {hi / 1e3:.1f}] at {level:.0%}{planned}", file=progress)
     return len(cases)

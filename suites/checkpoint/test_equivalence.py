@@ -26,7 +26,8 @@ def test_checkpointed_gradients_are_bitwise_identical(checkpoint_impl, conforman
             conformance.record("unsupported", suite="checkpoint", world_size=1, collective=policy,
                                impl=checkpoint_impl, detail=str(exc))
             return f"unsupported: {policy}"
-        known = findings.match(checkpoint_impl, "checkpoint", problems, input_requires_grad=input_grad) if problems else None
+        known = (findings.match(checkpoint_impl, "checkpoint", problems, input_requires_grad=input_grad)
+                 if problems else None)
         conformance.record("known-nonconformance" if known else "fail" if problems else "pass", finding=known,
                            suite="checkpoint", world_size=1, dtype=str(dtype).removeprefix("torch."),
                            collective=policy, numel=count * hidden * (hidden + 1), impl=checkpoint_impl,

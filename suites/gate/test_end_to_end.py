@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from harness.cli import main
+
+pytestmark = pytest.mark.checkout  # reads the clone's files or runs its tools
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = ["--ops", "all_reduce,all_gather", "--min-bytes", "1K", "--max-bytes", "4K", "--world-sizes", "2",

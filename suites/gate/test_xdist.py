@@ -15,6 +15,8 @@ import pytest
 from harness.cli import main
 from harness.results import read_run
 
+pytestmark = pytest.mark.checkout  # reads the clone's files or runs its tools
+
 pytest.importorskip("xdist", reason="pytest-xdist is not installed (it comes with the test extra)")
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,6 +17,8 @@ from harness.zero import case as zero_case
 
 from ..collectives.property import verdict
 
+pytestmark = pytest.mark.checkout  # reads the clone's files or runs its tools
+
 EXAMPLES = {"collectives": "docs.examples.gather_collectives:GatherCollectives",
             "pipeline": "docs.examples.gpipe_pipeline:GPipeOnly",
             "tensor_parallel": "docs.examples.column_row_tensor_parallel:ColumnRowOnly",

@@ -6,6 +6,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.checkout  # reads the clone's files or runs its tools
+
 ROOT = Path(__file__).resolve().parents[2]
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 

@@ -31,6 +31,7 @@ EXAMPLES = {
     "test_deepspeed_fp16_halves_the_update_when_the_scale_grows": (
         {"precision": "fp16", "stage": 1, "scale_grew": True}, "rank 1: parameter 0 off by 0.0016 > 0.00014"),
 }
+CONSEQUENCES = ["step 1: weights after the optimizer step differ", "step 2: output differs"]
 OTHER_FAILURES = ["raised ValueError: Type fp16 is not supported on your device.",
                   "rank 0: died with exit code -11", "shard raised RuntimeError: shape mismatch",
                   "weight grad: shape (4, 3) != (3, 4)", "step 2: the caller's RNG state after the step differs"]
@@ -117,6 +118,10 @@ def test_a_finding_explains_only_its_own_symptom(watch, monkeypatch):
     assert findings.match(finding.impl, finding.paradigm, [line], **case) is finding
     assert findings.match(finding.impl, finding.paradigm, line, **case) is finding  # one string
     assert findings.match(finding.impl, finding.paradigm, [], **case) is None  # no evidence, nothing explained
+    if finding.cause:  # the cause's consequences alone are not the finding
+        consequence = next(o for o in CONSEQUENCES if re.search(finding.symptom, o))
+        assert findings.match(finding.impl, finding.paradigm, [consequence], **case) is None, consequence
+        assert findings.match(finding.impl, finding.paradigm, [line, consequence], **case) is finding
     for other in OTHER_FAILURES:
         assert findings.match(finding.impl, finding.paradigm, [other], **case) is None, other
         assert findings.match(finding.impl, finding.paradigm, [line, other], **case) is None, other

@@ -7,6 +7,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.checkout  # reads the clone's files or runs its tools
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -17,6 +17,8 @@ import pytest
 from harness import spmd_runtime as spmd
 from harness.report import write_report
 
+pytestmark = pytest.mark.checkout  # reads the clone's files or runs its tools
+
 ROOT = Path(__file__).resolve().parents[2]
 # torchrun's flags as the docs give them for real nodes (docs/guides/multi-node.md, docs/multinode/slurm.sbatch)
 FLAGS = ("--nnodes", "--nproc-per-node", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id")

@@ -3,8 +3,11 @@ planted set runs in CI after the tests (.ci/run: python -m suites.mutation), not
 
 from __future__ import annotations
 
+import pytest
+
 from suites import mutation
 
+pytestmark = pytest.mark.checkout  # reads the clone's files or runs its tools
 
 def test_runner_flags_a_planted_bug_and_not_a_correct_implementation():
     tests = "suites/collectives/test_conformance.py::test_collective_matches_exact_oracle"

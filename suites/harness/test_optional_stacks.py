@@ -10,8 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from harness import registry
 from harness.registry import ImplSpec
+
+pytestmark = pytest.mark.checkout  # reads the clone's files or runs its tools
 
 ROOT = Path(__file__).resolve().parents[2]
 

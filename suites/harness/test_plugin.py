@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.checkout  # reads the clone's files or runs its tools
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -67,7 +67,8 @@ def test_deepspeed_fp16_against_one_device(stage, steps, world_cache, conformanc
     per_rank = _run(world_cache, "deepspeed-fp16", stage, steps, 14, conformance)
     problems = [p for r in per_rank for p in r["problems"]]
     grew = steps >= 3
-    known = findings.match("deepspeed", "zero", problems, precision="fp16", stage=stage, scale_grew=grew) if problems else None
+    known = (findings.match("deepspeed", "zero", problems, precision="fp16", stage=stage, scale_grew=grew)
+             if problems else None)
     conformance.record("known-nonconformance" if known else "fail" if problems else "pass", finding=known,
                        suite="mixed_precision", world_size=2, dtype="float16", collective=f"deepspeed/stage{stage}",
                        impl="deepspeed", max_rel_err=max(r["worst"] for r in per_rank), detail=" | ".join(problems[:1]))

@@ -97,6 +97,46 @@ def test_planner_summary():
     assert s["planned_first"] == "b" and s["top1_gap"] == pytest.approx(1.0) and s["measured_best"] == "a"
 
 
+def test_resolved_pairs_judge_only_what_the_measurement_orders():
+    """a and b overlap (unresolved); c is resolved from both; the plan orders (a, c) as measured and (b, c)
+    the other way: tau 0 over 2 resolved pairs; a and b are tied for best, so the plan's first (b) is met
+    although its median is not the best."""
+    import pandas as pd
+
+    from harness.calibrate.report import resolved_summary
+
+    rows = pd.DataFrame({"op": ["a", "b", "c"], "time_p50_us": [100.0, 105.0, 300.0],
+                         "time_ci_lo_us": [90.0, 95.0, 280.0], "time_ci_hi_us": [110.0, 120.0, 320.0],
+                         "time_ci_level": [0.9375] * 3, "time_planned_us": [200.0, 90.0, 150.0]})
+    r = resolved_summary(rows)
+    assert (r["pairs"], r["unresolved"], r["concordant"], r["discordant"]) == (3, 1, 1, 1)
+    assert r["kendall"] == 0.0 and r["tied_for_best"] == ["a", "b"] and r["planned_first"] == "b" and r["first_tied"]
+    rows["time_ci_hi_us"] = [400.0] * 3  # nothing resolved: nothing judged
+    r = resolved_summary(rows)
+    assert r["kendall"] is None and r["unresolved"] == 3 and r["tied_for_best"] == ["a", "b", "c"]
+    assert resolved_summary(rows.drop(columns=["time_ci_lo_us"])) == {}  # a run without intervals
+
+
+def test_bubble_judgement():
+    from harness.calibrate.report import bubble_judgement
+
+    row = {"bubble_measured": 0.40, "bubble_ci_lo": 0.30, "bubble_ci_hi": 0.55}
+    assert bubble_judgement({**row, "bubble_planned": 0.45}) == "within"  # 12.5 % off
+    assert bubble_judgement({**row, "bubble_planned": 0.52}) == "unresolved"  # 30 % off, inside the spread
+    assert bubble_judgement({**row, "bubble_planned": 0.60}) == "missed"
+    assert bubble_judgement({"bubble_measured": 0.4, "bubble_planned": 0.6}) == "missed"  # no interval recorded
+
+
+def test_median_interval_coverage():
+    from harness.timing import median_interval
+
+    assert median_interval([5.0, 1.0, 3.0, 2.0, 4.0]) == (1.0, 5.0, 0.9375)
+    assert median_interval([float(i) for i in range(10)]) == (1.0, 8.0, pytest.approx(0.978515625))
+    lo, hi, level = median_interval([float(i) for i in range(40)], 0.95)
+    assert level >= 0.95 and (lo, hi) == (13.0, 26.0)  # n = 40: the 14th and 27th order statistics
+    assert median_interval([2.0, 1.0]) == (1.0, 2.0, 0.5)  # too few for 90 %: the coverage it has
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--backend", "nccl"], "measured on backend 'gloo', the plan asks for 'nccl'"),
     (["--dp", "4"], "measured at world size(s) 8, the plan asks for 4 ranks"),

@@ -58,7 +58,8 @@ def test_sharded_layer_equals_dense(tensor_parallel_impl, kind, world_cache, wor
                                                       "case": {}})
         refused = {r["refused"] for r in per_rank}
         problems = [p for r in per_rank for p in r["problems"]]
-        known = findings.match(tensor_parallel_impl, "tensor_parallel", problems, **per_rank[0]["case"]) if problems else None
+        known = (findings.match(tensor_parallel_impl, "tensor_parallel", problems, **per_rank[0]["case"])
+                 if problems else None)
         declared = all(r["unsupported"] for r in per_rank)
         outcome = (("unsupported" if declared else "refused") if None not in refused
                    else "known-nonconformance" if known else "fail" if problems else "pass")

@@ -27,9 +27,27 @@ def test_3d_sweep_and_report(world_cache, tmp_path):
     # every layout carries the planner's prediction, equal to its parts
     parts = rows[[f"plan_{k}_us" for k in ("compute", "tp", "pp", "bubble", "dp", "sync")]].sum(axis=1)
     assert (rows["time_planned_us"] > 0).all() and ((parts - rows["time_planned_us"]).abs() < 1e-6).all()
+    # interleaved rounds: every round's step kept, the median inside its interval at the stated coverage
+    assert (rows["rounds"] == 2).all() and (rows["time_ci_level"] == 0.5).all()
+    assert ((rows["time_ci_lo_us"] <= rows["time_p50_us"]) & (rows["time_p50_us"] <= rows["time_ci_hi_us"])).all()
     report = write_report(run.path).read_text()
     assert "## 3D layouts: measured beside predicted" in report and "Spearman rank correlation" in report
+    assert "layout pairs have measured intervals at 50% confidence that do not overlap" in report
+    assert "tied for best" in report
     assert "### Mixed precision and clipping per layout" not in report  # opt-in variants only
+
+
+def test_rounds_interleave_the_layouts(world_cache, tmp_path):
+    """Round 1 steps every layout once, then round 2: the progress lines name layouts in that order."""
+    import io
+
+    cfg = ThreeDSweep(world_size=2, vocab=13, hidden=16, heads=8, ffn=32, layers=2, seq=4, rows=1, iters=3, warmup=1,
+                      layouts=[(2, 1, 1), (1, 2, 1)])
+    progress = io.StringIO()
+    run_sweep(cfg, world_cache.get, RunDir(tmp_path, {"suite": "3d"}), progress=progress)
+    lines = [line for line in progress.getvalue().splitlines() if line.startswith("[round")]
+    order = [line.split("] 3d ")[1].split()[0] for line in lines]
+    assert order == ["2x1x1", "1x2x1"] * 3, order
 
 
 def test_3d_variants_rows_and_memory(world_cache, tmp_path):
