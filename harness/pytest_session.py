@@ -50,6 +50,9 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     params = getattr(getattr(item, "callspec", None), "params", {})
     report.user_properties.append(("paritybench_impls", sorted(v for k, v in params.items() if k.endswith("_impl"))))
+    parts = Path(str(item.path)).parts  # the folder under suites/, cloned or installed (site-packages/suites/...)
+    if "suites" in parts[:-1]:
+        report.user_properties.append(("paritybench_suite", parts[len(parts) - 1 - parts[::-1].index("suites") + 1]))
     if call.excinfo is not None and call.excinfo.errisinstance(HarnessError):
         report.user_properties.append(("paritybench_harness_error", True))
 
@@ -70,8 +73,7 @@ class _Accounting:
             config._paritybench_exercised.update(props.get("paritybench_impls", []))
         if props.get("paritybench_harness_error") and report.nodeid not in config._paritybench_harness_errors:
             config._paritybench_harness_errors.append(report.nodeid)
-        parts = report.nodeid.split("/")
-        suite = parts[1] if len(parts) > 2 and parts[0] == "suites" else parts[0].split("::")[0]
+        suite = props.get("paritybench_suite") or report.nodeid.split("::")[0]
         config._paritybench_seconds[suite] = config._paritybench_seconds.get(suite, 0.0) + report.duration
 
 

@@ -42,7 +42,9 @@ def run(argv: list[str]) -> int:
         print(f"\nparadigms: {', '.join(PARADIGMS)}")
         return 0
     plugins = [] if _plugin_loaded() else ["harness.pytest_plugin"]
-    return int(pytest.main([*pytest_args(argv), *[a for p in plugins for a in ("-p", p)]]))
+    # harness is imported already (this command): pytest cannot rewrite its asserts, and need not
+    quiet = ["-W", "ignore::pytest.PytestAssertRewriteWarning"]
+    return int(pytest.main([*pytest_args(argv), *[a for p in plugins for a in ("-p", p)], *quiet]))
 
 
 def _plugin_loaded() -> bool:

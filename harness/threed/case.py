@@ -197,8 +197,8 @@ def _train_one_device(model: GPT, tokens, targets, steps: int, clip) -> dict:
 def failed(detail: str) -> dict:
     """A rank's result where the trainer failed (its own exception, or the World's verdict of a call that
     failed: ``harness.world.run_or_fail``)."""
-    return {"refused": None, "worst": math.inf, "bound": math.nan, "problems": [detail], "losses": [], "want": [],
-            "norms": []}
+    return {"refused": None, "error": detail, "worst": math.inf, "bound": math.nan, "problems": [detail], "losses": [],
+            "want": [], "norms": []}
 
 
 def against_one_device(model: GPT, trainer, batch: int, world: int, steps: int, seed: int, pairs,

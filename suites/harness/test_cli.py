@@ -80,3 +80,14 @@ def test_impls_lists_every_builtin(capsys):
     out = capsys.readouterr().out
     for name in ("reference", "reference-rhd", "reference-tree", "reference-naive", "torch"):
         assert f" {name} " in out
+
+
+def test_paritybench_test_maps_paradigms_to_the_installed_suites(capsys):
+    from harness.suite_cli import PARADIGMS, pytest_args
+
+    assert pytest_args(["collectives", "zero", "--impl", "m:o", "-x"]) == [
+        "--pyargs", "suites.collectives", "suites.zero", "--impl", "m:o", "-x"]
+    assert pytest_args(["--impl", "m:o"]) == ["--pyargs", *[f"suites.{p}" for p in PARADIGMS], "--impl", "m:o"]
+    assert main(["test", "collectivez", "--impl", "m:o"]) == 2
+    err = capsys.readouterr().err
+    assert "'collectivez' is not a paradigm suite" in err and err.count("\n") == 1
