@@ -51,3 +51,17 @@ def threads() -> tuple[int, str]:
 
 def unpicklable_result():
     return lambda: None
+
+
+def verdict_on(rank: int, peers_join: bool = False) -> dict:
+    """``rank`` catches the code under test's failure (its verdict) and returns; the others block in a
+    barrier it never joins — unless ``peers_join``: then it joins late and everyone returns."""
+    from harness.rank import failed_in_implementation
+
+    if dist.get_rank() == rank:
+        detail = failed_in_implementation(f"rank {rank}: raised ValueError: odd length 1")
+        if peers_join:
+            dist.barrier()
+        return {"problems": [detail]}
+    dist.barrier()
+    return {"problems": []}

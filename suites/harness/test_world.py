@@ -11,7 +11,7 @@ import time
 import pytest
 
 from harness import spmd_runtime as spmd
-from harness.world import RankFailure, World, WorldTimeout
+from harness.world import ImplementationFailure, RankFailure, World, WorldTimeout, run_or_fail, verdict_of
 
 from . import ranks
 
@@ -44,6 +44,32 @@ def test_rank_that_raises_is_named_with_its_traceback(world3):
     assert sorted(info.value.stuck) == [0, 2]  # they waited in the barrier and show where
     assert "barrier" in info.value.stuck[0]
     assert world3.run(ranks.rank_and_sum)[0] == (0, N, 3.0)  # the same World object works again
+
+
+def test_rank_failing_in_the_implementation_ends_its_stuck_peers_with_its_verdict(world3):
+    """A rank that has its verdict from the code under test's failure returns; its peers, blocked inside
+    the code under test, are ended after the grace (not at the deadline, 600 s here) and the verdict is
+    that rank's failure, with their stacks and the results that did come back."""
+    with pytest.raises(ImplementationFailure) as info:
+        world3.run(ranks.verdict_on, 2, timeout=600)
+    first = str(info.value).splitlines()[0]
+    assert first.startswith("rank 2: raised ValueError: odd length 1 (ranks [0, 1] of 3 were still inside"), first
+    assert verdict_of(info.value) == first and info.value.ranks == [2] and sorted(info.value.stuck) == [0, 1]
+    assert "barrier" in info.value.stuck[0] and info.value.results == {2: {"problems": [first.split(" (")[0]]}}
+    assert world3.run(ranks.rank_and_sum)[0] == (0, N, 3.0)  # respawned, usable
+    # where the peers return after all, the call returns every result (the verdicts are in them)
+    got = world3.run(ranks.verdict_on, 2, True, timeout=600)
+    assert got[2] == {"problems": ["rank 2: raised ValueError: odd length 1"]} and got[0] == {"problems": []}
+    per_rank = run_or_fail(world3, ranks.verdict_on, 1, failed=lambda detail: {"failed": detail})
+    assert len(per_rank) == N and all(r == per_rank[0] for r in per_rank)
+    assert per_rank[0]["failed"].startswith("rank 1: raised ValueError: odd length 1 (ranks [0, 2] of 3 were still")
+
+
+def test_a_raising_rank_is_named_with_its_exception_in_the_first_line(world3):
+    with pytest.raises(RankFailure) as info:
+        world3.run(ranks.raise_on, 1, timeout=60)
+    assert verdict_of(info.value).startswith("rank 1: ValueError: planted failure on rank 1 (rank(s) [1] of 3 "
+                                             "raised during raise_on; ranks [0, 2] were stuck waiting for them")
 
 
 def test_failure_with_a_collective_in_flight_leaves_no_stale_bytes(world3):
