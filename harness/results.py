@@ -38,7 +38,7 @@ BENCHMARK_COLUMNS = COMMON + [
     "time_p50_us", "time_p95_us", "time_min_us", "time_max_us", "time_mean_us", "time_cv",
     "algbw_gbps", "busbw_gbps", "wrong", "status", "detail",
     "microbatches", "virtual_stages", "bubble_measured", "bubble_predicted", "makespan_predicted_us",
-    "bubble_simulated",
+    "bubble_simulated", "bubble_ci_lo", "bubble_ci_hi", "rounds", "time_ci_lo_us", "time_ci_hi_us", "time_ci_level",
     "comm_bytes_measured", "comm_bytes_predicted",
     "zero_stage", "mem_params_bytes", "mem_grads_bytes", "mem_optimizer_bytes",
     "mem_params_predicted", "mem_grads_predicted", "mem_optimizer_predicted",
