@@ -84,7 +84,7 @@ def _plot(table, path) -> bool:
 
 
 def scaling_figure(table):
-    """Small multiples: one panel per suite and operation (collective, stage, schedule, layer kind), one
+    """Small multiples: one panel per suite, operation (collective, stage, schedule, layer kind) and dtype, one
     line per implementation in its report-wide colour (``impl_colors``) — its largest case, so a panel
     holds as many lines as implementations — with its ideal dashed in the same colour; the legend outside
     the panels."""
@@ -97,17 +97,19 @@ def scaling_figure(table):
     colors = impl_colors(table["impl"])
     size = table["bytes"].fillna(0) if "bytes" in table else 0
     table = table.assign(_size=size)
-    largest = table[table["_size"] == table.groupby(["suite", "op", "impl"])["_size"].transform("max")]
-    panels = list(largest.groupby(["suite", "op"], sort=True))
+    largest = table[table["_size"] == table.groupby(["suite", "op", "dtype", "impl"], dropna=False)["_size"]
+                    .transform("max")]
+    panels = list(largest.groupby(["suite", "op", "dtype"], sort=True, dropna=False))
     cols = min(4, len(panels))
     rows_n = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows_n, cols, figsize=(3.3 * cols, 2.6 * rows_n + 0.6), squeeze=False)
-    for ax, ((suite, op), rows) in zip(axes.flat, panels, strict=False):
+    for ax, ((suite, op, dtype), rows) in zip(axes.flat, panels, strict=False):
         for impl, g in rows.groupby("impl"):
             g = g[g["case"] == g["case"].iloc[-1]].sort_values("world_size")
             ax.plot(g["world_size"], g["throughput"], marker="o", ms=3, color=colors[impl])
             ax.plot(g["world_size"], g["ideal"], ls="--", lw=0.8, color=colors[impl])
-        ax.set_title(f"{suite}: {op}", fontsize=8)
+        ax.set_title(f"{suite}: {op}" + ("" if dtype in ("float32", None) or dtype != dtype else f" ({dtype})"),
+                     fontsize=8)
         ax.set_ylabel(rows["unit"].iloc[0], fontsize=7)
         ax.set_xticks(sorted(rows["world_size"].unique()))
         ax.tick_params(labelsize=6)
