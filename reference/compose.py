@@ -1,8 +1,10 @@
-"""3D parallelism: one GPT (reference.models) trained over data x pipeline x tensor parallel ranks.
+"""3D parallelism: one model of the GPT or the Llama family (reference.models) trained over data x pipeline
+x tensor parallel ranks.
 
 ``parallelize(model, dims, schedule, zero_stage, checkpointing, ...)`` applies, in torchtitan's order:
-1. tensor parallelism to each piece (vocabulary-parallel embedding and LM head with its cross-entropy,
-   attention heads and MLP split over the TP group; LayerNorms replicated);
+1. tensor parallelism to each piece (vocabulary-parallel embedding and LM head with its cross-entropy;
+   each block split as its family says, ``reference.models.sharding.tp_block``: attention heads and MLP
+   split over the TP group, norms replicated, a Llama's KV heads split or replicated);
 2. activation checkpointing of every block (``reference.checkpoint``; recomputation reruns the block's
    TP collectives, in the same order on every TP rank);
 3. the pipeline split: pp * v stages of contiguous blocks (v = 2 for the interleaved schedule), stage s
@@ -42,12 +44,11 @@ from .dropout import DropoutKey, KeyedDropout
 from .mixed_precision import DynamicLossScaler, MixedPrecisionZero
 from .mixed_precision.zero import LOW
 from .models import GPT
+from .models.sharding import counted_here, tp_block
 from .pipeline.generators import generate
 from .pipeline.runtime import PipelineRuntime
 from .tensor_parallel import (
-    ParallelAttention,
     ParallelLMHead,
-    ParallelMLP,
     VocabParallelEmbedding,
     tp_sharded_parameters,
 )
@@ -55,19 +56,6 @@ from .topology import ParallelDims, all_reduce_over, build_groups, coordinates
 from .zero import OptimizerSpec, ShardedOptimizer, StepRecipe
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
-
-
-class ParallelGPTBlock(nn.Module):
-    def __init__(self, block, tp_group):
-        super().__init__()
-        self.ln1, self.ln2 = copy.deepcopy(block.ln1), copy.deepcopy(block.ln2)
-        self.attn = ParallelAttention.from_dense(block.attn, tp_group)
-        self.mlp = ParallelMLP.from_dense(block.fc1, block.fc2, tp_group)
-        self.drop_attn, self.drop_mlp = copy.deepcopy(block.drop_attn), copy.deepcopy(block.drop_mlp)
-
-    def forward(self, x):
-        x = x + self.drop_attn(self.attn(self.ln1(x).transpose(0, 1)).transpose(0, 1))
-        return x + self.drop_mlp(self.mlp(self.ln2(x)))
 
 
 class Stage(nn.Module):
@@ -109,7 +97,7 @@ def shard_stages(model: GPT, dims: ParallelDims, rank: int, tp_group, virtual: i
     groups = [range(bounds[s], bounds[s + 1]) for s in range(num_stages)]
     stages = {}
     for s in range(pp_rank, num_stages, dims.pp):
-        blocks = [ParallelGPTBlock(model.blocks[i], tp_group) for i in groups[s]]
+        blocks = [tp_block(model.blocks[i], tp_group) for i in groups[s]]
         blocks = [Checkpointed(b) for b in blocks] if checkpointing else blocks
         last = s == num_stages - 1
         stages[s] = Stage(blocks, VocabParallelEmbedding.from_dense(model.embed, tp_group) if s == 0 else None,
@@ -265,7 +253,7 @@ class Parallel3D:
         """What ``clip_grad_norm_`` needs: this rank's gradient holders and which are split where. ZeRO 0:
         the local parameters; ZeRO 1/2: the rank's flat shard, with the elements of parameters replicated
         over TP counted on TP rank 0 only."""
-        split = {id(p) for p in tp_sharded_parameters(self.local)}
+        split = {id(p) for p in tp_sharded_parameters(self.local) + counted_here(self.local)}
         last = self.schedule.num_stages - 1
         copy_ = {id(self.stages[last].head.weight)} if self.tied and last in self.stages else set()
         if self.zero_stage == 0 and not self.mixed:  # a tied head is the embedding's copy: counted once, there

@@ -1,4 +1,5 @@
-"""Small models the suites train, defined once: batch-first (batch, ..., features) activations."""
+"""The GPT family on one device (and the small models the ZeRO and pipeline suites train): batch-first
+(batch, ..., features) activations."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .dropout import DropoutKey, KeyedDropout
+from ..dropout import DropoutKey, KeyedDropout
 
 
 def mlp(sizes: tuple[int, ...] = (4, 5, 3), dtype=torch.float64) -> nn.Sequential:
@@ -48,7 +49,7 @@ class GPTBlock(nn.Module):
     def __init__(self, hidden: int, heads: int, ffn: int, dtype=torch.float64, dropout: float = 0.0,
                  key: DropoutKey | None = None, layer: int = 0):
         super().__init__()
-        from .tensor_parallel import DenseAttention
+        from ..tensor_parallel import DenseAttention
 
         key = key if key is not None else DropoutKey()
         self.ln1, self.ln2 = nn.LayerNorm(hidden, dtype=dtype), nn.LayerNorm(hidden, dtype=dtype)
@@ -90,6 +91,6 @@ class GPT(nn.Module):
         return self.head(self.ln_f(x))
 
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        from .tensor_parallel.vocab import fp32_logits  # the LM head's rule: low precision in fp32
+        from ..tensor_parallel.vocab import fp32_logits  # the LM head's rule: low precision in fp32
 
         return F.cross_entropy(fp32_logits(self(tokens)).flatten(0, 1), targets.flatten())

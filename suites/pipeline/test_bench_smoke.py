@@ -25,7 +25,7 @@ def test_pipeline_sweep_rows_plots_and_report(world_cache, world_sizes, tmp_path
     assert len(timed) == 6 and timed["bubble_measured"].between(0, 1).all()
     assert timed["bubble_predicted"].between(0, 1).all() and (timed["time_p50_us"] > 0).all()
     # the step-to-step interval of the bubble the planner is judged within
-    assert ((timed["bubble_ci_lo"] <= timed["bubble_measured"]) & (timed["bubble_measured"] <= timed["bubble_ci_hi"])).all()
+    assert timed["bubble_measured"].between(timed["bubble_ci_lo"], timed["bubble_ci_hi"]).all()
     # the deterministic figure the gate compares exactly: GPipe's unit-cost bubble is (p - 1) / (m + p - 1)
     gpipe = timed[timed["op"] == "gpipe"]
     assert sorted(gpipe["bubble_simulated"]) == [pytest.approx(1 / 4), pytest.approx(1 / 2)]

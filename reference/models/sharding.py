@@ -1,0 +1,153 @@
+"""How each family's block splits over a tensor-parallel group — beside the families, not inside the stack
+(``reference.compose`` asks ``tp_block`` for the block of whichever family it trains).
+
+- GPT: attention heads and the GELU MLP split (``ParallelAttention``, ``ParallelMLP``), LayerNorms and
+  dropout replicated.
+- Llama: query heads split; key/value heads split where tp divides kv_heads, and where kv_heads < tp
+  (tp a multiple of it) each KV head is **replicated** over the tp / kv_heads ranks whose query heads read
+  it — its gradient summed over those replicas in backward (Megatron and vLLM do this; a missing sum is a
+  classic silent bug); SwiGLU's gate and up column-parallel, down row-parallel; RMSNorms replicated. A tp
+  that neither divides nor is a multiple of kv_heads is refused in one sentence.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ..tensor_parallel import ColumnParallelLinear, ParallelAttention, ParallelMLP, RowParallelLinear
+from ..tensor_parallel.mappings import copy_to_region
+from .gpt import GPTBlock
+from .llama import LlamaBlock, attend_gqa
+
+
+class ParallelGPTBlock(nn.Module):
+    def __init__(self, block: GPTBlock, tp_group):
+        super().__init__()
+        self.ln1, self.ln2 = copy.deepcopy(block.ln1), copy.deepcopy(block.ln2)
+        self.attn = ParallelAttention.from_dense(block.attn, tp_group)
+        self.mlp = ParallelMLP.from_dense(block.fc1, block.fc2, tp_group)
+        self.drop_attn, self.drop_mlp = copy.deepcopy(block.drop_attn), copy.deepcopy(block.drop_mlp)
+
+    def forward(self, x):
+        x = x + self.drop_attn(self.attn(self.ln1(x).transpose(0, 1)).transpose(0, 1))
+        return x + self.drop_mlp(self.mlp(self.ln2(x)))
+
+
+class _SumOverReplicas(torch.autograd.Function):
+    """forward: identity (this rank's copy of KV head ``slot``); backward: the sum of the gradients of
+    every replica of that head — a TP all-reduce of a kv_heads-slot buffer in which each rank writes its
+    own head's slot (replicas of one head write the same slot: they add up)."""
+
+    @staticmethod
+    def forward(ctx, weight, slot: int, slots: int, group):
+        ctx.slot, ctx.slots, ctx.group = slot, slots, group
+        return weight.view_as(weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        rows = grad.shape[0]
+        full = grad.new_zeros((ctx.slots * rows, *grad.shape[1:]))
+        full[ctx.slot * rows:(ctx.slot + 1) * rows] = grad
+        dist.all_reduce(full, group=ctx.group)
+        return full[ctx.slot * rows:(ctx.slot + 1) * rows].clone(), None, None, None
+
+
+class ParallelGQAttention(nn.Module):
+    """Grouped-query attention over a TP group: this rank's heads / tp query heads and the KV heads they
+    read. Communication per layer: the input's copy_to_region (an all-reduce of the input gradient in
+    backward), the row-parallel output's all-reduce forward, and where KV heads are replicated one
+    all-reduce of kv_heads x head_dim x hidden per K and V weight in backward."""
+
+    def __init__(self, dense, group):
+        super().__init__()
+        tp, r = dist.get_world_size(group), dist.get_rank(group)
+        heads, kv = dense.heads, dense.kv_heads
+        if heads % tp:
+            raise ValueError(f"tp ({tp}) must divide the attention heads ({heads}).")
+        if kv % tp and tp % kv:
+            raise ValueError(f"tp ({tp}) must divide kv_heads ({kv}) or be a multiple of it (each KV head then "
+                             f"replicated tp / kv_heads times); {tp} and {kv} are neither.")
+        self.group, self.theta, self.head_dim = group, dense.theta, dense.head_dim
+        self.local_heads, self.kv_slots = heads // tp, kv
+        self.q = ColumnParallelLinear.from_dense(dense.q, group)
+        self.o = RowParallelLinear.from_dense(dense.o, group)
+        self.replicas = tp // kv if kv < tp else 1
+        """How many TP ranks hold each KV head (1: the KV heads are split, not replicated)."""
+        if self.replicas == 1:
+            self.k, self.v = (ColumnParallelLinear.from_dense(lin, group) for lin in (dense.k, dense.v))
+            self.local_kv, self.slot = kv // tp, None
+        else:  # this rank's query heads all read KV head r // replicas: hold a copy of its rows
+            self.slot, self.local_kv, d = r // self.replicas, 1, dense.head_dim
+            rows = slice(self.slot * d, (self.slot + 1) * d)
+            self.k, self.v = (nn.Linear(lin.in_features, d, bias=False, dtype=lin.weight.dtype,
+                                        device=lin.weight.device) for lin in (dense.k, dense.v))
+            with torch.no_grad():
+                self.k.weight.copy_(dense.k.weight[rows])
+                self.v.weight.copy_(dense.v.weight[rows])
+            self.k.weight.kv_replica_first = self.v.weight.kv_replica_first = r % self.replicas == 0
+
+    def _kv_weight(self, lin) -> torch.Tensor:
+        if self.replicas == 1:
+            return lin.weight
+        return _SumOverReplicas.apply(lin.weight, self.slot, self.kv_slots, self.group)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        x = copy_to_region(x, self.group)
+
+        def heads_of(t, n):
+            return t.view(b, s, n, self.head_dim).transpose(1, 2)
+
+        q = heads_of(F.linear(x, self.q.weight), self.local_heads)
+        k = heads_of(F.linear(x, self._kv_weight(self.k)), self.local_kv)
+        v = heads_of(F.linear(x, self._kv_weight(self.v)), self.local_kv)
+        return self.o(attend_gqa(q, k, v, positions, self.theta))
+
+
+class ParallelSwiGLU(nn.Module):
+    """gate and up column-parallel (this rank's ffn / tp), down row-parallel: one all-reduce forward (the
+    output) and one backward (the input)."""
+
+    def __init__(self, dense, group):
+        super().__init__()
+        self.group = group
+        self.gate, self.up = (ColumnParallelLinear.from_dense(lin, group) for lin in (dense.gate, dense.up))
+        self.down = RowParallelLinear.from_dense(dense.down, group)
+
+    def forward(self, x):
+        x = copy_to_region(x, self.group)
+        return self.down(F.silu(F.linear(x, self.gate.weight)) * F.linear(x, self.up.weight))
+
+
+class ParallelLlamaBlock(nn.Module):
+    def __init__(self, block: LlamaBlock, tp_group):
+        super().__init__()
+        self.attn_norm, self.mlp_norm = copy.deepcopy(block.attn_norm), copy.deepcopy(block.mlp_norm)
+        self.attn = ParallelGQAttention(block.attn, tp_group)
+        self.mlp = ParallelSwiGLU(block.mlp, tp_group)
+
+    def forward(self, x, positions: torch.Tensor | None = None):
+        positions = positions if positions is not None else torch.arange(x.shape[1], device=x.device)
+        x = x + self.attn(self.attn_norm(x), positions)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+def tp_block(block: nn.Module, tp_group) -> nn.Module:
+    """``block`` of any family, split over ``tp_group``."""
+    if isinstance(block, LlamaBlock):
+        return ParallelLlamaBlock(block, tp_group)
+    if isinstance(block, GPTBlock):
+        return ParallelGPTBlock(block, tp_group)
+    raise ValueError(f"no tensor-parallel split for a {type(block).__name__}: the stack trains the gpt and llama "
+                     "families.")
+
+
+def counted_here(module: nn.Module) -> list[nn.Parameter]:
+    """Parameters replicated over part of the TP group (a KV head's copies) that this rank counts — once
+    per head, on its first replica — in a global gradient norm."""
+    return [p for p in module.parameters() if getattr(p, "kv_replica_first", False)]
