@@ -96,6 +96,8 @@ BUILTINS: dict[tuple[str, str], ImplSpec] = {
         ImplSpec("torch", "pipeline", "harness.adapters.torch_pipeline:TorchPipeline",
                  requires=("torch.distributed.pipelining",),
                  description="torch.distributed.pipelining schedules with PipelineStage"),
+        ImplSpec("reference", "stack", "harness.adapters.reference_stack:ReferenceStack",
+                 description="ours: reference.compose.Parallel3D (TP, pipeline, DP / ZeRO 0-2), GPT and Llama"),
     ]
 }
 

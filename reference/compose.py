@@ -103,7 +103,7 @@ def shard_stages(model: GPT, dims: ParallelDims, rank: int, tp_group, virtual: i
         stages[s] = Stage(blocks, VocabParallelEmbedding.from_dense(model.embed, tp_group) if s == 0 else None,
                           copy.deepcopy(model.ln_f) if last else None,
                           ParallelLMHead.from_dense(model.head, tp_group) if last else None,
-                          drop_embed=copy.deepcopy(model.drop_embed) if s == 0 else None)
+                          drop_embed=copy.deepcopy(getattr(model, "drop_embed", None)) if s == 0 else None)
     key = DropoutKey(model.dropout_key.seed)  # one key for every dropout of this rank's stages
     for stage in stages.values():
         for mod in stage.modules():

@@ -9,11 +9,12 @@ from reference.errors import Unsupported
 from .checkpoint import Checkpointing
 from .collectives import Collectives
 from .pipeline import Pipeline
+from .stack import Stack, StackTrainer
 from .tensor_parallel import TensorParallel
 from .zero import Zero, ZeroTrainer
 
 CONTRACTS = {"checkpoint": Checkpointing, "collectives": Collectives, "pipeline": Pipeline,
-             "tensor_parallel": TensorParallel, "zero": Zero}
+             "tensor_parallel": TensorParallel, "zero": Zero, "stack": Stack}
 
-__all__ = ["CONTRACTS", "Checkpointing", "Collectives", "Pipeline", "TensorParallel", "Unsupported", "Zero",
-           "ZeroTrainer"]
+__all__ = ["CONTRACTS", "Checkpointing", "Collectives", "Pipeline", "Stack", "StackTrainer", "TensorParallel",
+           "Unsupported", "Zero", "ZeroTrainer"]

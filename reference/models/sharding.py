@@ -90,6 +90,7 @@ class ParallelGQAttention(nn.Module):
                 self.k.weight.copy_(dense.k.weight[rows])
                 self.v.weight.copy_(dense.v.weight[rows])
             self.k.weight.kv_replica_first = self.v.weight.kv_replica_first = r % self.replicas == 0
+            self.k.weight.kv_slot = self.v.weight.kv_slot = (self.slot, kv)  # its rows of the dense K / V
 
     def _kv_weight(self, lin) -> torch.Tensor:
         if self.replicas == 1:

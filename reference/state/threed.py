@@ -5,6 +5,8 @@ What each rank holds, named as one device names it (``GPT.named_parameters()``):
   ``offset``; RowParallelLinear: columns from ``offset`` and a replicated bias; the vocabulary-parallel
   embedding and head: rows ``start:end``, the padding rows beyond the vocabulary never saved; LayerNorms
   replicated), in the stage's global block numbering;
+- a Llama's KV head replicated over tp / kv_heads ranks (kv_heads < tp): its rows of the dense K / V weight,
+  the same box on each replica;
 - its optimizer state (``OptimizerSpec.state_keys``: SGD's momentum, Adam's moments) the same way.
 The data-parallel replicas of a (pp, tp) coordinate hold the same parameters; each saves one range of
 them — the range of the flat buffer ZeRO 1/2 shards, [r S, (r + 1) S) with S = ceil(numel / dp), so a
@@ -35,9 +37,14 @@ from .store import Shard
 
 
 def _dense_name(first_block: int, module_path: str) -> str:
+    """A stage's parameter path -> the one-device name: global block numbers, no checkpointing wrapper
+    (``module``), and GPT's ParallelMLP (``mlp.fc1``) flattened to the dense block's ``fc1`` (a Llama's
+    ``mlp.gate`` stays: its dense block has an ``mlp``)."""
     parts = module_path.split(".")
     if parts[0] == "blocks":
-        parts = ["blocks", str(first_block + int(parts[1]))] + [p for p in parts[2:] if p not in ("module", "mlp")]
+        rest = [p for p in parts[2:] if p != "module"]
+        rest = rest[1:] if rest[:1] == ["mlp"] and rest[1:2] in (["fc1"], ["fc2"]) else rest
+        parts = ["blocks", str(first_block + int(parts[1])), *rest]
     return ".".join(parts)
 
 
@@ -61,6 +68,9 @@ def tensor_map(trainer) -> list[tuple[nn.Parameter, str, tuple[int, ...], tuple[
                 elif isinstance(mod, RowParallelLinear) and pname == "weight":
                     tp = dist.get_world_size(mod.group)
                     off, held, dense = (0, mod.offset), shape, (shape[0], shape[1] * tp)
+                elif getattr(p, "kv_slot", None) is not None:  # a replicated KV head (Llama, kv_heads < tp)
+                    slot, slots = p.kv_slot
+                    off, held, dense = (slot * shape[0], 0), shape, (slots * shape[0], shape[1])
                 else:  # replicated: LayerNorms, a row-parallel layer's bias
                     held, dense = shape, shape
                 entries[id(p)] = (p, name, off, held, dense)

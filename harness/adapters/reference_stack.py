@@ -1,0 +1,109 @@
+"""The ``reference`` stack: ``reference.compose.Parallel3D`` under the stack contract — both families
+(GPT, Llama), dp x pp x tp, ZeRO 0-2, the three schedules, activation checkpointing, clipping,
+accumulation, bf16 / fp16 with fp32 masters and a loss scaler; ``save`` / ``load`` through
+``reference.state`` (any layout from any other).
+
+Its dense state is assembled from what each rank holds, named as one device names it
+(``reference.state.threed.rank_shards``: each rank's data-parallel range of its tensor-parallel boxes):
+every rank gathers every rank's boxes and writes them into the dense tensors — so what comes back is
+exactly what the ranks hold, replicas and all.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..contracts import Unsupported
+
+_GROUPS: dict = {}
+
+
+class ReferenceStack:
+    description = "ours: reference.compose.Parallel3D (TP, pipeline, DP / ZeRO 0-2), both families"
+
+    def build(self, spec, layout, recipe, group=None):
+        if group is not None and group is not dist.group.WORLD and dist.get_world_size(group) != dist.get_world_size():
+            raise Unsupported("the reference stack runs on the default group only.")
+        for what, extra in (("spec", spec.extra), ("layout", layout.extra)):
+            if extra:
+                raise Unsupported(f"the reference stack does not know the {what} field(s) {', '.join(sorted(extra))}.")
+        if layout.sequence_parallel:
+            raise Unsupported("the reference stack has no sequence parallelism (Megatron's split of the "
+                              "activations inside a TP group).")
+        if layout.zero == 3:
+            raise Unsupported("the reference stack shards up to ZeRO 2 (optimizer state and gradients) with "
+                              "pipeline parallelism; ZeRO 3 is not composed.")
+        if spec.dtype == "float16" and recipe.loss_scale is None:
+            raise ValueError("a float16 model needs a loss scale (Recipe.loss_scale): its gradients underflow.")
+        return ReferenceStackTrainer(spec, layout, recipe)
+
+
+class ReferenceStackTrainer:
+    def __init__(self, spec, layout, recipe):
+        from reference.mixed_precision import DynamicLossScaler
+        from reference.topology import ParallelDims, build_groups
+
+        self.spec, self.layout, self.recipe = spec, layout, recipe
+        self.dims = ParallelDims(layout.dp, layout.pp, layout.tp)
+        self.dims.check(dist.get_world_size(), spec.heads, spec.layers)
+        if self.dims not in _GROUPS:  # created once per layout and rank process (collectively, in build)
+            _GROUPS[self.dims] = build_groups(self.dims, dist.get_rank())
+        self.groups = _GROUPS[self.dims]
+        self.scaler = (lambda: DynamicLossScaler(recipe.loss_scale, growth_interval=recipe.growth_interval)) \
+            if recipe.loss_scale is not None else (lambda: None)
+        self.trainer = self._parallelize(spec.build(0))
+
+    def _parallelize(self, model):
+        from reference.compose import parallelize
+
+        layout, recipe = self.layout, self.recipe
+        return parallelize(model, self.dims, layout.schedule, layout.zero, layout.checkpointing, groups=self.groups,
+                           optimizer=recipe.optimizer, microbatches=layout.num_microbatches,
+                           loss_scaler=self.scaler(), max_grad_norm=recipe.max_grad_norm, norm_type=recipe.norm_type,
+                           accumulation=recipe.accumulation)
+
+    def load_dense(self, state: dict) -> None:
+        model = self.spec.build(0)
+        model.load_state_dict(state)
+        self.trainer = self._parallelize(model)  # the groups are kept: no collective here
+
+    def step(self, tokens, targets) -> float:
+        from harness.rank import rank_device
+
+        return self.trainer.step(tokens.to(rank_device()), targets.to(rank_device()))
+
+    def dense_state(self) -> dict:
+        from reference.state.threed import rank_shards
+
+        mine = [(s.name, s.tensor.cpu(), s.offsets, s.global_shape) for s in rank_shards(self.trainer)]
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)
+        dense: dict[str, torch.Tensor] = {}
+        for shards in everyone:
+            for name, tensor, offsets, shape in shards:
+                full = dense.setdefault(name, torch.zeros(shape, dtype=tensor.dtype))
+                full[tuple(slice(o, o + n) for o, n in zip(offsets, tensor.shape, strict=True))] = tensor
+        params = {k.removeprefix("model/"): v for k, v in dense.items() if k.startswith("model/")}
+        optimizer: dict[str, dict] = {}
+        for key, value in dense.items():
+            if key.startswith("optim/") and key != "optim/step":
+                _, state_key, name = key.split("/", 2)
+                optimizer.setdefault(name, {})[state_key] = value
+        if self.spec.tie_embeddings and "embed.weight" in params:  # one parameter, named twice on one device
+            params.setdefault("head.weight", params["embed.weight"])
+        norm = self.trainer.last_grad_norm
+        return {"params": params, "optimizer": optimizer, "grad_norm": norm}
+
+    def save(self, directory) -> None:
+        from reference.state.threed import save_3d
+
+        save_3d(directory, "state", self.trainer, {"family": self.spec.family})
+
+    def load(self, directory) -> None:
+        from pathlib import Path
+
+        from reference.state.threed import load_3d
+
+        load_3d(Path(directory) / "state", self.trainer)
+

@@ -1,0 +1,121 @@
+"""The stack contract: a whole trainer — ours, torch's, torchtitan's, Megatron's, DeepSpeed's, yours —
+held to one device. Build it from (spec, layout, recipe), load the one-device model's state, step on the
+global batch, hand back the dense state on every rank; optionally save and load in the stack's own format.
+
+Names are ``reference.models``' (the one-device module's ``named_parameters``): mapping a stack's own
+names onto them is the adapter's business, never a way to leave a tensor out — every parameter and every
+optimizer state tensor of the one-device model must come back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from reference.models import ModelSpec
+from reference.zero import OptimizerSpec
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each rank sits. Ranks are ``dp x pp x tp`` (TP innermost, then PP, then DP: Megatron's and
+    torchtitan's order); later dimensions (context, expert) arrive in ``extra`` and then as fields."""
+
+    dp: int = 1
+    """Data-parallel replicas; ``zero`` says how much of the training state they shard."""
+    pp: int = 1
+    """Pipeline ranks (stages: pp, or 2 pp with the interleaved schedule)."""
+    tp: int = 1
+    """Tensor-parallel ranks per layer."""
+    zero: int = 0
+    """0: replicated (DDP); 1: optimizer state sharded over dp; 2: + gradients; 3: + parameters. FSDP's
+    FULL_SHARD is 3 and SHARD_GRAD_OP is 2; hybrid sharding (shard within a group, replicate across) is a
+    further dimension this field does not express — a stack that only does it refuses 0-3 it cannot map."""
+    schedule: str = "1f1b"
+    """The pipeline schedule: gpipe, 1f1b or interleaved (two model chunks per rank)."""
+    microbatches: int | None = None
+    """Microbatches per pipeline pass; None: 2 pp."""
+    checkpointing: bool = False
+    """Activation checkpointing of every block (recomputed in backward)."""
+    sequence_parallel: bool = False
+    """Megatron's sequence parallelism inside each TP group (not context parallelism)."""
+    extra: dict = field(default_factory=dict, hash=False, compare=False)
+    """Dimensions of later issues ({"cp": 2}, {"ep": 2}): a stack refuses keys it does not know."""
+
+    def __post_init__(self):
+        for name in ("dp", "pp", "tp"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a whole number >= 1; got {value!r}.")
+        if self.zero not in (0, 1, 2, 3):
+            raise ValueError(f"zero must be 0, 1, 2 or 3; got {self.zero!r}.")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}; got {self.schedule!r}.")
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.pp * self.tp
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.microbatches or 2 * self.pp
+
+    def label(self) -> str:
+        return f"{self.dp}x{self.pp}x{self.tp}"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How each step trains. The precision is the spec's ``dtype``: float64 / float32 train as they are;
+    bfloat16 / float16 train with fp32 master weights and fp32 optimizer state (the only low-precision
+    recipe the contract defines), the cross-entropy in fp32."""
+
+    optimizer: OptimizerSpec = field(default_factory=lambda: OptimizerSpec("sgd", 0.05))
+    """SGD with momentum by default (a missing gradient average shows; Adam's normalisation hides it)."""
+    max_grad_norm: float | None = None
+    """Clip the global gradient norm (every element counted once) to this; None: no clipping."""
+    norm_type: float = 2.0
+    """2 or inf."""
+    accumulation: int = 1
+    """Pipeline passes (gradient accumulation micro-steps) per optimizer step."""
+    loss_scale: float | None = None
+    """float16: a dynamic loss scaler starting here (halve on inf/NaN and skip, double after
+    ``growth_interval`` clean steps); None: none."""
+    growth_interval: int = 2
+
+    def __post_init__(self):
+        if self.norm_type not in (2.0, float("inf")):
+            raise ValueError(f"norm_type must be 2 or inf; got {self.norm_type}.")
+        if not isinstance(self.accumulation, int) or self.accumulation < 1:
+            raise ValueError(f"accumulation must be a whole number >= 1; got {self.accumulation!r}.")
+
+
+@runtime_checkable
+class Stack(Protocol):
+    def build(self, spec: ModelSpec, layout: Layout, recipe: Recipe, group=None) -> StackTrainer:
+        """This rank's part of the trainer (called on every rank of ``group``, the default group when None,
+        whose size is ``layout.world_size``). Raise ``Unsupported`` (one sentence) for a family, a spec
+        field, a layout or a recipe the stack does not provide; ValueError (one sentence) for one that
+        cannot run (a tp that does not divide the heads)."""
+
+
+@runtime_checkable
+class StackTrainer(Protocol):
+    def load_dense(self, state: dict) -> None:
+        """Load the one-device model's ``state_dict`` (our names; the tied head's weight under both names
+        where tied) into this rank's shards."""
+
+    def step(self, tokens, targets) -> float:
+        """One optimizer step on the global batch (every rank is given the same (rows, seq) tokens and
+        targets; the stack takes what its coordinates need — its batch slicing is under test too). The
+        loss is the mean cross-entropy over every token of the batch; returns it, on every rank."""
+
+    def dense_state(self) -> dict:
+        """{"params": {name: full tensor}, "optimizer": {name: {state key: full tensor}} with
+        ``OptimizerSpec.state_keys``, "grad_norm": the last step's global norm before clipping (None
+        without clipping)} — on every rank, under the one-device model's names."""
+
+
+__all__ = ["Layout", "ModelSpec", "Recipe", "SCHEDULES", "Stack", "StackTrainer"]

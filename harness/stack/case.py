@@ -1,0 +1,177 @@
+"""The stack conformance case (inputs, oracle, check; rank side): a whole trainer under the stack contract
+against the family's one-device module, every rank's dense state compared.
+
+Inputs: the one-device model built from the spec (seed), one global batch of ``rows`` x ``SEQ`` tokens
+(the same on every rank; the stack slices it). Oracle: the one-device module trained on the whole batch
+with the same recipe — the mean cross-entropy over every token, SGD with momentum (or Adam), global-norm
+clipping at the recipe's ``max_grad_norm`` (``torch.nn.utils.clip_grad_norm_``); accumulation changes
+nothing on one device (k passes over row blocks, each divided by the whole token count, are the whole
+batch's mean-loss gradient). Trained once per World by rank 0 and broadcast (``computed_once``).
+
+Check, after step 1 and after the last: every parameter and every optimizer state tensor of the one-
+device model, under its name, on every rank, within ``bound`` x its tensor's largest magnitude; no name
+missing, none extra; the gradient norm (with clipping) within ``norm_bound``; the returned loss within
+the step's bound.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+import torch.distributed as dist
+
+from ..errors import describe
+from ..rank import failed_in_implementation, rank_device
+from ..threed.case import computed_once
+
+SEQ = 4
+U64, U32 = 2.0**-53, 2.0**-24
+_ONE_DEVICE: dict = {}
+
+
+def bound(step: int, tokens: int, spec, world: int) -> float:
+    """Largest allowed difference from one device, relative to each tensor's largest magnitude — the 3D
+    suite's derivation (``harness.threed.case.bound``) over the spec's sizes: the parallel run regroups
+    sums over tokens (microbatches, replicas, accumulation passes), over hidden / ffn / vocabulary
+    (tensor-parallel partial products, the vocabulary-parallel softmax) and across ranks, each within
+    (tokens + hidden + ffn + vocab + world) u of the magnitudes summed; the backward chains ~16 ops per
+    block (a Llama block's RMSNorms, rotary and SwiGLU product included) x layers, x 8 of margin; momentum
+    sums past gradients (1 / (1 - 0.9) = 10, rounded to 16); each step adds its own: x step. u is the
+    precision's unit roundoff (float64 or float32)."""
+    u = U64 if spec.dtype == "float64" else U32
+    return step * (tokens + spec.hidden + spec.ffn + spec.vocab + world) * u * 8 * spec.layers * 16
+
+
+def norm_bound(step: int, tokens: int, spec, world: int, spread: float) -> float:
+    """|n' - n| / n: each gradient element within ``bound`` of its tensor's magnitude m_t, so the norms differ
+    by at most bound x sqrt(sum_t n_t m_t^2) (``spread``, relative to n), plus the norm's own sum."""
+    return bound(step, tokens, spec, world) * spread + 16 * tokens * (U64 if spec.dtype == "float64" else U32)
+
+
+def global_batch(vocab: int, rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed + 1)
+    return (torch.randint(0, vocab, (rows, SEQ), generator=gen), torch.randint(0, vocab, (rows, SEQ), generator=gen))
+
+
+def _one_device(spec, recipe, seed: int, tokens, targets, steps: int) -> list[dict]:
+    model = spec.build(seed)
+    opt = recipe.optimizer.build(model.parameters())
+    names = [n for n, _ in model.named_parameters()]
+    out = []
+    for step in range(steps):
+        model.dropout_key.step = step
+        opt.zero_grad()
+        loss = model.loss(tokens, targets)
+        loss.backward()
+        grads = [p.grad for p in model.parameters()]
+        spread = math.sqrt(sum(g.numel() * float(g.abs().max()) ** 2 for g in grads))
+        norm = None
+        if recipe.max_grad_norm is not None:
+            norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm, recipe.norm_type))
+        opt.step()
+        state = {n: {k: opt.state[p][k].detach().clone() for k in recipe.optimizer.state_keys}
+                 for n, p in model.named_parameters()}
+        out.append({"loss": float(loss.detach()), "norm": norm, "spread": spread / max(norm or 1e-300, 1e-300)
+                    if norm else 0.0, "params": {n: p.detach().clone() for n, p in zip(names, model.parameters(),
+                                                                                      strict=True)},
+                    "optimizer": state})
+    return out
+
+
+def one_device(spec, recipe, seed: int, tokens, targets, steps: int) -> list[dict]:
+    key = (repr(spec), repr(recipe), seed, tuple(tokens.flatten().tolist()), tuple(targets.flatten().tolist()), steps)
+    return computed_once(_ONE_DEVICE, key, lambda: _one_device(spec, recipe, seed, tokens, targets, steps))
+
+
+def differences(got: dict, want: dict, limit: float, what: str, floor: float = 0.0) -> tuple[float, list[str]]:
+    """(largest relative difference, one line per tensor off, missing, extra or of the wrong shape); each
+    tensor's difference relative to max(its largest magnitude, ``floor``)."""
+    problems, worst = [], 0.0
+    for name in sorted(set(want) - set(got)):
+        problems.append(f"{what} {name}: missing from the dense state")
+    for name in sorted(set(got) - set(want)):
+        problems.append(f"{what} {name}: not a tensor of the one-device model")
+    for name in sorted(set(want) & set(got)):
+        g, w = got[name], want[name]
+        if not torch.is_tensor(g) or tuple(g.shape) != tuple(w.shape):
+            problems.append(f"{what} {name}: shape {tuple(getattr(g, 'shape', ()))} != {tuple(w.shape)}")
+            continue
+        mag = max(float(w.abs().max()), floor, 1e-300)
+        rel = float((g.detach().cpu().to(w.dtype) - w).abs().max()) / mag
+        worst = max(worst, rel) if rel == rel else math.inf
+        if not rel <= limit:  # NaN fails
+            problems.append(f"{what} {name}: off by {rel:.3g} of its magnitude > {limit:.3g}")
+    return worst, problems
+
+
+def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int = 0, rows: int | None = None) -> dict:
+    """Rank side: ``impl_spec``'s stack on ``layout`` against one device. Returns {"refused", "unsupported",
+    "problems", "worst", "bound", "losses"}."""
+    from .. import registry
+
+    n, r = dist.get_world_size(), dist.get_rank()
+    rows = rows or layout.dp * layout.num_microbatches * recipe.accumulation
+    tokens, targets = global_batch(spec.vocab, rows, seed)
+    want = one_device(spec, recipe, seed, tokens, targets, steps)
+    impl = registry.load(impl_spec, "stack")
+    try:
+        trainer = impl.build(spec, layout, recipe)
+    except NotImplementedError as exc:
+        return {"refused": str(exc), "unsupported": True, "problems": []}
+    except ValueError as exc:
+        return {"refused": str(exc), "unsupported": False, "problems": []}
+    except Exception as exc:  # noqa: BLE001 - whatever the code under test raises is a verdict
+        return _failed(f"rank {r}: build raised {describe(exc)}")
+    device = rank_device()
+    problems, worst, losses = [], 0.0, []
+    limit = bound(steps, tokens.numel(), spec, n)
+    try:
+        trainer.load_dense(copy.deepcopy(spec.build(seed)).state_dict())
+        for k in range(steps):
+            losses.append(float(trainer.step(tokens.to(device), targets.to(device))))
+            if k not in (0, steps - 1):
+                continue
+            state = trainer.dense_state()
+            step_limit = bound(k + 1, tokens.numel(), spec, n)
+            expected_state = _flat(want[k]["optimizer"])
+            # optimizer state (SGD's momentum: the gradients) relative to the whole state's scale: a gradient
+            # that is zero by structure (an attention key's bias: softmax is shift-invariant) is rounding
+            # noise at the scale of the terms it sums, not at its own
+            scale = max((float(t.abs().max()) for t in expected_state.values()), default=0.0)
+            for what, got, expected, floor in (("parameter", state.get("params", {}), want[k]["params"], 0.0),
+                                               ("optimizer state", _flat(state.get("optimizer", {})), expected_state,
+                                                scale)):
+                w, off = differences(got, expected, step_limit, what, floor)
+                worst, problems = max(worst, w), problems + [f"rank {r}: step {k + 1}: {p}" for p in off]
+            if want[k]["norm"] is not None:
+                got_norm = state.get("grad_norm")
+                rel = abs(got_norm - want[k]["norm"]) / want[k]["norm"] if got_norm is not None else math.inf
+                nb = norm_bound(k + 1, tokens.numel(), spec, n, want[k]["spread"])
+                if not rel <= nb:
+                    problems.append(f"rank {r}: step {k + 1}: gradient norm {got_norm!r} vs one device "
+                                    f"{want[k]['norm']!r} (off by {rel:.3g} > {nb:.3g})")
+    except Exception as exc:  # noqa: BLE001 - the stack's failure is a verdict; peers inside it are ended
+        return _failed(f"rank {r}: {describe(exc)} (after {len(losses)} step(s))")
+    for k, (a, b) in enumerate(zip(losses, [w["loss"] for w in want], strict=False)):
+        if not abs(a - b) <= bound(k + 1, tokens.numel(), spec, n) * abs(b):
+            problems.append(f"rank {r}: loss after step {k + 1}: {a!r} vs one device {b!r}")
+    return {"refused": None, "unsupported": False, "problems": problems, "worst": worst, "bound": limit,
+            "losses": losses}
+
+
+def _flat(optimizer: dict) -> dict:
+    return {f"{name}/{key}": t for name, state in optimizer.items() for key, t in state.items()}
+
+
+def _failed(detail: str) -> dict:
+    failed_in_implementation(detail)
+    return failed(detail)
+
+
+def failed(detail: str) -> dict:
+    """A rank's result where the stack failed (its own exception, or the World's verdict of a call that
+    failed: ``harness.world.run_or_fail``)."""
+    return {"refused": None, "unsupported": False, "problems": [detail], "worst": math.inf, "bound": math.nan,
+            "losses": []}
