@@ -169,6 +169,9 @@ class Parallel3D:
 
     def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:
         dims, c = self.dims, self.coords
+        if len(tokens) % dims.dp:  # never drop the remainder rows silently
+            raise ValueError(f"the global batch's {len(tokens)} rows do not split evenly over dp = {dims.dp} "
+                             "replicas; pass a multiple of dp.")
         per_replica = len(tokens) // dims.dp
         mine = slice(c.dp * per_replica, (c.dp + 1) * per_replica)
         tokens, targets = tokens[mine], targets[mine]

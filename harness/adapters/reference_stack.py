@@ -90,8 +90,8 @@ class ReferenceStackTrainer:
             if key.startswith("optim/") and key != "optim/step":
                 _, state_key, name = key.split("/", 2)
                 optimizer.setdefault(name, {})[state_key] = value
-        if self.spec.tie_embeddings and "embed.weight" in params:  # one parameter, named twice on one device
-            params.setdefault("head.weight", params["embed.weight"])
+        if self.spec.tie_embeddings:  # one parameter on one device: its state once, under the embedding's name
+            optimizer.pop("head.weight", None)  # (the head's copy is held to it through "params")
         norm = self.trainer.last_grad_norm
         return {"params": params, "optimizer": optimizer, "grad_norm": norm}
 

@@ -58,7 +58,6 @@ def global_batch(vocab: int, rows: int, seed: int) -> tuple[torch.Tensor, torch.
 def _one_device(spec, recipe, seed: int, tokens, targets, steps: int) -> list[dict]:
     model = spec.build(seed)
     opt = recipe.optimizer.build(model.parameters())
-    names = [n for n, _ in model.named_parameters()]
     out = []
     for step in range(steps):
         model.dropout_key.step = step
@@ -74,9 +73,9 @@ def _one_device(spec, recipe, seed: int, tokens, targets, steps: int) -> list[di
         state = {n: {k: opt.state[p][k].detach().clone() for k in recipe.optimizer.state_keys}
                  for n, p in model.named_parameters()}
         out.append({"loss": float(loss.detach()), "norm": norm, "spread": spread / max(norm or 1e-300, 1e-300)
-                    if norm else 0.0, "params": {n: p.detach().clone() for n, p in zip(names, model.parameters(),
-                                                                                      strict=True)},
-                    "optimizer": state})
+                    if norm else 0.0, "optimizer": state,
+                    # state_dict's names: a tied head's weight under both of its names, as load_dense is given it
+                    "params": {n: t.detach().clone() for n, t in model.state_dict().items()}})
     return out
 
 
@@ -129,6 +128,9 @@ def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int 
     limit = bound(steps, tokens.numel(), spec, n)
     try:
         trainer.load_dense(copy.deepcopy(spec.build(seed)).state_dict())
+    except Exception as exc:  # noqa: BLE001
+        return _failed(f"rank {r}: load_dense raised {describe(exc)}")
+    try:
         for k in range(steps):
             losses.append(float(trainer.step(tokens.to(device), targets.to(device))))
             if k not in (0, steps - 1):
@@ -152,6 +154,10 @@ def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int 
                 if not rel <= nb:
                     problems.append(f"rank {r}: step {k + 1}: gradient norm {got_norm!r} vs one device "
                                     f"{want[k]['norm']!r} (off by {rel:.3g} > {nb:.3g})")
+    except ValueError as exc:  # the contract's refusal of a batch it cannot split (one sentence), at step 1
+        if losses:
+            return _failed(f"rank {r}: step {len(losses) + 1} raised {describe(exc)}")
+        return {"refused": str(exc), "unsupported": False, "problems": []}
     except Exception as exc:  # noqa: BLE001 - the stack's failure is a verdict; peers inside it are ended
         return _failed(f"rank {r}: {describe(exc)} (after {len(losses)} step(s))")
     for k, (a, b) in enumerate(zip(losses, [w["loss"] for w in want], strict=False)):

@@ -63,6 +63,7 @@ def test_rank_failing_in_the_implementation_ends_its_stuck_peers_with_its_verdic
     per_rank = run_or_fail(world3, ranks.verdict_on, 1, failed=lambda detail: {"failed": detail})
     assert len(per_rank) == N and all(r == per_rank[0] for r in per_rank)
     assert per_rank[0]["failed"].startswith("rank 1: raised ValueError: odd length 1 (ranks [0, 2] of 3 were still")
+    assert world3.run(ranks.rank_and_sum)[0] == (0, N, 3.0)  # respawned after the failure
 
 
 def test_a_raising_rank_is_named_with_its_exception_in_the_first_line(world3):
@@ -76,6 +77,7 @@ def test_failure_with_a_collective_in_flight_leaves_no_stale_bytes(world3):
     """Found with DTensor: the other ranks returned with an all-reduce in flight, and its bytes landed in
     the next call's collective (gloo: "Received data size doesn't match", then an abort). A failed call
     now always respawns the world."""
+    world3.run(ranks.rank_and_sum)  # alive, whatever the test before left
     spawned = world3.spawn_count
     with pytest.raises(RankFailure, match="respawned"):
         world3.run(ranks.raise_with_collective_in_flight, 1, timeout=60)

@@ -1,0 +1,25 @@
+"""Planted bugs behind the stack contract, loaded by spec like a user's stack."""
+
+from __future__ import annotations
+
+from harness.adapters.reference_stack import ReferenceStack, ReferenceStackTrainer
+
+
+class _KVNotSummed(ReferenceStackTrainer):
+    def _parallelize(self, model):
+        from reference.models.sharding import ParallelGQAttention
+
+        trainer = super()._parallelize(model)
+        for mod in trainer.local.modules():
+            if isinstance(mod, ParallelGQAttention) and mod.replicas > 1:
+                mod._kv_weight = lambda lin: lin.weight  # each replica keeps only its own query heads' share
+        return trainer
+
+
+class KVReplicasNotSummed(ReferenceStack):
+    """Planted bug: a KV head replicated over tp / kv_heads ranks keeps each replica's own gradient (the
+    share of its query heads) instead of their sum — the classic silent GQA bug under TP."""
+
+    def build(self, spec, layout, recipe, group=None):
+        super().build(spec, layout, recipe, group)  # the same refusals
+        return _KVNotSummed(spec, layout, recipe)

@@ -1,0 +1,113 @@
+"""A whole stack equals one device: every layout of 1-8 ranks the stack accepts, both families, two steps of
+SGD with momentum (Adam in its own case), every rank's dense state — each parameter and optimizer state
+tensor under the one-device name, the clipped gradient's norm, the loss — within the bound derived in
+harness/stack/case.py (``bound``: the 3D suite's derivation over the spec's sizes).
+
+The spec pins the corners in every profile: vocabulary 13 (prime: vocab % tp != 0 for every tp > 1), 5
+layers (layers % pp != 0 for pp = 2, 3, 4; pp = 3 and 4 have middle stages), Llama with 8 query heads over
+2 KV heads (kv_heads < tp at tp = 4 and 8: each KV head replicated, its gradient summed over the replicas)
+and with one (multi-query). Every layout rotates the schedule, the ZeRO stage, checkpointing, gradient
+accumulation and the clipping norm (2 and inf, at a max_norm that clips), and ties the GPT's embedding on
+every other layout. Measured (reference, float64): worst 1.2e-15 of a tensor's magnitude against bounds of
+5e-12 to 2e-11.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from harness.contracts.stack import Layout, Recipe
+from harness.stack import case as ranks
+from harness.world import run_or_fail
+from reference.models import ModelSpec
+from reference.zero import OptimizerSpec
+
+GPT = ModelSpec("gpt", vocab=13, hidden=16, heads=8, ffn=24, layers=5)
+LLAMA = ModelSpec("llama", vocab=13, hidden=16, heads=8, kv_heads=2, ffn=24, layers=5)
+MQA = ModelSpec("llama", vocab=13, hidden=16, heads=8, kv_heads=1, ffn=24, layers=5)
+SCHEDULES = ("1f1b", "gpipe", "interleaved")
+CLIPS = ((0.05, 2.0), (0.02, math.inf))
+"""Both clip at step 1 (the norms are 0.5-2 with these sizes): clipping is on every case."""
+
+
+def layouts(n: int) -> list[tuple[int, int, int]]:
+    return [(dp, pp, n // (dp * pp)) for dp in range(1, n + 1) for pp in range(1, n + 1) if n % (dp * pp) == 0]
+
+
+def _cases():
+    k = 0
+    for n in (1, 2, 3, 4, 8):
+        for dp, pp, tp in layouts(n):
+            for spec in (GPT, LLAMA if tp < 8 else MQA):
+                if 8 % tp:  # tp divides the 8 heads (tp = 3: the refusal test below)
+                    continue
+                k += 1
+                schedule = SCHEDULES[k % 3] if pp > 1 else "1f1b"
+                schedule = "1f1b" if schedule == "interleaved" and 2 * pp > spec.layers else schedule
+                layout = Layout(dp, pp, tp, zero=k % 3, schedule=schedule, checkpointing=k % 4 == 1)
+                tied = spec.family == "gpt" and k % 2 == 0
+                spec_k = ModelSpec(**{**spec.as_dict(), "tie_embeddings": tied})
+                max_norm, norm_type = CLIPS[k % 2]
+                recipe = Recipe(max_grad_norm=max_norm, norm_type=norm_type, accumulation=1 + (k % 5 == 2))
+                label = f"{spec_k.family}{'-mqa' if spec_k.kv == 1 else ''}{'-tied' if tied else ''}-{layout.label()}"
+                yield pytest.param(n, spec_k, layout, recipe, id=label)
+
+
+def _verdict(world_cache, conformance, impl, n, spec, layout, recipe, **kw) -> dict:
+    per_rank = run_or_fail(world_cache.get(n), ranks.train_stack, impl, spec, layout, recipe, timeout=300,
+                           failed=ranks.failed, **kw)
+    refused = next((r for r in per_rank if r["refused"]), None)
+    problems = sorted({p for r in per_rank for p in r["problems"]})
+    outcome = ("unsupported" if refused["unsupported"] else "refused") if refused else "fail" if problems else "pass"
+    conformance.record(outcome, suite="stack", world_size=n, dtype=spec.dtype, impl=impl,
+                       collective=f"{spec.family}/{layout.label()}/zero{layout.zero}/{layout.schedule}",
+                       max_rel_err=max(r.get("worst", 0.0) for r in per_rank),
+                       detail=refused["refused"] if refused else " | ".join(problems[:1]))
+    return {"outcome": outcome, "problems": problems, "refused": refused and refused["refused"], "per_rank": per_rank}
+
+
+@pytest.mark.parametrize("n, spec, layout, recipe", list(_cases()))
+def test_stack_equals_one_device(stack_impl, n, spec, layout, recipe, world_cache, world_sizes, conformance):
+    if n not in world_sizes and n != 8:
+        pytest.skip(f"world size {n} is not in --world-sizes")
+    v = _verdict(world_cache, conformance, stack_impl, n, spec, layout, recipe)
+    if v["outcome"] == "unsupported":
+        pytest.skip(f"{stack_impl} does not provide this case: {v['refused']}")
+    assert v["outcome"] != "refused", f"{stack_impl} refused a layout that fits the model: {v['refused']}"
+    assert not v["problems"], v["problems"][:4]
+
+
+@pytest.mark.parametrize("spec", [GPT, LLAMA], ids=["gpt", "llama"])
+def test_adam_state_equals_one_device(stack_impl, spec, world_cache, conformance):
+    recipe = Recipe(optimizer=OptimizerSpec("adam", 1e-2))
+    v = _verdict(world_cache, conformance, stack_impl, 4, spec, Layout(2, 1, 2, zero=1), recipe)
+    if v["outcome"] == "unsupported":
+        pytest.skip(v["refused"])
+    assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
+
+
+def test_rows_that_do_not_split_over_dp_are_refused_not_dropped(stack_impl, world_cache, conformance):
+    """7 rows over dp = 2: refused in one sentence (or trained equal to one device on all 7), never a
+    replica silently training on 3."""
+    v = _verdict(world_cache, conformance, stack_impl, 2, GPT, Layout(2, 1, 1), Recipe(), rows=7)
+    assert v["outcome"] in ("pass", "refused", "unsupported"), v["problems"][:3]
+    if v["outcome"] == "refused":
+        assert "\n" not in v["refused"] and "7" in v["refused"], v["refused"]
+
+
+def test_a_tp_that_neither_divides_nor_is_a_multiple_of_kv_heads_is_refused(stack_impl, world_cache, conformance):
+    spec = ModelSpec("llama", vocab=13, hidden=24, heads=12, kv_heads=3, ffn=24, layers=2)
+    v = _verdict(world_cache, conformance, stack_impl, 2, spec, Layout(1, 1, 2), Recipe())
+    assert v["outcome"] in ("refused", "unsupported"), v["problems"][:3]
+    assert "\n" not in v["refused"], v["refused"]
+
+
+def test_kv_replicas_whose_gradients_are_not_summed_fail(world_cache, conformance):
+    """The minimal case: tp 2 over one KV head (two replicas); the K and V weights' state is off."""
+    v = _verdict(world_cache, conformance, "suites.stack.planted:KVReplicasNotSummed", 2, MQA, Layout(1, 1, 2),
+                 Recipe())
+    assert v["outcome"] == "fail", v
+    assert any("attn.k.weight" in p for p in v["problems"]) and any("attn.v.weight" in p for p in v["problems"])
+    assert not any("attn.q.weight" in p for p in v["problems"] if "step 1:" in p), v["problems"]  # q is right at 1
