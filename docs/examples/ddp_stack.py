@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from harness.contracts import Unsupported
@@ -48,7 +49,8 @@ class DDPTrainer:
         total = 0.0
         for a in range(k):  # each micro-step's mean loss / k: the replica's mean; DDP averages the replicas
             part = slice(a * rows // k, (a + 1) * rows // k)
-            loss = self.model.loss(tokens[part], targets[part]) / k
+            logits = self.ddp(tokens[part])  # through DDP's forward: its reducer is prepared for this backward
+            loss = F.cross_entropy(logits.flatten(0, 1), targets[part].flatten()) / k
             if a < k - 1:
                 with self.ddp.no_sync():
                     loss.backward()

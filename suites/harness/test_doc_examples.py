@@ -23,7 +23,8 @@ EXAMPLES = {"collectives": "docs.examples.gather_collectives:GatherCollectives",
             "pipeline": "docs.examples.gpipe_pipeline:GPipeOnly",
             "tensor_parallel": "docs.examples.column_row_tensor_parallel:ColumnRowOnly",
             "zero": "docs.examples.allreduce_data_parallel:AllReduceDataParallel",
-            "checkpoint": "docs.examples.per_layer_checkpointing:PerLayerCheckpointing"}
+            "checkpoint": "docs.examples.per_layer_checkpointing:PerLayerCheckpointing",
+            "stack": "docs.examples.ddp_stack:DDPStack"}
 
 
 @pytest.mark.parametrize("paradigm", sorted(EXAMPLES))
@@ -77,6 +78,24 @@ def test_zero_example(world_cache, world_sizes):
             r = world_cache.get(n).run(zero_case.train_case, spec, 0, model, opt, 2, 2, n)[0]
             assert not r["refused"] and not r["problems"], (n, model, opt, r["problems"])
         assert world_cache.get(n).run(zero_case.train_case, spec, 1, "mlp", "sgd", 1, 2, n)[0]["unsupported"]
+
+
+def test_stack_example(world_cache, world_sizes):
+    """The DDP stack: every data-parallel layout, both families, with clipping and accumulation, equals one
+    device; a pipeline layout is unsupported, in one sentence."""
+    from harness.contracts.stack import Layout, Recipe
+    from harness.stack import case as stack_case
+    from reference.models import ModelSpec
+
+    spec = EXAMPLES["stack"]
+    models = (ModelSpec("gpt", heads=4, layers=2, tie_embeddings=True), ModelSpec("llama", kv_heads=1, layers=2))
+    for n in world_sizes:
+        for model in models:
+            for recipe in (Recipe(max_grad_norm=0.05), Recipe(accumulation=2)):
+                r = world_cache.get(n).run(stack_case.train_stack, spec, model, Layout(dp=n), recipe)[0]
+                assert not r["refused"] and not r["problems"], (n, model.family, recipe, r["problems"][:3])
+    r = world_cache.get(2).run(stack_case.train_stack, spec, models[0], Layout(pp=2), Recipe())[0]
+    assert r["unsupported"] and "\n" not in r["refused"], r
 
 
 def test_checkpoint_example():
