@@ -181,3 +181,39 @@ def failed(detail: str) -> dict:
     failed: ``harness.world.run_or_fail``)."""
     return {"refused": None, "unsupported": False, "problems": [detail], "worst": math.inf, "bound": math.nan,
             "losses": []}
+
+
+def resume_stack(impl_spec: str, spec, layout_a, layout_b, recipe, directory: str, seed: int = 0) -> dict:
+    """Rank side: one step on ``layout_a``, ``save(directory)``; a new trainer on ``layout_b``,
+    ``load(directory)``, one more step: its dense state against one device after two steps. A stack without
+    ``save`` / ``load`` is unsupported for resume."""
+    from .. import registry
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    rows = math.lcm(*(lay.dp * lay.num_microbatches * recipe.accumulation for lay in (layout_a, layout_b)))
+    tokens, targets = global_batch(spec.vocab, rows, seed)
+    want = one_device(spec, recipe, seed, tokens, targets, 2)[1]
+    impl, device = registry.load(impl_spec, "stack"), rank_device()
+    try:
+        first = impl.build(spec, layout_a, recipe)
+        if not (callable(getattr(first, "save", None)) and callable(getattr(first, "load", None))):
+            return {"refused": f"{impl_spec} has no save / load: resume is unsupported.", "unsupported": True,
+                    "problems": []}
+        first.load_dense(copy.deepcopy(spec.build(seed)).state_dict())
+        first.step(tokens.to(device), targets.to(device))
+        first.save(directory)
+        second = impl.build(spec, layout_b, recipe)
+        second.load(directory)
+        second.step(tokens.to(device), targets.to(device))
+        state = second.dense_state()
+    except NotImplementedError as exc:
+        return {"refused": str(exc), "unsupported": True, "problems": []}
+    except Exception as exc:  # noqa: BLE001 - the stack's failure is a verdict
+        return _failed(f"rank {r}: {describe(exc)}")
+    limit = bound(2, tokens.numel(), spec, n)
+    expected_state = _flat(want["optimizer"])
+    scale = max((float(t.abs().max()) for t in expected_state.values()), default=0.0)
+    worst, problems = differences(state.get("params", {}), want["params"], limit, "parameter")
+    w, off = differences(_flat(state.get("optimizer", {})), expected_state, limit, "optimizer state", scale)
+    return {"refused": None, "unsupported": False, "worst": max(worst, w), "bound": limit,
+            "problems": [f"rank {r}: after resuming: {p}" for p in problems + off]}

@@ -23,3 +23,17 @@ class KVReplicasNotSummed(ReferenceStack):
     def build(self, spec, layout, recipe, group=None):
         super().build(spec, layout, recipe, group)  # the same refusals
         return _KVNotSummed(spec, layout, recipe)
+
+
+class _ForgetsMomentum(ReferenceStackTrainer):
+    def load(self, directory) -> None:
+        super().load(directory)
+        self.trainer.optimizer.state.clear()  # resumed parameters, a fresh optimizer
+
+
+class ResumeForgetsMomentum(ReferenceStack):
+    """Planted bug: resume restores the parameters but not the optimizer state (SGD's momentum restarts)."""
+
+    def build(self, spec, layout, recipe, group=None):
+        super().build(spec, layout, recipe, group)
+        return _ForgetsMomentum(spec, layout, recipe)

@@ -1,0 +1,42 @@
+"""A stack saved on one layout and resumed on another continues as the uninterrupted one device would:
+one step on layout A, ``save``; a new trainer on layout B, ``load``, one more step — every rank's dense state
+within the suite's bound of one device after two steps (SGD's momentum carried across). The pairs change
+dp, tp, pp and the ZeRO stage, on both families (Llama's KV heads split on one side, replicated on the
+other). A stack without save / load is unsupported here."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.contracts.stack import Layout, Recipe
+from harness.stack import case as ranks
+from harness.world import run_or_fail
+
+from .test_equivalence import GPT, LLAMA
+
+PAIRS = [(GPT, Layout(2, 1, 2, zero=1), Layout(1, 2, 2, zero=0, schedule="gpipe")),
+         (LLAMA, Layout(1, 1, 4, zero=0), Layout(2, 2, 1, zero=2)),
+         (LLAMA, Layout(4, 1, 1, zero=2), Layout(1, 4, 1, zero=1, checkpointing=True))]
+
+
+@pytest.mark.parametrize("spec, a, b", PAIRS, ids=lambda v: v.label() if isinstance(v, Layout) else v.family)
+def test_resume_on_another_layout_equals_one_device(stack_impl, spec, a, b, world_cache, conformance, tmp_path):
+    per_rank = run_or_fail(world_cache.get(4), ranks.resume_stack, stack_impl, spec, a, b,
+                           Recipe(max_grad_norm=0.05), str(tmp_path), timeout=300, failed=ranks.failed)
+    refused = next((r for r in per_rank if r["refused"]), None)
+    problems = sorted({p for r in per_rank for p in r["problems"]})
+    outcome = ("unsupported" if refused["unsupported"] else "refused") if refused else "fail" if problems else "pass"
+    conformance.record(outcome, suite="stack", world_size=4, dtype=spec.dtype, impl=stack_impl,
+                       collective=f"resume {spec.family} {a.label()}/zero{a.zero} -> {b.label()}/zero{b.zero}",
+                       detail=refused["refused"] if refused else " | ".join(problems[:1]))
+    if outcome == "unsupported":
+        pytest.skip(refused["refused"])
+    assert outcome == "pass", problems[:4] or refused
+
+
+def test_resume_without_the_optimizer_state_fails(world_cache, tmp_path):
+    spec, a, b = PAIRS[0]
+    per_rank = run_or_fail(world_cache.get(4), ranks.resume_stack, "suites.stack.planted:ResumeForgetsMomentum", spec,
+                           a, b, Recipe(), str(tmp_path), timeout=300, failed=ranks.failed)
+    problems = [p for r in per_rank for p in r["problems"]]
+    assert any("momentum_buffer" in p for p in problems) and any("parameter" in p for p in problems), problems[:3]
