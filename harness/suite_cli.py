@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .errors import UsageError
 
-PARADIGMS = ("collectives", "pipeline", "tensor_parallel", "zero", "checkpoint", "threed", "mixed_precision",
+PARADIGMS = ("collectives", "pipeline", "tensor_parallel", "zero", "checkpoint", "stack", "threed", "mixed_precision",
              "resume")
 """The suites a user runs against an implementation (``suites.<name>``); the others test paritybench."""
 

@@ -57,6 +57,12 @@ PLANTED = [
      "suites/checkpoint/test_equivalence.py::test_checkpointed_gradients_are_bitwise_identical"),
     ("suites.checkpoint.planted:LeavesRngAdvanced", "the caller's RNG stream is left advanced",
      "suites/checkpoint/test_equivalence.py::test_checkpointed_gradients_are_bitwise_identical"),
+    ("suites.collectives.impls:LastRankRaisesOnOddLength", "the last rank raises while its peers block",
+     "suites/collectives/test_conformance.py::test_collective_matches_exact_oracle"),
+    ("suites.stack.planted:KVReplicasNotSummed", "a replicated KV head's gradients never summed",
+     "suites/stack/test_equivalence.py::test_stack_equals_one_device"),
+    ("suites.stack.planted:ResumeForgetsMomentum", "resume restores parameters, not the momentum",
+     "suites/stack/test_resume.py::test_resume_on_another_layout_equals_one_device"),
 ]
 
 

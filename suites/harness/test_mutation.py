@@ -27,7 +27,7 @@ def test_every_planted_bug_is_in_the_table():
     listed = {spec for spec, _, _ in mutation.PLANTED}
     planted = set()
     for module in ("suites.collectives.impls", "suites.pipeline.impls", "suites.tensor_parallel.planted",
-                   "suites.zero.planted", "suites.checkpoint.planted"):
+                   "suites.zero.planted", "suites.checkpoint.planted", "suites.stack.planted"):
         for name, obj in vars(importlib.import_module(module)).items():
             if inspect.isclass(obj) and obj.__module__ == module and "Planted bug" in (obj.__doc__ or ""):
                 planted.add(f"{module}:{name}")
