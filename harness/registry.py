@@ -98,6 +98,9 @@ BUILTINS: dict[tuple[str, str], ImplSpec] = {
                  description="torch.distributed.pipelining schedules with PipelineStage"),
         ImplSpec("reference", "stack", "harness.adapters.reference_stack:ReferenceStack",
                  description="ours: reference.compose.Parallel3D (TP, pipeline, DP / ZeRO 0-2), GPT and Llama"),
+        ImplSpec("torch", "stack", "harness.adapters.torch_stack:TorchStack",
+                 requires=("torch.distributed.pipelining", "torch.distributed.fsdp"),
+                 description="torchtitan-style: DTensor TP + pipelining + FSDP2, GPT and Llama"),
     ]
 }
 

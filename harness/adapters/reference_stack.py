@@ -80,7 +80,8 @@ class ReferenceStackTrainer:
         everyone = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)
         dense: dict[str, torch.Tensor] = {}
-        for shards in everyone:
+        me = dist.get_rank()  # this rank's own boxes last: its view of what it holds is what it reports
+        for shards in everyone[:me] + everyone[me + 1:] + [everyone[me]]:
             for name, tensor, offsets, shape in shards:
                 full = dense.setdefault(name, torch.zeros(shape, dtype=tensor.dtype))
                 full[tuple(slice(o, o + n) for o, n in zip(offsets, tensor.shape, strict=True))] = tensor

@@ -27,7 +27,8 @@ class Torch3D:
     """``step(tokens, targets)`` on the global batch; ``full_params()`` {name: full tensor} of this rank's
     stage, named as in the dense model."""
 
-    def __init__(self, model, dp: int, pp: int, tp: int, schedule: str, microbatches: int, lr: float):
+    def __init__(self, model, dp: int, pp: int, tp: int, schedule: str, microbatches: int, lr: float,
+                 mesh=None, optimizer=None, reshard_after_forward: bool = True, accumulation: int = 1):
         from torch.distributed import pipelining
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -41,8 +42,8 @@ class Torch3D:
             # torchtitan has no weight tying (pytorch/torchtitan#1524); split as is, the copies drift apart
             raise NotImplementedError("the torch 3D stack cannot tie the embedding to the LM head: "
                                       "torch.distributed.pipelining has no parameter shared across stages.")
-        mesh = init_device_mesh(rank_device().type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
-        self.dims, self.mesh, self.microbatches = (dp, pp, tp), mesh, microbatches
+        mesh = mesh or init_device_mesh(rank_device().type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
+        self.dims, self.mesh, self.microbatches, self.accumulation = (dp, pp, tp), mesh, microbatches, accumulation
         coord = mesh.get_coordinate()
         self.dp_rank, stage_idx = coord[0], coord[1]
         n_layers = len(model.blocks)
@@ -60,23 +61,25 @@ class Torch3D:
             self.names[name] = f"blocks.{lo + int(parts[1])}.{'.'.join(parts[2:])}" if parts[0] == "blocks" else name
         tp_mesh = mesh["tp"]
         for block in stage.blocks:
-            parallelize_module(block, tp_mesh, {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(),
-                                                "attn.v": ColwiseParallel(), "attn.o": RowwiseParallel(),
-                                                "fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+            parallelize_module(block, tp_mesh, _tp_plan(block))
             block.attn.heads //= tp
+            if hasattr(block.attn, "kv_heads"):  # a Llama block: KV heads split like the query heads
+                block.attn.kv_heads //= tp
         if first:
             parallelize_module(stage.embed, tp_mesh, RowwiseParallel(input_layouts=Replicate(),
                                                                      output_layouts=Replicate()))
         if last:
             parallelize_module(stage.head, tp_mesh, ColwiseParallel(output_layouts=Shard(-1), use_local_output=False))
         for block in stage.blocks:
-            fully_shard(block, mesh=mesh["dp"])
-        fully_shard(stage, mesh=mesh["dp"])
+            fully_shard(block, mesh=mesh["dp"], reshard_after_forward=reshard_after_forward)
+        fully_shard(stage, mesh=mesh["dp"], reshard_after_forward=reshard_after_forward)
         self.stage = stage
-        self.optimizer = torch.optim.SGD(stage.parameters(), lr=lr, momentum=0.9)
+        self.optimizer = optimizer.build(stage.parameters()) if optimizer is not None else torch.optim.SGD(
+            stage.parameters(), lr=lr, momentum=0.9)
         self.pstage = pipelining.PipelineStage(stage, stage_idx, pp, rank_device(), group=mesh["pp"].get_group())
         self.first, self.last = first, last
         self.schedule_cls = getattr(pipelining, SCHEDULES[schedule])
+        self._schedule, self._count = None, 1
         self.max_grad_norm, self.norm_type, self.last_grad_norm = None, 2.0, None
         self.clip_recipe = "per-mesh"
         """"torchtitan": its clip_grad_norm_ verbatim (one get_total_norm over every gradient); "per-mesh":
@@ -87,21 +90,31 @@ class Torch3D:
     def step(self, tokens, targets) -> float:
         from torch.distributed.tensor.parallel import loss_parallel
 
-        dp = self.dims[0]
+        dp, k = self.dims[0], self.accumulation
+        if len(tokens) % dp or len(tokens) // dp % k:
+            raise ValueError(f"the global batch's {len(tokens)} rows do not split evenly over dp = {dp} replicas and "
+                             f"{k} accumulation passes.")
         per = len(tokens) // dp
         mine = slice(self.dp_rank * per, (self.dp_rank + 1) * per)
         tokens, targets = tokens[mine], targets[mine]
-        count = targets.numel()
+        self._count = targets.numel()
+        if self._schedule is None:  # one schedule for every pass: a new one re-runs the stage's shape
+            # inference, whose clean-up drops the gradients accumulated so far (PipelineStage)
 
-        def loss_fn(logits, target):
-            return F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="sum") / count
+            def loss_fn(logits, target):  # each pass divides by the replica's whole token count
+                return F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="sum") / self._count
 
-        schedule = self.schedule_cls(self.pstage, self.microbatches, loss_fn=loss_fn, scale_grads=False)
+            self._schedule = self.schedule_cls(self.pstage, self.microbatches, loss_fn=loss_fn, scale_grads=False)
         self.optimizer.zero_grad()
         losses: list = []
-        with loss_parallel():
-            kwargs = {"target": targets, "losses": losses} if self.last else {}
-            schedule.step(*((tokens,) if self.first else ()), **kwargs)
+        rows = per // k
+        for a in range(k):  # gradient accumulation: FSDP2 sums each pass's reduced gradient into its shard
+            part = slice(a * rows, (a + 1) * rows)
+            passed: list = []  # schedule.step clears the list it is given
+            with loss_parallel():
+                kwargs = {"target": targets[part], "losses": passed} if self.last else {}
+                self._schedule.step(*((tokens[part],) if self.first else ()), **kwargs)
+            losses += passed
         if self.max_grad_norm is not None:
             self.last_grad_norm = self._clip()
         self.optimizer.step()
@@ -138,6 +151,18 @@ class Torch3D:
 
     def full_params(self) -> dict:
         return {self.names[name]: _full(p.detach()).clone() for name, p in self.stage.named_parameters()}
+
+
+def _tp_plan(block) -> dict:
+    """torchtitan's plan per family: q, k, v (and GPT's fc1 / Llama's gate, up) column-wise, the output
+    projection (and fc2 / down) row-wise."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plan = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+            "attn.o": RowwiseParallel()}
+    if hasattr(block, "mlp"):  # Llama: SwiGLU
+        return {**plan, "mlp.gate": ColwiseParallel(), "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}
+    return {**plan, "fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
 
 
 def _full(t):

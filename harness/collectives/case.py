@@ -239,7 +239,7 @@ def merge(results: list[dict]) -> dict:
         hit = [r for r in active if r["outcome"] == outcome]
         if hit:
             return {"outcome": outcome, "wrong": sum(r["wrong"] for r in active),
-                    "detail": "; ".join(r["detail"] for r in hit if r["detail"])}
+                    "detail": "; ".join(dict.fromkeys(r["detail"] for r in hit if r["detail"]))}
     return {"outcome": "pass", "wrong": 0, "detail": ""}
 
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from harness.collectives.case import IN_PLACE_OPTIONAL, REDUCING, ROOTED, Case, merge, run_case
 from harness.errors import HarnessError
-from harness.world import RankFailure
+from harness.world import run_or_fail
 
 from .strategies import NUMELS, cases
 
@@ -15,10 +15,9 @@ from .strategies import NUMELS, cases
 def verdict(world_cache, n: int, case) -> dict:
     """Run one case on the shared World of size n; one merged verdict. A rank that dies or hangs in the
     code under test (its peers then stuck in the collective) is a failure with the World's account of it."""
-    try:
-        return merge(world_cache.get(n).run(run_case, case, timeout=120))
-    except RankFailure as exc:
-        return {"outcome": "fail", "wrong": 0, "detail": str(exc).splitlines()[0]}
+    failed = {"outcome": "fail", "wrong": 0, "detail": ""}
+    return merge(run_or_fail(world_cache.get(n), run_case, case, timeout=120,
+                             failed=lambda detail: {**failed, "detail": detail}))
 
 
 def corner_cases(impl: str, collective: str, world_sizes: list[int]) -> list[tuple[int, Case]]:

@@ -1,0 +1,112 @@
+"""The ``torch`` stack: the torchtitan-style torch 3D stack (``harness.adapters.torch_3d.Torch3D``: DTensor
+TP with torchtitan's plan per family, torch.distributed.pipelining GPipe / 1F1B, FSDP2 over dp) under the
+stack contract, for the GPT and the Llama family (grouped-query attention through the same
+ColwiseParallel plan: the KV heads split over tp).
+
+What it does not provide is ``Unsupported`` in one sentence: ZeRO 0 / 1 with dp > 1 (FSDP2 shards the
+parameters: ZeRO 2 is ``reshard_after_forward=False``, 3 is True; over one replica nothing is sharded and
+any stage is the same), the interleaved schedule, activation checkpointing, sequence parallelism, tied
+embeddings (pipelining shares no parameter across stages), kv_heads < tp (ColwiseParallel cannot split
+fewer heads than ranks: they would have to be replicated, which the plan does not do — torchtitan
+requires the KV heads to divide by tp too), low precision (its mixed-precision recipe is FSDP2's
+``MixedPrecisionPolicy``, held separately in suites/mixed_precision), and save / load (resume through
+torch DCP is suites/resume's).
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from ..contracts import Unsupported
+
+_MESHES: dict = {}
+
+
+class TorchStack:
+    description = "torchtitan-style: DTensor TP + pipelining (GPipe, 1F1B) + FSDP2, GPT and Llama"
+
+    def build(self, spec, layout, recipe, group=None):
+        why = _unsupported(spec, layout, recipe)
+        if why:
+            raise Unsupported(why)
+        if spec.heads % layout.tp:
+            raise ValueError(f"tp ({layout.tp}) must divide the attention heads ({spec.heads}).")
+        if layout.pp > spec.layers:
+            raise ValueError(f"pp ({layout.pp}) cannot exceed the number of layers ({spec.layers}).")
+        return TorchStackTrainer(spec, layout, recipe)
+
+
+def _unsupported(spec, layout, recipe) -> str | None:
+    if spec.extra or layout.extra:
+        return f"the torch stack does not know {', '.join(sorted({**spec.extra, **layout.extra}))}."
+    if layout.dp > 1 and layout.zero < 2:
+        return ("the torch stack shards with FSDP2 (ZeRO 2 or 3 over dp); ZeRO 0 / 1 over more than one replica is "
+                "not what it runs.")
+    if layout.schedule == "interleaved":
+        return "the torch stack runs GPipe and 1F1B with one stage per rank, not the interleaved schedule."
+    if layout.checkpointing or layout.sequence_parallel:
+        return "the torch stack applies neither activation checkpointing nor sequence parallelism here."
+    if spec.tie_embeddings:
+        return ("the torch stack cannot tie the embedding to the LM head: torch.distributed.pipelining has no "
+                "parameter shared across stages.")
+    if spec.kv % layout.tp:
+        return (f"the torch stack splits the {spec.kv} KV heads over tp = {layout.tp} with ColwiseParallel; fewer "
+                "KV heads than ranks would have to be replicated, which its plan does not do.")
+    if spec.dtype not in ("float64", "float32"):
+        return "the torch stack's low-precision recipe is FSDP2's MixedPrecisionPolicy, held in suites/mixed_precision."
+    return None
+
+
+class TorchStackTrainer:
+    def __init__(self, spec, layout, recipe):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from ..rank import rank_device
+
+        self.spec, self.layout, self.recipe = spec, layout, recipe
+        dims = (layout.dp, layout.pp, layout.tp)
+        if dims not in _MESHES:  # process groups are created once per layout and rank process
+            _MESHES[dims] = init_device_mesh(rank_device().type, dims, mesh_dim_names=("dp", "pp", "tp"))
+        self.mesh = _MESHES[dims]
+        self.trainer = self._build(spec.build(0))
+
+    def _build(self, model):
+        from .torch_3d import Torch3D
+
+        layout, recipe = self.layout, self.recipe
+        trainer = Torch3D(model, layout.dp, layout.pp, layout.tp, layout.schedule, layout.num_microbatches,
+                          recipe.optimizer.lr, mesh=self.mesh, optimizer=recipe.optimizer,
+                          reshard_after_forward=layout.zero == 3, accumulation=recipe.accumulation)
+        trainer.max_grad_norm, trainer.norm_type = recipe.max_grad_norm, recipe.norm_type
+        return trainer
+
+    def load_dense(self, state: dict) -> None:
+        model = self.spec.build(0)
+        model.load_state_dict(state)
+        self.trainer = self._build(model)
+
+    def step(self, tokens, targets) -> float:
+        from ..rank import rank_device
+
+        return self.trainer.step(tokens.to(rank_device()), targets.to(rank_device()))
+
+    def dense_state(self) -> dict:
+        from .torch_3d import _full
+
+        t = self.trainer
+        keys = self.recipe.optimizer.state_keys
+        mine = {"params": {t.names[n]: _full(p.detach()).cpu().clone() for n, p in t.stage.named_parameters()},
+                "optimizer": {t.names[n]: {k: _full(t.optimizer.state[p][k]).cpu().clone() for k in keys
+                                           if k in t.optimizer.state.get(p, {})}
+                              for n, p in t.stage.named_parameters()}}
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)  # every stage's tensors, on every rank
+        params, optimizer = {}, {}
+        me = dist.get_rank()  # this rank's own tensors last: its view of its stage is what it reports
+        for part in everyone[:me] + everyone[me + 1:] + [everyone[me]]:
+            params.update(part["params"])
+            optimizer.update(part["optimizer"])
+        return {"params": params, "optimizer": optimizer, "grad_norm": t.last_grad_norm}
+
+
+__all__ = ["TorchStack"]

@@ -1,0 +1,31 @@
+"""Rank side of test_findings.py: the minimal cases of third-party behaviour the stack suite found."""
+
+from __future__ import annotations
+
+import torch
+
+
+def fsdp_pipeline_grads_over_two_schedules(reuse: bool) -> dict:
+    """One FSDP2-wrapped Linear as a one-stage pipeline: a step of one schedule, then a step of the same
+    schedule (``reuse``) or of a new one over the same PipelineStage, without zeroing the gradients in
+    between. Returns whether the gradient is the two passes' sum, or the second pass's alone."""
+    from torch.distributed import pipelining
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 2, dtype=torch.float64)
+    x1, x2 = torch.randn(2, 3, dtype=torch.float64), torch.randn(2, 3, dtype=torch.float64)
+    fully_shard(lin, mesh=init_device_mesh("cpu", (1,)))
+    stage = pipelining.PipelineStage(lin, 0, 1, torch.device("cpu"))
+
+    def loss_fn(out, target):
+        return out.sum()
+
+    first = pipelining.ScheduleGPipe(stage, 1, loss_fn=loss_fn, scale_grads=False)
+    first.step(x1, target=torch.zeros(2))
+    second = first if reuse else pipelining.ScheduleGPipe(stage, 1, loss_fn=loss_fn, scale_grads=False)
+    second.step(x2, target=torch.zeros(2))
+    got = lin.weight.grad.full_tensor()
+    one, two = x1.sum(0).expand(2, 3), x2.sum(0).expand(2, 3)  # d(sum(W x + b))/dW per pass
+    return {"sum": bool(torch.allclose(got, one + two)), "second_only": bool(torch.allclose(got, two))}
