@@ -8,7 +8,9 @@ loss, each step's norm (ranks.norm_bound) and every parameter within the bound d
 batch; 2x2x2 alternates 1 and 2). Each layout runs one (schedule, ZeRO stage, checkpointing) combination
 in rotation, and 2 x 2 x 2 runs all 18 of them (6 in tox — every schedule and every ZeRO stage, with and without
 checkpointing — the other 12 in the thorough env): every combination is exercised, with few examples
-(world size 8 on 2 cores). Planted bugs (ranks.PLANTED) fail at their smallest layout."""
+(world size 8 on 2 cores). In tox the layouts of 8 ranks other than 2 x 2 x 2 run in suites/stack (every
+layout of the reference stack, without dropout); with keyed dropout here in the thorough env. Planted
+bugs (ranks.PLANTED) fail at their smallest layout."""
 
 from __future__ import annotations
 
@@ -41,7 +43,10 @@ def _cases():
                 # stage under two schedules; all 18 in the thorough env
                 j = i // 6  # the schedule's index in COMBOS
                 in_tox = (zero, ckpt) in ((j % 3, False), ((j + 2) % 3, True))
-                marks = [pytest.mark.thorough] if len(combos) > 1 and not in_tox else []
+                # the other layouts of 8 ranks are the stack suite's (suites/stack: every layout, the reference
+                # among the stacks, without dropout): here in the thorough env, with keyed dropout
+                marks = [pytest.mark.thorough] if (len(combos) > 1 and not in_tox) or (
+                    n == 8 and len(combos) == 1) else []
                 yield pytest.param(n, dims, schedule, zero, ckpt, acc, id=label, marks=marks)
 
 
