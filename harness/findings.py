@@ -14,6 +14,7 @@ even if it calls itself "torch". Precision-matched bounds (``precision``) come f
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -158,6 +159,13 @@ FINDINGS: tuple[Finding, ...] = (
             "the gradient is the second pass's alone; the stack at accumulation 2 was off by 3-16 %).",
             "suites/stack/test_findings.py::test_a_new_pipeline_schedule_drops_fsdp2_accumulated_gradients",
             handled_by_adapter="the torch stack builds one schedule and reuses it for every accumulation pass"),
+    Finding("torch", "stack", "torch", ("2.13", None),
+            "torch.nn.utils.get_total_norm(..., inf) — torchtitan's clip_grad_norm_ — raises on a rank whose FSDP2 "
+            "shard of a gradient is empty ('_foreach_norm cannot compute the infinity norm on an empty tensor') "
+            "while its peers wait in the reduction; the 2-norm works (minimal case: Linear(3, 1) over 2 ranks; in "
+            "the stack: vocabulary 13 over tp 4 x dp 2, the last TP rank's one head row split over 2).",
+            "suites/stack/test_findings.py::test_inf_norm_of_an_empty_fsdp_shard_raises",
+            {"norm_type": math.inf}, symptom=r"cannot compute the infinity norm on an empty tensor"),
 )
 
 

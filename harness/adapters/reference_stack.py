@@ -36,6 +36,12 @@ class ReferenceStack:
                               "pipeline parallelism; ZeRO 3 is not composed.")
         if spec.dtype == "float16" and recipe.loss_scale is None:
             raise ValueError("a float16 model needs a loss scale (Recipe.loss_scale): its gradients underflow.")
+        from reference.models.sharding import check_heads
+
+        check_heads(spec.heads, spec.kv, layout.tp)  # what the split would refuse, refused here
+        if layout.pp * (2 if layout.schedule == "interleaved" else 1) > spec.layers:
+            raise ValueError(f"pp x virtual stages = {layout.pp * (2 if layout.schedule == 'interleaved' else 1)} "
+                             f"cannot exceed the number of layers ({spec.layers}).")
         return ReferenceStackTrainer(spec, layout, recipe)
 
 
@@ -52,7 +58,13 @@ class ReferenceStackTrainer:
         self.groups = _GROUPS[self.dims]
         self.scaler = (lambda: DynamicLossScaler(recipe.loss_scale, growth_interval=recipe.growth_interval)) \
             if recipe.loss_scale is not None else (lambda: None)
-        self.trainer = self._parallelize(spec.build(0))
+        self._trainer = None  # built from the dense state load_dense gives (else from the spec's seed 0)
+
+    @property
+    def trainer(self):
+        if self._trainer is None:
+            self._trainer = self._parallelize(self.spec.build(0))
+        return self._trainer
 
     def _parallelize(self, model):
         from reference.compose import parallelize
@@ -66,7 +78,7 @@ class ReferenceStackTrainer:
     def load_dense(self, state: dict) -> None:
         model = self.spec.build(0)
         model.load_state_dict(state)
-        self.trainer = self._parallelize(model)  # the groups are kept: no collective here
+        self._trainer = self._parallelize(model)  # the groups are kept: no collective here
 
     def step(self, tokens, targets) -> float:
         from harness.rank import rank_device

@@ -128,9 +128,13 @@ class Torch3D:
         import math
 
         params = [p for p in self.stage.parameters() if p.grad is not None]
-        groups: dict = {}  # the parameters per device mesh of their gradients (a plain tensor: None)
+        groups: dict = {}  # the parameters per device mesh of their gradients (a plain tensor: None), keyed by
+        # the mesh's value: id() of a mesh object is not stable (a freed one's id is reused), and a group of
+        # only empty FSDP shards would make the inf-norm raise on that rank
         for p in params:
-            groups.setdefault(id(getattr(p.grad, "device_mesh", None)), []).append(p)
+            mesh = getattr(p.grad, "device_mesh", None)
+            key = None if mesh is None else (tuple(mesh.mesh_dim_names or ()), tuple(mesh.mesh.flatten().tolist()))
+            groups.setdefault(key, []).append(p)
         if self.clip_recipe == "torchtitan":
             groups = {0: params}
         norms = torch.stack([_full(torch.nn.utils.get_total_norm([p.grad for p in g], self.norm_type))

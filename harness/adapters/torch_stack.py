@@ -68,7 +68,13 @@ class TorchStackTrainer:
         if dims not in _MESHES:  # process groups are created once per layout and rank process
             _MESHES[dims] = init_device_mesh(rank_device().type, dims, mesh_dim_names=("dp", "pp", "tp"))
         self.mesh = _MESHES[dims]
-        self.trainer = self._build(spec.build(0))
+        self._trainer = None  # built from the dense state load_dense gives (else from the spec's seed 0)
+
+    @property
+    def trainer(self):
+        if self._trainer is None:
+            self._trainer = self._build(self.spec.build(0))
+        return self._trainer
 
     def _build(self, model):
         from .torch_3d import Torch3D
@@ -83,7 +89,7 @@ class TorchStackTrainer:
     def load_dense(self, state: dict) -> None:
         model = self.spec.build(0)
         model.load_state_dict(state)
-        self.trainer = self._build(model)
+        self._trainer = self._build(model)
 
     def step(self, tokens, targets) -> float:
         from ..rank import rank_device

@@ -67,11 +67,7 @@ class ParallelGQAttention(nn.Module):
         super().__init__()
         tp, r = dist.get_world_size(group), dist.get_rank(group)
         heads, kv = dense.heads, dense.kv_heads
-        if heads % tp:
-            raise ValueError(f"tp ({tp}) must divide the attention heads ({heads}).")
-        if kv % tp and tp % kv:
-            raise ValueError(f"tp ({tp}) must divide kv_heads ({kv}) or be a multiple of it (each KV head then "
-                             f"replicated tp / kv_heads times); {tp} and {kv} are neither.")
+        check_heads(heads, kv, tp)
         self.group, self.theta, self.head_dim = group, dense.theta, dense.head_dim
         self.local_heads, self.kv_slots = heads // tp, kv
         self.q = ColumnParallelLinear.from_dense(dense.q, group)
@@ -136,6 +132,16 @@ class ParallelLlamaBlock(nn.Module):
         positions = positions if positions is not None else torch.arange(x.shape[1], device=x.device)
         x = x + self.attn(self.attn_norm(x), positions)
         return x + self.mlp(self.mlp_norm(x))
+
+
+def check_heads(heads: int, kv_heads: int, tp: int) -> None:
+    """One sentence for a tp the attention cannot be split over: tp must divide the query heads, and
+    divide the KV heads or be a multiple of them (each KV head then replicated tp / kv_heads times)."""
+    if heads % tp:
+        raise ValueError(f"tp ({tp}) must divide the attention heads ({heads}).")
+    if kv_heads % tp and tp % kv_heads:
+        raise ValueError(f"tp ({tp}) must divide kv_heads ({kv_heads}) or be a multiple of it (each KV head then "
+                         f"replicated tp / kv_heads times); {tp} and {kv_heads} are neither.")
 
 
 def tp_block(block: nn.Module, tp_group) -> nn.Module:

@@ -28,6 +28,9 @@ EXAMPLES = {
         {"optimizer": "sgd", "universal": True}, "ds_to_universal raised KeyError: 'exp_avg'"),
     "test_deepspeed_fp16_stage0_never_scales_the_loss": (
         {"precision": "fp16", "stage": 0}, "rank 0: parameter 1 off by 0.0102 > 0.000137"),
+    "test_inf_norm_of_an_empty_fsdp_shard_raises": (
+        {"norm_type": float("inf")}, "rank 7: RuntimeError: _foreach_norm cannot compute the infinity norm on an empty "
+        "tensor because the operation does not have an identity (ranks [0, 1] of 8 were still inside ...)"),
     "test_deepspeed_fp16_halves_the_update_when_the_scale_grows": (
         {"precision": "fp16", "stage": 1, "scale_grew": True}, "rank 1: parameter 0 off by 0.0016 > 0.00014"),
 }

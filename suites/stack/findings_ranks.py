@@ -29,3 +29,24 @@ def fsdp_pipeline_grads_over_two_schedules(reuse: bool) -> dict:
     got = lin.weight.grad.full_tensor()
     one, two = x1.sum(0).expand(2, 3), x2.sum(0).expand(2, 3)  # d(sum(W x + b))/dW per pass
     return {"sum": bool(torch.allclose(got, one + two)), "second_only": bool(torch.allclose(got, two))}
+
+
+def inf_norm_of_an_empty_fsdp_shard() -> str | None:
+    """FSDP2 over the World of a Linear(3, 1): its (1, 3) weight's shard on rank 1 is empty. The inf norm of
+    the gradients (torch.nn.utils.get_total_norm, torchtitan's clip_grad_norm_): the error this rank raised,
+    or None."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 1, bias=False, dtype=torch.float64)
+    fully_shard(lin, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+    lin(torch.ones(2, 3, dtype=torch.float64)).sum().backward()
+    from harness.rank import failed_in_implementation
+
+    try:
+        torch.nn.utils.get_total_norm([lin.weight.grad], float("inf")).full_tensor()
+    except RuntimeError as exc:  # its peer waits in the reduction: the World ends it after the grace
+        return failed_in_implementation(f"rank {dist.get_rank()}: {str(exc).splitlines()[0]}")
+    return None

@@ -18,6 +18,7 @@ import math
 
 import pytest
 
+from harness import findings
 from harness.contracts.stack import Layout, Recipe
 from harness.stack import case as ranks
 from harness.world import run_or_fail
@@ -28,7 +29,8 @@ GPT = ModelSpec("gpt", vocab=13, hidden=16, heads=8, ffn=24, layers=5)
 LLAMA = ModelSpec("llama", vocab=13, hidden=16, heads=8, kv_heads=2, ffn=24, layers=5)
 MQA = ModelSpec("llama", vocab=13, hidden=16, heads=8, kv_heads=1, ffn=24, layers=5)
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
-CORNERS_8 = {(1, 1, 8), (2, 1, 4), (1, 4, 2), (2, 2, 2)}
+CORNERS = {4: {(1, 1, 4), (1, 4, 1), (1, 2, 2)}, 8: {(1, 1, 8), (2, 1, 4), (1, 4, 2), (2, 2, 2)}}
+"""The layouts of 4 and 8 ranks every profile runs (1, 2 and 3 ranks: all of them)."""
 CLIPS = ((0.05, 2.0), (0.02, math.inf))
 """Both clip at step 1 (the norms are 0.5-2 with these sizes): clipping is on every case."""
 
@@ -49,15 +51,17 @@ def _cases():
                 k += 1
                 schedule = SCHEDULES[k % 3] if pp > 1 else "1f1b"
                 schedule = "1f1b" if schedule == "interleaved" and 2 * pp > spec.layers else schedule
-                layout = Layout(dp, pp, tp, zero=k % 3, schedule=schedule, checkpointing=k % 4 == 1)
+                corner = (dp, pp, tp) in CORNERS.get(n, {(dp, pp, tp)})
+                # the 8-rank corners at ZeRO 2, which every stack here shards (FSDP2's is 2 or 3)
+                layout = Layout(dp, pp, tp, zero=2 if n == 8 else k % 3, schedule=schedule, checkpointing=k % 4 == 1)
                 tied = spec.family == "gpt" and k % 2 == 0
                 spec_k = ModelSpec(**{**spec.as_dict(), "tie_embeddings": tied})
                 max_norm, norm_type = CLIPS[k % 2]
                 recipe = Recipe(max_grad_norm=max_norm, norm_type=norm_type, accumulation=1 + (k % 5 == 2))
                 label = f"{spec_k.family}{'-mqa' if spec_k.kv == 1 else ''}{'-tied' if tied else ''}-{layout.label()}"
-                # 8 ranks in tox: the corners (tp 8 over one KV head, kv_heads < tp, a middle stage with TP,
-                # all three dimensions); the other six layouts of 8 in the thorough env
-                marks = [pytest.mark.thorough] if n == 8 and (dp, pp, tp) not in CORNERS_8 else []
+                # 4 and 8 ranks in tox: the corners (kv_heads < tp, tp 8 over one KV head, layers % pp != 0 with
+                # middle stages, all three dimensions); the other layouts of 4 and 8 in the thorough env
+                marks = [] if corner else [pytest.mark.thorough]
                 yield pytest.param(n, spec_k, layout, recipe, id=label, marks=marks)
 
 
@@ -66,12 +70,15 @@ def _verdict(world_cache, conformance, impl, n, spec, layout, recipe, **kw) -> d
                            failed=ranks.failed, **kw)
     refused = next((r for r in per_rank if r["refused"]), None)
     problems = sorted({p for r in per_rank for p in r["problems"]})
-    outcome = ("unsupported" if refused["unsupported"] else "refused") if refused else "fail" if problems else "pass"
-    conformance.record(outcome, suite="stack", world_size=n, dtype=spec.dtype, impl=impl,
+    known = findings.match(impl, "stack", problems, norm_type=recipe.norm_type) if problems and not refused else None
+    outcome = (("unsupported" if refused["unsupported"] else "refused") if refused else
+               "known-nonconformance" if known else "fail" if problems else "pass")
+    conformance.record(outcome, finding=known, suite="stack", world_size=n, dtype=spec.dtype, impl=impl,
                        collective=f"{spec.family}/{layout.label()}/zero{layout.zero}/{layout.schedule}",
                        max_rel_err=max(r.get("worst", 0.0) for r in per_rank),
                        detail=refused["refused"] if refused else " | ".join(problems[:1]))
-    return {"outcome": outcome, "problems": problems, "refused": refused and refused["refused"], "per_rank": per_rank}
+    return {"outcome": outcome, "problems": problems, "refused": refused and refused["refused"], "per_rank": per_rank,
+            "known": known}
 
 
 @pytest.mark.parametrize("n, spec, layout, recipe", list(_cases()))
@@ -82,6 +89,8 @@ def test_stack_equals_one_device(stack_impl, n, spec, layout, recipe, world_cach
     if v["outcome"] == "unsupported":
         pytest.skip(f"{stack_impl} does not provide this case: {v['refused']}")
     assert v["outcome"] != "refused", f"{stack_impl} refused a layout that fits the model: {v['refused']}"
+    if v["known"]:  # reported as what it is (a row; xfail, a failure under --strict), never as a pass
+        conformance.settle()
     assert not v["problems"], v["problems"][:4]
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
+from harness.world import ImplementationFailure, verdict_of
+
 from . import findings_ranks as ranks
 
 
@@ -14,3 +18,14 @@ def test_a_new_pipeline_schedule_drops_fsdp2_accumulated_gradients(world_cache):
         "sum": True, "second_only": False}
     assert world.run(ranks.fsdp_pipeline_grads_over_two_schedules, False, timeout=120)[0] == {
         "sum": False, "second_only": True}
+
+
+def test_inf_norm_of_an_empty_fsdp_shard_raises(world_cache):
+    """torch.nn.utils.get_total_norm(..., inf) — torchtitan's clip_grad_norm_ — on FSDP2 gradients raises on a
+    rank whose shard is empty ("_foreach_norm cannot compute the infinity norm on an empty tensor"), while
+    its peers wait in the reduction; the 2-norm of the same shards works. Minimal case: Linear(3, 1) over 2
+    ranks. Fails once torch takes the inf norm of an empty shard as 0."""
+    with pytest.raises(ImplementationFailure) as info:  # rank 0 left waiting in the reduction, then ended
+        world_cache.get(2).run(ranks.inf_norm_of_an_empty_fsdp_shard, timeout=60)
+    first = verdict_of(info.value)
+    assert first.startswith("rank 1: ") and "cannot compute the infinity norm on an empty tensor" in first, first

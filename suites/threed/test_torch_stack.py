@@ -10,6 +10,7 @@ import pytest
 from harness.threed import case as ranks
 
 
+@pytest.mark.thorough  # in tox the stack suite holds the torch stack at 2x2x2 (suites/stack, through the contract)
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_torch_stack_2x2x2_equals_one_device(schedule, world_cache, conformance):
     per_rank = world_cache.get(8).run(ranks.train_torch_3d, 2, 2, 2, schedule, timeout=300)
