@@ -16,7 +16,6 @@ the step's bound.
 
 from __future__ import annotations
 
-import copy
 import math
 
 import torch
@@ -44,10 +43,11 @@ def bound(step: int, tokens: int, spec, world: int) -> float:
     return step * (tokens + spec.hidden + spec.ffn + spec.vocab + world) * u * 8 * spec.layers * 16
 
 
-def norm_bound(step: int, tokens: int, spec, world: int, spread: float) -> float:
+def norm_bound(step: int, tokens: int, spec, world: int, spread: float, numel: int) -> float:
     """|n' - n| / n: each gradient element within ``bound`` of its tensor's magnitude m_t, so the norms differ
-    by at most bound x sqrt(sum_t n_t m_t^2) (``spread``, relative to n), plus the norm's own sum."""
-    return bound(step, tokens, spec, world) * spread + 16 * tokens * (U64 if spec.dtype == "float64" else U32)
+    by at most bound x sqrt(sum_t n_t m_t^2) (``spread``, relative to n), plus the norm's own sum of ``numel``
+    squares in another order (numel u)."""
+    return bound(step, tokens, spec, world) * spread + numel * (U64 if spec.dtype == "float64" else U32)
 
 
 def global_batch(vocab: int, rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,8 +72,8 @@ def _one_device(spec, recipe, seed: int, tokens, targets, steps: int) -> list[di
         opt.step()
         state = {n: {k: opt.state[p][k].detach().clone() for k in recipe.optimizer.state_keys}
                  for n, p in model.named_parameters()}
-        out.append({"loss": float(loss.detach()), "norm": norm, "spread": spread / max(norm or 1e-300, 1e-300)
-                    if norm else 0.0, "optimizer": state,
+        out.append({"loss": float(loss.detach()), "norm": norm, "numel": sum(g.numel() for g in grads),
+                    "spread": spread / max(norm or 1e-300, 1e-300) if norm else 0.0, "optimizer": state,
                     # state_dict's names: a tied head's weight under both of its names, as load_dense is given it
                     "params": {n: t.detach().clone() for n, t in model.state_dict().items()}})
     return out
@@ -127,7 +127,7 @@ def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int 
     problems, worst, losses = [], 0.0, []
     limit = bound(steps, tokens.numel(), spec, n)
     try:
-        trainer.load_dense(copy.deepcopy(spec.build(seed)).state_dict())
+        trainer.load_dense(spec.build(seed).state_dict())
     except Exception as exc:  # noqa: BLE001
         return _failed(f"rank {r}: load_dense raised {describe(exc)}")
     try:
@@ -150,7 +150,7 @@ def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int 
             if want[k]["norm"] is not None:
                 got_norm = state.get("grad_norm")
                 rel = abs(got_norm - want[k]["norm"]) / want[k]["norm"] if got_norm is not None else math.inf
-                nb = norm_bound(k + 1, tokens.numel(), spec, n, want[k]["spread"])
+                nb = norm_bound(k + 1, tokens.numel(), spec, n, want[k]["spread"], want[k]["numel"])
                 if not rel <= nb:
                     problems.append(f"rank {r}: step {k + 1}: gradient norm {got_norm!r} vs one device "
                                     f"{want[k]['norm']!r} (off by {rel:.3g} > {nb:.3g})")
@@ -199,7 +199,7 @@ def resume_stack(impl_spec: str, spec, layout_a, layout_b, recipe, directory: st
         if not (callable(getattr(first, "save", None)) and callable(getattr(first, "load", None))):
             return {"refused": f"{impl_spec} has no save / load: resume is unsupported.", "unsupported": True,
                     "problems": []}
-        first.load_dense(copy.deepcopy(spec.build(seed)).state_dict())
+        first.load_dense(spec.build(seed).state_dict())
         first.step(tokens.to(device), targets.to(device))
         first.save(directory)
         second = impl.build(spec, layout_b, recipe)
