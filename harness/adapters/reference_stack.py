@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..contracts import Unsupported
+from .dense_built import BuiltFromDense
 
 _GROUPS: dict = {}
 
@@ -45,7 +46,7 @@ class ReferenceStack:
         return ReferenceStackTrainer(spec, layout, recipe)
 
 
-class ReferenceStackTrainer:
+class ReferenceStackTrainer(BuiltFromDense):
     def __init__(self, spec, layout, recipe):
         from reference.mixed_precision import DynamicLossScaler
         from reference.topology import ParallelDims, build_groups
@@ -58,15 +59,7 @@ class ReferenceStackTrainer:
         self.groups = _GROUPS[self.dims]
         self.scaler = (lambda: DynamicLossScaler(recipe.loss_scale, growth_interval=recipe.growth_interval)) \
             if recipe.loss_scale is not None else (lambda: None)
-        self._trainer = None  # built from the dense state load_dense gives (else from the spec's seed 0)
-
-    @property
-    def trainer(self):
-        if self._trainer is None:
-            self._trainer = self._parallelize(self.spec.build(0))
-        return self._trainer
-
-    def _parallelize(self, model):
+    def _build(self, model):
         from reference.compose import parallelize
 
         layout, recipe = self.layout, self.recipe
@@ -74,11 +67,6 @@ class ReferenceStackTrainer:
                            optimizer=recipe.optimizer, microbatches=layout.num_microbatches,
                            loss_scaler=self.scaler(), max_grad_norm=recipe.max_grad_norm, norm_type=recipe.norm_type,
                            accumulation=recipe.accumulation)
-
-    def load_dense(self, state: dict) -> None:
-        model = self.spec.build(0)
-        model.load_state_dict(state)
-        self._trainer = self._parallelize(model)  # the groups are kept: no collective here
 
     def step(self, tokens, targets) -> float:
         from harness.rank import rank_device

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from ..contracts import Unsupported
+from .dense_built import BuiltFromDense
 
 _MESHES: dict = {}
 
@@ -57,7 +58,7 @@ def _unsupported(spec, layout, recipe) -> str | None:
     return None
 
 
-class TorchStackTrainer:
+class TorchStackTrainer(BuiltFromDense):
     def __init__(self, spec, layout, recipe):
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -68,13 +69,6 @@ class TorchStackTrainer:
         if dims not in _MESHES:  # process groups are created once per layout and rank process
             _MESHES[dims] = init_device_mesh(rank_device().type, dims, mesh_dim_names=("dp", "pp", "tp"))
         self.mesh = _MESHES[dims]
-        self._trainer = None  # built from the dense state load_dense gives (else from the spec's seed 0)
-
-    @property
-    def trainer(self):
-        if self._trainer is None:
-            self._trainer = self._build(self.spec.build(0))
-        return self._trainer
 
     def _build(self, model):
         from .torch_3d import Torch3D
@@ -85,11 +79,6 @@ class TorchStackTrainer:
                           reshard_after_forward=layout.zero == 3, accumulation=recipe.accumulation)
         trainer.max_grad_norm, trainer.norm_type = recipe.max_grad_norm, recipe.norm_type
         return trainer
-
-    def load_dense(self, state: dict) -> None:
-        model = self.spec.build(0)
-        model.load_state_dict(state)
-        self._trainer = self._build(model)
 
     def step(self, tokens, targets) -> float:
         from ..rank import rank_device

@@ -6,10 +6,10 @@ from harness.adapters.reference_stack import ReferenceStack, ReferenceStackTrain
 
 
 class _KVNotSummed(ReferenceStackTrainer):
-    def _parallelize(self, model):
+    def _build(self, model):
         from reference.models.sharding import ParallelGQAttention
 
-        trainer = super()._parallelize(model)
+        trainer = super()._build(model)
         for mod in trainer.local.modules():
             if isinstance(mod, ParallelGQAttention) and mod.replicas > 1:
                 mod._kv_weight = lambda lin: lin.weight  # each replica keeps only its own query heads' share
