@@ -29,8 +29,9 @@ GPT = ModelSpec("gpt", vocab=13, hidden=16, heads=8, ffn=24, layers=5)
 LLAMA = ModelSpec("llama", vocab=13, hidden=16, heads=8, kv_heads=2, ffn=24, layers=5)
 MQA = ModelSpec("llama", vocab=13, hidden=16, heads=8, kv_heads=1, ffn=24, layers=5)
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
-CORNERS = {4: {(1, 1, 4), (1, 4, 1), (1, 2, 2)}, 8: {(1, 1, 8), (2, 1, 4), (1, 4, 2), (2, 2, 2)}}
-"""The layouts of 4 and 8 ranks every profile runs (1, 2 and 3 ranks: all of them)."""
+CORNERS = {4: {(1, 1, 4), (1, 4, 1)}, 8: {(1, 1, 8), (2, 1, 4), (1, 4, 2), (2, 2, 2)}}
+"""The layouts of 4 and 8 ranks every profile runs (1, 2 and 3 ranks: all of them): kv_heads < tp, a middle
+stage with layers % pp != 0, tp 8 over one KV head, pp with tp, all three dimensions."""
 CLIPS = ((0.05, 2.0), (0.02, math.inf))
 """Both clip at step 1 (the norms are 0.5-2 with these sizes): clipping is on every case."""
 
