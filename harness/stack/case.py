@@ -167,6 +167,17 @@ def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int 
             "losses": losses}
 
 
+def verdict(per_rank: list[dict]) -> tuple[str, str | None, list[str]]:
+    """(outcome, refusal sentence or None, the distinct problem lines) of every rank's result: unsupported /
+    refused (a rank refused), fail (any problem) or pass; the suite turns a fail a finding explains into
+    known-nonconformance."""
+    refused = next((r for r in per_rank if r["refused"]), None)
+    problems = sorted({p for r in per_rank for p in r["problems"]})
+    if refused:
+        return ("unsupported" if refused["unsupported"] else "refused"), refused["refused"], problems
+    return ("fail" if problems else "pass"), None, problems
+
+
 def _flat(optimizer: dict) -> dict:
     return {f"{name}/{key}": t for name, state in optimizer.items() for key, t in state.items()}
 

@@ -69,17 +69,14 @@ def _cases():
 def _verdict(world_cache, conformance, impl, n, spec, layout, recipe, **kw) -> dict:
     per_rank = run_or_fail(world_cache.get(n), ranks.train_stack, impl, spec, layout, recipe, timeout=300,
                            failed=ranks.failed, **kw)
-    refused = next((r for r in per_rank if r["refused"]), None)
-    problems = sorted({p for r in per_rank for p in r["problems"]})
-    known = findings.match(impl, "stack", problems, norm_type=recipe.norm_type) if problems and not refused else None
-    outcome = (("unsupported" if refused["unsupported"] else "refused") if refused else
-               "known-nonconformance" if known else "fail" if problems else "pass")
+    outcome, refused, problems = ranks.verdict(per_rank)
+    known = findings.match(impl, "stack", problems, norm_type=recipe.norm_type) if outcome == "fail" else None
+    outcome = "known-nonconformance" if known else outcome
     conformance.record(outcome, finding=known, suite="stack", world_size=n, dtype=spec.dtype, impl=impl,
                        collective=f"{spec.family}/{layout.label()}/zero{layout.zero}/{layout.schedule}",
                        max_rel_err=max(r.get("worst", 0.0) for r in per_rank),
-                       detail=refused["refused"] if refused else " | ".join(problems[:1]))
-    return {"outcome": outcome, "problems": problems, "refused": refused and refused["refused"], "per_rank": per_rank,
-            "known": known}
+                       detail=refused or " | ".join(problems[:1]))
+    return {"outcome": outcome, "problems": problems, "refused": refused, "per_rank": per_rank, "known": known}
 
 
 @pytest.mark.parametrize("n, spec, layout, recipe", list(_cases()))

@@ -23,14 +23,12 @@ PAIRS = [(GPT, Layout(2, 1, 2, zero=1), Layout(1, 2, 2, zero=0, schedule="gpipe"
 def test_resume_on_another_layout_equals_one_device(stack_impl, spec, a, b, world_cache, conformance, tmp_path):
     per_rank = run_or_fail(world_cache.get(4), ranks.resume_stack, stack_impl, spec, a, b,
                            Recipe(max_grad_norm=0.05), str(tmp_path), timeout=300, failed=ranks.failed)
-    refused = next((r for r in per_rank if r["refused"]), None)
-    problems = sorted({p for r in per_rank for p in r["problems"]})
-    outcome = ("unsupported" if refused["unsupported"] else "refused") if refused else "fail" if problems else "pass"
+    outcome, refused, problems = ranks.verdict(per_rank)
     conformance.record(outcome, suite="stack", world_size=4, dtype=spec.dtype, impl=stack_impl,
                        collective=f"resume {spec.family} {a.label()}/zero{a.zero} -> {b.label()}/zero{b.zero}",
-                       detail=refused["refused"] if refused else " | ".join(problems[:1]))
+                       detail=refused or " | ".join(problems[:1]))
     if outcome == "unsupported":
-        pytest.skip(refused["refused"])
+        pytest.skip(refused)
     assert outcome == "pass", problems[:4] or refused
 
 
