@@ -8,9 +8,13 @@ parameters: ZeRO 2 is ``reshard_after_forward=False``, 3 is True; over one repli
 any stage is the same), the interleaved schedule, activation checkpointing, sequence parallelism, tied
 embeddings (pipelining shares no parameter across stages), kv_heads < tp (ColwiseParallel cannot split
 fewer heads than ranks: they would have to be replicated, which the plan does not do — torchtitan
-requires the KV heads to divide by tp too), low precision (its mixed-precision recipe is FSDP2's
-``MixedPrecisionPolicy``, held separately in suites/mixed_precision), and save / load (resume through
-torch DCP is suites/resume's).
+requires the KV heads to divide by tp too) and low precision (its mixed-precision recipe is FSDP2's
+``MixedPrecisionPolicy``, held separately in suites/mixed_precision).
+
+``save`` / ``load`` go through ``torch.distributed.checkpoint`` (DCP), keyed by the one-device names (each
+stage's local names renamed, as torchtitan's pipeline split keeps global FQNs) so that a split that changes
+with pp finds its tensors: ``model.<name>`` for a parameter, ``optim.<name>.<key>`` for each optimizer
+state tensor, each the rank's DTensor — DCP reshards between placements, world sizes and stage splits.
 """
 
 from __future__ import annotations
@@ -102,6 +106,45 @@ class TorchStackTrainer(BuiltFromDense):
             params.update(part["params"])
             optimizer.update(part["optimizer"])
         return {"params": params, "optimizer": optimizer, "grad_norm": t.last_grad_norm}
+
+    def _dcp_state(self) -> dict:
+        """This rank's tensors under DCP keys; the optimizer state of a parameter not stepped yet as zeros
+        (Adam's ``step`` a scalar), to be filled in place by ``dcp.load``."""
+        import torch
+
+        t, spec, out = self.trainer, self.recipe.optimizer, {}
+        for local, p in t.stage.named_parameters():
+            name, state = t.names[local], t.optimizer.state.get(p, {})
+            out[f"model.{name}"] = p.data
+            for key in spec.state_keys:
+                out[f"optim.{name}.{key}"] = state.get(key, torch.zeros_like(p.data))
+            for key in spec.extra_state:
+                out[f"optim.{name}.{key}"] = state.get(key, torch.tensor(0.0))
+        return out
+
+    def save(self, directory) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._dcp_state(), checkpoint_id=_dcp_dir(directory))
+
+    def load(self, directory) -> None:
+        import torch
+        import torch.distributed.checkpoint as dcp
+
+        state, t = self._dcp_state(), self.trainer
+        dcp.load(state, checkpoint_id=_dcp_dir(directory))  # in place, into this layout's DTensors
+        keys = self.recipe.optimizer.state_keys + self.recipe.optimizer.extra_state
+        with torch.no_grad():
+            for local, p in t.stage.named_parameters():
+                name = t.names[local]
+                p.data.copy_(state[f"model.{name}"])
+                t.optimizer.state[p] = {key: state[f"optim.{name}.{key}"] for key in keys}
+
+
+def _dcp_dir(directory) -> str:
+    from pathlib import Path
+
+    return str(Path(directory) / "dcp")
 
 
 __all__ = ["TorchStack"]

@@ -11,18 +11,31 @@ import pytest
 from harness.contracts.stack import Layout, Recipe
 from harness.stack import case as ranks
 from harness.world import run_or_fail
+from reference.zero import OptimizerSpec
 
 from .test_equivalence import GPT, LLAMA
 
-PAIRS = [(GPT, Layout(2, 1, 2, zero=1), Layout(1, 2, 2, zero=0, schedule="gpipe")),
-         (LLAMA, Layout(1, 1, 4, zero=0), Layout(2, 2, 1, zero=2)),
-         (LLAMA, Layout(4, 1, 1, zero=2), Layout(1, 4, 1, zero=1, checkpointing=True))]
+CLIPPED, ADAM = Recipe(max_grad_norm=0.05), Recipe(optimizer=OptimizerSpec("adam", 1e-2))
+PAIRS = [(GPT, Layout(2, 1, 2, zero=2), Layout(1, 2, 2, zero=0, schedule="gpipe"), CLIPPED),
+         (LLAMA, Layout(1, 1, 4, zero=0), Layout(2, 2, 1, zero=1, checkpointing=True), CLIPPED),
+         (LLAMA, Layout(4, 1, 1, zero=2), Layout(1, 4, 1, zero=1), ADAM)]
+"""dp 2 -> 1 with pp 1 -> 2 and ZeRO 2 -> 0; tp 4 over 2 KV heads (replicated) -> dp 2 x pp 2 (checkpointed);
+dp 4 (ZeRO 2) -> pp 4 with middle stages, Adam (both moments and its step count carried). The first and the
+last are what FSDP2 stacks run (ZeRO 2 over dp, KV heads split), so the torch stack's DCP resume is held on
+them; the second is reference-only."""
 
 
-@pytest.mark.parametrize("spec, a, b", PAIRS, ids=lambda v: v.label() if isinstance(v, Layout) else v.family)
-def test_resume_on_another_layout_equals_one_device(stack_impl, spec, a, b, world_cache, conformance, tmp_path):
-    per_rank = run_or_fail(world_cache.get(4), ranks.resume_stack, stack_impl, spec, a, b,
-                           Recipe(max_grad_norm=0.05), str(tmp_path), timeout=300, failed=ranks.failed)
+def _id(v):
+    if isinstance(v, Layout):
+        return v.label()
+    return v.optimizer.name if isinstance(v, Recipe) else v.family
+
+
+@pytest.mark.parametrize("spec, a, b, recipe", PAIRS, ids=_id)
+def test_resume_on_another_layout_equals_one_device(stack_impl, spec, a, b, recipe, world_cache, conformance,
+                                                    tmp_path):
+    per_rank = run_or_fail(world_cache.get(4), ranks.resume_stack, stack_impl, spec, a, b, recipe, str(tmp_path),
+                           timeout=300, failed=ranks.failed)
     outcome, refused, problems = ranks.verdict(per_rank)
     conformance.record(outcome, suite="stack", world_size=4, dtype=spec.dtype, impl=stack_impl,
                        collective=f"resume {spec.family} {a.label()}/zero{a.zero} -> {b.label()}/zero{b.zero}",
@@ -33,7 +46,7 @@ def test_resume_on_another_layout_equals_one_device(stack_impl, spec, a, b, worl
 
 
 def test_resume_without_the_optimizer_state_fails(world_cache, tmp_path):
-    spec, a, b = PAIRS[0]
+    spec, a, b, _ = PAIRS[0]
     per_rank = run_or_fail(world_cache.get(4), ranks.resume_stack, "suites.stack.planted:ResumeForgetsMomentum", spec,
                            a, b, Recipe(), str(tmp_path), timeout=300, failed=ranks.failed)
     problems = [p for r in per_rank for p in r["problems"]]
