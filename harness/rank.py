@@ -44,6 +44,19 @@ def failed_in_implementation(detail: str) -> str:
     return detail
 
 
+def computed_once(cache: dict, key, compute):
+    """``compute()`` run by rank 0 of the default group and broadcast (picklable, CPU tensors), cached per
+    process under ``key`` — an oracle every rank needs, trained once per World instead of once per rank.
+    Collective: every rank of the World makes the same calls, so all broadcast or none."""
+    import torch.distributed as dist
+
+    if key not in cache:
+        box = [compute() if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        cache[key] = box[0]
+    return cache[key]
+
+
 def _rank_main(rank: int, size: int, backend: str, store_path: str, stack_path: str, conn, timeout_s):
     """Body of a rank process: initialise the default group, then serve calls until told to stop."""
     import faulthandler

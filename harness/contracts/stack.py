@@ -115,7 +115,9 @@ class StackTrainer(Protocol):
     def dense_state(self) -> dict:
         """{"params": {name: full tensor}, "optimizer": {name: {state key: full tensor}} with
         ``OptimizerSpec.state_keys``, "grad_norm": the last step's global norm before clipping (None
-        without clipping)} — on every rank, under the one-device model's names."""
+        without clipping)} — on every rank, under the one-device model's names. A bfloat16 / float16 spec
+        reports its fp32 master weights as "params" (the training state; the low-precision copy is the
+        master rounded)."""
 
 
 __all__ = ["Layout", "ModelSpec", "Recipe", "SCHEDULES", "Stack", "StackTrainer"]

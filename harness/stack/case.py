@@ -22,8 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import describe
-from ..rank import failed_in_implementation, rank_device
-from ..threed.case import computed_once
+from ..rank import computed_once, failed_in_implementation, rank_device
 
 SEQ = 4
 U64, U32 = 2.0**-53, 2.0**-24
@@ -106,10 +105,15 @@ def differences(got: dict, want: dict, limit: float, what: str, floor: float = 0
 
 
 def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int = 0, rows: int | None = None) -> dict:
-    """Rank side: ``impl_spec``'s stack on ``layout`` against one device. Returns {"refused", "unsupported",
+    """Rank side: ``impl_spec``'s stack on ``layout`` against one device (a bfloat16 / float16 spec:
+    ``harness.stack.mixed``, precision-matched). Returns {"refused", "unsupported",
     "problems", "worst", "bound", "losses"}."""
     from .. import registry
 
+    if spec.dtype in ("bfloat16", "float16") and rows is None:  # fp32 masters: held precision-matched
+        from .mixed import train_stack_mixed
+
+        return train_stack_mixed(impl_spec, spec, layout, recipe, steps, seed)
     n, r = dist.get_world_size(), dist.get_rank()
     rows = rows or layout.dp * layout.num_microbatches * recipe.accumulation
     tokens, targets = global_batch(spec.vocab, rows, seed)

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from harness.errors import describe
-from harness.rank import failed_in_implementation, rank_device
+from harness.rank import computed_once, failed_in_implementation, rank_device
 from reference.compose import parallelize, shard_stages
 from reference.models import GPT
 from reference.topology import ParallelDims, build_groups
@@ -153,17 +153,6 @@ def global_batch(vocab: int, rows: int, seed: int) -> tuple[torch.Tensor, torch.
     gen = torch.Generator().manual_seed(seed + 1)
     tokens = torch.randint(0, vocab, (rows, SEQ), generator=gen).to(rank_device())
     return tokens, torch.randint(0, vocab, (rows, SEQ), generator=gen).to(rank_device())
-
-
-def computed_once(cache: dict, key, compute):
-    """``compute()`` run by rank 0 of the default group and broadcast (picklable, CPU tensors), cached per
-    process under ``key``. Collective: every rank of the World makes the same calls, so all broadcast or
-    none."""
-    if key not in cache:
-        box = [compute() if dist.get_rank() == 0 else None]
-        dist.broadcast_object_list(box, src=0)
-        cache[key] = box[0]
-    return cache[key]
 
 
 def one_device(model: GPT, tokens, targets, steps: int, clip) -> dict:

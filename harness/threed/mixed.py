@@ -12,7 +12,8 @@ import math
 import torch
 import torch.distributed as dist
 
-from harness.threed.case import CLIP, LR, _groups, computed_once, global_batch
+from harness.rank import computed_once
+from harness.threed.case import CLIP, LR, _groups, global_batch
 from harness.world import rank_device
 from reference.compose import parallelize, shard_stages
 from reference.mixed_precision import DynamicLossScaler
@@ -56,12 +57,12 @@ class OneDevice:
     gradients unscaled in fp32, the step skipped on an inf / NaN, clipped by torch's clip_grad_norm_.
     ``grads``: the last step's gradients before clipping; ``norm``: its norm."""
 
-    def __init__(self, model: GPT, scaler: DynamicLossScaler | None):
+    def __init__(self, model: GPT, scaler: DynamicLossScaler | None, optimizer: OptimizerSpec | None = None):
         self.model, self.scaler = model, scaler
         self.low = next(model.parameters()).dtype != torch.float64
         self.masters = ([torch.nn.Parameter(p.detach().float().clone()) for p in model.parameters()] if self.low
                         else list(model.parameters()))
-        self.opt = OptimizerSpec("sgd", LR).build(self.masters)
+        self.opt = (optimizer or OptimizerSpec("sgd", LR)).build(self.masters)
         self.norm, self.grads = None, []
 
     def step(self, step: int, tokens, targets, clip) -> float:
@@ -91,6 +92,12 @@ class OneDevice:
         by_name = dict(zip(names, (m.detach().double() for m in self.masters), strict=True))
         return {n: by_name.get(n, by_name.get("embed.weight")) for n, _ in
                 self.model.named_parameters(remove_duplicate=False)}
+
+    def dense_optimizer(self, keys) -> dict[str, dict[str, torch.Tensor]]:
+        """Each parameter's optimizer state tensors ``keys`` by its one-device name (once), as float64."""
+        names = [n for n, _ in self.model.named_parameters()]
+        return {n: {k: self.opt.state[m][k].detach().double().clone() for k in keys}
+                for n, m in zip(names, self.masters, strict=True)}
 
     def as_model(self) -> GPT:
         """The float64 model holding the masters (to be split as the parallel run is)."""

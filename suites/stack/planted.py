@@ -37,3 +37,24 @@ class ResumeForgetsMomentum(ReferenceStack):
     def build(self, spec, layout, recipe, group=None):
         super().build(spec, layout, recipe, group)
         return _ForgetsMomentum(spec, layout, recipe)
+
+
+class _SumsReplicas(ReferenceStackTrainer):
+    def _build(self, model):
+        trainer = super()._build(model)
+        reduce, dp = trainer.sync.reduce, self.layout.dp
+
+        def summed():  # the DP reduction sums the replicas' gradients and forgets to divide by dp
+            reduce()
+            for g in trainer.sync.grads:
+                g.mul_(dp)
+        trainer.sync.reduce = summed
+        return trainer
+
+
+class MixedMissingAverage(ReferenceStack):
+    """Planted bug: in mixed precision the DP reduction sums the replicas' gradients (no average)."""
+
+    def build(self, spec, layout, recipe, group=None):
+        super().build(spec, layout, recipe, group)
+        return _SumsReplicas(spec, layout, recipe)

@@ -1,0 +1,109 @@
+"""The stack's low-precision seam (rank side): a bfloat16 / float16 spec trains with fp32 master weights and
+fp32 optimizer state (the contract's only low-precision recipe); every rank's dense state — the masters and
+their optimizer state — is held to one device running the same recipe on the whole batch, precision-matched
+as the mixed-precision suites hold theirs: within ``allowed_ratio`` x E_T, where E_T is one device's own
+distance from exact arithmetic (the same recipe in float64, from the same rounded initial weights) over the
+dense tensor T (derivation: ``harness.threed.mixed.allowed_ratio``).
+
+One device: ``harness.threed.mixed.OneDevice`` (low-precision forward and backward, the cross-entropy in
+fp32, the gradients upcast into the fp32 masters, torch's ``clip_grad_norm_`` on the masters, the
+optimizer on the masters, the masters rounded back into the model). The gradient norm is held to
+|n' - n| <= ratio x |g - g_exact| (a norm moves by at most the 2-norm of its argument's change)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from ..errors import describe
+from ..rank import computed_once, failed_in_implementation, rank_device
+from ..threed.mixed import OneDevice, allowed_ratio
+
+_ORACLES: dict = {}
+
+
+def _oracle(spec, recipe, seed: int, tokens, targets, steps: int) -> list[dict]:
+    from reference.mixed_precision import DynamicLossScaler
+
+    scaler = DynamicLossScaler(recipe.loss_scale, growth_interval=recipe.growth_interval) \
+        if recipe.loss_scale is not None else None
+    single = OneDevice(spec.build(seed), scaler, recipe.optimizer)
+    exact = OneDevice(spec.build(seed).double(), None, recipe.optimizer)  # the same rounded weights, exactly
+    clip = (recipe.max_grad_norm, recipe.norm_type) if recipe.max_grad_norm is not None else None
+    keys, out = recipe.optimizer.state_keys, []
+    for step in range(steps):
+        single.step(step, tokens, targets, clip)
+        exact.step(step, tokens, targets, clip)
+        moved = math.sqrt(sum(float(((a - b) ** 2).sum()) for a, b in zip(single.grads, exact.grads, strict=True)))
+        out.append({"norm": single.norm, "norm_scale": moved, "params": single.dense(), "exact": exact.dense(),
+                    "optimizer": single.dense_optimizer(keys), "exact_optimizer": exact.dense_optimizer(keys)})
+    return out
+
+
+def _against(got: dict, single: dict, exact: dict, ratio: float, what: str) -> tuple[float, list[str]]:
+    """(largest |got - one device| / E_T, one line per tensor beyond ``ratio`` x E_T, missing or extra)."""
+    problems, worst = [], 0.0
+    problems += [f"{what} {n}: missing from the dense state" for n in sorted(set(single) - set(got))]
+    problems += [f"{what} {n}: not a tensor of the one-device model" for n in sorted(set(got) - set(single))]
+    for name in sorted(set(single) & set(got)):
+        g, w = got[name], single[name]
+        if not torch.is_tensor(g) or tuple(g.shape) != tuple(w.shape):
+            problems.append(f"{what} {name}: shape {tuple(getattr(g, 'shape', ()))} != {tuple(w.shape)}")
+            continue
+        e_t = float((w - exact[name]).abs().max())
+        diff = float((g.detach().cpu().double() - w).abs().max())
+        rel = diff / max(e_t, 1e-300)
+        worst = max(worst, rel) if rel == rel else math.inf
+        if not diff <= ratio * e_t:  # NaN fails
+            problems.append(f"{what} {name}: off by {diff:.3g} = {rel:.3g} E_T > {ratio:.3g} E_T (E_T = {e_t:.3g})")
+    return worst, problems
+
+
+def _flat(optimizer: dict) -> dict:
+    return {f"{name}/{key}": t for name, state in optimizer.items() for key, t in state.items()}
+
+
+def train_stack_mixed(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int = 0) -> dict:
+    """Rank side: ``impl_spec``'s stack on ``layout`` for a low-precision ``spec``, against one device's
+    recipe. Returns what ``harness.stack.case.train_stack`` returns; ``bound`` is the ratio to E_T."""
+    from .. import registry
+    from .case import failed, global_batch
+
+    r = dist.get_rank()
+    rows = layout.dp * layout.num_microbatches * recipe.accumulation
+    tokens, targets = global_batch(spec.vocab, rows, seed)
+    key = (repr(spec), repr(recipe), seed, rows, steps)
+    want = computed_once(_ORACLES, key, lambda: _oracle(spec, recipe, seed, tokens, targets, steps))
+    ratio = allowed_ratio(layout.num_microbatches, recipe.accumulation, layout.dp, layout.tp)
+    try:
+        trainer = registry.load(impl_spec, "stack").build(spec, layout, recipe)
+    except NotImplementedError as exc:
+        return {"refused": str(exc), "unsupported": True, "problems": []}
+    except ValueError as exc:
+        return {"refused": str(exc), "unsupported": False, "problems": []}
+    problems, worst, losses, device = [], 0.0, [], rank_device()
+    try:
+        trainer.load_dense(spec.build(seed).state_dict())
+        for k in range(steps):
+            losses.append(float(trainer.step(tokens.to(device), targets.to(device))))
+            state = trainer.dense_state()
+            for what, got, single, exact in (
+                    ("master", state.get("params", {}), want[k]["params"], want[k]["exact"]),
+                    ("optimizer state", _flat(state.get("optimizer", {})), _flat(want[k]["optimizer"]),
+                     _flat(want[k]["exact_optimizer"]))):
+                w, off = _against(got, single, exact, ratio, what)
+                worst, problems = max(worst, w), problems + [f"rank {r}: step {k + 1}: {p}" for p in off]
+            if want[k]["norm"] is not None:
+                got_norm, n = state.get("grad_norm"), want[k]["norm"]
+                diff = abs(got_norm - n) if got_norm is not None else math.inf
+                if not diff <= ratio * want[k]["norm_scale"]:
+                    problems.append(f"rank {r}: step {k + 1}: gradient norm {got_norm!r} vs one device {n!r} (off by "
+                                    f"{diff:.3g} > {ratio:.3g} x |g - g_exact| = {want[k]['norm_scale']:.3g})")
+    except Exception as exc:  # noqa: BLE001 - the stack's failure is a verdict; peers inside it are ended
+        detail = f"rank {r}: {describe(exc)} (after {len(losses)} step(s))"
+        failed_in_implementation(detail)
+        return failed(detail)
+    return {"refused": None, "unsupported": False, "problems": problems, "worst": worst, "bound": ratio,
+            "losses": losses}
