@@ -20,9 +20,12 @@ def add_parsers(sub) -> None:
                            ("tensor_parallel", "forward+backward time and bytes per sharded layer"),
                            ("zero", "step time, memory per rank and bytes per DP / ZeRO stage"),
                            ("checkpoint", "activation memory and step time with and without checkpointing"),
-                           ("3d", "every dp x pp x tp layout of one world size: step time, memory, bubble vs plan"),
+                           ("stack", "every dp x pp x tp layout of one world size per stack and family (through the "
+                                     "stack contract): step time, tokens/s, model state and bytes per rank vs plan"),
+                           ("3d", "the reference stack's GPT per layout with the bf16 / clip variants and the "
+                                  "measured bubble"),
                            ("resume", "save and load time, GB/s and bytes per rank of the 3D stack's state"),
-                           ("all", "collectives, pipeline, zero, checkpoint, then 3d, into one run folder")):
+                           ("all", "collectives, pipeline, zero, checkpoint, then stack, into one run folder")):
         p = bsub.add_parser(name, help=helptext)
         p.add_argument("--impls", default=None, help="comma-separated implementations (default: all registered)")
         p.add_argument("--impl", action="append", default=[], metavar="SPEC",
@@ -59,11 +62,11 @@ def add_parsers(sub) -> None:
         if name in ("checkpoint", "all"):
             p.add_argument("--layers", default="4,16,64", help="layer counts L of the checkpointed stack")
             p.add_argument("--policies", default="layer,sqrt", help="checkpointing policies")
-        if name in ("pipeline", "3d", "all"):
+        if name in ("pipeline", "3d", "stack", "all"):
             p.add_argument("--profile", default=None, metavar="PROFILE.json",
                            help="predict each step with this machine profile (default: calibrate first, into this "
                                 "run folder: calibration.csv and profile.json)")
-        if name in ("3d", "all"):
+        if name == "3d":
             p.add_argument("--3d-world-size", dest="threed_world_size", type=int, default=8,
                            help="ranks of the 3D layouts (8 on 2 cores: oversubscribed, compare layouts only)")
             p.add_argument("--3d-schedule", dest="threed_schedule", default="1f1b",
@@ -73,6 +76,16 @@ def add_parsers(sub) -> None:
             p.add_argument("--3d-variants", dest="threed_variants", default="plain",
                            help="comma-separated among plain, bf16 (bfloat16 with fp32 masters), clip (global "
                                 "gradient-norm clipping at 1.0); opt-in: each adds one run of every layout")
+        if name in ("stack", "all"):
+            p.add_argument("--families", default="gpt,llama", help="comma-separated among gpt, llama")
+            p.add_argument("--stack-world-size", dest="stack_world_size", type=int, default=8,
+                           help="ranks of the layouts (8 on 2 cores: oversubscribed, compare layouts only)")
+            p.add_argument("--stack-schedule", dest="stack_schedule", default="1f1b",
+                           choices=["gpipe", "1f1b", "interleaved"])
+            p.add_argument("--stack-zero", dest="stack_zero", type=int, default=2, choices=[0, 1, 2, 3],
+                           help="ZeRO stage over dp (2: what every stack here shards; FSDP2 is 2 or 3)")
+            p.add_argument("--stack-layouts", dest="stack_layouts", default=None,
+                           help="comma-separated dpxppxtp layouts (default: every one the model allows)")
         if name == "tensor_parallel":
             p.add_argument("--hidden", type=int, default=512)
             p.add_argument("--ffn", type=int, default=2048)
@@ -204,10 +217,40 @@ def threed_config(args):
     return cfg
 
 
+def stack_config(args):
+    from .stack.bench import FAMILIES, StackSweep, valid_layouts
+
+    if args.stack_world_size < 1:
+        raise UsageError(f"--stack-world-size must be >= 1; got {args.stack_world_size}.")
+    impls = _impls(args, "stack") if args.suite == "stack" else \
+        [s for s in registry.names("stack") if registry.skip_reason(registry.resolve(s, "stack")) is None]
+    cfg = StackSweep(impls=impls, families=parse_list(args.families, FAMILIES, "famil(ies)"),
+                     world_size=args.stack_world_size, schedule=args.stack_schedule, zero_stage=args.stack_zero,
+                     iters=min(args.iters, 3), warmup=min(args.warmup, 1))
+    allowed = valid_layouts(cfg)
+    if args.stack_layouts:
+        cfg.layouts = [_layout(t, cfg.world_size) for t in args.stack_layouts.split(",") if t.strip()]
+        bad = [d for d in cfg.layouts if d not in allowed]
+        if bad or not cfg.layouts:
+            raise UsageError(f"--stack-layouts {args.stack_layouts!r}: each must be dpxppxtp of {cfg.world_size} ranks "
+                             f"that the model allows ({', '.join('x'.join(map(str, d)) for d in allowed)}).")
+    if not allowed:
+        raise UsageError(f"no dp x pp x tp layout of {cfg.world_size} ranks fits the model ({cfg.heads} heads, "
+                         f"{cfg.layers} layers).")
+    return cfg
+
+
+def _layout(text: str, world_size: int) -> tuple[int, ...]:
+    parts = text.strip().lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise UsageError(f"layout {text.strip()!r} must be dpxppxtp, three whole numbers >= 1 (e.g. 2x2x2).")
+    return tuple(int(p) for p in parts)
+
+
 def _with_calibration(args, plans: list) -> list:
     """Without --profile, a calibration sweep at the pipeline's and the 3D layouts' world sizes runs just
     before each (whose World is then already up), so their rows carry the time this machine predicts."""
-    if getattr(args, "profile", None) is not None or args.suite not in ("pipeline", "3d", "all"):
+    if getattr(args, "profile", None) is not None or args.suite not in ("pipeline", "3d", "stack", "all"):
         return plans
     from .calibrate.sweep import CalibrationSweep, run_sweep
 
@@ -219,7 +262,7 @@ def _with_calibration(args, plans: list) -> list:
 
     out = []
     for name, cfg, sweep in plans:
-        if name in ("pipeline", "3d"):
+        if name in ("pipeline", "3d", "stack"):
             out.append(("calibrate", CalibrationSweep(world_sizes=list(cfg.world_sizes)), calibrate))
         out.append((name, cfg, sweep))
     return out
@@ -233,7 +276,7 @@ def _check_profile(args, plans: list) -> None:
 
     try:
         profile = Profile.load(args.profile)
-        for n in sorted({n for name, cfg, _ in plans if name in ("pipeline", "3d") for n in cfg.world_sizes}):
+        for n in sorted({n for name, cfg, _ in plans if name in ("pipeline", "3d", "stack") for n in cfg.world_sizes}):
             profile.check(args.backend or None, n)
     except ProfileError as exc:
         raise UsageError(str(exc)) from None
@@ -248,7 +291,7 @@ def _point_at_profile(args, plans: list, run) -> None:
     if calibration:
         run.update(calibration=calibration)
     for name, cfg, _ in plans:
-        if name in ("pipeline", "3d"):
+        if name in ("pipeline", "3d", "stack"):
             cfg.profile = path
 
 
@@ -303,10 +346,14 @@ def run(args) -> int:
         from .checkpoint import bench as ckpt_bench
 
         plans.append(("checkpoint", checkpoint_config(args), ckpt_bench.run_sweep))
-    if args.suite in ("3d", "all"):
+    if args.suite == "3d":
         from .threed import bench as threed_bench
 
         plans.append(("3d", threed_config(args), threed_bench.run_sweep))
+    if args.suite in ("stack", "all"):
+        from .stack import bench as stack_bench
+
+        plans.append(("stack", stack_config(args), stack_bench.run_sweep))
     if args.suite == "resume":
         from .resume.bench import ResumeSweep
         from .resume.bench import run_sweep as resume_sweep

@@ -48,3 +48,60 @@ def counted_collectives(counter: list):
     finally:
         for obj, name, fn in saved:
             setattr(obj, name, fn)
+
+
+_FUNCTIONAL = {  # _c10d_functional op -> (cost-model op, S in bytes from (args, group size))
+    "all_reduce": ("all_reduce", lambda a, n: _bytes(a[0])),
+    "all_reduce_": ("all_reduce", lambda a, n: _bytes(a[0])),
+    "all_reduce_coalesced": ("all_reduce", lambda a, n: sum(_bytes(t) for t in a[0])),
+    "all_gather_into_tensor": ("all_gather", lambda a, n: _bytes(a[0]) * n),
+    "all_gather_into_tensor_coalesced": ("all_gather", lambda a, n: sum(_bytes(t) for t in a[0]) * n),
+    "reduce_scatter_tensor": ("reduce_scatter", lambda a, n: _bytes(a[0])),
+    "reduce_scatter_tensor_coalesced": ("reduce_scatter", lambda a, n: sum(_bytes(t) for t in a[0])),
+    "all_to_all_single": ("all_to_all", lambda a, n: _bytes(a[0])),
+    "broadcast": ("broadcast", lambda a, n: _bytes(a[0])),
+}
+
+
+def _bytes(t) -> int:
+    return t.numel() * t.element_size()
+
+
+@contextlib.contextmanager
+def counted_traffic(counter: list):
+    """Every byte this rank sends within the block, into ``counter[0]``: ``counted_collectives``' Python
+    collectives (FSDP2's all_gather_single / reduce_scatter_single among them), torch's functional
+    collectives (DTensor's redistributions: a dispatch mode sees each ``_c10d_functional`` op on its local
+    tensor), and point-to-point sends (``isend`` / ``send``: the pipeline's activations and gradients,
+    whether batched or not). Collectives from C++ (DDP's reducer) are still not seen."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Functional(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            known = _FUNCTIONAL.get(func._overloadpacket.__name__) if func.namespace == "_c10d_functional" else None
+            if known:
+                group = c10d._resolve_process_group(args[-1])
+                counter[0] += collective_bytes(known[0], group.size(), known[1](args, group.size()))
+            return func(*args, **(kwargs or {}))
+
+    def sent(fn):
+        def counted(tensor, *args, **kwargs):
+            counter[0] += _bytes(tensor)
+            return fn(tensor, *args, **kwargs)
+        return counted
+
+    # both names of each: P2POp takes torch.distributed's, batch_isend_irecv compares with distributed_c10d's
+    saved = [(m, name, getattr(m, name)) for name in ("isend", "send") for m in (dist, c10d)]
+    originals = {name: getattr(c10d, name) for name in ("isend", "send")}
+    try:
+        for name, fn in originals.items():
+            wrapper = sent(fn)
+            setattr(dist, name, wrapper)
+            setattr(c10d, name, wrapper)
+        with counted_collectives(counter), Functional():
+            yield counter
+    finally:
+        for module, name, fn in saved:
+            setattr(module, name, fn)

@@ -189,6 +189,11 @@ def write_report(run_dir, baseline=None) -> Path:
         from .zero.report import zero_section
 
         out += zero_section(zero, run_dir, _md)
+    stack = bench[bench["suite"] == "stack"] if len(bench) else bench
+    if len(stack):
+        from .stack.report import stack_section
+
+        out += stack_section(stack, _md)
     threed = bench[bench["suite"] == "3d"] if len(bench) else bench
     if len(threed):
         from .threed.report import threed_section

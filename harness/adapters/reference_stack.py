@@ -96,6 +96,25 @@ class ReferenceStackTrainer(BuiltFromDense):
         norm = self.trainer.last_grad_norm
         return {"params": params, "optimizer": optimizer, "grad_norm": norm}
 
+    def memory(self) -> dict:
+        """Bytes of model state this rank holds (each storage once): parameters, gradients, optimizer state
+        (in mixed precision the fp32 masters count as optimizer state: the ZeRO paper's K)."""
+        from reference.zero import held_bytes
+        from reference.zero.accounting import optimizer_state_tensors
+
+        t = self.trainer
+        params = list(t.local.parameters())
+        if t.mixed:
+            grads, state = t.sync.held_grads(), t.sync.masters
+        else:
+            grads, state = [p.grad for p in params] + ([t.sync.master.grad] if t.zero_stage else []), []
+        return {"params": held_bytes(params), "grads": held_bytes(grads),
+                "optimizer": held_bytes(state + optimizer_state_tensors(t.optimizer))}
+
+    def pipeline_events(self) -> list:
+        """(action, start, end) seconds of this rank's last pipeline pass (the bench's measured bubble)."""
+        return self.trainer.last_events
+
     def save(self, directory) -> None:
         from reference.state.threed import save_3d
 

@@ -107,6 +107,21 @@ class TorchStackTrainer(BuiltFromDense):
             optimizer.update(part["optimizer"])
         return {"params": params, "optimizer": optimizer, "grad_norm": t.last_grad_norm}
 
+    def memory(self) -> dict:
+        """Bytes of model state this rank holds between steps: its local shards (FSDP2 keeps parameters
+        sharded between steps at ZeRO 2 and 3 alike: reshard_after_forward only decides whether backward
+        gathers them again), their gradients and the optimizer state."""
+        import torch
+
+        def held(tensors) -> int:
+            local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors if t is not None]
+            return sum(t.numel() * t.element_size() for t in local)
+
+        t = self.trainer
+        params = list(t.stage.parameters())
+        state = [v for st in t.optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
+        return {"params": held(params), "grads": held(p.grad for p in params), "optimizer": held(state)}
+
     def _dcp_state(self) -> dict:
         """This rank's tensors under DCP keys; the optimizer state of a parameter not stepped yet as zeros
         (Adam's ``step`` a scalar), to be filled in place by ``dcp.load``."""

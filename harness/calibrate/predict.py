@@ -162,6 +162,21 @@ def gpt_workload(vocab: int, hidden: int, heads: int, ffn: int, layers: int, seq
                     tensors_per_layer=16, dtype=dtype, layer_kind="gpt_block")
 
 
+def llama_workload(vocab: int, hidden: int, heads: int, kv_heads: int, ffn: int, layers: int, seq: int, rows: int,
+                   dtype: str = "float32") -> Workload:
+    """The reference Llama (``reference.models.Llama``): per layer q and o (h x h), k and v (h x kv d each),
+    the SwiGLU's gate, up and down (h x ffn each), no biases, two RMSNorms; attention scores and values
+    4 rows seq^2 hidden FLOPs; head V x h; untied embedding. Its per-layer overhead is the profile's GPT
+    block's (``gpt_block``: the one layer the calibration times) — RMSNorm, rotary and the SwiGLU product
+    stand in for LayerNorm, GELU and the biases."""
+    tokens, kv = rows * seq, hidden // heads * kv_heads
+    matrices = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * ffn
+    return Workload(layers=layers, layer_flops=2 * tokens * matrices + 4 * rows * seq * seq * hidden,
+                    layer_params=matrices + 2 * hidden, activation_bytes=tokens * hidden * BYTES.get(dtype, 4),
+                    tokens=tokens, head_flops=2 * tokens * hidden * vocab, end_params=2 * vocab * hidden,
+                    tensors_per_layer=9, dtype=dtype, layer_kind="gpt_block")
+
+
 def mlp_workload(layers: int, hidden: int, rows: int, dtype: str = "float32") -> Workload:
     """The pipeline suites' Linear + ReLU stack (``reference.pipeline.model``)."""
     return Workload(layers=layers, layer_flops=2 * rows * hidden * hidden, layer_params=hidden * hidden + hidden,

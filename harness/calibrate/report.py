@@ -97,44 +97,22 @@ def _verdict(ok: bool) -> str:
 
 
 def planner_section(bench, run_dir, md) -> list[str]:
-    threed = bench[(bench["suite"] == "3d") & bench["time_planned_us"].notna()].copy()
-    pipe = bench[(bench["suite"] == "pipeline") & bench["time_planned_us"].notna()].copy()
-    if not len(threed) and not len(pipe):
+    planned = bench[bench["time_planned_us"].notna()]
+    threed = planned[planned["suite"] == "3d"].copy()
+    pipe = planned[planned["suite"] == "pipeline"].copy()
+    stacks = planned[planned["suite"] == "stack"]
+    groups = [("3D layouts (dp x pp x tp)", threed)] if len(threed) else []
+    for (impl, family), rows in stacks.groupby([stacks["impl"], stacks["op"].str.split("/").str[0]], sort=False):
+        groups.append((f"Stack {impl}, {family} (dp x pp x tp)", rows.copy()))
+    if not groups and not len(pipe):
         return []
     out = ["## Planner: predicted vs measured", "",
            "Predicted from this run's machine profile (`profile.json`, fitted from `calibration.csv`; "
            "`paritybench calibrate`): compute at the measured FLOP/s plus each layer's measured overhead, TP, DP "
            "and PP communication with the fitted α and β, and the schedule simulated with those costs. Parts "
            "(ms) are the busiest rank's and add up to the planned step.", ""]
-    if len(threed):
-        s = planner_summary(threed)
-        threed["measured_ms"], threed["planned_ms"] = threed["time_p50_us"] / 1e3, threed["time_planned_us"] / 1e3
-        threed["error"] = threed["planned_ms"] / threed["measured_ms"] - 1
-        threed["rank_measured"] = threed["measured_ms"].rank(method="min").astype(int)
-        threed["rank_planned"] = threed["planned_ms"].rank(method="min").astype(int)
-        for part in ("compute", "tp", "pp", "bubble", "dp", "sync"):
-            threed[part] = threed[f"plan_{part}_us"] / 1e3
-        cols = ["op", "measured_ms", "planned_ms", "error", "rank_measured", "rank_planned", "compute", "tp", "pp",
-                "bubble", "dp", "sync", "bubble_measured", "bubble_planned"]
-        resolved = resolved_summary(threed)
-        if resolved:
-            threed["interval_ms"] = [f"[{lo / 1e3:.3g}, {hi / 1e3:.3g}]" for lo, hi in
-                                     zip(threed["time_ci_lo_us"], threed["time_ci_hi_us"], strict=True)]
-            cols.insert(2, "interval_ms")
-        out += ["### 3D layouts (dp x pp x tp)", "", md(threed.sort_values("rank_measured")[cols], ".3g", index=False),
-                ""]
-        out += _resolved_lines(resolved)
-        if s:
-            t = TARGETS
-            out += [f"- Spearman rank correlation {s['spearman']:.2f} over {s['n']} layouts "
-                    f"(target ≥ {t['spearman']}: {_verdict(s['spearman'] >= t['spearman'])})",
-                    f"- median |error| {s['median_error']:.0%}, largest {s['max_error']:.0%} "
-                    f"(target ≤ {t['median_error']:.0%}: {_verdict(s['median_error'] <= t['median_error'])})",
-                    f"- ranked first by the plan: {s['planned_first']}, measured {s['top1_gap']:.0%} above the "
-                    f"measured best ({s['measured_best']}) "
-                    f"(target ≤ {t['top1_gap']:.0%}: {_verdict(s['top1_gap'] <= t['top1_gap'])})",
-                    "- (Spearman, |error| and the gap read every median as exact; the lines above say which of their "
-                    "differences the measurement resolves)", ""]
+    for title, rows in groups:
+        out += _layouts_block(title, rows, md)
     bub = pipe.dropna(subset=["bubble_measured", "bubble_planned"]).copy()
     if len(pipe):
         pipe["measured_ms"], pipe["planned_ms"] = pipe["time_p50_us"] / 1e3, pipe["time_planned_us"] / 1e3
@@ -157,8 +135,44 @@ def planner_section(bench, run_dir, md) -> list[str]:
                 f"run cannot tell them wrong); {len(bub) - within - spread} missed (target: none missed; "
                 f"{_verdict(within + spread == len(bub))}). `bubble_predicted`: the schedule simulated with this "
                 "run's own measured per-action costs; `bubble_simulated`: at unit costs.", ""]
-    if _scatter(threed, pipe, Path(run_dir) / "planner.png"):
+    import pandas as pd
+
+    layouts = pd.concat([rows for _, rows in groups]) if groups else threed
+    if _scatter(layouts, pipe, Path(run_dir) / "planner.png"):
         out += ["![predicted vs measured](planner.png)", ""]
+    return out
+
+
+def _layouts_block(title: str, rows, md) -> list[str]:
+    """One set of layouts (the 3D bench's, or one stack's and family's): the table, what the measurement
+    resolves, the targets."""
+    s = planner_summary(rows)
+    rows["measured_ms"], rows["planned_ms"] = rows["time_p50_us"] / 1e3, rows["time_planned_us"] / 1e3
+    rows["error"] = rows["planned_ms"] / rows["measured_ms"] - 1
+    rows["rank_measured"] = rows["measured_ms"].rank(method="min").astype(int)
+    rows["rank_planned"] = rows["planned_ms"].rank(method="min").astype(int)
+    for part in ("compute", "tp", "pp", "bubble", "dp", "sync"):
+        rows[part] = rows[f"plan_{part}_us"] / 1e3
+    cols = ["op", "measured_ms", "planned_ms", "error", "rank_measured", "rank_planned", "compute", "tp", "pp",
+            "bubble", "dp", "sync", "bubble_measured", "bubble_planned"]
+    resolved = resolved_summary(rows)
+    if resolved:
+        rows["interval_ms"] = [f"[{lo / 1e3:.3g}, {hi / 1e3:.3g}]" for lo, hi in
+                               zip(rows["time_ci_lo_us"], rows["time_ci_hi_us"], strict=True)]
+        cols.insert(2, "interval_ms")
+    out = [f"### {title}", "", md(rows.sort_values("rank_measured")[cols], ".3g", index=False), ""]
+    out += _resolved_lines(resolved)
+    if s:
+        t = TARGETS
+        out += [f"- Spearman rank correlation {s['spearman']:.2f} over {s['n']} layouts "
+                f"(target ≥ {t['spearman']}: {_verdict(s['spearman'] >= t['spearman'])})",
+                f"- median |error| {s['median_error']:.0%}, largest {s['max_error']:.0%} "
+                f"(target ≤ {t['median_error']:.0%}: {_verdict(s['median_error'] <= t['median_error'])})",
+                f"- ranked first by the plan: {s['planned_first']}, measured {s['top1_gap']:.0%} above the "
+                f"measured best ({s['measured_best']}) "
+                f"(target ≤ {t['top1_gap']:.0%}: {_verdict(s['top1_gap'] <= t['top1_gap'])})",
+                "- (Spearman, |error| and the gap read every median as exact; the lines above say which of their "
+                "differences the measurement resolves)", ""]
     return out
 
 
@@ -170,12 +184,12 @@ def _scatter(threed, pipe, path) -> bool:
 
     fig, ax = plt.subplots(figsize=(5.5, 4.5))
     lo, hi = float("inf"), 0.0
-    for label, rows in (("3d layouts", threed), ("pipeline", pipe)):
+    for label, rows in (("layouts", threed), ("pipeline", pipe)):
         if len(rows):
             x, y = rows["time_p50_us"] / 1e3, rows["time_planned_us"] / 1e3
             ax.scatter(x, y, s=14, label=label)
             lo, hi = min(lo, x.min(), y.min()), max(hi, x.max(), y.max())
-            if label == "3d layouts":
+            if label == "layouts":
                 for _, r in rows.iterrows():
                     ax.annotate(r["op"], (r["time_p50_us"] / 1e3, r["time_planned_us"] / 1e3), fontsize=6)
     ax.plot([lo, hi], [lo, hi], ls="--", lw=0.8, color="grey", label="predicted = measured")

@@ -1,0 +1,60 @@
+"""The report section of ``bench stack``: per family, every layout and stack — step time, tokens/s, model
+state and bytes per step of the busiest rank, each beside the planner's — then the stacks side by side, and
+what a stack does not provide."""
+
+from __future__ import annotations
+
+
+def stack_section(rows, md) -> list[str]:
+    ok = rows[rows["status"] == "ok"].copy()
+    out = ["## Stacks: every layout, through the stack contract", "",
+           "Each stack trains the same one-device model (`reference.models`, loaded with `load_dense`) on the "
+           f"same global batch ({ok['detail'].iloc[0] if len(ok) else ''}). Ranks oversubscribe the CPU cores: the "
+           "step times rank layouts and stacks against each other, not against a machine. State: the largest "
+           "rank's parameters, gradients and optimizer state, measured from its live tensors; predicted: "
+           "`training_memory` (float32, SGD momentum, even split). Bytes: the busiest rank's in one step, "
+           "counted (collectives, functional collectives, point-to-point sends); predicted: the planner's DP, TP and "
+           "PP terms (no embedding, cross-entropy, loss or norm traffic). Bubble: measured from the pipeline's "
+           "action times where the stack reports them (ours); predicted: the 1F1B bubble.", ""]
+    if not len(ok):
+        out += ["_(no successful rows)_", ""]
+    else:
+        ok["family"] = ok["op"].str.split("/").str[0]
+        ok["layout"] = ok["op"].str.split("/").str[1]
+        ok["step_ms"] = ok["time_p50_us"] / 1e3
+        ok["state_measured"] = ok["mem_params_bytes"] + ok["mem_grads_bytes"] + ok["mem_optimizer_bytes"]
+        ok["state_predicted"] = ok["mem_params_predicted"] + ok["mem_grads_predicted"] + ok["mem_optimizer_predicted"]
+        cols = ["layout", "impl", "step_ms", "tokens_per_s", "state_measured", "state_predicted",
+                "comm_bytes_measured", "comm_bytes_predicted", "bubble_measured", "bubble_predicted"]
+        for family, rows_f in ok.groupby("family", sort=False):
+            out += [f"### {family}", "", md(rows_f.sort_values(["layout", "impl"])[cols], ".4g", index=False), ""]
+        out += _side_by_side(ok, md)
+    missing = rows[rows["status"] == "unsupported"]
+    if len(missing):
+        out += ["### Not provided", "", md(missing[["impl", "op", "detail"]], "g", index=False), ""]
+    return out
+
+
+def _side_by_side(ok, md) -> list[str]:
+    """Each stack's step time and bytes relative to ours on the same layout (where both ran)."""
+    if ok["impl"].nunique() < 2 or "reference" not in set(ok["impl"]):
+        return []
+    ours = ok[ok["impl"] == "reference"].set_index("op")
+    table = []
+    for _, r in ok[ok["impl"] != "reference"].iterrows():
+        if r["op"] in ours.index:
+            base = ours.loc[r["op"]]
+            table.append({"op": r["op"], "impl": r["impl"], "step_vs_ours": r["time_p50_us"] / base["time_p50_us"],
+                          "bytes_vs_ours": r["comm_bytes_measured"] / base["comm_bytes_measured"]
+                          if base["comm_bytes_measured"] else None,
+                          "state_vs_ours": r["state_measured"] / base["state_measured"]})
+    if not table:
+        return []
+    import pandas as pd
+
+    frame = pd.DataFrame(table)
+    return ["### Beside ours", "",
+            "Ratios to the reference stack on the same layout (> 1: slower, more bytes, more state). Medians: "
+            + ", ".join(f"{impl} {g['step_vs_ours'].median():.2f}x the step time, "
+                        f"{g['bytes_vs_ours'].median():.2f}x the bytes" for impl, g in frame.groupby("impl")) + ".", "",
+            md(frame, ".3g", index=False), ""]

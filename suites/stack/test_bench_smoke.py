@@ -1,0 +1,86 @@
+"""``bench stack`` end to end on a tiny model over 2 ranks, both stacks, both families (no timing asserted):
+every case a row; the bytes counted equal the planner's terms plus the loss's all-reduce exactly where the
+plan holds every byte — dp 2: ZeRO 2's reduce-scatter and all-gather of Psi / 2 each (FSDP2's per-parameter
+padding added); pp 2: each microbatch's activations one way — for ours (Python collectives, batched sends)
+and torch's (FSDP2's all_gather_single / reduce_scatter_single, pipelining's sends); torch's tp 2 is counted
+through DTensor's functional collectives (more than the plan's four activation all-reduces per layer: the
+embedding and the vocabulary-parallel loss add theirs); the report's section and the planner's per stack."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.report import write_report
+from harness.results import RunDir, read_run
+from harness.stack.bench import StackSweep, predicted_bytes, run_sweep, spec_of
+
+from ..planner.synthetic import profile
+
+LOSS_ALL_REDUCE = 8.0
+"""The step's loss: one float64 all-reduced over the 2 ranks (a ring: 2 (n - 1) / n x 8 bytes)."""
+
+
+def fsdp_padding(spec, dp: int) -> float:
+    """FSDP2 pads each parameter's first dimension to a multiple of dp, and its all-gather and reduce-scatter
+    move the padding too (here the 13-row embedding and head: one row each)."""
+    pad = sum((-p.shape[0] % dp) * (p.numel() // p.shape[0]) for p in spec.build(0).parameters())
+    return 2 * (dp - 1) / dp * pad * 4
+
+
+@pytest.fixture(scope="module")
+def swept(world_cache, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("stack-bench")
+    cfg = StackSweep(world_size=2, vocab=13, hidden=16, heads=8, kv_heads=2, ffn=32, layers=2, seq=4, rows=1, iters=2,
+                     warmup=0, profile=str(profile(2, overhead=1e-3).save(tmp / "profile.json")))
+    run = RunDir(tmp, {"suite": "stack"})
+    n = run_sweep(cfg, world_cache.get, run, progress=None)
+    run.finish()
+    return cfg, n, run.path, read_run(run.path)[1]["benchmarks.csv"]
+
+
+def test_every_case_is_a_row(swept):
+    cfg, n, _, rows = swept
+    assert n == 12 and len(rows) == 12  # 2 stacks x 2 families x 3 layouts
+    assert set(rows["op"]) == {f"{f}/{d}" for f in ("gpt", "llama") for d in ("1x1x2", "1x2x1", "2x1x1")}
+    assert (rows["status"] == "ok").all(), rows[rows["status"] != "ok"][["impl", "op", "detail"]]
+    dp = rows["op"].str.split("/").str[1].str.split("x").str[0].astype(int)
+    tokens = dp * rows["microbatches"] * cfg.rows * cfg.seq  # the global batch
+    assert ((rows["tokens_per_s"] - tokens / (rows["time_p50_us"] / 1e6)).abs() <= 1e-9 * rows["tokens_per_s"]).all()
+
+
+@pytest.mark.parametrize("layout", ["2x1x1", "1x2x1"])
+def test_bytes_counted_are_the_plan_plus_the_loss(swept, layout):
+    cfg, _, _, rows = swept
+    for _, r in rows[rows["op"].str.endswith(layout)].iterrows():
+        dp, pp, tp = map(int, layout.split("x"))
+        want = predicted_bytes(cfg, int(r["count"]), dp, pp, tp, int(r["microbatches"])) + LOSS_ALL_REDUCE
+        if r["impl"] == "torch":
+            want += fsdp_padding(spec_of(cfg, r["op"].split("/")[0]), dp)
+        assert r["comm_bytes_measured"] == want, (r["impl"], r["op"], r["comm_bytes_measured"], want)
+
+
+def test_functional_collectives_are_counted(swept):
+    cfg, _, _, rows = swept
+    torch_tp = rows[(rows["impl"] == "torch") & rows["op"].str.endswith("1x1x2")]
+    for _, r in torch_tp.iterrows():
+        plan = predicted_bytes(cfg, int(r["count"]), 1, 1, 2, int(r["microbatches"]))
+        assert r["comm_bytes_measured"] > plan + LOSS_ALL_REDUCE, (r["op"], r["comm_bytes_measured"], plan)
+
+
+def test_report_has_the_stack_section_and_the_planner_per_stack(swept):
+    _, _, path, rows = swept
+    assert (rows["time_planned_us"] > 0).all()
+    report = write_report(path).read_text()
+    assert "## Stacks: every layout, through the stack contract" in report and "### Beside ours" in report
+    for title in ("Stack reference, gpt", "Stack torch, llama"):
+        assert f"### {title} (dp x pp x tp)" in report
+
+
+def test_a_case_a_stack_does_not_provide_is_an_unsupported_row(world_cache, tmp_path):
+    cfg = StackSweep(impls=["torch"], families=["llama"], world_size=2, vocab=13, hidden=16, heads=8, kv_heads=1,
+                     ffn=32, layers=2, seq=4, rows=1, iters=1, warmup=0, layouts=[(1, 1, 2)])
+    run = RunDir(tmp_path, {"suite": "stack"})
+    run_sweep(cfg, world_cache.get, run, progress=None)
+    run.finish()
+    row = read_run(run.path)[1]["benchmarks.csv"].iloc[0]
+    assert row["status"] == "unsupported" and "KV heads" in row["detail"], row["detail"]
