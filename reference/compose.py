@@ -1,17 +1,20 @@
 """3D parallelism: one model of the GPT or the Llama family (reference.models) trained over data x pipeline
 x tensor parallel ranks.
 
-``parallelize(model, dims, schedule, zero_stage, checkpointing, ...)`` applies, in torchtitan's order:
-1. tensor parallelism to each piece (vocabulary-parallel embedding and LM head with its cross-entropy;
-   each block split as its family says, ``reference.models.sharding.tp_block``: attention heads and MLP
-   split over the TP group, norms replicated, a Llama's KV heads split or replicated);
-2. activation checkpointing of every block (``reference.checkpoint``; recomputation reruns the block's
-   TP collectives, in the same order on every TP rank);
-3. the pipeline split: pp * v stages of contiguous blocks (v = 2 for the interleaved schedule), stage s
-   on PP rank s mod pp, the embedding in stage 0, the final LayerNorm and the head in the last, run by
+``parallelize(model, dims, schedule, zero_stage, checkpointing, ...)`` makes one ordered pass over the
+model's ``Pieces`` (embedding, blocks, final norm, head), one function per dimension, torchtitan's order:
+1. ``tensor_parallel``: the vocabulary-parallel embedding and LM head with its cross-entropy; each block
+   split as its family says (``reference.models.sharding.tp_block``, beside the family: attention heads
+   and MLP split over the TP group, norms replicated, a Llama's KV heads split or replicated);
+2. ``activation_checkpointing`` of every block (``reference.checkpoint``; recomputation reruns the
+   block's TP collectives, in the same order on every TP rank);
+3. ``pipeline_split``: pp * v stages of contiguous blocks (v = 2 for the interleaved schedule), stage s
+   on PP rank s mod pp, the embedding in stage 0, the final norm and the head in the last, run by
    ``PipelineRuntime`` over the PP group;
-4. data parallelism over the DP group: gradients averaged (ZeRO 0) or reduce-scattered into the rank's
+4. ``data_parallel`` over the DP group: gradients averaged (ZeRO 0) or reduce-scattered into the rank's
    shard of a flat buffer with sharded optimizer state (ZeRO 1, 2: ``reference.zero``).
+Context and expert parallelism take their places in this pass (after tensor) when they arrive; the groups
+come from one ``topology.ParallelDims`` whose dimensions are named in ``topology.ORDER``.
 
 The loss each replica back-propagates is its tokens' summed cross-entropy / its token count (microbatch
 losses add up to the replica's mean); the DP average of the replicas' gradients is then the global
@@ -31,85 +34,37 @@ check and the clipping norm read the fp32 masters' gradients.
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from .checkpoint import Checkpointed
 from .clipping import clip_grad_norm_
-from .data_parallel import NaiveDataParallel
+from .dimensions import (
+    Pieces,
+    Stage,
+    activation_checkpointing,
+    data_parallel,
+    pieces_of,
+    pipeline_split,
+    shard_stages,
+    stage_bounds,
+    tensor_parallel,
+)
 from .dropout import DropoutKey, KeyedDropout
-from .mixed_precision import DynamicLossScaler, MixedPrecisionZero
+from .mixed_precision import DynamicLossScaler
 from .mixed_precision.zero import LOW
 from .models import GPT
-from .models.sharding import counted_here, tp_block
+from .models.sharding import counted_here
 from .pipeline.generators import generate
 from .pipeline.runtime import PipelineRuntime
-from .tensor_parallel import (
-    ParallelLMHead,
-    VocabParallelEmbedding,
-    tp_sharded_parameters,
-)
+from .tensor_parallel import tp_sharded_parameters
 from .topology import ParallelDims, all_reduce_over, build_groups, coordinates
-from .zero import OptimizerSpec, ShardedOptimizer, StepRecipe
+from .zero import OptimizerSpec, StepRecipe
+
+__all__ = ["Parallel3D", "Pieces", "SCHEDULES", "Stage", "activation_checkpointing", "data_parallel", "parallelize",
+           "pieces_of", "pipeline_split", "shard_stages", "stage_bounds", "tensor_parallel"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
-
-
-class Stage(nn.Module):
-    """Contiguous blocks; the first stage also embeds, the last also normalises and holds the LM head —
-    applied in forward when ``apply_head``, else called by the pipeline's loss function (its parameters
-    are this stage's either way)."""
-
-    def __init__(self, blocks, embed=None, ln_f=None, head=None, apply_head: bool = False, drop_embed=None):
-        super().__init__()
-        self.embed, self.blocks, self.ln_f, self.head = embed, nn.ModuleList(blocks), ln_f, head
-        self.drop_embed, self.apply_head = drop_embed, apply_head
-
-    def forward(self, x):
-        if self.embed is not None:
-            x = self.embed(x)
-            x = self.drop_embed(x) if self.drop_embed is not None else x
-        for block in self.blocks:
-            x = block(x)
-        x = self.ln_f(x) if self.ln_f is not None else x
-        return self.head(x) if self.apply_head and self.head is not None else x
-
-
-def stage_bounds(num_blocks: int, num_stages: int) -> list[int]:
-    """Stage s holds blocks [bounds[s], bounds[s + 1]): contiguous, earlier stages take the extra block."""
-    base, extra = divmod(num_blocks, num_stages)
-    return [s * base + min(s, extra) for s in range(num_stages + 1)]
-
-
-def shard_stages(model: GPT, dims: ParallelDims, rank: int, tp_group, virtual: int,
-                 checkpointing: bool = False) -> dict[int, Stage]:
-    """This rank's stages {index: Stage}, built from ``model``'s weights (``model`` is not modified)."""
-    dims.check(dims.world_size, model.heads, len(model.blocks))
-    num_stages = dims.pp * virtual
-    if num_stages > len(model.blocks):
-        raise ValueError(f"pp x virtual stages = {num_stages} cannot exceed the number of layers "
-                         f"({len(model.blocks)}).")
-    pp_rank = coordinates(dims, rank).pp
-    bounds = stage_bounds(len(model.blocks), num_stages)
-    groups = [range(bounds[s], bounds[s + 1]) for s in range(num_stages)]
-    stages = {}
-    for s in range(pp_rank, num_stages, dims.pp):
-        blocks = [tp_block(model.blocks[i], tp_group) for i in groups[s]]
-        blocks = [Checkpointed(b) for b in blocks] if checkpointing else blocks
-        last = s == num_stages - 1
-        stages[s] = Stage(blocks, VocabParallelEmbedding.from_dense(model.embed, tp_group) if s == 0 else None,
-                          copy.deepcopy(model.ln_f) if last else None,
-                          ParallelLMHead.from_dense(model.head, tp_group) if last else None,
-                          drop_embed=copy.deepcopy(getattr(model, "drop_embed", None)) if s == 0 else None)
-    key = DropoutKey(model.dropout_key.seed)  # one key for every dropout of this rank's stages
-    for stage in stages.values():
-        for mod in stage.modules():
-            if isinstance(mod, KeyedDropout):
-                mod.key = key
-    return stages
 
 
 class Parallel3D:
@@ -134,21 +89,9 @@ class Parallel3D:
         self.block_bounds = stage_bounds(len(model.blocks), self.schedule.num_stages)
         self.hidden = model.embed.embedding_dim
         self.local = nn.ModuleList(self.stages.values())
-        dtype = next(model.parameters()).dtype
-        self.mixed = dtype in LOW
+        self.mixed = next(model.parameters()).dtype in LOW
         """Low-precision parameters with fp32 masters (``reference.mixed_precision``)."""
-        if not self.mixed and reduce_dtype not in (None, dtype):
-            raise ValueError(f"reduce_dtype applies to a bfloat16 or float16 model; this one is {dtype}.")
-        if self.mixed:
-            self.sync = MixedPrecisionZero(self.local, optimizer, zero_stage, groups["dp"],
-                                           reduce_dtype=reduce_dtype or torch.float32)
-            self.optimizer = self.sync.optimizer
-        elif zero_stage == 0:
-            self.sync = NaiveDataParallel(self.local, groups["dp"])
-            self.optimizer = optimizer.build(self.local.parameters())
-        else:
-            self.sync = ShardedOptimizer(self.local, optimizer, zero_stage, groups["dp"])
-            self.optimizer = self.sync.optimizer
+        self.sync, self.optimizer = data_parallel(self.local, optimizer, zero_stage, groups["dp"], reduce_dtype)
         self.loss_scaler, self.max_grad_norm, self.norm_type = loss_scaler, max_grad_norm, norm_type
         self.accumulation = accumulation
         self.last_grad_norm: float | None = None

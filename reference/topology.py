@@ -8,7 +8,14 @@ must call it, with the same dims, in the same order — torch.distributed's rule
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass
+
+ORDER = ("dp", "pp", "tp")
+"""The named dimensions, outermost first: a rank is the mixed-radix number of its coordinates in this order
+(TP innermost, then PP, then DP). A later dimension (context, expert) is a field of ``ParallelDims`` and a
+place in this order; every function below reads the order, none names a dimension but ``embed``'s."""
 
 
 @dataclass(frozen=True)
@@ -21,20 +28,25 @@ class ParallelDims:
     """Tensor-parallel ranks sharing each layer."""
 
     def __post_init__(self):
-        for name in ("dp", "pp", "tp"):
+        for name in ORDER:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a whole number >= 1; got {value!r}.")
 
     @property
+    def sizes(self) -> dict[str, int]:
+        """{dimension: size}, outermost first."""
+        return {name: getattr(self, name) for name in ORDER}
+
+    @property
     def world_size(self) -> int:
-        return self.dp * self.pp * self.tp
+        return math.prod(self.sizes.values())
 
     def check(self, world_size: int, heads: int | None = None, layers: int | None = None) -> None:
         """One clear sentence for a layout that cannot run: product, heads or layers."""
         if self.world_size != world_size:
-            raise ValueError(f"dp x pp x tp = {self.dp} x {self.pp} x {self.tp} = {self.world_size} must equal the "
-                             f"world size ({world_size}).")
+            names, values = " x ".join(ORDER), " x ".join(map(str, self.sizes.values()))
+            raise ValueError(f"{names} = {values} = {self.world_size} must equal the world size ({world_size}).")
         if heads is not None and heads % self.tp:
             raise ValueError(f"tp ({self.tp}) must divide the attention heads ({heads}).")
         if layers is not None and self.pp > layers:
@@ -49,28 +61,43 @@ class Coordinates:
 
 
 def coordinates(dims: ParallelDims, rank: int) -> Coordinates:
-    """Rank -> (dp, pp, tp) index, TP innermost."""
+    """Rank -> its coordinate along each dimension (the mixed-radix digits of ``ORDER``, TP innermost)."""
     if not 0 <= rank < dims.world_size:
         raise ValueError(f"rank {rank} is outside a world of {dims.world_size}.")
-    return Coordinates(dp=rank // (dims.tp * dims.pp), pp=rank // dims.tp % dims.pp, tp=rank % dims.tp)
+    digits = {}
+    for name in reversed(ORDER):
+        rank, digits[name] = divmod(rank, getattr(dims, name))
+    return Coordinates(**digits)
 
 
-def rank_of(dims: ParallelDims, dp: int, pp: int, tp: int) -> int:
-    return (dp * dims.pp + pp) * dims.tp + tp
+def rank_of(dims: ParallelDims, *coords: int, **named: int) -> int:
+    """The rank at the given coordinates (positionally in ``ORDER``, or by name)."""
+    named = {**dict(zip(ORDER, coords, strict=False)), **named}
+    rank = 0
+    for name in ORDER:
+        rank = rank * getattr(dims, name) + named[name]
+    return rank
+
+
+def groups_along(dims: ParallelDims, name: str) -> list[list[int]]:
+    """Every group of dimension ``name``: the ranks that differ only in that coordinate, one group per
+    combination of the others (outermost first)."""
+    others = [n for n in ORDER if n != name]
+    out = []
+    for fixed in itertools.product(*(range(getattr(dims, n)) for n in others)):
+        at = dict(zip(others, fixed, strict=True))
+        out.append([rank_of(dims, **{**at, name: i}) for i in range(getattr(dims, name))])
+    return out
 
 
 def layout(dims: ParallelDims) -> dict[str, list[list[int]]]:
-    """Every group of each kind as its list of global ranks: {"tp": [...], "pp": [...], "dp": [...],
-    "embed": [...]}. "embed" (Megatron's embedding group): the first and the last pipeline rank of each
-    (dp, tp) coordinate, which hold the input embedding and the LM head — tied weights' gradients are
-    summed over it (one rank when pp = 1)."""
-    r = range
-    last = dims.pp - 1
-    return {"tp": [[rank_of(dims, d, p, t) for t in r(dims.tp)] for d in r(dims.dp) for p in r(dims.pp)],
-            "pp": [[rank_of(dims, d, p, t) for p in r(dims.pp)] for d in r(dims.dp) for t in r(dims.tp)],
-            "dp": [[rank_of(dims, d, p, t) for d in r(dims.dp)] for p in r(dims.pp) for t in r(dims.tp)],
-            "embed": [sorted({rank_of(dims, d, 0, t), rank_of(dims, d, last, t)}) for d in r(dims.dp)
-                      for t in r(dims.tp)]}
+    """Every group of each kind as its list of global ranks: one kind per dimension of ``ORDER`` and
+    "embed" (Megatron's embedding group): the first and the last pipeline rank of each other coordinate,
+    which hold the input embedding and the LM head — tied weights' gradients are summed over it (one rank
+    when pp = 1)."""
+    out = {name: groups_along(dims, name) for name in reversed(ORDER)}  # tp, pp, dp: the order groups are made
+    out["embed"] = [sorted({g[0], g[-1]}) for g in out["pp"]]
+    return out
 
 
 def build_groups(dims: ParallelDims, rank: int) -> dict:

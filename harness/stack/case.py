@@ -22,9 +22,9 @@ import torch
 import torch.distributed as dist
 
 from ..errors import describe
-from ..rank import computed_once, failed_in_implementation, rank_device
+from ..rank import computed_once, rank_device
+from .inputs import SEQ, failed, failed_here, flat_state, global_batch  # noqa: F401 - failed: the suites' verdict of a failed call
 
-SEQ = 4
 U64, U32 = 2.0**-53, 2.0**-24
 _ONE_DEVICE: dict = {}
 
@@ -47,11 +47,6 @@ def norm_bound(step: int, tokens: int, spec, world: int, spread: float, numel: i
     by at most bound x sqrt(sum_t n_t m_t^2) (``spread``, relative to n), plus the norm's own sum of ``numel``
     squares in another order (numel u)."""
     return bound(step, tokens, spec, world) * spread + numel * (U64 if spec.dtype == "float64" else U32)
-
-
-def global_batch(vocab: int, rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed + 1)
-    return (torch.randint(0, vocab, (rows, SEQ), generator=gen), torch.randint(0, vocab, (rows, SEQ), generator=gen))
 
 
 def _one_device(spec, recipe, seed: int, tokens, targets, steps: int) -> list[dict]:
@@ -126,14 +121,14 @@ def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int 
     except ValueError as exc:
         return {"refused": str(exc), "unsupported": False, "problems": []}
     except Exception as exc:  # noqa: BLE001 - whatever the code under test raises is a verdict
-        return _failed(f"rank {r}: build raised {describe(exc)}")
+        return failed_here(f"rank {r}: build raised {describe(exc)}")
     device = rank_device()
     problems, worst, losses = [], 0.0, []
     limit = bound(steps, tokens.numel(), spec, n)
     try:
         trainer.load_dense(spec.build(seed).state_dict())
     except Exception as exc:  # noqa: BLE001
-        return _failed(f"rank {r}: load_dense raised {describe(exc)}")
+        return failed_here(f"rank {r}: load_dense raised {describe(exc)}")
     try:
         for k in range(steps):
             losses.append(float(trainer.step(tokens.to(device), targets.to(device))))
@@ -141,14 +136,14 @@ def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int 
                 continue
             state = trainer.dense_state()
             step_limit = bound(k + 1, tokens.numel(), spec, n)
-            expected_state = _flat(want[k]["optimizer"])
+            expected_state = flat_state(want[k]["optimizer"])
             # optimizer state (SGD's momentum: the gradients) relative to the whole state's scale: a gradient
             # that is zero by structure (an attention key's bias: softmax is shift-invariant) is rounding
             # noise at the scale of the terms it sums, not at its own
             scale = max((float(t.abs().max()) for t in expected_state.values()), default=0.0)
+            optimizer_state = flat_state(state.get("optimizer", {}))
             for what, got, expected, floor in (("parameter", state.get("params", {}), want[k]["params"], 0.0),
-                                               ("optimizer state", _flat(state.get("optimizer", {})), expected_state,
-                                                scale)):
+                                               ("optimizer state", optimizer_state, expected_state, scale)):
                 w, off = differences(got, expected, step_limit, what, floor)
                 worst, problems = max(worst, w), problems + [f"rank {r}: step {k + 1}: {p}" for p in off]
             if want[k]["norm"] is not None:
@@ -160,10 +155,10 @@ def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int 
                                     f"{want[k]['norm']!r} (off by {rel:.3g} > {nb:.3g})")
     except ValueError as exc:  # the contract's refusal of a batch it cannot split (one sentence), at step 1
         if losses:
-            return _failed(f"rank {r}: step {len(losses) + 1} raised {describe(exc)}")
+            return failed_here(f"rank {r}: step {len(losses) + 1} raised {describe(exc)}")
         return {"refused": str(exc), "unsupported": False, "problems": []}
     except Exception as exc:  # noqa: BLE001 - the stack's failure is a verdict; peers inside it are ended
-        return _failed(f"rank {r}: {describe(exc)} (after {len(losses)} step(s))")
+        return failed_here(f"rank {r}: {describe(exc)} (after {len(losses)} step(s))")
     for k, (a, b) in enumerate(zip(losses, [w["loss"] for w in want], strict=False)):
         if not abs(a - b) <= bound(k + 1, tokens.numel(), spec, n) * abs(b):
             problems.append(f"rank {r}: loss after step {k + 1}: {a!r} vs one device {b!r}")
@@ -180,22 +175,6 @@ def verdict(per_rank: list[dict]) -> tuple[str, str | None, list[str]]:
     if refused:
         return ("unsupported" if refused["unsupported"] else "refused"), refused["refused"], problems
     return ("fail" if problems else "pass"), None, problems
-
-
-def _flat(optimizer: dict) -> dict:
-    return {f"{name}/{key}": t for name, state in optimizer.items() for key, t in state.items()}
-
-
-def _failed(detail: str) -> dict:
-    failed_in_implementation(detail)
-    return failed(detail)
-
-
-def failed(detail: str) -> dict:
-    """A rank's result where the stack failed (its own exception, or the World's verdict of a call that
-    failed: ``harness.world.run_or_fail``)."""
-    return {"refused": None, "unsupported": False, "problems": [detail], "worst": math.inf, "bound": math.nan,
-            "losses": []}
 
 
 def resume_stack(impl_spec: str, spec, layout_a, layout_b, recipe, directory: str, seed: int = 0) -> dict:
@@ -224,11 +203,11 @@ def resume_stack(impl_spec: str, spec, layout_a, layout_b, recipe, directory: st
     except NotImplementedError as exc:
         return {"refused": str(exc), "unsupported": True, "problems": []}
     except Exception as exc:  # noqa: BLE001 - the stack's failure is a verdict
-        return _failed(f"rank {r}: {describe(exc)}")
+        return failed_here(f"rank {r}: {describe(exc)}")
     limit = bound(2, tokens.numel(), spec, n)
-    expected_state = _flat(want["optimizer"])
+    expected_state = flat_state(want["optimizer"])
     scale = max((float(t.abs().max()) for t in expected_state.values()), default=0.0)
     worst, problems = differences(state.get("params", {}), want["params"], limit, "parameter")
-    w, off = differences(_flat(state.get("optimizer", {})), expected_state, limit, "optimizer state", scale)
+    w, off = differences(flat_state(state.get("optimizer", {})), expected_state, limit, "optimizer state", scale)
     return {"refused": None, "unsupported": False, "worst": max(worst, w), "bound": limit,
             "problems": [f"rank {r}: after resuming: {p}" for p in problems + off]}

@@ -18,8 +18,9 @@ import torch
 import torch.distributed as dist
 
 from ..errors import describe
-from ..rank import computed_once, failed_in_implementation, rank_device
+from ..rank import computed_once, rank_device
 from ..threed.mixed import OneDevice, allowed_ratio
+from .inputs import failed_here, flat_state, global_batch
 
 _ORACLES: dict = {}
 
@@ -61,15 +62,10 @@ def _against(got: dict, single: dict, exact: dict, ratio: float, what: str) -> t
     return worst, problems
 
 
-def _flat(optimizer: dict) -> dict:
-    return {f"{name}/{key}": t for name, state in optimizer.items() for key, t in state.items()}
-
-
 def train_stack_mixed(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int = 0) -> dict:
     """Rank side: ``impl_spec``'s stack on ``layout`` for a low-precision ``spec``, against one device's
     recipe. Returns what ``harness.stack.case.train_stack`` returns; ``bound`` is the ratio to E_T."""
     from .. import registry
-    from .case import failed, global_batch
 
     r = dist.get_rank()
     rows = layout.dp * layout.num_microbatches * recipe.accumulation
@@ -91,8 +87,8 @@ def train_stack_mixed(impl_spec: str, spec, layout, recipe, steps: int = 2, seed
             state = trainer.dense_state()
             for what, got, single, exact in (
                     ("master", state.get("params", {}), want[k]["params"], want[k]["exact"]),
-                    ("optimizer state", _flat(state.get("optimizer", {})), _flat(want[k]["optimizer"]),
-                     _flat(want[k]["exact_optimizer"]))):
+                    ("optimizer state", flat_state(state.get("optimizer", {})), flat_state(want[k]["optimizer"]),
+                     flat_state(want[k]["exact_optimizer"]))):
                 w, off = _against(got, single, exact, ratio, what)
                 worst, problems = max(worst, w), problems + [f"rank {r}: step {k + 1}: {p}" for p in off]
             if want[k]["norm"] is not None:
@@ -102,8 +98,6 @@ def train_stack_mixed(impl_spec: str, spec, layout, recipe, steps: int = 2, seed
                     problems.append(f"rank {r}: step {k + 1}: gradient norm {got_norm!r} vs one device {n!r} (off by "
                                     f"{diff:.3g} > {ratio:.3g} x |g - g_exact| = {want[k]['norm_scale']:.3g})")
     except Exception as exc:  # noqa: BLE001 - the stack's failure is a verdict; peers inside it are ended
-        detail = f"rank {r}: {describe(exc)} (after {len(losses)} step(s))"
-        failed_in_implementation(detail)
-        return failed(detail)
+        return failed_here(f"rank {r}: {describe(exc)} (after {len(losses)} step(s))")
     return {"refused": None, "unsupported": False, "problems": problems, "worst": worst, "bound": ratio,
             "losses": losses}

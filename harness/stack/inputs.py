@@ -1,0 +1,36 @@
+"""What the stack cases share (rank side): the global batch every rank is given, a failed rank's result,
+the optimizer state flattened to one name per tensor."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..rank import failed_in_implementation
+
+SEQ = 4
+
+
+def global_batch(vocab: int, rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, targets), ``rows`` x ``SEQ`` each, drawn from ``seed`` + 1: the same on every rank."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    return (torch.randint(0, vocab, (rows, SEQ), generator=gen), torch.randint(0, vocab, (rows, SEQ), generator=gen))
+
+
+def flat_state(optimizer: dict) -> dict:
+    """{name: {state key: tensor}} as {"name/key": tensor}."""
+    return {f"{name}/{key}": t for name, state in optimizer.items() for key, t in state.items()}
+
+
+def failed_here(detail: str) -> dict:
+    """This rank caught the stack's exception: say so to the World (peers still inside are ended), and fail."""
+    failed_in_implementation(detail)
+    return failed(detail)
+
+
+def failed(detail: str) -> dict:
+    """A rank's result where the stack failed (its own exception, or the World's verdict of a call that
+    failed: ``harness.world.run_or_fail``)."""
+    return {"refused": None, "unsupported": False, "problems": [detail], "worst": math.inf, "bound": math.nan,
+            "losses": []}
