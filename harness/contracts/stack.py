@@ -5,6 +5,10 @@ global batch, hand back the dense state on every rank; optionally save and load 
 Names are ``reference.models``' (the one-device module's ``named_parameters``): mapping a stack's own
 names onto them is the adapter's business, never a way to leave a tensor out — every parameter and every
 optimizer state tensor of the one-device model must come back.
+
+Optional, for ``bench stack``: ``memory()`` -> {"params", "grads", "optimizer"}: bytes of model state
+this rank holds between steps; ``pipeline_events()`` -> [(action, start, end)] seconds of its last
+pipeline pass (the measured bubble). Without them those columns are blank.
 """
 
 from __future__ import annotations

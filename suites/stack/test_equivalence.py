@@ -30,9 +30,10 @@ GPT = ModelSpec("gpt", vocab=13, hidden=16, heads=8, ffn=24, layers=5)
 LLAMA = ModelSpec("llama", vocab=13, hidden=16, heads=8, kv_heads=2, ffn=24, layers=5)
 MQA = ModelSpec("llama", vocab=13, hidden=16, heads=8, kv_heads=1, ffn=24, layers=5)
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
-CORNERS = {4: {(1, 1, 4), (1, 4, 1)}, 8: {(1, 1, 8), (2, 1, 4), (1, 4, 2), (2, 2, 2)}}
-"""The layouts of 4 and 8 ranks every profile runs (1, 2 and 3 ranks: all of them): kv_heads < tp, a middle
-stage with layers % pp != 0, tp 8 over one KV head, pp with tp, all three dimensions."""
+CORNERS = {4: {(1, 1, 4), (1, 4, 1)}, 8: {(1, 1, 8), (2, 2, 2)}}
+"""The layouts of 4 and 8 ranks every profile runs (1, 2 and 3 ranks: all of them): kv_heads < tp (tp 4 over
+2 KV heads), middle stages with layers % pp != 0 (pp 3 and 4), tp 8 over one KV head, all three dimensions.
+The other layouts of 4 and 8 ranks (2x1x4, 1x4x2, ...: the same corners again) run in the thorough env."""
 CLIPS = ((0.05, 2.0), (0.02, math.inf))
 """Both clip at step 1 (the norms are 0.5-2 with these sizes): clipping is on every case."""
 
