@@ -72,8 +72,9 @@ def counted_traffic(counter: list):
     """Every byte this rank sends within the block, into ``counter[0]``: ``counted_collectives``' Python
     collectives (FSDP2's all_gather_single / reduce_scatter_single among them), torch's functional
     collectives (DTensor's redistributions: a dispatch mode sees each ``_c10d_functional`` op on its local
-    tensor), and point-to-point sends (``isend`` / ``send``: the pipeline's activations and gradients,
-    whether batched or not). Collectives from C++ (DDP's reducer) are still not seen."""
+    tensor), point-to-point sends (``isend`` / ``send``: the pipeline's activations and gradients, whether
+    batched or not) and ``all_to_all_single`` (Ulysses). Collectives from C++ (DDP's reducer) are still not
+    seen."""
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -92,14 +93,21 @@ def counted_traffic(counter: list):
             return fn(tensor, *args, **kwargs)
         return counted
 
+    def all_to_all(fn):
+        def counted(output, input, *args, **kwargs):  # S: the whole buffer
+            counter[0] += collective_bytes("all_to_all", dist.get_world_size(kwargs.get("group")), _bytes(input))
+            return fn(output, input, *args, **kwargs)
+        return counted
+
     # both names of each: P2POp takes torch.distributed's, batch_isend_irecv compares with distributed_c10d's
-    saved = [(m, name, getattr(m, name)) for name in ("isend", "send") for m in (dist, c10d)]
+    saved = [(m, name, getattr(m, name)) for name in ("isend", "send", "all_to_all_single") for m in (dist, c10d)]
     originals = {name: getattr(c10d, name) for name in ("isend", "send")}
     try:
         for name, fn in originals.items():
             wrapper = sent(fn)
             setattr(dist, name, wrapper)
             setattr(c10d, name, wrapper)
+        setattr(dist, "all_to_all_single", all_to_all(c10d.all_to_all_single))
         with counted_collectives(counter), Functional():
             yield counter
     finally:

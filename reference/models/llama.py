@@ -58,10 +58,13 @@ def attend_gqa(q, k, v, positions: torch.Tensor, theta: float, causal: bool = Tr
 
 
 class GQAttention(nn.Module):
-    """q: hidden -> heads * d, k and v: hidden -> kv_heads * d, o: heads * d -> hidden; no biases."""
+    """q: hidden -> heads * d, k and v: hidden -> kv_heads * d, o: heads * d -> hidden; no biases; causal
+    unless ``causal`` is False (an encoder's attention)."""
 
-    def __init__(self, hidden: int, heads: int, kv_heads: int, theta: float = 10000.0, dtype=torch.float64):
+    def __init__(self, hidden: int, heads: int, kv_heads: int, theta: float = 10000.0, dtype=torch.float64,
+                 causal: bool = True):
         super().__init__()
+        self.causal = causal
         if hidden % heads or heads % kv_heads:
             raise ValueError(f"hidden ({hidden}) must divide by heads ({heads}) and heads by kv_heads ({kv_heads}).")
         d = hidden // heads
@@ -79,7 +82,7 @@ class GQAttention(nn.Module):
 
         q = heads_of(self.q(x), self.heads)
         k, v = heads_of(self.k(x), self.kv_heads), heads_of(self.v(x), self.kv_heads)
-        return self.o(attend_gqa(q, k, v, positions, self.theta))
+        return self.o(attend_gqa(q, k, v, positions, self.theta, self.causal))
 
 
 class SwiGLU(nn.Module):

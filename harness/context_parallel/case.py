@@ -1,0 +1,195 @@
+"""The context-parallel conformance case (inputs, oracle, check; rank side): the Llama family's attention
+over the World as the CP group, this rank's sequence shard in, held to one device's attention over the
+whole sequence.
+
+Inputs: ``GQAttention(hidden, heads, kv_heads, causal)`` from ``seed`` (its q and k weights times
+``logit_scale``: scores large enough that a softmax merged without the running maximum overflows float64
+at exp(709.8)), x and an upstream gradient g (batch, seq, hidden) — the same on every rank. Oracle: one
+device, y = dense(x, arange(seq)), (y g).sum() backward: y, dx and every weight's gradient. Check: this
+rank's shard of y and of dx, and every ``full_grads`` tensor, within ``bound`` x the tensor's largest
+magnitude; the dense module unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..errors import describe
+from ..rank import failed_in_implementation, rank_device
+
+U64 = 2.0**-53
+
+
+@dataclass(frozen=True)
+class Case:
+    hidden: int = 16
+    heads: int = 4
+    kv_heads: int = 2
+    seq: int = 8
+    batch: int = 2
+    causal: bool = True
+    layout: str = "zigzag"
+    logit_scale: float = 1.0
+    seed: int = 0
+
+    def label(self) -> str:
+        return (f"h{self.heads}kv{self.kv_heads}-s{self.seq}b{self.batch}-{self.layout}-"
+                f"{'causal' if self.causal else 'full'}{f'-x{self.logit_scale:g}' if self.logit_scale != 1 else ''}")
+
+
+def bound(case: Case, cp: int, s_max: float) -> float:
+    """Largest allowed difference from one device, relative to each tensor's largest magnitude. Every
+    element is a chain of sums that the parallel run orders differently: the projections (hidden terms in,
+    heads x d out), a score (d terms: its absolute error d u s_max, which exp turns into a relative error
+    of the probability — the softmax is as sensitive as its largest score), the softmax's normaliser and
+    the weighted sum of values (seq terms each, regrouped into cp blocks whose merge rescales by
+    exp(m_block - m) — 3 roundings per block); each within its term count x u of the magnitudes summed.
+    So (hidden + heads d + d (1 + s_max) + seq + 3 cp) u per stage; x 4 stages chained (projection, score,
+    softmax, output) and x 2 for backward, which runs the same chains transposed; x 4 for the magnitudes
+    summed over the result's (cancellation): 32 x."""
+    d = case.hidden // case.heads
+    return 32 * (case.hidden + case.heads * d + d * (1 + s_max) + case.seq + 3 * cp) * U64
+
+
+def _inputs(case: Case, device):
+    from reference.models import GQAttention
+
+    torch.manual_seed(case.seed)
+    dense = GQAttention(case.hidden, case.heads, case.kv_heads, causal=case.causal).to(device)
+    with torch.no_grad():
+        dense.q.weight.mul_(case.logit_scale)
+        dense.k.weight.mul_(case.logit_scale)
+    gen = torch.Generator().manual_seed(case.seed + 1)
+    x = torch.randn(case.batch, case.seq, case.hidden, generator=gen, dtype=torch.float64).to(device)
+    g = torch.randn(case.batch, case.seq, case.hidden, generator=gen, dtype=torch.float64).to(device)
+    return dense, x, g
+
+
+def _one_device(dense, x, g, case: Case):
+    """(y, dx, {name: grad}, the largest |score|) of the whole sequence on one device."""
+    from reference.models.llama import rotate
+
+    xd = x.clone().requires_grad_()
+    for p in dense.parameters():
+        p.grad = None
+    y = dense(xd, torch.arange(case.seq, device=x.device))
+    (y * g).sum().backward()
+    grads = {n: p.grad.detach().clone() for n, p in dense.named_parameters()}
+    for p in dense.parameters():
+        p.grad = None
+    with torch.no_grad():
+        b, s, d = case.batch, case.seq, dense.head_dim
+        pos = torch.arange(s, device=x.device)
+        q = rotate(dense.q(x).view(b, s, case.heads, d).transpose(1, 2), pos, dense.theta)
+        k = rotate(dense.k(x).view(b, s, case.kv_heads, d).transpose(1, 2), pos, dense.theta)
+        k = k.repeat_interleave(case.heads // case.kv_heads, dim=1)
+        s_max = float((q @ k.transpose(-1, -2)).abs().max()) / math.sqrt(d)
+    return y.detach(), xd.grad.detach(), grads, s_max
+
+
+def _off(what: str, got, want, limit: float) -> tuple[float, list[str]]:
+    if not torch.is_tensor(got) or tuple(got.shape) != tuple(want.shape):
+        return math.inf, [f"{what}: shape {tuple(getattr(got, 'shape', ()))} != {tuple(want.shape)}"]
+    mag = max(float(want.abs().max()), 1e-300)
+    rel = float((got.detach().to(want.dtype) - want).abs().max()) / mag
+    if rel != rel:
+        return math.inf, [f"{what}: NaN or inf where one device is finite"]
+    return rel, ([f"{what}: off by {rel:.3g} of its magnitude > {limit:.3g}"] if not rel <= limit else [])
+
+
+def run_case(impl_spec: str, case_dict: dict) -> dict:
+    """Rank side. Returns {"refused", "unsupported", "problems", "worst", "bound"}."""
+    from reference.context_parallel import layout as layouts
+
+    from .. import registry
+
+    case = Case(**case_dict)
+    cp, r, device = dist.get_world_size(), dist.get_rank(), rank_device()
+    dense, x, g = _inputs(case, device)
+    before = {n: p.detach().clone() for n, p in dense.named_parameters()}
+    y, dx, grads, s_max = _one_device(dense, x, g, case)
+    limit = bound(case, cp, s_max)
+    impl = registry.load(impl_spec, "context_parallel")
+    try:
+        module = impl.shard(dense, dist.group.WORLD, case.layout)
+    except NotImplementedError as exc:
+        return {"refused": str(exc), "unsupported": True, "problems": []}
+    except ValueError as exc:
+        return {"refused": str(exc), "unsupported": False, "problems": []}
+    except Exception as exc:  # noqa: BLE001 - whatever the code under test raises is a verdict
+        return _failed(f"rank {r}: shard raised {describe(exc)}")
+    try:
+        mine = layouts.chunks(case.seq, cp, r, case.layout)
+    except ValueError as exc:  # the layout cannot split this sequence: the module must refuse it too
+        mine = None
+        why = str(exc)
+    x_local = layouts.shard(x, cp, r, case.layout) if mine else x[:, : case.seq // cp].clone()
+    x_local.requires_grad_()
+    try:
+        y_local = module(x_local)
+    except ValueError as exc:
+        return {"refused": str(exc), "unsupported": False, "problems": []}
+    except Exception as exc:  # noqa: BLE001
+        return _failed(f"rank {r}: forward raised {describe(exc)}")
+    if mine is None:  # accepted a sequence the layout cannot split: a silently short rank
+        return {"refused": None, "unsupported": False, "worst": math.inf, "bound": limit,
+                "problems": [f"rank {r}: accepted a sequence of {case.seq} tokens that {why[:-1].lower()}"]}
+    try:
+        (y_local * layouts.shard(g, cp, r, case.layout)).sum().backward()
+        full = impl.full_grads(module, dist.group.WORLD)
+    except Exception as exc:  # noqa: BLE001
+        return _failed(f"rank {r}: backward / full_grads raised {describe(exc)}")
+    worst, problems = 0.0, []
+    checks = [("output", y_local, layouts.shard(y, cp, r, case.layout)),
+              ("input gradient", x_local.grad, layouts.shard(dx, cp, r, case.layout))]
+    checks += [(f"gradient {n}", full.get(n), grads[n]) for n in grads]
+    for what, got, want in checks:
+        if got is None:
+            problems.append(f"rank {r}: {what}: missing")
+            continue
+        rel, off = _off(what, got, want, limit)
+        worst, problems = max(worst, rel), problems + [f"rank {r}: {p}" for p in off]
+    problems += [f"rank {r}: {n}: not a parameter of the dense attention" for n in sorted(set(full) - set(grads))]
+    problems += [f"rank {r}: shard modified the dense module's {n}" for n, p in dense.named_parameters()
+                 if not torch.equal(p.detach(), before[n])]
+    return {"refused": None, "unsupported": False, "problems": problems, "worst": worst, "bound": limit,
+            "s_max": s_max}
+
+
+def count_bytes(impl_spec: str, case_dict: dict) -> dict:
+    """Rank side: {"forward", "backward"} bytes this rank sends in one forward and one backward of the
+    implementation (``harness.comm_count.counted_traffic``)."""
+    from reference.context_parallel import layout as layouts
+
+    from .. import registry
+    from ..comm_count import counted_traffic
+
+    case = Case(**case_dict)
+    cp, r = dist.get_world_size(), dist.get_rank()
+    dense, x, g = _inputs(case, rank_device())
+    impl = registry.load(impl_spec, "context_parallel")
+    module = impl.shard(dense, dist.group.WORLD, case.layout)
+    x_local = layouts.shard(x, cp, r, case.layout).requires_grad_()
+    forward, backward = [0.0], [0.0]
+    with counted_traffic(forward):
+        y = module(x_local)
+    with counted_traffic(backward):
+        (y * layouts.shard(g, cp, r, case.layout)).sum().backward()
+    return {"forward": forward[0], "backward": backward[0]}
+
+
+def _failed(detail: str) -> dict:
+    failed_in_implementation(detail)
+    return failed(detail)
+
+
+def failed(detail: str) -> dict:
+    return {"refused": None, "unsupported": False, "problems": [detail], "worst": math.inf, "bound": math.nan}
+
+
+def as_dict(case: Case) -> dict:
+    return asdict(case)

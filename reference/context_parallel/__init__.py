@@ -1,0 +1,29 @@
+"""Context parallelism: the sequence of the whole model split over a CP group (not Megatron's sequence
+parallelism inside a TP group). ``layout``: contiguous and load-balanced (zigzag) sequence shards and each
+rank's global positions; ``ring``: ring attention (pass-KV, online softmax, blockwise backward);
+``ulysses``: all-to-all from sequence shards to head shards and back; ``attention``: the Llama family's
+attention over a CP group with either. Every communicating function takes its group."""
+
+from .attention import ALGORITHMS, ContextParallelAttention, full_grads
+from .layout import LAYOUTS, chunks, positions, shard, unshard
+from .ring import ring_attention, ring_bytes
+from .ulysses import ulysses_attention, ulysses_bytes
+
+
+class ReferenceContextParallel:
+    """The ``context_parallel`` contract over ``ContextParallelAttention`` (``algorithm``: ring or ulysses)."""
+
+    def __init__(self, algorithm: str = "ring", **planted):
+        self.algorithm, self.planted = algorithm, planted
+        self.description = {"ring": "ours: ring attention (pass-KV, online softmax)",
+                            "ulysses": "ours: Ulysses all-to-all over heads"}[algorithm]
+
+    def shard(self, dense, group, layout: str):
+        return ContextParallelAttention(dense, group, layout, self.algorithm, **self.planted)
+
+    def full_grads(self, sharded, group):
+        return full_grads(sharded, group)
+
+
+__all__ = ["ALGORITHMS", "ContextParallelAttention", "LAYOUTS", "ReferenceContextParallel", "chunks", "full_grads",
+           "positions", "ring_attention", "ring_bytes", "shard", "ulysses_attention", "ulysses_bytes", "unshard"]
