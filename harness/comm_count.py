@@ -107,7 +107,7 @@ def counted_traffic(counter: list):
             wrapper = sent(fn)
             setattr(dist, name, wrapper)
             setattr(c10d, name, wrapper)
-        setattr(dist, "all_to_all_single", all_to_all(c10d.all_to_all_single))
+        dist.all_to_all_single = all_to_all(c10d.all_to_all_single)
         with counted_collectives(counter), Functional():
             yield counter
     finally:

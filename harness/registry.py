@@ -102,6 +102,8 @@ BUILTINS: dict[tuple[str, str], ImplSpec] = {
                  {"algorithm": "ring"}, description="ours: ring attention (pass-KV, online softmax, blockwise bwd)"),
         ImplSpec("reference-ulysses", "context_parallel", "reference.context_parallel:ReferenceContextParallel",
                  {"algorithm": "ulysses"}, description="ours: Ulysses all-to-all over heads (GQA split / replicated)"),
+        ImplSpec("deepspeed-ulysses", "context_parallel", "harness.adapters.deepspeed_ulysses:DeepSpeedUlysses",
+                 requires=("deepspeed",), description="DeepSpeed-Ulysses DistributedAttention on CPU/gloo"),
         ImplSpec("torch", "stack", "harness.adapters.torch_stack:TorchStack",
                  requires=("torch.distributed.pipelining", "torch.distributed.fsdp"),
                  description="torchtitan-style: DTensor TP + pipelining + FSDP2, GPT and Llama"),

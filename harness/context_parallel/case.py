@@ -131,6 +131,8 @@ def run_case(impl_spec: str, case_dict: dict) -> dict:
     x_local.requires_grad_()
     try:
         y_local = module(x_local)
+    except NotImplementedError as exc:
+        return {"refused": str(exc), "unsupported": True, "problems": []}
     except ValueError as exc:
         return {"refused": str(exc), "unsupported": False, "problems": []}
     except Exception as exc:  # noqa: BLE001

@@ -1,0 +1,64 @@
+"""Third parties under the context-parallel contract, and what cannot run here.
+
+- DeepSpeed-Ulysses (``deepspeed-ulysses``: its ``DistributedAttention``) runs the equivalence property
+  with every implementation (test_equivalence.py); here the cases of DeepSpeed #8291 — heads cp does not
+  divide, grouped-query heads split unevenly — must equal one device or be refused in one sentence, never
+  a wrong result or a crash.
+- torch's ``context_parallel`` cannot run on a CPU: watch tests of what it raises per SDPA backend (they
+  fail once torch runs it, and the GPU guide lists it for ``tox -e gpu``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import registry
+from harness.context_parallel.case import Case
+from harness.context_parallel.third_party import torch_context_parallel_probe
+
+from .test_equivalence import _verdict
+
+DEEPSPEED = registry.skip_reason(registry.resolve("deepspeed-ulysses", "context_parallel"))
+
+ISSUE_8291 = [(4, Case(hidden=24, heads=12, kv_heads=12, seq=16)),   # 12 heads over sp 4: [3, 3, 3, 3]
+              (4, Case(hidden=12, heads=6, kv_heads=6, seq=16)),     # 6 over 4: split unevenly, or refused
+              (2, Case(hidden=12, heads=6, kv_heads=3, seq=8))]      # Q 6 / KV 3 over sp 2: the groups kept
+
+
+@pytest.mark.skipif(bool(DEEPSPEED), reason=f"deepspeed-ulysses: {DEEPSPEED}")
+@pytest.mark.parametrize("cp, case", ISSUE_8291, ids=["h12-sp4", "h6-sp4", "q6kv3-sp2"])
+def test_deepspeed_ulysses_uneven_and_grouped_heads(cp, case, world_cache, conformance):
+    outcome, refused, problems, _ = _verdict(world_cache, conformance, "deepspeed-ulysses", cp, case)
+    assert outcome in ("pass", "refused", "unsupported"), problems[:3]
+    if outcome != "pass":
+        assert "\n" not in refused, refused
+
+
+@pytest.mark.parametrize("backend, raised, needle", [
+    ("FLASH_ATTENTION", "NotImplementedError", "does not have a sharding strategy registered"),
+    ("MATH", "RuntimeError", "got mixed torch.Tensor and DTensor"),
+    ("EFFICIENT_ATTENTION", "RuntimeError", "No viable backend"),
+])
+def test_torch_context_parallel_does_not_run_on_cpu(backend, raised, needle, world_cache, conformance):
+    """Watch: torch 2.13's context_parallel on CPU — the CPU flash kernel has no DTensor sharding strategy,
+    the math backend mixes DTensor and Tensor (pytorch #147793), the efficient kernel is CUDA-only."""
+    if world_cache.get(2).backend != "gloo":
+        pytest.skip("a watch of the CPU path; on a GPU node torch's context_parallel is the GPU guide's")
+    got = world_cache.get(2).run(torch_context_parallel_probe, backend, timeout=120)
+    conformance.record("unsupported", suite="context_parallel", world_size=2, dtype="float64", impl="torch",
+                       collective=f"context_parallel/{backend}", detail=": ".join(got[0]))
+    assert all(r[0] == raised and needle in r[1] for r in got), got
+
+
+@pytest.mark.skipif(bool(DEEPSPEED), reason=f"deepspeed-ulysses: {DEEPSPEED}")
+def test_deepspeed_uneven_heads_read_the_registered_group_not_the_given_one(world_cache, conformance):
+    """Watch (a way to set it up wrong that the suite shows): ``DistributedAttention(attn, group)`` with no
+    sequence-parallel group registered in DeepSpeed (no mpu, no mesh). Its even-heads path uses ``group``;
+    its uneven-heads path takes this rank's place from ``groups._get_sequence_parallel_rank()`` — 0 on every
+    rank — so at Q 6 / KV 3 over 2 ranks rank 1 sizes its all-to-all as rank 0 and gloo's own size check
+    fails on it while rank 0 waits (on NCCL nothing checks the sizes). Registered (the adapter's default,
+    as Megatron-DeepSpeed's mpu does), the same case equals one device."""
+    case = Case(hidden=12, heads=6, kv_heads=3, seq=8)
+    outcome, _, problems, _ = _verdict(world_cache, conformance,
+                                       "suites.context_parallel.variants:DeepSpeedUlyssesWithoutSequenceGroup", 2, case)
+    assert outcome == "fail" and any("rank 1" in p and "inLengthPerRank" in p for p in problems), problems[:2]
+    assert _verdict(world_cache, conformance, "deepspeed-ulysses", 2, case)[0] == "pass"
