@@ -106,6 +106,7 @@ class _Ulysses(nn.Module):
             out = self.attn(q, k, v, 0)
         except AssertionError as exc:  # its deliberate refusal of fewer KV heads than ranks (no replication)
             if "must be at least the sequence parallel size" in str(exc):
-                raise Unsupported(f"DeepSpeed-Ulysses does not replicate KV heads: {str(exc).splitlines()[0]}") from None
+                why = str(exc).splitlines()[0]
+                raise Unsupported(f"DeepSpeed-Ulysses does not replicate KV heads: {why}") from None
             raise
         return self.o(out.reshape(b, s, self.heads * self.head_dim))

@@ -20,9 +20,9 @@ def torch_context_parallel_probe(backend: str) -> tuple[str, str]:
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 2, 8, 4, dtype=torch.float64, device=rank_device()) for _ in range(3))
     try:
-        with context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]):
-            with sdpa_kernel(getattr(SDPBackend, backend)):
-                F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        with context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]), \
+                sdpa_kernel(getattr(SDPBackend, backend)):
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return "ran", ""
     except Exception as exc:  # noqa: BLE001 - what it raises is the observation
         return type(exc).__name__, str(exc).splitlines()[0][:200]
