@@ -65,6 +65,18 @@ PLANTED = [
      "suites/stack/test_resume.py::test_resume_on_another_layout_equals_one_device"),
     ("suites.stack.planted:MixedMissingAverage", "bf16 with fp32 masters: DP gradients summed, not averaged",
      "suites/stack/test_equivalence.py::test_bf16_with_fp32_masters_equals_one_device"),
+    ("suites.context_parallel.planted:LocalCausalMask", "ring attention's causal mask by local position",
+     "suites/context_parallel/test_equivalence.py::test_context_parallel_attention_equals_one_device"),
+    ("suites.context_parallel.planted:LocalRotary", "q and k rotated at local positions",
+     "suites/context_parallel/test_equivalence.py::test_context_parallel_attention_equals_one_device"),
+    ("suites.context_parallel.planted:MergeWithoutRunningMax", "online softmax merged without the running maximum",
+     "suites/context_parallel/test_equivalence.py::test_context_parallel_attention_equals_one_device"),
+    ("suites.context_parallel.planted:ZigzagSecondChunkShifted", "zigzag second chunk paired with the wrong block",
+     "suites/context_parallel/test_equivalence.py::test_context_parallel_attention_equals_one_device"),
+    ("suites.context_parallel.planted:UlyssesHeadsReversed", "Ulysses' head groups re-assembled in the wrong order",
+     "suites/context_parallel/test_equivalence.py::test_context_parallel_attention_equals_one_device"),
+    ("suites.context_parallel.planted:UlyssesReplicasNotSummed", "replicated KV heads' gradients not summed",
+     "suites/context_parallel/test_equivalence.py::test_context_parallel_attention_equals_one_device"),
 ]
 
 
