@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass
 from reference.cost_model import (
     activation_memory,
     bubble_fraction,
+    cp_activation_memory,
+    cp_layer_comm_bytes,
     dp_step_comm_bytes,
     tp_layer_comm_bytes,
     training_memory,
@@ -71,6 +73,10 @@ class Model:
     """Vocabulary (LM head and embedding) for the time prediction; 0: none."""
     ffn: int = 0
     """MLP width for the time prediction; 0: 4 hidden."""
+    kv_heads: int = 0
+    """Grouped-query KV heads (context parallelism's K/V bytes); 0: ``heads``."""
+    cp_algorithm: str = "ring"
+    """How context parallelism attends: ring (pass-KV) or ulysses (all-to-all over heads)."""
 
 
 @dataclass(frozen=True)
@@ -79,47 +85,71 @@ class Layout:
     tp: int
     pp: int
     zero: int
+    cp: int = 1
+    """Context-parallel ranks: the sequence split over them; ZeRO shards over dp x cp (torchtitan's rule)."""
 
 
 def estimate(model: Model, layout: Layout) -> dict:
-    """Per-device bytes (weights, gradients, optimizer, activations, total) and per-step communication."""
+    """Per-device bytes (weights, gradients, optimizer, activations, total) and per-step communication.
+    With cp > 1: each rank holds seq / cp tokens' activations (``cp_activation_memory``: the ring keeps no
+    s x s scores, Ulysses keeps h / cp heads' whole ones), the model state is sharded over dp x cp, TP and
+    PP move seq / cp tokens, and the attention sends ``cp_layer_comm_bytes`` per layer and microbatch."""
     if model.layers % layout.pp:
         raise PlanError(f"--pp ({layout.pp}) must divide --layers ({model.layers}).")
+    cp = layout.cp
     try:
-        states = training_memory(model.params, zero_stage=layout.zero, dp=layout.dp, tp=layout.tp, pp=layout.pp)
+        if model.seq % cp:
+            raise ValueError(f"--cp ({cp}) must divide --seq ({model.seq}).")
+        states = training_memory(model.params, zero_stage=layout.zero, dp=layout.dp * cp, tp=layout.tp,
+                                 pp=layout.pp)
         stage_layers = model.layers // layout.pp
         # 1F1B's first stage holds min(pp, m) microbatches in flight, each for layers / pp layers.
         in_flight = min(layout.pp, model.microbatches)
-        acts = in_flight * activation_memory(model.seq, model.batch, model.hidden, model.heads, stage_layers,
-                                             tp=layout.tp, sequence_parallel=model.sequence_parallel,
-                                             recompute=model.recompute)
-        dp_comm = dp_step_comm_bytes(model.params / (layout.tp * layout.pp), layout.zero, layout.dp)
-        tp_comm = tp_layer_comm_bytes(model.batch, model.seq, model.hidden, layout.tp) * stage_layers \
+        if cp > 1:
+            acts = in_flight * cp_activation_memory(model.cp_algorithm, model.seq, model.batch, model.hidden,
+                                                    model.heads, stage_layers, cp=cp, tp=layout.tp,
+                                                    sequence_parallel=model.sequence_parallel,
+                                                    recompute=model.recompute)
+        else:
+            acts = in_flight * activation_memory(model.seq, model.batch, model.hidden, model.heads, stage_layers,
+                                                 tp=layout.tp, sequence_parallel=model.sequence_parallel,
+                                                 recompute=model.recompute)
+        dp_comm = dp_step_comm_bytes(model.params / (layout.tp * layout.pp), layout.zero, layout.dp * cp)
+        tokens = model.seq // cp
+        tp_comm = tp_layer_comm_bytes(model.batch, tokens, model.hidden, layout.tp) * stage_layers \
             * model.microbatches
+        cp_comm = 0.0
+        if cp > 1:
+            kv = model.kv_heads or model.heads
+            cp_comm = cp_layer_comm_bytes(model.cp_algorithm, model.batch, model.seq, model.heads // layout.tp,
+                                          max(kv // layout.tp, 1), model.hidden // model.heads, cp)["total"] \
+                * stage_layers * model.microbatches
     except ValueError as exc:
         raise PlanError(str(exc)) from None
     # A middle stage sends each microbatch's activations forward and their gradients backward.
-    pp_comm = 2 * model.batch * model.seq * model.hidden * 2 * model.microbatches if layout.pp > 1 else 0.0
+    pp_comm = 2 * model.batch * tokens * model.hidden * 2 * model.microbatches if layout.pp > 1 else 0.0
     memory = {"weights": states.weights, "gradients": states.gradients, "optimizer": states.optimizer,
               "activations": acts}
     memory["total"] = sum(memory.values())
-    comm = {"dp": dp_comm, "tp": tp_comm, "pp": pp_comm}
+    comm = {"dp": dp_comm, "tp": tp_comm, "pp": pp_comm, **({"cp": cp_comm} if cp > 1 else {})}
     comm["total"] = sum(comm.values())
     return {"layout": asdict(layout), "memory_bytes": memory, "comm_bytes_per_step": comm,
             "bubble_fraction_1f1b": bubble_fraction("1f1b", layout.pp, model.microbatches)}
 
 
-def layouts(model: Model, gpus: int):
-    """Every (dp, tp, pp, zero) with dp * tp * pp == gpus, tp <= 8 dividing heads, pp dividing layers."""
-    for tp in (t for t in range(1, min(MAX_TP, gpus) + 1) if gpus % t == 0 and model.heads % t == 0):
-        for pp in (p for p in range(1, gpus // tp + 1) if (gpus // tp) % p == 0 and model.layers % p == 0):
+def layouts(model: Model, gpus: int, cp: int = 1):
+    """Every (dp, tp, pp, zero) with dp * tp * pp * cp == gpus, tp <= 8 dividing heads, pp dividing layers
+    (cp as given)."""
+    rest = gpus // cp
+    for tp in (t for t in range(1, min(MAX_TP, rest) + 1) if rest % t == 0 and model.heads % t == 0):
+        for pp in (p for p in range(1, rest // tp + 1) if (rest // tp) % p == 0 and model.layers % p == 0):
             for zero in range(4):
-                yield Layout(dp=gpus // (tp * pp), tp=tp, pp=pp, zero=zero)
+                yield Layout(dp=rest // (tp * pp), tp=tp, pp=pp, zero=zero, cp=cp)
 
 
-def fitting(model: Model, gpus: int, device_memory: float) -> list[dict]:
+def fitting(model: Model, gpus: int, device_memory: float, cp: int = 1) -> list[dict]:
     """Layouts that fit, ranked by 1F1B bubble, then communication per step, then memory."""
-    fits = [e for e in (estimate(model, lay) for lay in layouts(model, gpus))
+    fits = [e for e in (estimate(model, lay) for lay in layouts(model, gpus, cp))
             if e["memory_bytes"]["total"] <= device_memory]
     return sorted(fits, key=lambda e: (round(e["bubble_fraction_1f1b"], 12), e["comm_bytes_per_step"]["total"],
                                        e["memory_bytes"]["total"]))
@@ -186,7 +216,8 @@ def render(model: Model, plan: dict, device_memory: float | None, ranked: list[d
 
     console = Console(width=max(110, Console().width))
     lay = plan["layout"]
-    title = (f"{model.params / 1e9:g}B parameters, dp={lay['dp']} tp={lay['tp']} pp={lay['pp']} "
+    cp = f" cp={lay['cp']} ({model.cp_algorithm})" if lay.get("cp", 1) > 1 else ""
+    title = (f"{model.params / 1e9:g}B parameters, dp={lay['dp']} tp={lay['tp']} pp={lay['pp']}{cp} "
              f"ZeRO-{lay['zero']}: per device")
     for heading, (label, unit), values in (
             (title, ("memory", "GB (1e9 bytes)"), plan["memory_bytes"]),
@@ -204,8 +235,9 @@ def render(model: Model, plan: dict, device_memory: float | None, ranked: list[d
         console.print(f"This layout needs {_gb(total)} GB per device: it {verdict} in {_gb(device_memory)} GB.")
         if not list_fitting:  # --profile ranks every layout by time instead, with a fits column
             return
-        console.print(f"[bold]layouts of {lay['dp'] * lay['tp'] * lay['pp']} GPUs that fit: least bubble, "
-                      "then least communication[/bold]")
+        gpus = lay['dp'] * lay['tp'] * lay['pp'] * lay.get('cp', 1)
+        at_cp = f" at cp = {lay['cp']}" if lay.get("cp", 1) > 1 else ""
+        console.print(f"[bold]layouts of {gpus} GPUs{at_cp} that fit: least bubble, then least communication[/bold]")
         table = Table()
         for col in ("rank", "dp", "tp", "pp", "ZeRO", "memory GB", "comm GB/step", "1F1B bubble"):
             table.add_column(col, justify="right")
@@ -235,15 +267,18 @@ def run(args) -> int:
     model = Model(params=parse_count(args.params), seq=args.seq, batch=args.batch, hidden=args.hidden,
                   heads=args.heads, layers=args.layers, microbatches=args.microbatches,
                   sequence_parallel=args.sequence_parallel, recompute=args.recompute, vocab=args.vocab or 0,
-                  ffn=args.ffn or 0)
-    layout = Layout(dp=args.dp, tp=args.tp, pp=args.pp, zero=args.zero)
-    gpus = args.dp * args.tp * args.pp
+                  ffn=args.ffn or 0, kv_heads=args.kv_heads or 0, cp_algorithm=args.cp_algorithm)
+    layout = Layout(dp=args.dp, tp=args.tp, pp=args.pp, zero=args.zero, cp=args.cp)
+    gpus = args.dp * args.tp * args.pp * args.cp
+    if args.profile and args.cp > 1:
+        raise PlanError("--profile's step-time prediction does not model context parallelism yet; plan --cp "
+                        "without --profile gives its memory and bytes.")
     plan = estimate(model, layout)
     device_memory = parse_memory(args.device_memory) if args.device_memory else None
     profile = load_profile(args, gpus)
     dtype = args.dtype or (profile.compute[0]["dtype"] if profile else "float32")
     by_time = ranked_by_time(model, gpus, profile, args.schedule, dtype, device_memory) if profile else None
-    ranked = fitting(model, gpus, device_memory) if device_memory and not profile else None
+    ranked = fitting(model, gpus, device_memory, args.cp) if device_memory and not profile else None
     if profile:
         plan["predicted_s"] = predicted(model, layout, profile, args.schedule, dtype)
     if args.json:
@@ -266,8 +301,11 @@ def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="per-device memory and communication of a parallel layout")
     p.add_argument("--params", required=True, help="parameter count: 70B, 7.5e9, 350M")
     p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3])
-    for name in ("dp", "tp", "pp"):
+    for name in ("dp", "tp", "pp", "cp"):
         p.add_argument(f"--{name}", type=_positive_int, default=1)
+    p.add_argument("--cp-algorithm", default="ring", choices=["ring", "ulysses"],
+                   help="context parallelism's attention: ring (pass-KV) or ulysses (all-to-all over heads)")
+    p.add_argument("--kv-heads", type=_positive_int, default=None, help="grouped-query KV heads (default: --heads)")
     for name, default in (("seq", 2048), ("batch", 1), ("hidden", None), ("heads", None), ("layers", None)):
         p.add_argument(f"--{name}", type=_positive_int, default=default, required=default is None)
     p.add_argument("--microbatches", type=_positive_int, default=1, help="microbatches per step")

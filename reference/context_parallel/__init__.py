@@ -2,12 +2,13 @@
 parallelism inside a TP group). ``layout``: contiguous and load-balanced (zigzag) sequence shards and each
 rank's global positions; ``ring``: ring attention (pass-KV, online softmax, blockwise backward);
 ``ulysses``: all-to-all from sequence shards to head shards and back; ``attention``: the Llama family's
-attention over a CP group with either. Every communicating function takes its group."""
+attention over a CP group with either. Their bytes and memory: ``reference.cost_model.context``. Every
+communicating function takes its group."""
 
 from .attention import ALGORITHMS, ContextParallelAttention, full_grads
 from .layout import LAYOUTS, chunks, positions, shard, unshard
-from .ring import ring_attention, ring_bytes
-from .ulysses import ulysses_attention, ulysses_bytes
+from .ring import ring_attention
+from .ulysses import ulysses_attention
 
 
 class ReferenceContextParallel:
@@ -26,4 +27,4 @@ class ReferenceContextParallel:
 
 
 __all__ = ["ALGORITHMS", "ContextParallelAttention", "LAYOUTS", "ReferenceContextParallel", "chunks", "full_grads",
-           "positions", "ring_attention", "ring_bytes", "shard", "ulysses_attention", "ulysses_bytes", "unshard"]
+           "positions", "ring_attention", "shard", "ulysses_attention", "unshard"]

@@ -143,9 +143,3 @@ def ring_attention(q, k, v, positions: list[torch.Tensor], causal: bool, group, 
     ``options``: ``running_max`` (False: the planted merge without it), ``local_mask`` (True: the planted
     causal mask by local position)."""
     return RingAttention.apply(q, k, v, positions, causal, group, options)
-
-
-def ring_bytes(batch: int, s_local: int, kv_heads: int, head_dim: int, cp: int, element_size: int) -> dict:
-    """Bytes one rank sends per layer: {"forward", "backward"} (see the module's docstring)."""
-    block = 2 * batch * kv_heads * s_local * head_dim * element_size
-    return {"forward": (cp - 1) * block, "backward": (2 * cp - 1) * block if cp > 1 else 0}

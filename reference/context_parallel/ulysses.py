@@ -123,11 +123,3 @@ def ulysses_attention(q, k, v, positions: list[torch.Tensor], causal: bool, grou
         scores = scores.masked_fill(every[None, :] > every[:, None], float("-inf"))
     out = torch.softmax(scores, dim=-1) @ vh.repeat_interleave(qh.shape[1] // vh.shape[1], dim=1)
     return HeadsToSeq.apply(out, group, reversed_heads)
-
-
-def ulysses_bytes(batch: int, s_local: int, heads: int, kv_heads: int, head_dim: int, cp: int,
-                  element_size: int) -> dict:
-    """Bytes one rank sends per layer: {"forward", "backward"} (see the module's docstring)."""
-    per_head = batch * s_local * head_dim * element_size * (cp - 1) / cp
-    total = per_head * (2 * heads + 2 * max(kv_heads, cp))
-    return {"forward": total, "backward": total}

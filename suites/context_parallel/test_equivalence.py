@@ -93,14 +93,13 @@ def test_planted_bugs_fail_at_their_minimal_case(name, cp, case, needle, world_c
 @pytest.mark.parametrize("impl", ["reference-ring", "reference-ulysses"])
 @pytest.mark.parametrize("cp, case", [(2, Case()), (4, Case(heads=4, kv_heads=1, seq=16))], ids=["cp2-gqa", "cp4-mqa"])
 def test_bytes_sent_are_the_cost_model_exactly(impl, cp, case, world_cache):
-    """Forward and backward bytes each rank sends, counted, equal ``ring_bytes`` / ``ulysses_bytes``: the
+    """Forward and backward bytes each rank sends, counted, equal ``cost_model.cp_layer_comm_bytes``: the
     ring's K/V blocks (cp - 1 hops forward; backward cp - 1 of K/V and cp of dK/dV), Ulysses' four
     all-to-alls each way (q, k, v and the output; KV heads replicated to cp where fewer)."""
     from harness.context_parallel.case import count_bytes
-    from reference.context_parallel import ring_bytes, ulysses_bytes
+    from reference.cost_model import cp_layer_comm_bytes
 
-    s_local, d = case.seq // cp, case.hidden // case.heads
-    want = ring_bytes(case.batch, s_local, case.kv_heads, d, cp, 8) if impl.endswith("ring") else \
-        ulysses_bytes(case.batch, s_local, case.heads, case.kv_heads, d, cp, 8)
+    want = cp_layer_comm_bytes(impl.removeprefix("reference-"), case.batch, case.seq, case.heads, case.kv_heads,
+                               case.hidden // case.heads, cp, element_size=8)
     for got in world_cache.get(cp).run(count_bytes, impl, as_dict(case), timeout=120):
-        assert got == want, (got, want)
+        assert got == {"forward": want["forward"], "backward": want["backward"]}, (got, want)

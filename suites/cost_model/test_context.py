@@ -1,0 +1,68 @@
+"""Context parallelism's cost model (``reference.cost_model.context``) and ``plan --cp``: the bytes by hand,
+the activation memory against the accounting it divides, the 128k-context question, bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from harness.cli import main
+from reference.cost_model import activation_memory, cp_activation_memory, cp_layer_comm_bytes, training_memory
+
+
+def test_ring_and_ulysses_bytes_by_hand():
+    # b 1, s 8192 over cp 4 (2048 each), 32 heads over 8 KV heads of 128, 2 bytes
+    block = 2 * 1 * 8 * 2048 * 128 * 2  # k and v of one rank
+    ring = cp_layer_comm_bytes("ring", 1, 8192, 32, 8, 128, 4)
+    assert ring == {"forward": 3 * block, "backward": 7 * block, "total": 10 * block}
+    uly = cp_layer_comm_bytes("ulysses", 1, 8192, 32, 8, 128, 4)
+    assert uly["forward"] == uly["backward"] == 3 / 4 * 2048 * 128 * 2 * (2 * 32 + 2 * 8)
+    mqa = cp_layer_comm_bytes("ulysses", 1, 8192, 32, 1, 128, 4)  # one KV head replicated to 4
+    assert mqa["forward"] == 3 / 4 * 2048 * 128 * 2 * (2 * 32 + 2 * 4)
+    assert cp_layer_comm_bytes("ring", 1, 8192, 32, 8, 128, 1)["total"] == 0
+
+
+def test_activation_memory_divides_as_each_algorithm_keeps_it():
+    args = (131072, 1, 4096, 32)
+    assert cp_activation_memory("ulysses", *args, 4, cp=8) == pytest.approx(activation_memory(*args, 4) / 8)
+    assert cp_activation_memory("ring", *args, 4, cp=8) == pytest.approx(
+        activation_memory(131072 // 8, 1, 4096, 32, 4, recompute="selective"))  # no s x s scores kept
+    assert cp_activation_memory("ring", *args, 4, cp=8) < cp_activation_memory("ulysses", *args, 4, cp=8)
+
+
+@pytest.mark.parametrize("bad, needle", [
+    (lambda: cp_layer_comm_bytes("ring", 1, 10, 4, 4, 8, 4), "cp (4) must divide the sequence (10 tokens)."),
+    (lambda: cp_layer_comm_bytes("tree", 1, 8, 4, 4, 8, 4), "algorithm"),
+    (lambda: cp_activation_memory("ring", 10, 1, 8, 4, cp=3), "cp (3) must divide the sequence (10 tokens).")])
+def test_bad_arguments_are_one_sentence(bad, needle):
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        bad()
+
+
+LONG = ["plan", "--params", "8B", "--zero", "1", "--seq", "131072", "--batch", "1", "--hidden", "4096", "--heads",
+        "32", "--kv-heads", "8", "--layers", "32", "--recompute", "selective", "--device-memory", "80GB", "--json"]
+
+
+def test_a_128k_context_fits_80_gb_with_cp_and_not_without(capsys):
+    assert main([*LONG, "--dp", "8", "--tp", "8", "--cp", "8"]) == 0
+    with_cp = json.loads(capsys.readouterr().out)
+    assert with_cp["fits"] and with_cp["layout"]["cp"] == 8
+    assert with_cp["memory_bytes"]["weights"] == pytest.approx(training_memory(8e9, zero_stage=1, dp=64, tp=8).weights)
+    per_layer = cp_layer_comm_bytes("ring", 1, 131072, 32 // 8, 1, 128, 8)["total"]
+    assert with_cp["comm_bytes_per_step"]["cp"] == pytest.approx(32 * per_layer)
+    assert all(e["layout"]["cp"] == 8 for e in with_cp["fitting_layouts"])
+    assert main([*LONG, "--dp", "64", "--tp", "8"]) == 0
+    without = json.loads(capsys.readouterr().out)
+    assert not without["fits"] and "cp" not in without["comm_bytes_per_step"]
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--cp", "3"], "--cp (3) must divide --seq (131072)"),
+    (["--cp", "2", "--profile", "x.json"], "does not model context parallelism")])
+def test_plan_cp_bad_input_is_one_sentence(capsys, extra, needle):
+    argv = [a for a in LONG if a != "--json"]
+    assert main([*argv, *extra]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1, err
