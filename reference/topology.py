@@ -12,10 +12,10 @@ import itertools
 import math
 from dataclasses import dataclass
 
-ORDER = ("dp", "pp", "tp")
+ORDER = ("dp", "pp", "cp", "tp")
 """The named dimensions, outermost first: a rank is the mixed-radix number of its coordinates in this order
-(TP innermost, then PP, then DP). A later dimension (context, expert) is a field of ``ParallelDims`` and a
-place in this order; every function below reads the order, none names a dimension but ``embed``'s."""
+(TP innermost, then CP — torchtitan's and Megatron's neighbours —, then PP, then DP). A later dimension
+(expert) is a field of ``ParallelDims`` and a place in this order; every function below reads the order."""
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,9 @@ class ParallelDims:
     """Pipeline stages (ranks; with interleaving each holds several virtual stages)."""
     tp: int
     """Tensor-parallel ranks sharing each layer."""
+    cp: int = 1
+    """Context-parallel ranks: the sequence split over them (``reference.context_parallel``); parameters are
+    replicated over cp, their gradients reduced — and ZeRO's shards split — over dp x cp."""
 
     def __post_init__(self):
         for name in ORDER:
@@ -45,7 +48,8 @@ class ParallelDims:
     def check(self, world_size: int, heads: int | None = None, layers: int | None = None) -> None:
         """One clear sentence for a layout that cannot run: product, heads or layers."""
         if self.world_size != world_size:
-            names, values = " x ".join(ORDER), " x ".join(map(str, self.sizes.values()))
+            shown = [n for n in ORDER if n != "cp" or self.cp > 1]
+            names, values = " x ".join(shown), " x ".join(str(getattr(self, n)) for n in shown)
             raise ValueError(f"{names} = {values} = {self.world_size} must equal the world size ({world_size}).")
         if heads is not None and heads % self.tp:
             raise ValueError(f"tp ({self.tp}) must divide the attention heads ({heads}).")
@@ -58,6 +62,7 @@ class Coordinates:
     dp: int
     pp: int
     tp: int
+    cp: int = 0
 
 
 def coordinates(dims: ParallelDims, rank: int) -> Coordinates:
@@ -79,29 +84,36 @@ def rank_of(dims: ParallelDims, *coords: int, **named: int) -> int:
     return rank
 
 
-def groups_along(dims: ParallelDims, name: str) -> list[list[int]]:
-    """Every group of dimension ``name``: the ranks that differ only in that coordinate, one group per
-    combination of the others (outermost first)."""
-    others = [n for n in ORDER if n != name]
+def groups_along(dims: ParallelDims, *names: str) -> list[list[int]]:
+    """Every group of the dimensions ``names``: the ranks that differ only in those coordinates (in rank
+    order), one group per combination of the others (outermost first)."""
+    others = [n for n in ORDER if n not in names]
+    inside = [n for n in ORDER if n in names]
     out = []
     for fixed in itertools.product(*(range(getattr(dims, n)) for n in others)):
         at = dict(zip(others, fixed, strict=True))
-        out.append([rank_of(dims, **{**at, name: i}) for i in range(getattr(dims, name))])
+        out.append(sorted(rank_of(dims, **at, **dict(zip(inside, free, strict=True)))
+                          for free in itertools.product(*(range(getattr(dims, n)) for n in inside))))
     return out
 
 
 def layout(dims: ParallelDims) -> dict[str, list[list[int]]]:
-    """Every group of each kind as its list of global ranks: one kind per dimension of ``ORDER`` and
-    "embed" (Megatron's embedding group): the first and the last pipeline rank of each other coordinate,
-    which hold the input embedding and the LM head — tied weights' gradients are summed over it (one rank
-    when pp = 1)."""
-    out = {name: groups_along(dims, name) for name in reversed(ORDER)}  # tp, pp, dp: the order groups are made
+    """Every group of each kind as its list of global ranks: one kind per dimension of ``ORDER`` (cp only
+    when cp > 1), "dp_cp" (data and context together: where gradients are reduced and ZeRO shards when
+    cp > 1) and "embed" (Megatron's embedding group): the first and the last pipeline rank of each other
+    coordinate, which hold the input embedding and the LM head — tied weights' gradients are summed over it
+    (one rank when pp = 1)."""
+    names = [n for n in reversed(ORDER) if n != "cp" or dims.cp > 1]  # tp, (cp,) pp, dp: the order groups are made
+    out = {name: groups_along(dims, name) for name in names}
+    if dims.cp > 1:
+        out["dp_cp"] = groups_along(dims, "dp", "cp")
     out["embed"] = [sorted({g[0], g[-1]}) for g in out["pp"]]
     return out
 
 
 def build_groups(dims: ParallelDims, rank: int) -> dict:
-    """This rank's process groups {"tp", "pp", "dp", "embed"}, created collectively (every rank calls this)."""
+    """This rank's process groups {"tp", "pp", "dp", "embed"} (and "cp", "dp_cp" when cp > 1), created
+    collectively (every rank calls this)."""
     import torch.distributed as dist
 
     dims.check(dist.get_world_size())

@@ -5,7 +5,7 @@ rank's global positions; ``ring``: ring attention (pass-KV, online softmax, bloc
 attention over a CP group with either. Their bytes and memory: ``reference.cost_model.context``. Every
 communicating function takes its group."""
 
-from .attention import ALGORITHMS, ContextParallelAttention, full_grads
+from .attention import ALGORITHMS, ContextParallelAttention, ContextParallelCore, attend_cp, every_position, full_grads
 from .layout import LAYOUTS, chunks, positions, shard, unshard
 from .ring import ring_attention
 from .ulysses import ulysses_attention
@@ -26,5 +26,6 @@ class ReferenceContextParallel:
         return full_grads(sharded, group)
 
 
-__all__ = ["ALGORITHMS", "ContextParallelAttention", "LAYOUTS", "ReferenceContextParallel", "chunks", "full_grads",
-           "positions", "ring_attention", "shard", "ulysses_attention", "unshard"]
+__all__ = ["ALGORITHMS", "LAYOUTS", "ContextParallelAttention", "ContextParallelCore", "ReferenceContextParallel",
+           "attend_cp", "chunks", "every_position", "full_grads", "positions", "ring_attention", "shard",
+           "ulysses_attention", "unshard"]

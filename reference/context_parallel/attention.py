@@ -38,36 +38,60 @@ class ContextParallelAttention(nn.Module):
         self.theta, self.causal = dense.theta, getattr(dense, "causal", True)
         self.q, self.k, self.v, self.o = (copy.deepcopy(m) for m in (dense.q, dense.k, dense.v, dense.o))
 
-    def positions(self, seq: int, device) -> list[torch.Tensor]:
-        """Every rank's global positions (rank order)."""
-        out = [layouts.positions(seq, self.cp, i, self.layout, device) for i in range(self.cp)]
-        if self.planted.get("second_chunk_shifted") and self.layout == "zigzag":  # planted: chunk r + cp
-            n = seq // (2 * self.cp)
-            out = [torch.cat([p[:n], torch.arange((i + self.cp) * n, (i + self.cp + 1) * n, device=device)])
-                   for i, p in enumerate(out)]
-        return out
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        r = dist.get_rank(self.group)
-        every = self.positions(s * self.cp, x.device)
-        mine = every[r] if not self.planted.get("local_rotary") else torch.arange(s, device=x.device)
 
         def heads_of(t, n):
             return t.view(b, s, n, self.head_dim).transpose(1, 2)
 
         q = heads_of(self.q(x), self.heads)
         k, v = heads_of(self.k(x), self.kv_heads), heads_of(self.v(x), self.kv_heads)
-        q, k = rotate(q, mine, self.theta), rotate(k, mine, self.theta)
-        if self.algorithm == "ring":
-            out = ring_attention(q, k, v, every, self.causal, self.group,
-                                 running_max=not self.planted.get("no_running_max"),
-                                 local_mask=bool(self.planted.get("local_mask")))
-        else:
-            out = ulysses_attention(q, k, v, every, self.causal, self.group,
-                                    reversed_heads=bool(self.planted.get("reversed_heads")),
-                                    replicas_summed=not self.planted.get("replicas_not_summed"))
-        return self.o(out.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
+        out = attend_cp(q, k, v, self.group, self.layout, self.theta, self.causal, self.algorithm, **self.planted)
+        return self.o(out)
+
+
+def every_position(seq: int, cp: int, layout: str, device, second_chunk_shifted: bool = False) -> list[torch.Tensor]:
+    """Every rank's global positions (rank order). ``second_chunk_shifted``: planted (the zigzag's second
+    chunk taken as chunk r + cp)."""
+    out = [layouts.positions(seq, cp, i, layout, device) for i in range(cp)]
+    if second_chunk_shifted and layout == "zigzag":
+        n = seq // (2 * cp)
+        out = [torch.cat([p[:n], torch.arange((i + cp) * n, (i + cp + 1) * n, device=device)])
+               for i, p in enumerate(out)]
+    return out
+
+
+def attend_cp(q, k, v, group, layout: str, theta: float, causal: bool, algorithm: str, **planted) -> torch.Tensor:
+    """The attention core over a CP group: q (b, h, s_local, d), k and v (b, h_kv, s_local, d) of this
+    rank's tokens, not yet rotated; rotated at their global positions, attended over the whole sequence by
+    ``algorithm``; returns (b, s_local, h d) — ``reference.models.attend_gqa``'s contract, sequence-sharded."""
+    cp, r = dist.get_world_size(group), dist.get_rank(group)
+    b, h, s, d = q.shape
+    every = every_position(s * cp, cp, layout, q.device, bool(planted.get("second_chunk_shifted")))
+    mine = every[r] if not planted.get("local_rotary") else torch.arange(s, device=q.device)
+    q, k = rotate(q, mine, theta), rotate(k, mine, theta)
+    if algorithm == "ring":
+        out = ring_attention(q, k, v, every, causal, group, running_max=not planted.get("no_running_max"),
+                             local_mask=bool(planted.get("local_mask")))
+    else:
+        out = ulysses_attention(q, k, v, every, causal, group, reversed_heads=bool(planted.get("reversed_heads")),
+                                replicas_summed=not planted.get("replicas_not_summed"))
+    return out.transpose(1, 2).reshape(b, s, h * d)
+
+
+class ContextParallelCore:
+    """``attend_gqa``'s replacement inside a (tensor-parallel) attention layer: ``core(q, k, v, positions)``
+    attends over ``group`` (the positions given, the shard's own, are not used: the layout's are)."""
+
+    def __init__(self, group, layout: str = "zigzag", algorithm: str = "ring", theta: float = 10000.0,
+                 causal: bool = True):
+        if layout not in layouts.LAYOUTS or algorithm not in ALGORITHMS:
+            raise ValueError(f"layout must be one of {', '.join(layouts.LAYOUTS)} and algorithm one of "
+                             f"{', '.join(ALGORITHMS)}; got {layout!r}, {algorithm!r}.")
+        self.group, self.layout, self.algorithm, self.theta, self.causal = group, layout, algorithm, theta, causal
+
+    def __call__(self, q, k, v, positions=None) -> torch.Tensor:
+        return attend_cp(q, k, v, self.group, self.layout, self.theta, self.causal, self.algorithm)
 
 
 def full_grads(module: ContextParallelAttention, group) -> dict[str, torch.Tensor]:

@@ -70,6 +70,9 @@ class ParallelGQAttention(nn.Module):
         check_heads(heads, kv, tp)
         self.group, self.theta, self.head_dim = group, dense.theta, dense.head_dim
         self.local_heads, self.kv_slots = heads // tp, kv
+        self.core = None
+        """The attention core (q, k, v, positions) -> (b, s, heads d): None is ``attend_gqa`` over this rank's
+        whole sequence; context parallelism sets its own (``reference.context_parallel.ContextParallelCore``)."""
         self.q = ColumnParallelLinear.from_dense(dense.q, group)
         self.o = RowParallelLinear.from_dense(dense.o, group)
         self.replicas = tp // kv if kv < tp else 1
@@ -103,7 +106,8 @@ class ParallelGQAttention(nn.Module):
         q = heads_of(F.linear(x, self.q.weight), self.local_heads)
         k = heads_of(F.linear(x, self._kv_weight(self.k)), self.local_kv)
         v = heads_of(F.linear(x, self._kv_weight(self.v)), self.local_kv)
-        return self.o(attend_gqa(q, k, v, positions, self.theta))
+        core = self.core if self.core is not None else (lambda *a: attend_gqa(*a, self.theta))
+        return self.o(core(q, k, v, positions))
 
 
 class ParallelSwiGLU(nn.Module):
