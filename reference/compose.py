@@ -84,21 +84,23 @@ class Parallel3D:
         rank = dist.get_rank()
         self.coords = coordinates(dims, rank)
         virtual = 2 if schedule == "interleaved" else 1
-        self.stages = shard_stages(model, dims, rank, groups["tp"], virtual, checkpointing)
+        self.stages = shard_stages(model, dims, rank, groups["tp"], virtual, checkpointing, groups.get("cp"))
         self.schedule = generate(schedule, dims.pp, microbatches, virtual)
         self.block_bounds = stage_bounds(len(model.blocks), self.schedule.num_stages)
         self.hidden = model.embed.embedding_dim
         self.local = nn.ModuleList(self.stages.values())
         self.mixed = next(model.parameters()).dtype in LOW
         """Low-precision parameters with fp32 masters (``reference.mixed_precision``)."""
-        self.sync, self.optimizer = data_parallel(self.local, optimizer, zero_stage, groups["dp"], reduce_dtype)
+        self.dp_group = groups.get("dp_cp", groups["dp"])
+        """Where gradients are reduced and ZeRO shards: dp, or dp x cp (parameters are replicated over cp)."""
+        self.sync, self.optimizer = data_parallel(self.local, optimizer, zero_stage, self.dp_group, reduce_dtype)
         self.loss_scaler, self.max_grad_norm, self.norm_type = loss_scaler, max_grad_norm, norm_type
         self.accumulation = accumulation
         self.last_grad_norm: float | None = None
         """The global gradient norm of the last step (before clipping), when clipping is on and the step
         was taken (None after a step the loss scaler skipped)."""
-        self.clip_groups = groups
-        """The groups the norm's partial terms are reduced over (tp, pp, dp)."""
+        self.clip_groups = {**groups, "dp": self.dp_group}
+        """The groups the norm's partial terms are reduced over (tp, pp, and dp — dp x cp under cp)."""
         self.dropout_key = next((m.key for m in self.local.modules() if isinstance(m, KeyedDropout)), DropoutKey())
         self.steps_done = 0
         """Steps taken (skipped ones included): the data position and the dropout masks' step."""
@@ -118,6 +120,11 @@ class Parallel3D:
         per_replica = len(tokens) // dims.dp
         mine = slice(c.dp * per_replica, (c.dp + 1) * per_replica)
         tokens, targets = tokens[mine], targets[mine]
+        if dims.cp > 1:  # this rank's zigzag shard of the sequence (a length it cannot split: one sentence)
+            from .context_parallel import layout as seq_layout
+
+            idx = seq_layout.positions(tokens.shape[1], dims.cp, c.cp, "zigzag", tokens.device)
+            tokens, targets = tokens[:, idx], targets[:, idx]
         count = targets.numel()
         last = max(self.stages) == self.schedule.num_stages - 1
         head = self.stages[max(self.stages)].head if last else None
@@ -163,9 +170,9 @@ class Parallel3D:
         device = next(self.local.parameters()).device
         value = torch.tensor([float(loss) if loss is not None and c.tp == 0 else 0.0], dtype=torch.float64,
                              device=device)
-        # the last stage's replica losses, summed, then averaged over DP
-        all_reduce_over(value, self.groups, kinds=("pp", "tp", "dp"))
-        return float(value) / dims.dp
+        # the last stage's replica losses (each cp rank's: its shard's mean), summed, then averaged over dp x cp
+        all_reduce_over(value, self.groups, kinds=("pp", "tp", "dp", "cp"))
+        return float(value) / (dims.dp * dims.cp)
 
     def _reduce(self, scale: float) -> list[torch.Tensor]:
         """The DP reduction; returns the gradients the optimizer steps from, divided by ``scale``."""
@@ -219,7 +226,7 @@ class Parallel3D:
     def _may_step(self, grads: list[torch.Tensor]) -> bool:
         """Ask the loss scaler about the unscaled gradients, with an inf or NaN on any rank seen by every
         rank (a max over the tp, pp and dp groups), so that all skip the step together."""
-        return self.loss_scaler is None or self.loss_scaler.update_from(grads, self.groups)
+        return self.loss_scaler is None or self.loss_scaler.update_from(grads, self.clip_groups)
 
 
 def parallelize(model: GPT, dims: ParallelDims, schedule: str = "1f1b", zero_stage: int = 0,

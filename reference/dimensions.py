@@ -1,9 +1,9 @@
 """The dimensions of the reference stack, one function each, applied in one ordered pass over a family's
-model (``reference.compose`` makes the pass): ``tensor_parallel`` -> ``activation_checkpointing`` ->
-``pipeline_split`` -> ``data_parallel`` (torchtitan's order; context and expert parallelism take their
-places after tensor when they arrive). Each takes the model's ``Pieces`` and returns new ones — the one-
-device model is never modified; which module of a family splits how lives beside the family
-(``reference.models.sharding``)."""
+model (``reference.compose`` makes the pass): ``tensor_parallel`` -> ``context_parallel`` ->
+``activation_checkpointing`` -> ``pipeline_split`` -> ``data_parallel`` (torchtitan's order; expert
+parallelism takes its place after context when it arrives). Each takes the model's ``Pieces`` and returns
+them transformed — the one-device model is never modified; which module of a family splits how lives
+beside the family (``reference.models.sharding``)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ import torch
 from torch import nn
 
 from .checkpoint import Checkpointed
+from .context_parallel import ContextParallelCore
 from .data_parallel import NaiveDataParallel
 from .dropout import DropoutKey, KeyedDropout
 from .mixed_precision import MixedPrecisionZero
 from .mixed_precision.zero import LOW
 from .models import GPT
-from .models.sharding import tp_block
+from .models.sharding import ParallelGQAttention, tp_block
 from .tensor_parallel import ParallelLMHead, VocabParallelEmbedding
 from .topology import ParallelDims, coordinates
 from .zero import OptimizerSpec, ShardedOptimizer
@@ -78,6 +79,23 @@ def tensor_parallel(pieces: Pieces, tp_group) -> Pieces:
                   ParallelLMHead.from_dense(pieces.head, tp_group), copy.deepcopy(pieces.drop_embed))
 
 
+def context_parallel(pieces: Pieces, cp_group, layout: str = "zigzag", algorithm: str = "ring") -> Pieces:
+    """Every block's attention core over the CP group (``reference.context_parallel``: ring attention by
+    default, the zigzag layout): each rank holds its sequence shard of every activation, rotates and masks
+    at global positions, and attends over the whole sequence; everything else in a block is per token. The
+    Llama family only (its grouped-query attention with rotary positions); ``cp_group`` None: unchanged.
+    The blocks are ``tensor_parallel``'s (new modules): their cores are set in place."""
+    if cp_group is None:
+        return pieces
+    for block in pieces.blocks:
+        attn = getattr(block, "attn", None)
+        if not isinstance(attn, ParallelGQAttention):
+            raise ValueError("context parallelism splits the Llama family's attention (grouped-query heads, rotary "
+                             "positions); this model's blocks are not Llama blocks.")
+        attn.core = ContextParallelCore(cp_group, layout, algorithm, attn.theta)
+    return pieces
+
+
 def activation_checkpointing(pieces: Pieces, enabled: bool) -> Pieces:
     """Every block recomputed in backward (``reference.checkpoint``; recomputation reruns its TP collectives,
     in the same order on every TP rank)."""
@@ -120,12 +138,13 @@ def data_parallel(local: nn.Module, optimizer: OptimizerSpec, zero_stage: int, d
 
 
 def shard_stages(model: GPT, dims: ParallelDims, rank: int, tp_group, virtual: int,
-                 checkpointing: bool = False) -> dict[int, Stage]:
+                 checkpointing: bool = False, cp_group=None) -> dict[int, Stage]:
     """This rank's stages {index: Stage}, built from ``model``'s weights (``model`` is not modified): the
-    dimensions in torchtitan's order — tensor, activation checkpointing, the pipeline split (data / ZeRO
-    applies to the stages: ``data_parallel``) — with one dropout key for every dropout of the stages."""
+    dimensions in torchtitan's order — tensor, context, activation checkpointing, the pipeline split (data /
+    ZeRO applies to the stages: ``data_parallel``) — with one dropout key for every dropout of the stages."""
     dims.check(dims.world_size, model.heads, len(model.blocks))
-    pieces = activation_checkpointing(tensor_parallel(pieces_of(model), tp_group), checkpointing)
+    pieces = context_parallel(tensor_parallel(pieces_of(model), tp_group), cp_group)
+    pieces = activation_checkpointing(pieces, checkpointing)
     stages = pipeline_split(pieces, dims, rank, virtual)
     key = DropoutKey(model.dropout_key.seed)
     for stage in stages.values():

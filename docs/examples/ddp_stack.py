@@ -18,8 +18,8 @@ from harness.contracts import Unsupported
 
 class DDPStack:
     def build(self, spec, layout, recipe, group=None):
-        if (layout.pp, layout.tp, layout.zero) != (1, 1, 0) or layout.checkpointing or layout.extra:
-            raise Unsupported("the DDP example trains data parallel only (pp = tp = 1, zero 0, no checkpointing).")
+        if (layout.pp, layout.tp, layout.cp, layout.zero) != (1, 1, 1, 0) or layout.checkpointing or layout.extra:
+            raise Unsupported("the DDP example trains data parallel only (pp = tp = cp = 1, zero 0, no checkpointing).")
         if spec.extra or spec.dtype not in ("float64", "float32"):
             raise Unsupported("the DDP example trains float64 / float32 models of the gpt and llama families.")
         return DDPTrainer(spec, recipe)

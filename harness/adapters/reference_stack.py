@@ -35,6 +35,9 @@ class ReferenceStack:
         if layout.zero == 3:
             raise Unsupported("the reference stack shards up to ZeRO 2 (optimizer state and gradients) with "
                               "pipeline parallelism; ZeRO 3 is not composed.")
+        if layout.cp > 1 and spec.family != "llama":
+            raise Unsupported("the reference stack's context parallelism splits the Llama family's attention "
+                              f"(grouped-query heads, rotary positions), not the {spec.family} family's.")
         if spec.dtype == "float16" and recipe.loss_scale is None:
             raise ValueError("a float16 model needs a loss scale (Recipe.loss_scale): its gradients underflow.")
         from reference.models.sharding import check_heads
@@ -52,7 +55,7 @@ class ReferenceStackTrainer(BuiltFromDense):
         from reference.topology import ParallelDims, build_groups
 
         self.spec, self.layout, self.recipe = spec, layout, recipe
-        self.dims = ParallelDims(layout.dp, layout.pp, layout.tp)
+        self.dims = ParallelDims(layout.dp, layout.pp, layout.tp, cp=layout.cp)
         self.dims.check(dist.get_world_size(), spec.heads, spec.layers)
         if self.dims not in _GROUPS:  # created once per layout and rank process (collectively, in build)
             _GROUPS[self.dims] = build_groups(self.dims, dist.get_rank())

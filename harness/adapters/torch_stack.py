@@ -44,6 +44,9 @@ class TorchStack:
 def _unsupported(spec, layout, recipe) -> str | None:
     if spec.extra or layout.extra:
         return f"the torch stack does not know {', '.join(sorted({**spec.extra, **layout.extra}))}."
+    if layout.cp > 1:
+        return ("the torch stack has no context parallelism here (torch's context_parallel cannot run on a CPU: "
+                "suites/context_parallel/test_third_party.py).")
     if layout.dp > 1 and layout.zero < 2:
         return ("the torch stack shards with FSDP2 (ZeRO 2 or 3 over dp); ZeRO 0 / 1 over more than one replica is "
                 "not what it runs.")

@@ -24,8 +24,8 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 @dataclass(frozen=True)
 class Layout:
-    """Where each rank sits. Ranks are ``dp x pp x tp`` (TP innermost, then PP, then DP: Megatron's and
-    torchtitan's order); later dimensions (context, expert) arrive in ``extra`` and then as fields."""
+    """Where each rank sits. Ranks are ``dp x pp x cp x tp`` (TP innermost, then CP, then PP, then DP:
+    torchtitan's neighbours); later dimensions (expert) arrive in ``extra`` and then as fields."""
 
     dp: int = 1
     """Data-parallel replicas; ``zero`` says how much of the training state they shard."""
@@ -45,11 +45,14 @@ class Layout:
     """Activation checkpointing of every block (recomputed in backward)."""
     sequence_parallel: bool = False
     """Megatron's sequence parallelism inside each TP group (not context parallelism)."""
+    cp: int = 1
+    """Context-parallel ranks: each takes its zigzag shard of the sequence (rank r: chunks r and 2 cp - 1 - r
+    of 2 cp); parameters replicated over cp, gradients reduced — and FSDP / ZeRO sharded — over dp x cp."""
     extra: dict = field(default_factory=dict, hash=False, compare=False)
     """Dimensions of later issues ({"cp": 2}, {"ep": 2}): a stack refuses keys it does not know."""
 
     def __post_init__(self):
-        for name in ("dp", "pp", "tp"):
+        for name in ("dp", "pp", "tp", "cp"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a whole number >= 1; got {value!r}.")
@@ -60,14 +63,14 @@ class Layout:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.pp * self.tp
+        return self.dp * self.pp * self.cp * self.tp
 
     @property
     def num_microbatches(self) -> int:
         return self.microbatches or 2 * self.pp
 
     def label(self) -> str:
-        return f"{self.dp}x{self.pp}x{self.tp}"
+        return f"{self.dp}x{self.pp}x{self.tp}" + (f"-cp{self.cp}" if self.cp > 1 else "")
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,16 @@ from ..rank import failed_in_implementation
 SEQ = 4
 
 
-def global_batch(vocab: int, rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens, targets), ``rows`` x ``SEQ`` each, drawn from ``seed`` + 1: the same on every rank."""
+def seq_for(*layouts) -> int:
+    """The sequence length of a case: ``SEQ``, or the least multiple of it that every layout's zigzag
+    (2 cp chunks) splits."""
+    return math.lcm(SEQ, *(2 * getattr(lay, "cp", 1) for lay in layouts))
+
+
+def global_batch(vocab: int, rows: int, seed: int, seq: int = SEQ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, targets), ``rows`` x ``seq`` each, drawn from ``seed`` + 1: the same on every rank."""
     gen = torch.Generator().manual_seed(seed + 1)
-    return (torch.randint(0, vocab, (rows, SEQ), generator=gen), torch.randint(0, vocab, (rows, SEQ), generator=gen))
+    return (torch.randint(0, vocab, (rows, seq), generator=gen), torch.randint(0, vocab, (rows, seq), generator=gen))
 
 
 def flat_state(optimizer: dict) -> dict:

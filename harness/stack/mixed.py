@@ -20,7 +20,7 @@ import torch.distributed as dist
 from ..errors import describe
 from ..rank import computed_once, rank_device
 from ..threed.mixed import OneDevice, allowed_ratio
-from .inputs import failed_here, flat_state, global_batch
+from .inputs import failed_here, flat_state, global_batch, seq_for
 
 _ORACLES: dict = {}
 
@@ -69,8 +69,8 @@ def train_stack_mixed(impl_spec: str, spec, layout, recipe, steps: int = 2, seed
 
     r = dist.get_rank()
     rows = layout.dp * layout.num_microbatches * recipe.accumulation
-    tokens, targets = global_batch(spec.vocab, rows, seed)
-    key = (repr(spec), repr(recipe), seed, rows, steps)
+    tokens, targets = global_batch(spec.vocab, rows, seed, seq_for(layout))
+    key = (repr(spec), repr(recipe), seed, tuple(tokens.shape), steps)
     want = computed_once(_ORACLES, key, lambda: _oracle(spec, recipe, seed, tokens, targets, steps))
     ratio = allowed_ratio(layout.num_microbatches, recipe.accumulation, layout.dp, layout.tp)
     try:

@@ -114,7 +114,8 @@ def _values(trainer) -> list[torch.Tensor]:
 def rank_shards(trainer) -> list[Shard]:
     """This rank's share of the training state: its DP range of its local parameters and their state."""
     entries = tensor_map(trainer)
-    dp, r = dist.get_world_size(trainer.groups["dp"]), dist.get_rank(trainer.groups["dp"])
+    group = getattr(trainer, "dp_group", trainer.groups["dp"])  # dp x cp under context parallelism
+    dp, r = dist.get_world_size(group), dist.get_rank(group)
     numel = sum(p.numel() for p, *_ in entries)
     size = -(-numel // dp)
     lo, hi = r * size, min((r + 1) * size, numel)

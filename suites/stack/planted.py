@@ -58,3 +58,38 @@ class MixedMissingAverage(ReferenceStack):
     def build(self, spec, layout, recipe, group=None):
         super().build(spec, layout, recipe, group)
         return _SumsReplicas(spec, layout, recipe)
+
+
+class _ShardOnlyAttention(ReferenceStackTrainer):
+    def _build(self, model):
+        from reference.models.sharding import ParallelGQAttention
+
+        trainer = super()._build(model)
+        for mod in trainer.local.modules():
+            if isinstance(mod, ParallelGQAttention):
+                mod.core = None  # each rank attends over its own shard only, at its shard's positions
+        return trainer
+
+
+class CPAttendsOverItsShardOnly(ReferenceStack):
+    """Planted bug: under context parallelism each rank attends over its own tokens only (no ring)."""
+
+    def build(self, spec, layout, recipe, group=None):
+        super().build(spec, layout, recipe, group)
+        return _ShardOnlyAttention(spec, layout, recipe)
+
+
+class _NotReducedOverCP(ReferenceStackTrainer):
+    def _build(self, model):
+        groups = dict(self.groups)
+        groups.pop("dp_cp", None)  # gradients reduced over dp only: each cp rank steps on its shard's gradient
+        self.groups = groups
+        return super()._build(model)
+
+
+class CPGradientsNotReduced(ReferenceStack):
+    """Planted bug: parameters replicated over cp, their gradients reduced over dp only."""
+
+    def build(self, spec, layout, recipe, group=None):
+        super().build(spec, layout, recipe, group)
+        return _NotReducedOverCP(spec, layout, recipe)

@@ -165,3 +165,47 @@ def test_bf16_replicas_summed_not_averaged_fail(world_cache, conformance):
     v = _verdict(world_cache, conformance, "suites.stack.planted:MixedMissingAverage", 2, spec, Layout(2, 1, 1),
                  Recipe())
     assert v["outcome"] == "fail" and any("master" in p and "E_T" in p for p in v["problems"]), v["problems"][:3]
+
+
+def _cp_cases():
+    """Every (dp, pp, tp) x cp of at most 8 ranks with cp 2 and 4, the Llama family (its attention is what
+    context parallelism splits), rotating ZeRO, schedule, checkpointing, accumulation and the clipping norm."""
+    k = 0
+    for cp in (2, 4):
+        for n in (cp, 2 * cp, 4 * cp):
+            if n > 8:
+                continue
+            for dp, pp, tp in layouts(n // cp):
+                if 8 % tp:
+                    continue
+                k += 1
+                schedule = ("1f1b", "gpipe")[k % 2] if pp > 1 else "1f1b"
+                layout = Layout(dp, pp, tp, cp=cp, zero=k % 3, schedule=schedule, checkpointing=k % 4 == 1)
+                max_norm, norm_type = CLIPS[k % 2]
+                recipe = Recipe(max_grad_norm=max_norm, norm_type=norm_type, accumulation=1 + (k % 3 == 2))
+                # in tox: cp alone (2 and 4), dp x cp, and pp x tp x cp on 8 ranks; the rest thorough
+                corner = (dp, pp, tp, cp) in {(1, 1, 1, 2), (2, 1, 1, 2), (1, 1, 1, 4), (1, 2, 2, 2)}
+                yield pytest.param(n, layout, recipe, id=f"llama-{layout.label()}-zero{layout.zero}",
+                                   marks=[] if corner else [pytest.mark.thorough])
+
+
+@pytest.mark.parametrize("n, layout, recipe", list(_cp_cases()))
+def test_context_parallel_stack_equals_one_device(stack_impl, n, layout, recipe, world_cache, conformance):
+    """Each rank takes its zigzag shard of the global batch's sequence (chunks r and 2 cp - 1 - r); ring
+    attention over the CP group; the loss the mean over every token; the replicated parameters' gradients
+    reduced (and ZeRO sharded) over dp x cp; clipping counting each element once. Held as every layout is:
+    every rank's dense state against one device, the bound derived in harness/stack/case.py (the sequence
+    of 4 cp tokens counted in it)."""
+    v = _verdict(world_cache, conformance, stack_impl, n, LLAMA, layout, recipe)
+    if v["outcome"] == "unsupported":
+        pytest.skip(f"{stack_impl} does not provide this case: {v['refused']}")
+    assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
+
+
+@pytest.mark.parametrize("planted, needle", [("CPAttendsOverItsShardOnly", "parameter"),
+                                             ("CPGradientsNotReduced", "parameter")])
+def test_context_parallel_planted_bugs_fail(planted, needle, world_cache, conformance):
+    """The minimal case, cp 2 alone: attention over the rank's own shard (no ring); gradients of the
+    parameters replicated over cp not reduced over it."""
+    v = _verdict(world_cache, conformance, f"suites.stack.planted:{planted}", 2, LLAMA, Layout(1, 1, 1, cp=2), Recipe())
+    assert v["outcome"] == "fail" and any(needle in p for p in v["problems"]), v["problems"][:3]

@@ -18,11 +18,12 @@ from .test_equivalence import GPT, LLAMA
 CLIPPED, ADAM = Recipe(max_grad_norm=0.05), Recipe(optimizer=OptimizerSpec("adam", 1e-2))
 PAIRS = [(GPT, Layout(2, 1, 2, zero=2), Layout(1, 2, 2, zero=0, schedule="gpipe"), CLIPPED),
          (LLAMA, Layout(1, 1, 4, zero=0), Layout(2, 2, 1, zero=1, checkpointing=True), CLIPPED),
-         (LLAMA, Layout(4, 1, 1, zero=2), Layout(1, 4, 1, zero=1), ADAM)]
+         (LLAMA, Layout(4, 1, 1, zero=2), Layout(1, 4, 1, zero=1), ADAM),
+         (LLAMA, Layout(1, 1, 1, cp=4, zero=2), Layout(2, 1, 2, zero=1), CLIPPED)]
 """dp 2 -> 1 with pp 1 -> 2 and ZeRO 2 -> 0; tp 4 over 2 KV heads (replicated) -> dp 2 x pp 2 (checkpointed);
 dp 4 (ZeRO 2) -> pp 4 with middle stages, Adam (both moments and its step count carried). The first and the
 last are what FSDP2 stacks run (ZeRO 2 over dp, KV heads split), so the torch stack's DCP resume is held on
-them; the second is reference-only."""
+them; the second is reference-only; the fourth changes cp (4 -> 1, dp 1 -> 2, tp 1 -> 2)."""
 
 
 def _id(v):
