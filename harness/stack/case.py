@@ -74,7 +74,9 @@ def _one_device(spec, recipe, seed: int, tokens, targets, steps: int) -> list[di
 
 
 def one_device(spec, recipe, seed: int, tokens, targets, steps: int) -> list[dict]:
-    key = (repr(spec), repr(recipe), seed, tuple(tokens.flatten().tolist()), tuple(targets.flatten().tolist()), steps)
+    # the shape too: a (4, 4) and a (2, 8) batch drawn from one seed flatten to the same numbers
+    key = (repr(spec), repr(recipe), seed, tuple(tokens.shape), tuple(tokens.flatten().tolist()),
+           tuple(targets.flatten().tolist()), steps)
     return computed_once(_ONE_DEVICE, key, lambda: _one_device(spec, recipe, seed, tokens, targets, steps))
 
 

@@ -160,7 +160,7 @@ def one_device(model: GPT, tokens, targets, steps: int, clip) -> dict:
     its losses, per step (norm before clipping, ``_norm_parts`` of its gradients), the trained model (CPU).
     Collective over the default group: every rank of the World calls it with the same arguments."""
     key = (tuple(float(p.double().sum()) for p in model.parameters()), tuple(model.state_dict()),
-           model.dropout_key.seed, getattr(model.drop_embed, "p", 0.0), model.tie_embeddings,
+           model.dropout_key.seed, getattr(model.drop_embed, "p", 0.0), model.tie_embeddings, tuple(tokens.shape),
            tuple(tokens.flatten().tolist()),
            tuple(targets.flatten().tolist()), steps, tuple(clip or ()))
     return computed_once(_ONE_DEVICE, key, lambda: _train_one_device(model, tokens, targets, steps, clip))
