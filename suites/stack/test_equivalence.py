@@ -209,3 +209,12 @@ def test_context_parallel_planted_bugs_fail(planted, needle, world_cache, confor
     parameters replicated over cp not reduced over it."""
     v = _verdict(world_cache, conformance, f"suites.stack.planted:{planted}", 2, LLAMA, Layout(1, 1, 1, cp=2), Recipe())
     assert v["outcome"] == "fail" and any(needle in p for p in v["problems"]), v["problems"][:3]
+
+
+def test_a_sequence_the_cp_layout_cannot_split_is_refused(stack_impl, world_cache, conformance):
+    """6 tokens over cp 2: the zigzag needs 4 equal chunks — refused in one sentence (or trained equal to
+    one device), never a rank silently short."""
+    v = _verdict(world_cache, conformance, stack_impl, 2, LLAMA, Layout(1, 1, 1, cp=2), Recipe(), seq=6)
+    assert v["outcome"] in ("pass", "refused", "unsupported"), v["problems"][:3]
+    if v["outcome"] == "refused":
+        assert "\n" not in v["refused"] and "6" in v["refused"], v["refused"]
