@@ -25,6 +25,8 @@ def add_parsers(sub) -> None:
                            ("3d", "the reference stack's GPT per layout with the bf16 / clip variants and the "
                                   "measured bubble"),
                            ("resume", "save and load time, GB/s and bytes per rank of the 3D stack's state"),
+                           ("context_parallel", "one attention layer per implementation vs sequence length and cp: "
+                                                "time and bytes per rank vs the cost model"),
                            ("all", "collectives, pipeline, zero, checkpoint, then stack, into one run folder")):
         p = bsub.add_parser(name, help=helptext)
         p.add_argument("--impls", default=None, help="comma-separated implementations (default: all registered)")
@@ -86,6 +88,8 @@ def add_parsers(sub) -> None:
                            help="ZeRO stage over dp (2: what every stack here shards; FSDP2 is 2 or 3)")
             p.add_argument("--stack-layouts", dest="stack_layouts", default=None,
                            help="comma-separated dpxppxtp layouts (default: every one the model allows)")
+        if name == "context_parallel":
+            p.add_argument("--seqs", default="256,1024,2048", help="comma-separated sequence lengths")
         if name == "tensor_parallel":
             p.add_argument("--hidden", type=int, default=512)
             p.add_argument("--ffn", type=int, default=2048)
@@ -360,6 +364,20 @@ def run(args) -> int:
 
         plans.append(("resume", ResumeSweep(world_sizes=_sizes(args, args.world_sizes), iters=min(args.iters, 3),
                                             warmup=min(args.warmup, 1)), resume_sweep))
+    if args.suite == "context_parallel":
+        from .context_parallel import bench as cp_bench
+
+        seqs = [t.strip() for t in args.seqs.split(",") if t.strip()]
+        if not seqs or not all(t.isdigit() and int(t) >= 1 for t in seqs):
+            raise UsageError(f"--seqs {args.seqs!r} must be comma-separated whole numbers >= 1.")
+        cfg = cp_bench.ContextParallelSweep(impls=_impls(args, "context_parallel"),
+                                            world_sizes=_sizes(args, args.world_sizes), seqs=[int(t) for t in seqs],
+                                            iters=min(args.iters, 5), warmup=min(args.warmup, 1))
+        bad = [s for s in cfg.seqs for n in cfg.world_sizes if s % (2 * n)]
+        if bad:
+            raise UsageError(f"--seqs: {bad[0]} tokens do not split into the 2 cp chunks the zigzag layout needs at "
+                             f"every --world-sizes cp ({', '.join(map(str, cfg.world_sizes))}).")
+        plans.append(("context_parallel", cfg, cp_bench.run_sweep))
     if args.suite == "tensor_parallel":
         from .tensor_parallel import bench as tp_bench
 

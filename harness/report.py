@@ -189,6 +189,11 @@ def write_report(run_dir, baseline=None) -> Path:
         from .zero.report import zero_section
 
         out += zero_section(zero, run_dir, _md)
+    cpar = bench[bench["suite"] == "context_parallel"] if len(bench) else bench
+    if len(cpar):
+        from .context_parallel.bench import context_parallel_section
+
+        out += context_parallel_section(cpar, _md)
     stack = bench[bench["suite"] == "stack"] if len(bench) else bench
     if len(stack):
         from .stack.report import stack_section

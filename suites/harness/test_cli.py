@@ -47,6 +47,8 @@ def run_cli(capsys, *argv) -> tuple[int, str]:
     (["bench", "stack", "--stack-layouts", "2x2x4"], "each must be dpxppxtp of 8 ranks that the model allows"),
     (["bench", "stack", "--impls", "reference-rhd"], "is a collectives implementation, not stack"),
     (["bench", "all", "--families", "moe"], "famil(ies) moe not known"),
+    (["bench", "context_parallel", "--seqs", "256,x"], "--seqs '256,x' must be comma-separated whole numbers"),
+    (["bench", "context_parallel", "--seqs", "6", "--world-sizes", "2"], "6 tokens do not split into the 2 cp chunks"),
     ([], "the following arguments are required"),
     (["bench", "collectives", "--backend", "nccl", "--impls", "reference"], "--backend nccl needs CUDA devices"),
 ])
