@@ -16,7 +16,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..models.llama import rotate
-from . import layout as layouts
+from .layout import LAYOUTS
+from .layout import positions as layout_positions
 from .ring import ring_attention
 from .ulysses import check_heads, ulysses_attention
 
@@ -28,8 +29,8 @@ class ContextParallelAttention(nn.Module):
         super().__init__()
         if algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}; got {algorithm!r}.")
-        if layout not in layouts.LAYOUTS:
-            raise ValueError(f"layout must be one of {', '.join(layouts.LAYOUTS)}; got {layout!r}.")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}; got {layout!r}.")
         self.cp = dist.get_world_size(group)
         if algorithm == "ulysses":
             check_heads(dense.heads, dense.kv_heads, self.cp)
@@ -53,7 +54,7 @@ class ContextParallelAttention(nn.Module):
 def every_position(seq: int, cp: int, layout: str, device, second_chunk_shifted: bool = False) -> list[torch.Tensor]:
     """Every rank's global positions (rank order). ``second_chunk_shifted``: planted (the zigzag's second
     chunk taken as chunk r + cp)."""
-    out = [layouts.positions(seq, cp, i, layout, device) for i in range(cp)]
+    out = [layout_positions(seq, cp, i, layout, device) for i in range(cp)]
     if second_chunk_shifted and layout == "zigzag":
         n = seq // (2 * cp)
         out = [torch.cat([p[:n], torch.arange((i + cp) * n, (i + cp + 1) * n, device=device)])
@@ -85,8 +86,8 @@ class ContextParallelCore:
 
     def __init__(self, group, layout: str = "zigzag", algorithm: str = "ring", theta: float = 10000.0,
                  causal: bool = True):
-        if layout not in layouts.LAYOUTS or algorithm not in ALGORITHMS:
-            raise ValueError(f"layout must be one of {', '.join(layouts.LAYOUTS)} and algorithm one of "
+        if layout not in LAYOUTS or algorithm not in ALGORITHMS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)} and algorithm one of "
                              f"{', '.join(ALGORITHMS)}; got {layout!r}, {algorithm!r}.")
         self.group, self.layout, self.algorithm, self.theta, self.causal = group, layout, algorithm, theta, causal
 
