@@ -97,7 +97,7 @@ BUILTINS: dict[tuple[str, str], ImplSpec] = {
                  requires=("torch.distributed.pipelining",),
                  description="torch.distributed.pipelining schedules with PipelineStage"),
         ImplSpec("reference", "stack", "harness.adapters.reference_stack:ReferenceStack",
-                 description="ours: reference.compose.Parallel3D (TP, pipeline, DP / ZeRO 0-2), GPT and Llama"),
+                 description="ours: reference.compose.Parallel3D (TP, CP, pipeline, DP / ZeRO 0-2), GPT and Llama"),
         ImplSpec("reference-ring", "context_parallel", "reference.context_parallel:ReferenceContextParallel",
                  {"algorithm": "ring"}, description="ours: ring attention (pass-KV, online softmax, blockwise bwd)"),
         ImplSpec("reference-ulysses", "context_parallel", "reference.context_parallel:ReferenceContextParallel",

@@ -21,7 +21,7 @@ _GROUPS: dict = {}
 
 
 class ReferenceStack:
-    description = "ours: reference.compose.Parallel3D (TP, pipeline, DP / ZeRO 0-2), both families"
+    description = "ours: reference.compose.Parallel3D (TP, CP on Llama, pipeline, DP / ZeRO 0-2), both families"
 
     def build(self, spec, layout, recipe, group=None):
         if group is not None and group is not dist.group.WORLD and dist.get_world_size(group) != dist.get_world_size():
