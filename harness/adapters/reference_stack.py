@@ -1,5 +1,6 @@
 """The ``reference`` stack: ``reference.compose.Parallel3D`` under the stack contract — both families
-(GPT, Llama), dp x pp x tp, ZeRO 0-2, the three schedules, activation checkpointing, clipping,
+(GPT, Llama), dp x pp x tp (x cp for the Llama: ring attention over zigzag sequence shards), ZeRO 0-2,
+the three schedules, activation checkpointing, clipping,
 accumulation, bf16 / fp16 with fp32 masters and a loss scaler; ``save`` / ``load`` through
 ``reference.state`` (any layout from any other).
 
