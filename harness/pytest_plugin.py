@@ -119,7 +119,8 @@ def pytest_unconfigure(config):
 
 
 def pytest_generate_tests(metafunc):
-    for paradigm in ("checkpoint", "pipeline", "tensor_parallel", "zero", "stack", "context_parallel"):
+    for paradigm in ("checkpoint", "pipeline", "tensor_parallel", "zero", "stack", "context_parallel",
+                     "expert_parallel"):
         if f"{paradigm}_impl" in metafunc.fixturenames:
             params = []
             for spec in _impl_specs(metafunc.config, paradigm):

@@ -104,6 +104,8 @@ BUILTINS: dict[tuple[str, str], ImplSpec] = {
                  {"algorithm": "ulysses"}, description="ours: Ulysses all-to-all over heads (GQA split / replicated)"),
         ImplSpec("deepspeed-ulysses", "context_parallel", "harness.adapters.deepspeed_ulysses:DeepSpeedUlysses",
                  requires=("deepspeed",), description="DeepSpeed-Ulysses DistributedAttention on CPU/gloo"),
+        ImplSpec("reference", "expert_parallel", "reference.expert_parallel:ReferenceExpertParallel",
+                 description="ours: all-to-all dispatch with variable splits, expert-data-parallel reduction"),
         ImplSpec("torch", "stack", "harness.adapters.torch_stack:TorchStack",
                  requires=("torch.distributed.pipelining", "torch.distributed.fsdp"),
                  description="torchtitan-style: DTensor TP + pipelining + FSDP2, GPT and Llama"),

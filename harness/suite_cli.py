@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from .errors import UsageError
 
-PARADIGMS = ("collectives", "pipeline", "tensor_parallel", "zero", "checkpoint", "stack", "context_parallel", "threed",
-             "mixed_precision", "resume")
+PARADIGMS = ("collectives", "pipeline", "tensor_parallel", "zero", "checkpoint", "stack", "context_parallel",
+             "expert_parallel", "threed", "mixed_precision", "resume")
 """The suites a user runs against an implementation (``suites.<name>``); the others test paritybench."""
 
 

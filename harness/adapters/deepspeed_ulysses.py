@@ -43,6 +43,16 @@ class DeepSpeedUlysses:
         return full_grads(sharded, group)
 
 
+def release_sequence_group() -> None:
+    """Unregister the sequence-parallel group ``shard`` registered (DeepSpeed keeps it in the module-global
+    ``deepspeed.utils.groups.mpu``, which its ZeRO engine reads as a Megatron mpu: every other DeepSpeed
+    entry point of this harness releases it first)."""
+    from deepspeed.utils import groups
+
+    if isinstance(groups.mpu, _SequenceParallelGroup):
+        groups.mpu = None
+
+
 class _SequenceParallelGroup:
     """The part of Megatron-DeepSpeed's ``mpu`` DeepSpeed-Ulysses reads: its uneven-heads path takes this
     rank's place from ``deepspeed.utils.groups._get_sequence_parallel_rank()`` — 0 when no mpu or mesh is

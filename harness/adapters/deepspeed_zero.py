@@ -39,6 +39,9 @@ def _init() -> None:
         # never calls (ZeRO's collectives go through torch.distributed): skip the build, nothing else changes.
         ds_comm.build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
+    from .deepspeed_ulysses import release_sequence_group
+
+    release_sequence_group()  # a sequence-parallel group registered by the Ulysses adapter is not an engine's mpu
 
 
 class DeepSpeedZero:

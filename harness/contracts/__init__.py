@@ -9,13 +9,15 @@ from reference.errors import Unsupported
 from .checkpoint import Checkpointing
 from .collectives import Collectives
 from .context_parallel import ContextParallel
+from .expert_parallel import ExpertParallel
 from .pipeline import Pipeline
 from .stack import Stack, StackTrainer
 from .tensor_parallel import TensorParallel
 from .zero import Zero, ZeroTrainer
 
 CONTRACTS = {"checkpoint": Checkpointing, "collectives": Collectives, "pipeline": Pipeline,
-             "tensor_parallel": TensorParallel, "zero": Zero, "stack": Stack, "context_parallel": ContextParallel}
+             "tensor_parallel": TensorParallel, "zero": Zero, "stack": Stack, "context_parallel": ContextParallel,
+             "expert_parallel": ExpertParallel}
 
-__all__ = ["CONTRACTS", "Checkpointing", "Collectives", "ContextParallel", "Pipeline", "Stack", "StackTrainer",
-           "TensorParallel", "Unsupported", "Zero", "ZeroTrainer"]
+__all__ = ["CONTRACTS", "Checkpointing", "Collectives", "ContextParallel", "ExpertParallel", "Pipeline", "Stack",
+           "StackTrainer", "TensorParallel", "Unsupported", "Zero", "ZeroTrainer"]

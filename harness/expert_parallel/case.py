@@ -1,0 +1,169 @@
+"""The expert-parallel conformance case (inputs, oracle, check; rank side): the MoE feed-forward over the
+World (EP groups of ``ep`` consecutive ranks), each rank given its own tokens, held to one device's layer on
+every token.
+
+Inputs: ``MoE`` from ``seed``; the global tokens x (n T, hidden) and an upstream gradient g, the same on every
+rank; rank r takes rows [r T, (r + 1) T). **No top-k choice is tied**: x is redrawn (next seed) until every
+token's gap between its k-th and (k+1)-th routing score is at least 1e-6 — 10^10 float64 ulps, more than any
+regrouped sum moves a score, so every implementation selects the same experts. ``skew``: a feature of
+every token set to 4 and the router's weights on it +3 for EP rank 0's experts and -3 for the rest — every
+token routes to EP rank 0 (k <= E / ep): the other ranks receive zero tokens. Oracle: one device, y, aux =
+dense(x); loss = (y g).sum() + aux; backward. Check: this rank's rows of y and of dx, the aux (every rank),
+every ``full_grads`` tensor, within ``bound`` x the tensor's magnitude; the dense layer unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..errors import describe
+from ..rank import failed_in_implementation, rank_device
+
+U64 = 2.0**-53
+
+
+@dataclass(frozen=True)
+class Case:
+    hidden: int = 8
+    ffn: int = 8
+    experts: int = 4
+    top_k: int = 2
+    shared: int = 0
+    scoring: str = "softmax"
+    renormalize: bool = True
+    tokens: int = 6
+    """Per rank."""
+    ep: int | None = None
+    skew: bool = False
+    seed: int = 0
+
+    def label(self) -> str:
+        return (f"E{self.experts}k{self.top_k}-ep{self.ep or 'n'}-T{self.tokens}-{self.scoring}"
+                f"{'-shared' if self.shared else ''}{'-skew' if self.skew else ''}"
+                f"{'-norenorm' if not self.renormalize else ''}")
+
+
+def bound(case: Case, n: int) -> float:
+    """Relative to each tensor's largest magnitude. The parallel layer computes the same terms as one device
+    and regroups their sums: the router's and each expert's products (hidden and ffn terms), the softmax
+    (E terms), the combine (k terms per token), the load-balancing loss's sums over the n T tokens and E
+    experts, and the cross-rank reductions of the replicated parameters' gradients (n terms) — each within
+    its term count x u of the magnitudes summed. x 4 stages chained (router, expert, combine, loss) x 2 for
+    backward x 4 for cancellation: 32 x (hidden + ffn + E + k + n T + n) u."""
+    return 32 * (case.hidden + case.ffn + case.experts + case.top_k + n * case.tokens + n) * U64
+
+
+def _dense(case: Case, n: int, device):
+    from reference.models.moe import MoE
+
+    torch.manual_seed(case.seed)
+    dense = MoE(case.hidden, case.ffn, case.experts, case.top_k, case.shared, case.scoring, case.renormalize).to(device)
+    ep = case.ep or n
+    if case.skew:
+        with torch.no_grad():
+            owner = torch.arange(case.experts, device=device) // (case.experts // ep)
+            dense.router.weight[:, 0] = torch.where(owner == 0, 3.0, -3.0).to(dense.router.weight.dtype)
+    return dense
+
+
+def _inputs(case: Case, n: int, dense, device):
+    """(x, g): x redrawn until no token's k-th and (k+1)-th routing scores are within 1e-6."""
+    for attempt in range(1000):
+        gen = torch.Generator().manual_seed(case.seed + 1 + attempt)
+        x = torch.randn(n * case.tokens, case.hidden, generator=gen, dtype=torch.float64).to(device)
+        if case.skew:
+            x[:, 0] = 4.0
+        with torch.no_grad():
+            logits = dense.router(x)
+            score = torch.softmax(logits, -1) if case.scoring == "softmax" else torch.sigmoid(logits) + dense.bias
+            top = score.topk(min(case.top_k + 1, case.experts), dim=-1).values
+        if case.top_k == case.experts or float((top[:, case.top_k - 1] - top[:, case.top_k]).min()) >= 1e-6:
+            g = torch.randn(n * case.tokens, case.hidden, generator=gen, dtype=torch.float64).to(device)
+            return x, g
+    raise AssertionError("no draw without a near-tie in 1000 attempts")
+
+
+def _off(what: str, got, want, limit: float) -> tuple[float, list[str]]:
+    if not torch.is_tensor(got) or tuple(got.shape) != tuple(want.shape):
+        return math.inf, [f"{what}: shape {tuple(getattr(got, 'shape', ()))} != {tuple(want.shape)}"]
+    mag = max(float(want.abs().max()), 1e-300)
+    rel = float((got.detach().to(want.dtype) - want).abs().max()) / mag
+    if rel != rel:
+        return math.inf, [f"{what}: NaN or inf where one device is finite"]
+    return rel, ([f"{what}: off by {rel:.3g} of its magnitude > {limit:.3g}"] if not rel <= limit else [])
+
+
+def run_case(impl_spec: str, case_dict: dict) -> dict:
+    """Rank side. Returns {"refused", "unsupported", "problems", "worst", "bound", "received"}."""
+    from .. import registry
+
+    case = Case(**case_dict)
+    n, r, device = dist.get_world_size(), dist.get_rank(), rank_device()
+    dense = _dense(case, n, device)
+    x, g = _inputs(case, n, dense, device)
+    before = {k: v.detach().clone() for k, v in dense.state_dict().items()}
+    xd = x.clone().requires_grad_()
+    y, aux = dense(xd)
+    ((y * g).sum() + aux).backward()
+    grads = {k: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
+             for k, p in dense.named_parameters()}
+    dense.zero_grad(set_to_none=True)
+    limit = bound(case, n)
+    impl = registry.load(impl_spec, "expert_parallel")
+    try:
+        module = impl.shard(dense, dist.group.WORLD, case.ep)
+    except NotImplementedError as exc:
+        return {"refused": str(exc), "unsupported": True, "problems": []}
+    except ValueError as exc:
+        return {"refused": str(exc), "unsupported": False, "problems": []}
+    except Exception as exc:  # noqa: BLE001 - whatever the code under test raises is a verdict
+        return _failed(f"rank {r}: shard raised {describe(exc)}")
+    rows = slice(r * case.tokens, (r + 1) * case.tokens)
+    x_local = x[rows].clone().requires_grad_()
+    try:
+        y_local, aux_local = module(x_local)
+        ((y_local * g[rows]).sum() + aux_local).backward()
+        full = impl.full_grads(module, dist.group.WORLD)
+    except Exception as exc:  # noqa: BLE001
+        return _failed(f"rank {r}: {describe(exc)}")
+    worst, problems = 0.0, []
+    checks = [("output", y_local, y[rows].detach()), ("input gradient", x_local.grad, xd.grad[rows]),
+              ("load-balancing loss", aux_local.reshape(1), aux.detach().reshape(1))]
+    checks += [(f"gradient {k}", full.get(k), grads[k]) for k in grads]
+    for what, got, want in checks:
+        if got is None:
+            problems.append(f"rank {r}: {what}: missing")
+            continue
+        rel, off = _off(what, got, want, limit)
+        worst, problems = max(worst, rel), problems + [f"rank {r}: {p}" for p in off]
+    problems += [f"rank {r}: {k}: not a parameter of the dense layer" for k in sorted(set(full) - set(grads))]
+    problems += [f"rank {r}: shard modified the dense layer's {k}" for k, v in dense.state_dict().items()
+                 if not torch.equal(v, before[k])]
+    received = None
+    if hasattr(module, "experts") and hasattr(module, "first"):
+        with torch.no_grad():
+            chosen = dense.route(x)[1]
+        mine = (chosen >= module.first) & (chosen < module.first + len(module.experts))
+        ep = case.ep or n
+        group_rows = slice((r // ep) * ep * case.tokens, (r // ep + 1) * ep * case.tokens)
+        received = int(mine[group_rows].sum())
+    return {"refused": None, "unsupported": False, "problems": problems, "worst": worst, "bound": limit,
+            "received": received}
+
+
+def _failed(detail: str) -> dict:
+    failed_in_implementation(detail)
+    return failed(detail)
+
+
+def failed(detail: str) -> dict:
+    return {"refused": None, "unsupported": False, "problems": [detail], "worst": math.inf, "bound": math.nan,
+            "received": None}
+
+
+def as_dict(case: Case) -> dict:
+    return asdict(case)

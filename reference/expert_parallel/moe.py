@@ -1,0 +1,196 @@
+"""``ExpertParallelMoE``: the MoE layer over an EP group (see the package's docstring for the layout, the
+dispatch and the gradient derivation)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..models.moe import balance_loss, route
+
+_GROUPS: dict = {}
+
+
+def ep_groups(n: int, ep: int, rank: int) -> tuple:
+    """(this rank's EP group, its expert-data-parallel group), created collectively once per (n, ep) and
+    process: every rank creates every group, in the same order."""
+    if (n, ep) not in _GROUPS:
+        mine = {}
+        for g in range(n // ep):  # EP groups: consecutive ranks
+            ranks = list(range(g * ep, (g + 1) * ep))
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                mine["ep"] = group
+        for j in range(ep):  # expert-data-parallel groups: one EP rank across the EP groups
+            ranks = list(range(j, n, ep))
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                mine["edp"] = group
+        _GROUPS[(n, ep)] = (mine["ep"], mine["edp"])
+    return _GROUPS[(n, ep)]
+
+
+class AllToAllV(torch.autograd.Function):
+    """forward: rows of x split by ``send`` to the EP ranks, the rows each sends here (``recv``) returned;
+    backward: the same exchange reversed (the gradient rows go back where they came from)."""
+
+    @staticmethod
+    def forward(ctx, x, send: list[int], recv: list[int], group):
+        ctx.send, ctx.recv, ctx.group = send, recv, group
+        return _exchange(x, send, recv, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _exchange(grad, ctx.recv, ctx.send, ctx.group), None, None, None
+
+
+def _exchange(x: torch.Tensor, send: list[int], recv: list[int], group) -> torch.Tensor:
+    out = x.new_empty((sum(recv), *x.shape[1:]))
+    dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv, input_split_sizes=send, group=group)
+    return out
+
+
+class SumForwardIdentityBackward(torch.autograd.Function):
+    """forward: all-reduce (sum) over ``group``; backward: identity — each rank's share of a global scalar,
+    made the global value everywhere while its gradient stays with its own share."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        out = x.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class ExpertParallelMoE(nn.Module):
+    """forward(x (T_local, hidden)) -> (this rank's rows of the dense layer's output, the load-balancing loss
+    over the whole group's tokens). ``planted``: the bugs the suite plants (each a keyword)."""
+
+    def __init__(self, dense, group, ep: int | None = None, **planted):
+        super().__init__()
+        n, rank = dist.get_world_size(group), dist.get_rank(group)
+        ep = ep or n
+        E = dense.num_experts
+        if n % ep:
+            raise ValueError(f"ep ({ep}) must divide the group's {n} ranks.")
+        if E % ep:
+            raise ValueError(f"the {E} experts do not split evenly over ep = {ep}: each EP rank holds E / ep of them; "
+                             f"choose an ep that divides {E}.")
+        if dense.capacity_factor is not None:
+            raise NotImplementedError("the reference expert parallelism is dropless; a capacity factor is not "
+                                      "applied across EP ranks here.")
+        if n != dist.get_world_size():
+            raise NotImplementedError("the reference expert parallelism lays its EP groups over the default group.")
+        self.group, self.n, self.ep, self.planted = group, n, ep, planted
+        self.ep_group, self.edp_group = ep_groups(n, ep, dist.get_rank())
+        self.ep_rank, self.local = rank % ep, E // ep
+        self.num_experts, self.top_k = E, dense.top_k
+        self.scoring = dense.scoring
+        self.renormalize = dense.renormalize and not planted.get("not_renormalized")
+        self.router, self.shared = copy.deepcopy(dense.router), copy.deepcopy(dense.shared)
+        self.register_buffer("bias", dense.bias.detach().clone())
+        first = self.ep_rank * self.local
+        self.experts = nn.ModuleList(copy.deepcopy(dense.experts[first + i]) for i in range(self.local))
+        self.first = first
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        weights, experts, balance = route(self.router(x), self.top_k, self.scoring, self.renormalize, self.bias)
+        tokens = torch.arange(len(x), device=x.device)[:, None].expand_as(experts).flatten()
+        flat_experts, flat_weights = experts.flatten(), weights.flatten()
+        order = torch.argsort(flat_experts // self.local, stable=True)  # by destination EP rank
+        tokens, flat_experts, flat_weights = tokens[order], flat_experts[order], flat_weights[order]
+        send = torch.bincount(flat_experts // self.local, minlength=self.ep)
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=self.ep_group)  # the counts first
+        send_l, recv_l = send.tolist(), recv.tolist()
+        rows = AllToAllV.apply(x[tokens], send_l, recv_l, self.ep_group)
+        ids = _exchange(flat_experts[:, None].to(torch.int64), send_l, recv_l, self.ep_group)[:, 0]
+        # rows x 0, not zeros: the outputs stay in the graph of the received rows even where no expert runs
+        # (a rank that receives nothing), so every rank takes part in both all-to-alls' backward
+        out = rows * 0.0
+        for i, expert in enumerate(self.experts):
+            mine = torch.nonzero(ids == self.first + i, as_tuple=True)[0]
+            if len(mine):
+                out = out.index_copy(0, mine, expert(rows[mine]))
+        back = AllToAllV.apply(out, recv_l, send_l, self.ep_group)
+        combine_at = torch.arange(len(tokens), device=x.device) % len(x) if self.planted.get("combine_dispatched") \
+            else tokens  # planted: the dispatched rows' positions taken as token ids
+        y = torch.zeros_like(x).index_add(0, combine_at, flat_weights[:, None] * back)
+        if self.shared is not None:  # on this rank's own tokens (planted: on the dispatched rows)
+            y = y + (self.shared(x) if not self.planted.get("shared_on_dispatched")
+                     else _shared_on_dispatched(self.shared, x, rows, tokens))
+        return y, self._aux(balance, experts, len(x))
+
+    def _aux(self, balance, experts, tokens: int) -> torch.Tensor:
+        """E x sum_i f_i P_i over the whole group's tokens: the counts and the token total all-reduced (no
+        gradient), this rank's share of P_i's sum made the global value by ``SumForwardIdentityBackward``."""
+        if self.planted.get("aux_local"):  # planted: over this rank's tokens only
+            return balance_loss(balance, experts, self.num_experts)
+        E = self.num_experts
+        counts = torch.bincount(experts.flatten(), minlength=E).to(balance.dtype)
+        total = torch.tensor([float(tokens)], dtype=balance.dtype, device=balance.device)
+        dist.all_reduce(counts, group=self.group)
+        dist.all_reduce(total, group=self.group)
+        f = counts / (total * self.top_k)
+        share = E * (f * balance.sum(0) / total).sum()
+        return SumForwardIdentityBackward.apply(share, self.group)
+
+
+def _shared_on_dispatched(shared, x, rows, tokens):
+    """Planted: the shared expert run on the dispatched rows (this rank's received tokens), added back at
+    the sending positions — a token counted once per routed slot, and the wrong tokens across ranks."""
+    y = torch.zeros_like(x)
+    take = min(len(rows), len(tokens))
+    return y.index_add(0, tokens[:take], shared(rows[:take]))
+
+
+def full_grads(module: ExpertParallelMoE, group, **planted) -> dict[str, torch.Tensor]:
+    """Every gradient under the dense layer's names, on every rank (collective): the router and the shared
+    experts summed over the group; each expert summed over its expert-data-parallel group, then handed to
+    every rank of its EP group (each EP rank contributes its own experts)."""
+    out = {}
+    for name, p in module.named_parameters():
+        g = p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+        if name.startswith("experts."):
+            local, rest = name.split(".", 2)[1:]
+            if planted.get("experts_over_whole_group"):  # planted: slot by slot over the whole group
+                dist.all_reduce(g, group=group)
+            elif not planted.get("experts_not_reduced"):
+                dist.all_reduce(g, group=module.edp_group)
+            if planted.get("experts_divided_by_edp"):
+                # planted: a trainer dividing the expert sum by the expert-data-parallel size n / ep where dense
+                # parameters take n — in this sum-of-losses contract, ep times the sum (pytorch #160285's 2x)
+                g = g * module.ep
+            out[f"experts.{module.first + int(local)}.{rest}"] = g
+        else:
+            if not (planted.get("router_not_reduced") and name.startswith("router.")):
+                dist.all_reduce(g, group=group)
+            out[name] = g
+    everyone = [None] * dist.get_world_size(module.ep_group)
+    dist.all_gather_object(everyone, {k: v.cpu() for k, v in out.items() if k.startswith("experts.")},
+                           group=module.ep_group)
+    for part in everyone:
+        for k, v in part.items():
+            out.setdefault(k, v.to(next(module.parameters()).device))
+    return out
+
+
+class ReferenceExpertParallel:
+    """The ``expert_parallel`` contract over ``ExpertParallelMoE``."""
+
+    description = "ours: all-to-all dispatch with variable splits, expert-data-parallel reduction"
+
+    def __init__(self, **planted):
+        self.planted = planted
+
+    def shard(self, dense_moe, group, ep: int | None = None):
+        return ExpertParallelMoE(dense_moe, group, ep, **self.planted)
+
+    def full_grads(self, sharded, group) -> dict:
+        return full_grads(sharded, group, **self.planted)

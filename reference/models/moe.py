@@ -1,0 +1,104 @@
+"""The mixture-of-experts feed-forward on one device (the MoE family's FFN): a router, E routed SwiGLU experts,
+optional shared experts, the load-balancing loss. The oracle of ``reference.expert_parallel``.
+
+Routing, per token (``route``):
+- ``softmax`` (Switch / Mixtral / Qwen3-MoE): probabilities p = softmax(router(x)); the top-k experts by p;
+  their weights the top-k p, renormalised to sum to 1 when ``renormalize``;
+- ``sigmoid`` (DeepSeek-V3's auxiliary-loss-free routing): scores s = sigmoid(router(x)); the top-k experts
+  by s + ``bias`` (a per-expert selection bias, a buffer adjusted outside the gradient); their weights the
+  top-k s (not s + bias), renormalised when ``renormalize``.
+Dropless: every token reaches its k experts. ``capacity_factor`` (optional): each expert takes at most
+ceil(factor x T k / E) assignments, in token order (the first tokens routed to it win; a dropped assignment
+contributes nothing — its token keeps its other experts and the shared expert).
+
+Load-balancing loss (Switch / GShard form): aux = E x sum_i f_i P_i, over **every token of the batch the
+layer is given** (the global token set under expert parallelism): f_i the fraction of the T k assignments
+routed to expert i (not differentiable), P_i the mean over the T tokens of expert i's routing probability
+(softmax p, or the sigmoid scores normalised per token). Megatron computes it per micro-batch over the
+sequence-parallel group's tokens, torchtitan per layer over the local tokens: stacks differ, so the contract
+says which (here: the global set)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .llama import SwiGLU
+
+SCORINGS = ("softmax", "sigmoid")
+
+
+def route(logits: torch.Tensor, k: int, scoring: str = "softmax", renormalize: bool = True,
+          bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(weights (T, k), experts (T, k), the probabilities the load-balancing loss reads (T, E))."""
+    if scoring == "softmax":
+        probs = torch.softmax(logits, dim=-1)
+        weights, experts = probs.topk(k, dim=-1)
+        balance = probs
+    elif scoring == "sigmoid":
+        scores = torch.sigmoid(logits)
+        chosen = scores + (bias if bias is not None else 0.0)
+        experts = chosen.detach().topk(k, dim=-1).indices
+        weights = scores.gather(-1, experts)
+        balance = scores / scores.sum(-1, keepdim=True)
+    else:
+        raise ValueError(f"scoring must be one of {', '.join(SCORINGS)}; got {scoring!r}.")
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return weights, experts, balance
+
+
+def balance_loss(balance: torch.Tensor, experts: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """E x sum_i f_i P_i over these tokens (see the module's docstring)."""
+    counts = torch.bincount(experts.flatten(), minlength=num_experts).to(balance.dtype)
+    f = counts / experts.numel()
+    return num_experts * (f * balance.mean(0)).sum()
+
+
+def kept_assignments(experts: torch.Tensor, num_experts: int, capacity_factor: float | None) -> torch.Tensor:
+    """(T, k) bool: which assignments an expert takes — all (dropless), or the first ceil(factor T k / E)
+    routed to each expert in (token, slot) order."""
+    if capacity_factor is None:
+        return torch.ones_like(experts, dtype=torch.bool)
+    capacity = math.ceil(capacity_factor * experts.numel() / num_experts)
+    flat = experts.flatten()
+    onehot = torch.nn.functional.one_hot(flat, num_experts)
+    rank_in_expert = (onehot.cumsum(0) * onehot).sum(-1) - 1  # 0-based arrival order at its expert
+    return (rank_in_expert < capacity).view_as(experts)
+
+
+class MoE(nn.Module):
+    """forward(x (T, hidden)) -> (y (T, hidden), aux): the weighted sum of each token's routed experts (+ the
+    shared experts), and the load-balancing loss over these T tokens."""
+
+    def __init__(self, hidden: int, ffn: int, experts: int, top_k: int = 2, shared: int = 0,
+                 scoring: str = "softmax", renormalize: bool = True, capacity_factor: float | None = None,
+                 dtype=torch.float64):
+        super().__init__()
+        if not 1 <= top_k <= experts:
+            raise ValueError(f"top_k must be between 1 and the number of experts ({experts}); got {top_k}.")
+        if scoring not in SCORINGS:
+            raise ValueError(f"scoring must be one of {', '.join(SCORINGS)}; got {scoring!r}.")
+        self.num_experts, self.top_k, self.scoring, self.renormalize = experts, top_k, scoring, renormalize
+        self.capacity_factor = capacity_factor
+        self.router = nn.Linear(hidden, experts, bias=False, dtype=dtype)
+        self.experts = nn.ModuleList(SwiGLU(hidden, ffn, dtype) for _ in range(experts))
+        self.shared = SwiGLU(hidden, ffn * shared, dtype) if shared else None
+        self.register_buffer("bias", torch.zeros(experts, dtype=dtype))
+
+    def route(self, x: torch.Tensor):
+        return route(self.router(x), self.top_k, self.scoring, self.renormalize, self.bias)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        weights, experts, balance = self.route(x)
+        kept = kept_assignments(experts, self.num_experts, self.capacity_factor)
+        y = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            tokens, slots = torch.nonzero((experts == e) & kept, as_tuple=True)
+            if len(tokens):
+                y = y.index_add(0, tokens, weights[tokens, slots, None] * expert(x[tokens]))
+        if self.shared is not None:
+            y = y + self.shared(x)
+        return y, balance_loss(balance, experts, self.num_experts)

@@ -1,0 +1,77 @@
+"""Expert parallelism equals one device: the MoE feed-forward (reference.models.moe) over 2, 3 and 4 ranks,
+every rank's output rows, input gradient, the load-balancing loss over the group's tokens, and every
+parameter's full gradient (router, each expert, shared experts) against one device's layer on every token,
+float64, within the bound derived in harness/expert_parallel/case.py — for every implementation (ours).
+
+Corners in every profile: ep = 3 with E = 6 (and E % ep != 0 refused); a rank receiving zero tokens (a
+skewed router); top-k 1 and 2; E = ep; one token per rank; a shared expert; sigmoid scoring with a selection
+bias; ep < n (the expert-data-parallel group of 2 replicas). No top-k choice is tied (how: the case's
+docstring). Planted bugs, each at its minimal case."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.expert_parallel.case import Case, as_dict, failed, run_case
+from harness.world import run_or_fail
+
+CASES = [  # (n, case)
+    (2, Case()),                                                       # E 4 over ep 2, top-2, softmax
+    (2, Case(top_k=1, shared=1)),                                      # top-1, a shared expert
+    (3, Case(experts=6)),                                              # ep = 3, E = 6
+    (2, Case(experts=2, top_k=1, tokens=1)),                           # E = ep, one token per rank
+    (2, Case(skew=True)),                                              # rank 1 receives zero tokens
+    (4, Case(ep=2, shared=1)),                                         # ep 2 < n 4: replicas over 2 EP groups
+    (4, Case(scoring="sigmoid", renormalize=True, experts=8)),         # DeepSeek-V3's sigmoid scores
+]
+
+
+def _verdict(world_cache, conformance, impl, n, case):
+    per_rank = run_or_fail(world_cache.get(n), run_case, impl, as_dict(case), timeout=120, failed=failed)
+    refused = next((r for r in per_rank if r["refused"]), None)
+    problems = sorted({p for r in per_rank for p in r["problems"]})
+    outcome = ("unsupported" if refused["unsupported"] else "refused") if refused else (
+        "fail" if problems else "pass")
+    conformance.record(outcome, suite="expert_parallel", world_size=n, dtype="float64", impl=impl,
+                       collective=case.label(), max_rel_err=max(r.get("worst", 0.0) for r in per_rank),
+                       detail=(refused or {}).get("refused") or " | ".join(problems[:1]))
+    return outcome, (refused or {}).get("refused"), problems, per_rank
+
+
+@pytest.mark.parametrize("n, case", CASES, ids=[f"n{n}-{c.label()}" for n, c in CASES])
+def test_expert_parallel_moe_equals_one_device(expert_parallel_impl, n, case, world_cache, conformance):
+    outcome, refused, problems, _ = _verdict(world_cache, conformance, expert_parallel_impl, n, case)
+    if outcome == "unsupported":
+        pytest.skip(f"{expert_parallel_impl} does not provide this case: {refused}")
+    assert outcome != "refused", f"{expert_parallel_impl} refused a case that fits: {refused}"
+    assert not problems, problems[:4]
+
+
+def test_the_skewed_router_really_starves_a_rank(world_cache, conformance):
+    *_, per_rank = _verdict(world_cache, conformance, "reference", 2, Case(skew=True))
+    assert [r["received"] for r in per_rank][1] == 0 and per_rank[0]["received"] > 0, per_rank
+
+
+def test_experts_that_do_not_split_over_ep_are_refused(expert_parallel_impl, world_cache, conformance):
+    outcome, refused, problems, _ = _verdict(world_cache, conformance, expert_parallel_impl, 3, Case(experts=4))
+    assert outcome in ("refused", "unsupported"), problems[:3]
+    assert "\n" not in refused and "4" in refused, refused
+
+
+PLANTED = [
+    ("RouterNotReduced", 2, Case(), "gradient router.weight"),
+    ("ExpertsDividedByEDP", 2, Case(), "gradient experts."),
+    ("ExpertsOverWholeGroup", 4, Case(ep=2), "gradient experts."),
+    ("CombineWithDispatchedIndices", 2, Case(), "output"),
+    ("AuxOverLocalTokens", 2, Case(), "load-balancing loss"),
+    ("NotRenormalized", 2, Case(), "output"),
+    ("SharedOnDispatched", 2, Case(shared=1), "output"),
+]
+
+
+@pytest.mark.parametrize("name, n, case, needle", PLANTED, ids=[p[0] for p in PLANTED])
+def test_planted_bugs_fail_at_their_minimal_case(name, n, case, needle, world_cache, conformance):
+    outcome, refused, problems, _ = _verdict(world_cache, conformance, f"suites.expert_parallel.planted:{name}", n,
+                                             case)
+    assert outcome == "fail", (outcome, refused)
+    assert any(needle in p for p in problems), problems[:4]
