@@ -30,45 +30,17 @@ class DeepSpeedUlysses:
     def shard(self, dense, group, layout: str):
         from deepspeed.utils import groups
 
-        from .deepspeed_zero import _init
+        from .deepspeed_init import SequenceParallelGroup, init
 
-        _init()
+        init()
         if self.register_group:  # as Megatron-DeepSpeed's mpu does: this group is the sequence-parallel one
-            groups.mpu = _SequenceParallelGroup(group)
+            groups.mpu = SequenceParallelGroup(group)
         return _Ulysses(dense, group, layout)
 
     def full_grads(self, sharded, group):
         from reference.context_parallel import full_grads
 
         return full_grads(sharded, group)
-
-
-def release_sequence_group() -> None:
-    """Unregister the sequence-parallel group ``shard`` registered (DeepSpeed keeps it in the module-global
-    ``deepspeed.utils.groups.mpu``, which its ZeRO engine reads as a Megatron mpu: every other DeepSpeed
-    entry point of this harness releases it first)."""
-    from deepspeed.utils import groups
-
-    if isinstance(groups.mpu, _SequenceParallelGroup):
-        groups.mpu = None
-
-
-class _SequenceParallelGroup:
-    """The part of Megatron-DeepSpeed's ``mpu`` DeepSpeed-Ulysses reads: its uneven-heads path takes this
-    rank's place from ``deepspeed.utils.groups._get_sequence_parallel_rank()`` — 0 when no mpu or mesh is
-    registered — not from the group ``DistributedAttention`` is given (the watch test shows that)."""
-
-    def __init__(self, group):
-        self.group = group
-
-    def get_sequence_parallel_group(self):
-        return self.group
-
-    def get_sequence_parallel_rank(self):
-        return dist.get_rank(self.group)
-
-    def get_sequence_parallel_world_size(self):
-        return dist.get_world_size(self.group)
 
 
 class _Ulysses(nn.Module):

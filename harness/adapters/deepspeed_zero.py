@@ -11,9 +11,6 @@ it keeps beside the model's parameters (ZeRO's "K" includes master weights).
 
 from __future__ import annotations
 
-import importlib
-import os
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -21,27 +18,7 @@ import torch.nn.functional as F
 from reference.zero.accounting import held_bytes, optimizer_state_tensors
 
 from ..contracts import Unsupported
-
-
-def _init() -> None:
-    os.environ.setdefault("DS_ACCELERATOR", "cuda" if dist.get_backend() == "nccl" else "cpu")
-    # DeepSpeed reads its rank from the launcher's environment; the World already initialised the group.
-    for key, value in (("RANK", dist.get_rank()), ("LOCAL_RANK", dist.get_rank()),
-                       ("WORLD_SIZE", dist.get_world_size()), ("LOCAL_SIZE", dist.get_world_size())):
-        os.environ[key] = str(value)
-    import deepspeed
-
-    # importlib, not "import deepspeed.comm.torch as ...": deepspeed.comm's attribute "torch" is torch itself
-    ds_comm = importlib.import_module("deepspeed.comm.torch")
-    if os.environ["DS_ACCELERATOR"] == "cpu":
-        # DeepSpeed's CPU backend JIT-compiles its shared-memory all-reduce op (deepspeed_shm_comm) on first
-        # init, 30-100 s per fresh machine. That op serves only ``inference_all_reduce``, which training
-        # never calls (ZeRO's collectives go through torch.distributed): skip the build, nothing else changes.
-        ds_comm.build_shm_op = lambda: None
-    deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
-    from .deepspeed_ulysses import release_sequence_group
-
-    release_sequence_group()  # a sequence-parallel group registered by the Ulysses adapter is not an engine's mpu
+from .deepspeed_init import init as _init  # noqa: F401 - the harness's other DeepSpeed paths import it from here
 
 
 class DeepSpeedZero:

@@ -1,0 +1,57 @@
+"""What every DeepSpeed path of the harness does first: DeepSpeed's environment over the World's group
+(``init``), and the sequence-parallel group the Ulysses adapter registers in DeepSpeed's module-global
+``deepspeed.utils.groups.mpu`` (``SequenceParallelGroup``; released by ``init`` before any other use)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import torch.distributed as dist
+
+
+def init() -> None:
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if dist.get_backend() == "nccl" else "cpu")
+    # DeepSpeed reads its rank from the launcher's environment; the World already initialised the group.
+    for key, value in (("RANK", dist.get_rank()), ("LOCAL_RANK", dist.get_rank()),
+                       ("WORLD_SIZE", dist.get_world_size()), ("LOCAL_SIZE", dist.get_world_size())):
+        os.environ[key] = str(value)
+    import deepspeed
+
+    # importlib, not "import deepspeed.comm.torch as ...": deepspeed.comm's attribute "torch" is torch itself
+    ds_comm = importlib.import_module("deepspeed.comm.torch")
+    if os.environ["DS_ACCELERATOR"] == "cpu":
+        # DeepSpeed's CPU backend JIT-compiles its shared-memory all-reduce op (deepspeed_shm_comm) on first
+        # init, 30-100 s per fresh machine. That op serves only ``inference_all_reduce``, which training
+        # never calls (ZeRO's collectives go through torch.distributed): skip the build, nothing else changes.
+        ds_comm.build_shm_op = lambda: None
+    deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
+    release_sequence_group()  # a sequence-parallel group registered by the Ulysses adapter is not an engine's mpu
+
+
+def release_sequence_group() -> None:
+    """Unregister the sequence-parallel group ``shard`` registered (DeepSpeed keeps it in the module-global
+    ``deepspeed.utils.groups.mpu``, which its ZeRO engine reads as a Megatron mpu: every other DeepSpeed
+    entry point of this harness releases it first)."""
+    from deepspeed.utils import groups
+
+    if isinstance(groups.mpu, SequenceParallelGroup):
+        groups.mpu = None
+
+
+class SequenceParallelGroup:
+    """The part of Megatron-DeepSpeed's ``mpu`` DeepSpeed-Ulysses reads: its uneven-heads path takes this
+    rank's place from ``deepspeed.utils.groups._get_sequence_parallel_rank()`` — 0 when no mpu or mesh is
+    registered — not from the group ``DistributedAttention`` is given (the watch test shows that)."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def get_sequence_parallel_group(self):
+        return self.group
+
+    def get_sequence_parallel_rank(self):
+        return dist.get_rank(self.group)
+
+    def get_sequence_parallel_world_size(self):
+        return dist.get_world_size(self.group)
