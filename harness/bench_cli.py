@@ -370,13 +370,14 @@ def run(args) -> int:
         seqs = [t.strip() for t in args.seqs.split(",") if t.strip()]
         if not seqs or not all(t.isdigit() and int(t) >= 1 for t in seqs):
             raise UsageError(f"--seqs {args.seqs!r} must be comma-separated whole numbers >= 1.")
-        cfg = cp_bench.ContextParallelSweep(impls=_impls(args, "context_parallel"),
-                                            world_sizes=_sizes(args, args.world_sizes), seqs=[int(t) for t in seqs],
-                                            iters=min(args.iters, 5), warmup=min(args.warmup, 1))
-        bad = [s for s in cfg.seqs for n in cfg.world_sizes if s % (2 * n)]
-        if bad:
+        sizes = _sizes(args, args.world_sizes)
+        bad = [int(t) for t in seqs for n in sizes if int(t) % (2 * n)]
+        if bad:  # checked before the implementations are resolved: the error is the only line
             raise UsageError(f"--seqs: {bad[0]} tokens do not split into the 2 cp chunks the zigzag layout needs at "
-                             f"every --world-sizes cp ({', '.join(map(str, cfg.world_sizes))}).")
+                             f"every --world-sizes cp ({', '.join(map(str, sizes))}).")
+        cfg = cp_bench.ContextParallelSweep(impls=_impls(args, "context_parallel"), world_sizes=sizes,
+                                            seqs=[int(t) for t in seqs], iters=min(args.iters, 5),
+                                            warmup=min(args.warmup, 1))
         plans.append(("context_parallel", cfg, cp_bench.run_sweep))
     if args.suite == "tensor_parallel":
         from .tensor_parallel import bench as tp_bench
