@@ -94,8 +94,14 @@ def counted_traffic(counter: list):
         return counted
 
     def all_to_all(fn):
-        def counted(output, input, *args, **kwargs):  # S: the whole buffer
-            counter[0] += collective_bytes("all_to_all", dist.get_world_size(kwargs.get("group")), _bytes(input))
+        def counted(output, input, *args, **kwargs):
+            group, splits = kwargs.get("group"), kwargs.get("input_split_sizes")
+            if splits:  # variable splits: the rows this rank sends to the others (its own stay)
+                row = _bytes(input) // max(input.shape[0], 1) if input.dim() else 0
+                me = dist.get_rank(group)
+                counter[0] += (sum(splits) - splits[me]) * row
+            else:  # equal splits, S the whole buffer: (n - 1) / n of it leaves
+                counter[0] += collective_bytes("all_to_all", dist.get_world_size(group), _bytes(input))
             return fn(output, input, *args, **kwargs)
         return counted
 

@@ -155,6 +155,27 @@ def run_case(impl_spec: str, case_dict: dict) -> dict:
             "received": received}
 
 
+def count_bytes(impl_spec: str, case_dict: dict) -> dict:
+    """Rank side: {"forward", "backward", "counts", "ep_rank"}: the bytes this rank sends in one forward and
+    one backward (``harness.comm_count.counted_traffic``) and the routing counts the layer reports."""
+    from .. import registry
+    from ..comm_count import counted_traffic
+
+    case = Case(**case_dict)
+    n, r, device = dist.get_world_size(), dist.get_rank(), rank_device()
+    dense = _dense(case, n, device)
+    x, g = _inputs(case, n, dense, device)
+    module = registry.load(impl_spec, "expert_parallel").shard(dense, dist.group.WORLD, case.ep)
+    rows = slice(r * case.tokens, (r + 1) * case.tokens)
+    x_local = x[rows].clone().requires_grad_()
+    forward, backward = [0.0], [0.0]
+    with counted_traffic(forward):
+        y, aux = module(x_local)
+    with counted_traffic(backward):
+        ((y * g[rows]).sum() + aux).backward()
+    return {"forward": forward[0], "backward": backward[0], "counts": module.last_counts, "ep_rank": module.ep_rank}
+
+
 def _failed(detail: str) -> dict:
     failed_in_implementation(detail)
     return failed(detail)

@@ -109,6 +109,8 @@ class ExpertParallelMoE(nn.Module):
         recv = torch.empty_like(send)
         dist.all_to_all_single(recv, send, group=self.ep_group)  # the counts first
         send_l, recv_l = send.tolist(), recv.tolist()
+        self.last_counts = (send_l, recv_l)
+        """(sent, received) assignments per EP rank of the last forward (``cost_model.ep_layer_comm_bytes``)."""
         rows = AllToAllV.apply(x[tokens], send_l, recv_l, self.ep_group)
         ids = _exchange(flat_experts[:, None].to(torch.int64), send_l, recv_l, self.ep_group)[:, 0]
         # rows x 0, not zeros: the outputs stay in the graph of the received rows even where no expert runs

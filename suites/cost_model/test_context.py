@@ -66,3 +66,14 @@ def test_plan_cp_bad_input_is_one_sentence(capsys, extra, needle):
     assert main([*argv, *extra]) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1, err
+
+
+def test_expert_parallel_bytes_by_hand():
+    from reference.cost_model import balanced_ep_bytes, ep_layer_comm_bytes
+
+    # EP rank 1 of 2 sends 5 rows to rank 0 and keeps 7; receives 3 from rank 0; hidden 16, 2 bytes
+    got = ep_layer_comm_bytes([5, 7], [3, 7], 1, 16)
+    assert got["forward"] == 8 + 8 * 5 + (5 + 3) * 16 * 2 and got["backward"] == (5 + 3) * 16 * 2
+    assert balanced_ep_bytes(1024, 2, 4096, 8)["total"] == 4 * 1024 * 2 * 4096 * 2 * 7 / 8
+    with pytest.raises(ValueError, match="one count per EP rank"):
+        ep_layer_comm_bytes([1, 2], [1], 0, 16)

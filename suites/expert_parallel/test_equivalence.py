@@ -75,3 +75,20 @@ def test_planted_bugs_fail_at_their_minimal_case(name, n, case, needle, world_ca
                                              case)
     assert outcome == "fail", (outcome, refused)
     assert any(needle in p for p in problems), problems[:4]
+
+
+@pytest.mark.parametrize("n, case", [(2, Case()), (2, Case(skew=True)), (4, Case(ep=2, shared=1))],
+                         ids=["n2", "n2-skew", "n4-ep2"])
+def test_bytes_sent_are_the_cost_model_exactly(n, case, world_cache):
+    """Each rank's forward and backward bytes, counted, equal ``cost_model.ep_layer_comm_bytes`` of the
+    routing it saw (the counts exchanged, the expert ids, dispatch and combine each way) — under a skewed
+    router too (rank 1 sends everything, receives nothing) — plus, forward, the load-balancing loss's three
+    all-reduces over the group (E counts, the token total, the loss itself: float64), which are not EP's."""
+    from harness.expert_parallel.case import count_bytes
+    from reference.cost_model import collective_bytes, ep_layer_comm_bytes
+
+    aux = collective_bytes("all_reduce", n, 8 * case.experts) + 2 * collective_bytes("all_reduce", n, 8)
+    for got in world_cache.get(n).run(count_bytes, "reference", as_dict(case), timeout=120):
+        send, recv = got["counts"]
+        want = ep_layer_comm_bytes(send, recv, got["ep_rank"], case.hidden, element_size=8)
+        assert (got["forward"], got["backward"]) == (want["forward"] + aux, want["backward"]), (got, want)
