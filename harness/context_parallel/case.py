@@ -19,7 +19,9 @@ import torch
 import torch.distributed as dist
 
 from ..errors import describe
-from ..rank import failed_in_implementation, rank_device
+from ..layer_case import failed as layer_failed
+from ..layer_case import failed_here, off
+from ..rank import rank_device
 
 U64 = 2.0**-53
 
@@ -91,16 +93,6 @@ def _one_device(dense, x, g, case: Case):
     return y.detach(), xd.grad.detach(), grads, s_max
 
 
-def _off(what: str, got, want, limit: float) -> tuple[float, list[str]]:
-    if not torch.is_tensor(got) or tuple(got.shape) != tuple(want.shape):
-        return math.inf, [f"{what}: shape {tuple(getattr(got, 'shape', ()))} != {tuple(want.shape)}"]
-    mag = max(float(want.abs().max()), 1e-300)
-    rel = float((got.detach().to(want.dtype) - want).abs().max()) / mag
-    if rel != rel:
-        return math.inf, [f"{what}: NaN or inf where one device is finite"]
-    return rel, ([f"{what}: off by {rel:.3g} of its magnitude > {limit:.3g}"] if not rel <= limit else [])
-
-
 def run_case(impl_spec: str, case_dict: dict) -> dict:
     """Rank side. Returns {"refused", "unsupported", "problems", "worst", "bound"}."""
     from reference.context_parallel import layout as layouts
@@ -153,8 +145,8 @@ def run_case(impl_spec: str, case_dict: dict) -> dict:
         if got is None:
             problems.append(f"rank {r}: {what}: missing")
             continue
-        rel, off = _off(what, got, want, limit)
-        worst, problems = max(worst, rel), problems + [f"rank {r}: {p}" for p in off]
+        rel, lines = off(what, got, want, limit)
+        worst, problems = max(worst, rel), problems + [f"rank {r}: {p}" for p in lines]
     problems += [f"rank {r}: {n}: not a parameter of the dense attention" for n in sorted(set(full) - set(grads))]
     problems += [f"rank {r}: shard modified the dense module's {n}" for n, p in dense.named_parameters()
                  if not torch.equal(p.detach(), before[n])]
@@ -185,12 +177,12 @@ def count_bytes(impl_spec: str, case_dict: dict) -> dict:
 
 
 def _failed(detail: str) -> dict:
-    failed_in_implementation(detail)
-    return failed(detail)
+    return failed_here(detail)
 
 
 def failed(detail: str) -> dict:
-    return {"refused": None, "unsupported": False, "problems": [detail], "worst": math.inf, "bound": math.nan}
+    """A rank's result where the implementation failed (``harness.world.run_or_fail``'s ``failed``)."""
+    return layer_failed(detail)
 
 
 def as_dict(case: Case) -> dict:

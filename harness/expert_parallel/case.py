@@ -14,14 +14,15 @@ every ``full_grads`` tensor, within ``bound`` x the tensor's magnitude; the dens
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
 
 from ..errors import describe
-from ..rank import failed_in_implementation, rank_device
+from ..layer_case import failed as layer_failed
+from ..layer_case import failed_here, off
+from ..rank import rank_device
 
 U64 = 2.0**-53
 
@@ -87,16 +88,6 @@ def _inputs(case: Case, n: int, dense, device):
     raise AssertionError("no draw without a near-tie in 1000 attempts")
 
 
-def _off(what: str, got, want, limit: float) -> tuple[float, list[str]]:
-    if not torch.is_tensor(got) or tuple(got.shape) != tuple(want.shape):
-        return math.inf, [f"{what}: shape {tuple(getattr(got, 'shape', ()))} != {tuple(want.shape)}"]
-    mag = max(float(want.abs().max()), 1e-300)
-    rel = float((got.detach().to(want.dtype) - want).abs().max()) / mag
-    if rel != rel:
-        return math.inf, [f"{what}: NaN or inf where one device is finite"]
-    return rel, ([f"{what}: off by {rel:.3g} of its magnitude > {limit:.3g}"] if not rel <= limit else [])
-
-
 def run_case(impl_spec: str, case_dict: dict) -> dict:
     """Rank side. Returns {"refused", "unsupported", "problems", "worst", "bound", "received"}."""
     from .. import registry
@@ -138,8 +129,8 @@ def run_case(impl_spec: str, case_dict: dict) -> dict:
         if got is None:
             problems.append(f"rank {r}: {what}: missing")
             continue
-        rel, off = _off(what, got, want, limit)
-        worst, problems = max(worst, rel), problems + [f"rank {r}: {p}" for p in off]
+        rel, lines = off(what, got, want, limit)
+        worst, problems = max(worst, rel), problems + [f"rank {r}: {p}" for p in lines]
     problems += [f"rank {r}: {k}: not a parameter of the dense layer" for k in sorted(set(full) - set(grads))]
     problems += [f"rank {r}: shard modified the dense layer's {k}" for k, v in dense.state_dict().items()
                  if not torch.equal(v, before[k])]
@@ -177,13 +168,12 @@ def count_bytes(impl_spec: str, case_dict: dict) -> dict:
 
 
 def _failed(detail: str) -> dict:
-    failed_in_implementation(detail)
-    return failed(detail)
+    return failed_here(detail, received=None)
 
 
 def failed(detail: str) -> dict:
-    return {"refused": None, "unsupported": False, "problems": [detail], "worst": math.inf, "bound": math.nan,
-            "received": None}
+    """A rank's result where the implementation failed (``harness.world.run_or_fail``'s ``failed``)."""
+    return layer_failed(detail, received=None)
 
 
 def as_dict(case: Case) -> dict:
