@@ -39,6 +39,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .clipping import clip_grad_norm_
+from .context_parallel.layout import positions as sequence_positions
 from .dimensions import (
     Pieces,
     Stage,
@@ -121,9 +122,7 @@ class Parallel3D:
         mine = slice(c.dp * per_replica, (c.dp + 1) * per_replica)
         tokens, targets = tokens[mine], targets[mine]
         if dims.cp > 1:  # this rank's zigzag shard of the sequence (a length it cannot split: one sentence)
-            from .context_parallel import layout as seq_layout
-
-            idx = seq_layout.positions(tokens.shape[1], dims.cp, c.cp, "zigzag", tokens.device)
+            idx = sequence_positions(tokens.shape[1], dims.cp, c.cp, "zigzag", tokens.device)
             tokens, targets = tokens[:, idx], targets[:, idx]
         count = targets.numel()
         last = max(self.stages) == self.schedule.num_stages - 1

@@ -13,7 +13,6 @@ that assertion, and only it, is reported as unsupported with DeepSpeed's sentenc
 from __future__ import annotations
 
 import copy
-import math
 
 import torch
 import torch.distributed as dist
@@ -62,21 +61,16 @@ class _Ulysses(nn.Module):
 
     def _local(self, q, k, v):
         """DeepSpeed's local attention: (b, whole sequence, its heads, d) in, the same shape out."""
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        group = q.shape[1] // k.shape[1]
-        scores = q @ k.repeat_interleave(group, dim=1).transpose(-1, -2) / math.sqrt(q.shape[-1])
-        if self.causal:
-            every = self._every
-            scores = scores.masked_fill(every[None, :] > every[:, None], float("-inf"))
-        return (torch.softmax(scores, dim=-1) @ v.repeat_interleave(group, dim=1)).transpose(1, 2)
+        from reference.context_parallel.ulysses import attend_at
+
+        return attend_at(*(t.transpose(1, 2) for t in (q, k, v)), self._every, self.causal).transpose(1, 2)
 
     def forward(self, x):
-        from reference.context_parallel import layout as layouts
+        from reference.context_parallel import every_position
         from reference.models.llama import rotate
 
         b, s, _ = x.shape
-        seq = s * self.cp
-        every = [layouts.positions(seq, self.cp, i, self.layout, x.device) for i in range(self.cp)]
+        every = every_position(s * self.cp, self.cp, self.layout, x.device)
         self._every = torch.cat(every)
         mine = every[dist.get_rank(self.group)]
         q = self.q(x).view(b, s, self.heads, self.head_dim)

@@ -146,17 +146,13 @@ class TorchStackTrainer(BuiltFromDense):
         dcp.save(self._dcp_state(), checkpoint_id=_dcp_dir(directory))
 
     def load(self, directory) -> None:
-        import torch
         import torch.distributed.checkpoint as dcp
 
         state, t = self._dcp_state(), self.trainer
-        dcp.load(state, checkpoint_id=_dcp_dir(directory))  # in place, into this layout's DTensors
+        dcp.load(state, checkpoint_id=_dcp_dir(directory))  # in place: the parameters' own storage, the state's
         keys = self.recipe.optimizer.state_keys + self.recipe.optimizer.extra_state
-        with torch.no_grad():
-            for local, p in t.stage.named_parameters():
-                name = t.names[local]
-                p.data.copy_(state[f"model.{name}"])
-                t.optimizer.state[p] = {key: state[f"optim.{name}.{key}"] for key in keys}
+        for local, p in t.stage.named_parameters():
+            t.optimizer.state[p] = {key: state[f"optim.{t.names[local]}.{key}"] for key in keys}
 
 
 def _dcp_dir(directory) -> str:

@@ -19,8 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import describe
-from ..layer_case import failed as layer_failed
-from ..layer_case import failed_here, off
+from ..layer_case import failed, failed_here, off  # noqa: F401 - failed: run_or_fail's verdict of a failed call
 from ..rank import rank_device
 
 U64 = 2.0**-53
@@ -113,7 +112,7 @@ def run_case(impl_spec: str, case_dict: dict) -> dict:
     except ValueError as exc:
         return {"refused": str(exc), "unsupported": False, "problems": []}
     except Exception as exc:  # noqa: BLE001 - whatever the code under test raises is a verdict
-        return _failed(f"rank {r}: shard raised {describe(exc)}")
+        return failed_here(f"rank {r}: shard raised {describe(exc)}")
     try:
         mine = layouts.chunks(case.seq, cp, r, case.layout)
     except ValueError as exc:  # the layout cannot split this sequence: the module must refuse it too
@@ -128,7 +127,7 @@ def run_case(impl_spec: str, case_dict: dict) -> dict:
     except ValueError as exc:
         return {"refused": str(exc), "unsupported": False, "problems": []}
     except Exception as exc:  # noqa: BLE001
-        return _failed(f"rank {r}: forward raised {describe(exc)}")
+        return failed_here(f"rank {r}: forward raised {describe(exc)}")
     if mine is None:  # accepted a sequence the layout cannot split: a silently short rank
         return {"refused": None, "unsupported": False, "worst": math.inf, "bound": limit,
                 "problems": [f"rank {r}: accepted a sequence of {case.seq} tokens that {why[:-1].lower()}"]}
@@ -136,7 +135,7 @@ def run_case(impl_spec: str, case_dict: dict) -> dict:
         (y_local * layouts.shard(g, cp, r, case.layout)).sum().backward()
         full = impl.full_grads(module, dist.group.WORLD)
     except Exception as exc:  # noqa: BLE001
-        return _failed(f"rank {r}: backward / full_grads raised {describe(exc)}")
+        return failed_here(f"rank {r}: backward / full_grads raised {describe(exc)}")
     worst, problems = 0.0, []
     checks = [("output", y_local, layouts.shard(y, cp, r, case.layout)),
               ("input gradient", x_local.grad, layouts.shard(dx, cp, r, case.layout))]
@@ -174,15 +173,6 @@ def count_bytes(impl_spec: str, case_dict: dict) -> dict:
     with counted_traffic(backward):
         (y * layouts.shard(g, cp, r, case.layout)).sum().backward()
     return {"forward": forward[0], "backward": backward[0]}
-
-
-def _failed(detail: str) -> dict:
-    return failed_here(detail)
-
-
-def failed(detail: str) -> dict:
-    """A rank's result where the implementation failed (``harness.world.run_or_fail``'s ``failed``)."""
-    return layer_failed(detail)
 
 
 def as_dict(case: Case) -> dict:

@@ -7,7 +7,8 @@ import math
 
 import torch
 
-from ..rank import failed_in_implementation
+from ..layer_case import failed as _failed
+from ..layer_case import failed_here as _failed_here
 
 SEQ = 4
 
@@ -31,12 +32,10 @@ def flat_state(optimizer: dict) -> dict:
 
 def failed_here(detail: str) -> dict:
     """This rank caught the stack's exception: say so to the World (peers still inside are ended), and fail."""
-    failed_in_implementation(detail)
-    return failed(detail)
+    return _failed_here(detail, losses=[])
 
 
 def failed(detail: str) -> dict:
     """A rank's result where the stack failed (its own exception, or the World's verdict of a call that
     failed: ``harness.world.run_or_fail``)."""
-    return {"refused": None, "unsupported": False, "problems": [detail], "worst": math.inf, "bound": math.nan,
-            "losses": []}
+    return _failed(detail, losses=[])

@@ -117,9 +117,16 @@ def ulysses_attention(q, k, v, positions: list[torch.Tensor], causal: bool, grou
             (lambda t: _ReplicateNoSum.apply(t, times))
         k, v = rep(k), rep(v)
     qh, kh, vh = (SeqToHeads.apply(t, group) for t in (q, k, v))
-    every = torch.cat(list(positions))  # the gathered sequence: every rank's shard, in rank order
-    scores = qh @ kh.repeat_interleave(qh.shape[1] // kh.shape[1], dim=1).transpose(-1, -2) / math.sqrt(q.shape[-1])
-    if causal:
-        scores = scores.masked_fill(every[None, :] > every[:, None], float("-inf"))
-    out = torch.softmax(scores, dim=-1) @ vh.repeat_interleave(qh.shape[1] // vh.shape[1], dim=1)
+    out = attend_at(qh, kh, vh, torch.cat(list(positions)), causal)  # every rank's shard, in rank order
     return HeadsToSeq.apply(out, group, reversed_heads)
+
+
+def attend_at(q, k, v, positions: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Softmax attention over a whole (gathered) sequence whose tokens sit at ``positions`` (any order):
+    q (b, h, s, d), k and v (b, h_kv, s, d) with h a multiple of h_kv (query head i reads KV head
+    i // (h / h_kv)); causal by position. Returns (b, h, s, d)."""
+    group = q.shape[1] // k.shape[1]
+    scores = q @ k.repeat_interleave(group, dim=1).transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        scores = scores.masked_fill(positions[None, :] > positions[:, None], float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v.repeat_interleave(group, dim=1)
