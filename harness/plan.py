@@ -157,24 +157,29 @@ def fitting(model: Model, gpus: int, device_memory: float, cp: int = 1) -> list[
 
 def predicted(model: Model, layout: Layout, profile, schedule: str, dtype: str) -> dict:
     """Predicted step time and its parts (seconds) of ``layout`` on the profile's machine."""
+    from dataclasses import replace
+
     from .calibrate.predict import PARTS, gpt_workload, predict_step
     from .calibrate.profile import ProfileError
 
     work = gpt_workload(model.vocab, model.hidden, model.heads, model.ffn or 4 * model.hidden, model.layers,
                         model.seq, model.batch, dtype)
+    if model.kv_heads:  # grouped-query K/V: what the cp exchange moves
+        work = replace(work, attention=replace(work.attention, kv_heads=model.kv_heads))
     try:
         pred = predict_step(profile, work, layout.dp, layout.pp, layout.tp, layout.zero, schedule,
-                            model.microbatches, recompute=model.recompute != "none")
+                            model.microbatches, recompute=model.recompute != "none", cp=layout.cp,
+                            cp_algorithm=model.cp_algorithm)
     except (ProfileError, ValueError) as exc:
         raise PlanError(str(exc)) from None
     return {k: pred[k] for k in (*PARTS, "step_s", "bubble_fraction")}
 
 
 def ranked_by_time(model: Model, gpus: int, profile, schedule: str, dtype: str,
-                   device_memory: float | None) -> list[dict]:
-    """Every layout of ``gpus`` with its prediction, fastest first (then least memory)."""
+                   device_memory: float | None, cp: int = 1) -> list[dict]:
+    """Every layout of ``gpus`` (at ``cp``) with its prediction, fastest first (then least memory)."""
     out = []
-    for lay in layouts(model, gpus):
+    for lay in layouts(model, gpus, cp):
         if schedule == "interleaved" and (lay.pp == 1 or model.microbatches % lay.pp or 2 * lay.pp > model.layers):
             continue
         e = estimate(model, lay)
@@ -193,14 +198,15 @@ def render_time_ranking(ranked: list[dict], profile, schedule: str) -> None:
     console.print(f"[bold]layouts ranked by predicted step time ({schedule}) on {host.get('device')} / "
                   f"{host.get('cpu')} ({profile.backend}, profile {profile.source})[/bold]")
     table = Table()
-    for col in ("rank", "dp", "tp", "pp", "ZeRO", "step ms", "compute", "tp comm", "pp comm", "bubble", "dp comm",
-                "sync", "memory GB", "fits"):
+    with_cp = any(e["layout"].get("cp", 1) > 1 for e in ranked)
+    parts = ("step_s", "compute_s", "tp_s", *(("cp_s",) if with_cp else ()), "pp_s", "bubble_s", "dp_s", "sync_s")
+    for col in ("rank", "dp", "tp", "pp", "ZeRO", "step ms", "compute", "tp comm", *(("cp comm",) if with_cp else ()),
+                "pp comm", "bubble", "dp comm", "sync", "memory GB", "fits"):
         table.add_column(col, justify="right")
     for i, e in enumerate(ranked[:20], 1):
         lo, p = e["layout"], e["predicted_s"]
         table.add_row(str(i), str(lo["dp"]), str(lo["tp"]), str(lo["pp"]), str(lo["zero"]),
-                      *(f"{p[k] * 1e3:,.1f}" for k in ("step_s", "compute_s", "tp_s", "pp_s", "bubble_s", "dp_s",
-                                                        "sync_s")),
+                      *(f"{p[k] * 1e3:,.1f}" for k in parts),
                       _gb(e["memory_bytes"]["total"]), {None: "-", True: "yes", False: "no"}[e["fits"]])
     console.print(table)
 
@@ -270,14 +276,12 @@ def run(args) -> int:
                   ffn=args.ffn or 0, kv_heads=args.kv_heads or 0, cp_algorithm=args.cp_algorithm)
     layout = Layout(dp=args.dp, tp=args.tp, pp=args.pp, zero=args.zero, cp=args.cp)
     gpus = args.dp * args.tp * args.pp * args.cp
-    if args.profile and args.cp > 1:
-        raise PlanError("--profile's step-time prediction does not model context parallelism yet; plan --cp "
-                        "without --profile gives its memory and bytes.")
     plan = estimate(model, layout)
     device_memory = parse_memory(args.device_memory) if args.device_memory else None
     profile = load_profile(args, gpus)
     dtype = args.dtype or (profile.compute[0]["dtype"] if profile else "float32")
-    by_time = ranked_by_time(model, gpus, profile, args.schedule, dtype, device_memory) if profile else None
+    by_time = ranked_by_time(model, gpus, profile, args.schedule, dtype, device_memory, args.cp) if profile \
+        else None
     ranked = fitting(model, gpus, device_memory, args.cp) if device_memory and not profile else None
     if profile:
         plan["predicted_s"] = predicted(model, layout, profile, args.schedule, dtype)

@@ -14,16 +14,32 @@ Per stage s and microbatch (``reference.pipeline.simulate`` with per-(stage, kin
 rate is the profile's matmul FLOP/s with all of the world's ranks busy; every time α–β from the profile
 at this world size. The parts reported are the busiest rank's: compute, TP communication, PP sends and
 its idle time (the bubble) add up to the makespan; plus dp and sync: ``step_s`` equals their sum.
+
+Context parallelism (``cp`` > 1): each rank computes seq / cp tokens (every FLOP term, the activation
+messages and the cross-entropy's rows divide by cp — the zigzag layout balances causal attention), the
+gradients sync over dp x cp, the loss all-reduces over cp too, and each layer's attention pays its cp
+exchange (``cp_attention_time``), forward and backward (and forward again with recomputation), in ``cp_s``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .profile import Profile
 
-PARTS = ("compute_s", "tp_s", "pp_s", "bubble_s", "dp_s", "sync_s")
+PARTS = ("compute_s", "tp_s", "cp_s", "pp_s", "bubble_s", "dp_s", "sync_s")
 BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class Attention:
+    """One microbatch's attention, before any split: what context parallelism exchanges."""
+
+    rows: int
+    seq: int
+    heads: int
+    kv_heads: int
+    head_dim: int
 
 
 @dataclass(frozen=True)
@@ -53,6 +69,41 @@ class Workload:
     layer_kind: str = ""
     """The profile's timed layer of this shape (``gpt_block``, ``mlp_layer``): its per-layer overhead beyond
     the GEMMs is added (forward a third, backward two thirds). Empty or not in the profile: GEMMs only."""
+    attention: Attention | None = None
+    """The layers' attention (None: a workload without one, which context parallelism cannot split)."""
+
+    def over_cp(self, cp: int) -> Workload:
+        """What one of ``cp`` context-parallel ranks computes and moves: seq / cp of every token's share."""
+        if cp == 1:
+            return self
+        if self.attention is None:
+            raise ValueError("this workload has no attention: context parallelism does not apply to it.")
+        if self.attention.seq % cp:
+            raise ValueError(f"cp ({cp}) must divide the sequence ({self.attention.seq} tokens).")
+        return replace(self, layer_flops=self.layer_flops / cp, head_flops=self.head_flops / cp,
+                       activation_bytes=self.activation_bytes / cp, tokens=self.tokens // cp)
+
+
+def cp_attention_time(profile: Profile, algorithm: str, att: Attention, cp: int, tp: int, elem: int,
+                      world: int) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer's context-parallel exchange on one microbatch, the bytes of
+    ``reference.cost_model.cp_layer_comm_bytes`` (this TP rank's heads):
+    - ring: each of its cp - 1 forward and 2 cp - 1 backward K/V (dK/dV) blocks one point-to-point message
+      (``one_way``: the reference waits for each block before it attends with it);
+    - ulysses: four all-to-alls each way (q, k, v, the output), each priced as the profile's ring all-gather
+      of the same bytes: both move (cp - 1) / cp of them in cp - 1 steps."""
+    if cp == 1:
+        return 0.0, 0.0
+    heads, kv = att.heads // tp, max(att.kv_heads // tp, 1)
+    local = att.rows * (att.seq // cp) * att.head_dim * elem
+    if algorithm == "ring":
+        block = profile.message_time("one_way", 2 * kv * local, world)
+        return (cp - 1) * block, (2 * cp - 1) * block
+    if algorithm == "ulysses":
+        sizes = (heads, max(kv, cp), max(kv, cp), heads)
+        each = sum(profile.collective_time("all_gather", cp, n * local, world) for n in sizes)
+        return each, each
+    raise ValueError(f"cp_algorithm must be ring or ulysses; got {algorithm!r}.")
 
 
 def stage_layers(layers: int, stages: int) -> list[int]:
@@ -64,11 +115,12 @@ def stage_layers(layers: int, stages: int) -> list[int]:
 
 
 def predict_step(profile: Profile, work: Workload, dp: int, pp: int, tp: int, zero: int, schedule: str,
-                 microbatches: int, recompute: bool = False) -> dict:
+                 microbatches: int, recompute: bool = False, cp: int = 1, cp_algorithm: str = "ring") -> dict:
     """Predicted seconds per step and its parts (``PARTS``), the simulated bubble fraction and timeline."""
     from reference.pipeline import add_send_recv, generate, simulate
 
-    world = dp * pp * tp
+    world = dp * pp * tp * cp
+    work = work.over_cp(cp)
     v = 2 if schedule == "interleaved" and pp > 1 else 1
     num_stages = pp * v
     rate = profile.flops_per_s(work.dtype, world)
@@ -79,6 +131,8 @@ def predict_step(profile: Profile, work: Workload, dp: int, pp: int, tp: int, ze
         return profile.collective_time("all_reduce", tp, size, world)
 
     layers = stage_layers(work.layers, num_stages)
+    cp_f, cp_b = cp_attention_time(profile, cp_algorithm, work.attention, cp, tp, elem, world) if cp > 1 \
+        else (0.0, 0.0)
     costs, split = {}, {}
     for s, n in enumerate(layers):
         first, last = s == 0, s == num_stages - 1
@@ -91,9 +145,11 @@ def predict_step(profile: Profile, work: Workload, dp: int, pp: int, tp: int, ze
             tp_b += ar(work.activation_bytes) if last else 0.0
         comp_f = fwd / tp / rate + n * overhead / 3
         comp_b = bwd / tp / rate + 2 * n * overhead / 3 + (comp_f if recompute else 0.0)
-        costs[(s, "F")], costs[(s, "B")] = comp_f + tp_f, comp_b + tp_b + (tp_f if recompute else 0.0)
+        cp_fs, cp_bs = n * cp_f, n * cp_b + (n * cp_f if recompute else 0.0)
+        costs[(s, "F")] = comp_f + tp_f + cp_fs
+        costs[(s, "B")] = comp_b + tp_b + (tp_f if recompute else 0.0) + cp_bs
         costs[(s, "I")] = costs[(s, "W")] = costs[(s, "B")] / 2
-        split[s] = {"F": (comp_f, tp_f), "B": (comp_b, tp_b + (tp_f if recompute else 0.0))}
+        split[s] = {"F": (comp_f, tp_f, cp_fs), "B": (comp_b, tp_b + (tp_f if recompute else 0.0), cp_bs)}
     if pp > 1:
         send = profile.message_time("send", work.activation_bytes, world)
         one_way = profile.message_time("one_way", work.activation_bytes, world)
@@ -102,13 +158,15 @@ def predict_step(profile: Profile, work: Workload, dp: int, pp: int, tp: int, ze
                      comm=max(0.0, one_way - send))
     timeline = simulate(add_send_recv(generate(schedule, pp, microbatches, v)), costs)
     parts = _rank_parts(timeline, split)
-    parts["bubble_s"] = max(0.0, timeline.makespan - parts["compute_s"] - parts["tp_s"] - parts["pp_s"])
+    parts["bubble_s"] = max(0.0, timeline.makespan - parts["compute_s"] - parts["tp_s"] - parts["cp_s"]
+                            - parts["pp_s"])
     # the embedding on the first stage, the head on the last (both on one stage when there is one)
     stage_params = max((n * work.layer_params + work.end_params / 2 * ((s == 0) + (s == num_stages - 1))) / tp
                        for s, n in enumerate(layers)) * v
     tensors = work.tensors_per_layer * max(layers) * v
-    parts["dp_s"] = dp_sync_time(profile, zero, dp, stage_params * elem, tensors, microbatches, world)
-    parts["sync_s"] = sum(profile.collective_time("all_reduce", g, 8, world) for g in (pp, tp, dp))
+    # parameters are replicated over cp: gradients sync (and ZeRO shards) over dp x cp
+    parts["dp_s"] = dp_sync_time(profile, zero, dp * cp, stage_params * elem, tensors, microbatches, world)
+    parts["sync_s"] = sum(profile.collective_time("all_reduce", g, 8, world) for g in (pp, tp, dp, cp))
     busy = sum(e - s for row in timeline.events for a, s, e in row if a.kind in "FBIW")
     return {**parts, "step_s": sum(parts[k] for k in PARTS), "makespan_s": timeline.makespan,
             "bubble_fraction": 1 - busy / (pp * timeline.makespan) if timeline.makespan > 0 else 0.0,
@@ -116,21 +174,19 @@ def predict_step(profile: Profile, work: Workload, dp: int, pp: int, tp: int, ze
 
 
 def _rank_parts(timeline, split) -> dict:
-    """compute, tp and pp (send) seconds of the rank with the most busy time."""
+    """compute, tp, cp and pp (send) seconds of the rank with the most busy time."""
     best = None
     for row in timeline.events:
-        comp = tp = pp = 0.0
+        comp = tp = cp = pp = 0.0
         for a, start, end in row:
-            if a.kind in ("F", "B"):
-                c, t = split[a.stage][a.kind]
-                comp, tp = comp + c, tp + t
-            elif a.kind in ("I", "W"):
-                c, t = split[a.stage]["B"]
-                comp, tp = comp + c / 2, tp + t / 2
+            if a.kind in ("F", "B", "I", "W"):
+                c, t, x = split[a.stage]["B" if a.kind in ("I", "W") else a.kind]
+                half = 0.5 if a.kind in ("I", "W") else 1.0
+                comp, tp, cp = comp + c * half, tp + t * half, cp + x * half
             else:
                 pp += end - start
-        if best is None or comp + tp + pp > sum(best.values()):
-            best = {"compute_s": comp, "tp_s": tp, "pp_s": pp}
+        if best is None or comp + tp + cp + pp > sum(best.values()):
+            best = {"compute_s": comp, "tp_s": tp, "cp_s": cp, "pp_s": pp}
     return best
 
 
@@ -159,7 +215,8 @@ def gpt_workload(vocab: int, hidden: int, heads: int, ffn: int, layers: int, seq
     return Workload(layers=layers, layer_flops=layer_flops, layer_params=layer_params,
                     activation_bytes=tokens * hidden * BYTES.get(dtype, 4), tokens=tokens,
                     head_flops=2 * tokens * hidden * vocab, end_params=2 * vocab * hidden,
-                    tensors_per_layer=16, dtype=dtype, layer_kind="gpt_block")
+                    tensors_per_layer=16, dtype=dtype, layer_kind="gpt_block",
+                    attention=Attention(rows, seq, heads, heads, hidden // heads))
 
 
 def llama_workload(vocab: int, hidden: int, heads: int, kv_heads: int, ffn: int, layers: int, seq: int, rows: int,
@@ -174,7 +231,8 @@ def llama_workload(vocab: int, hidden: int, heads: int, kv_heads: int, ffn: int,
     return Workload(layers=layers, layer_flops=2 * tokens * matrices + 4 * rows * seq * seq * hidden,
                     layer_params=matrices + 2 * hidden, activation_bytes=tokens * hidden * BYTES.get(dtype, 4),
                     tokens=tokens, head_flops=2 * tokens * hidden * vocab, end_params=2 * vocab * hidden,
-                    tensors_per_layer=9, dtype=dtype, layer_kind="gpt_block")
+                    tensors_per_layer=9, dtype=dtype, layer_kind="gpt_block",
+                    attention=Attention(rows, seq, heads, kv_heads, hidden // heads))
 
 
 def mlp_workload(layers: int, hidden: int, rows: int, dtype: str = "float32") -> Workload:

@@ -62,3 +62,19 @@ def test_deepspeed_uneven_heads_read_the_registered_group_not_the_given_one(worl
                                        "suites.context_parallel.variants:DeepSpeedUlyssesWithoutSequenceGroup", 2, case)
     assert outcome == "fail" and any("rank 1" in p and "inLengthPerRank" in p for p in problems), problems[:2]
     assert _verdict(world_cache, conformance, "deepspeed-ulysses", 2, case)[0] == "pass"
+
+
+@pytest.mark.parametrize("name", ["ring-flash-attn", "yunchang"])
+def test_flash_attention_stacks_are_registered_and_say_why_they_do_not_run(name):
+    """ring-flash-attn and yunchang run flash-attn's fp16 / bf16 CUDA kernels: registered (a run names them),
+    skipped where the packages are missing, and unsupported in one sentence at the property's float64."""
+    from harness.adapters.flash_context_parallel import FlashContextParallel
+    from harness.contracts import Unsupported
+    from reference.models import GQAttention
+
+    impl = registry.resolve(name, "context_parallel")
+    reason = registry.skip_reason(impl)
+    assert reason is None or "not installed" in reason or "fails to import" in reason
+    with pytest.raises(Unsupported) as err:
+        FlashContextParallel(name).shard(GQAttention(8, 2, 1), None, "zigzag")
+    assert "float64" in str(err.value) and "\n" not in str(err.value)

@@ -166,3 +166,17 @@ def test_bad_inputs_exit_2_with_one_sentence(tmp_path, capsys):
     assert "the plan asks for 4 ranks" in capsys.readouterr().err and not (tmp_path / "r").exists()
     assert main(["calibrate", "--out", str(tmp_path / "x.json"), "--iters", "1"]) == 2
     assert "--iters must be >= 2" in capsys.readouterr().err
+
+
+def test_plan_ranks_context_parallel_layouts_by_predicted_time(tmp_path, capsys):
+    """``plan --cp 2 --profile``: every layout of the 8 ranks at cp = 2, each with its cp exchange."""
+    path = profile(8, overhead=1e-3).save(tmp_path / "p.json")
+    argv = [a if a != "8" or i != len(PLAN) - 1 else "4" for i, a in enumerate(PLAN)]  # dp 4 x cp 2
+    assert main([*argv, "--cp", "2", "--cp-algorithm", "ulysses", "--profile", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    ranked = out["layouts_by_predicted_time"]
+    assert ranked and all(e["layout"]["cp"] == 2 for e in ranked)
+    assert all(e["predicted_s"]["cp_s"] > 0 for e in ranked)
+    assert out["predicted_s"]["cp_s"] > 0 and out["layout"]["cp"] == 2
+    assert main([*argv, "--cp", "2", "--profile", str(path)]) == 0
+    assert "cp comm" in capsys.readouterr().out

@@ -99,3 +99,47 @@ def test_simulate_takes_per_stage_costs():
     # then stage 0's last B
     assert even.makespan == 9.0 and heavy.makespan == 1.0 + 2 * 3.0 + 2 * 6.0 + 2.0
     assert heavy.bubble_fraction > even.bubble_fraction
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "ulysses"])
+def test_context_parallel_step_by_hand(algorithm):
+    """cp = 2 alone, ZeRO 0, m microbatches: each rank computes half the tokens, each layer pays its cp exchange
+    forward and backward (the ring: 1 K/V block forward, 3 blocks backward, each one message; Ulysses: four
+    all-to-alls each way, priced as all-gathers of the same bytes), the gradients sync over cp."""
+    rate, m, cp = 1e10, 2, 2
+    prof = profile(2, rate=rate)
+    work = gpt_workload(512, 128, 8, 512, 4, 64, 2)
+    pred = predict_step(prof, work, 1, 1, 1, 0, "1f1b", m, cp=cp, cp_algorithm=algorithm)
+    fwd = (work.layers * work.layer_flops + work.head_flops) / cp
+    assert pred["compute_s"] == pytest.approx(m * 3 * fwd / rate, rel=ROUNDING)
+    local = 2 * (64 // cp) * 16 * 4  # rows x seq / cp x head_dim x fp32 bytes
+    if algorithm == "ring":
+        per_layer = (1 + 3) * prof.message_time("one_way", 2 * 8 * local, 2)  # K and V of 8 heads
+    else:
+        per_layer = 2 * 4 * prof.collective_time("all_gather", 2, 8 * local, 2)  # 8 heads each, 4 tensors
+    assert pred["cp_s"] == pytest.approx(m * work.layers * per_layer, rel=ROUNDING)
+    grads = (work.layers * work.layer_params + work.end_params) * 4
+    ar = prof.collective_time
+    dp = ar("all_reduce", 2, grads, 2) + (16 * work.layers - 1) * ar("all_reduce", 2, 0, 2)
+    assert pred["dp_s"] == pytest.approx(dp, rel=ROUNDING)
+    assert pred["sync_s"] == pytest.approx(ar("all_reduce", 2, 8, 2), rel=ROUNDING)
+    assert pred["tp_s"] == pred["pp_s"] == 0.0
+    assert pred["bubble_s"] == pytest.approx(0.0, abs=ROUNDING * pred["makespan_s"])  # makespan minus its parts
+    assert pred["step_s"] == pytest.approx(sum(pred[k] for k in PARTS), rel=ROUNDING)
+
+
+def test_context_parallel_with_every_dimension_adds_up():
+    prof = profile(8, overhead=1e-3)
+    pred = predict_step(prof, WORK, 1, 2, 2, 1, "1f1b", 4, recompute=True, cp=2)
+    assert pred["cp_s"] > 0 and pred["tp_s"] > 0 and pred["pp_s"] > 0
+    assert pred["makespan_s"] == pytest.approx(sum(pred[k] for k in ("compute_s", "tp_s", "cp_s", "pp_s", "bubble_s")),
+                                               rel=ROUNDING)
+    # a planted slow point-to-point message: the ring's exchange grows with it, Ulysses' (collectives) does not
+    slow = profile(8, p2p=1e-2)
+    ring, ulysses = (predict_step(slow, WORK, 2, 1, 2, 1, "1f1b", 2, cp=2, cp_algorithm=a)["cp_s"]
+                     for a in ("ring", "ulysses"))
+    assert ring > 10 * ulysses
+    with pytest.raises(ValueError, match="cp \\(3\\) must divide the sequence \\(64 tokens\\)"):
+        predict_step(profile(6), WORK, 1, 1, 2, 0, "1f1b", 2, cp=3)
+    with pytest.raises(ValueError, match="no attention"):
+        predict_step(profile(2), mlp_workload(4, 64, 16), 1, 1, 1, 0, "1f1b", 2, cp=2)
