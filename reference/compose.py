@@ -40,6 +40,7 @@ from torch import nn
 
 from .clipping import clip_grad_norm_
 from .context_parallel.layout import positions as sequence_positions
+from .data_parallel import NaiveDataParallel
 from .dimensions import (
     Pieces,
     Stage,
@@ -52,6 +53,7 @@ from .dimensions import (
     tensor_parallel,
 )
 from .dropout import DropoutKey, KeyedDropout
+from .expert_parallel.stack import StackMoE
 from .mixed_precision import DynamicLossScaler
 from .mixed_precision.zero import LOW
 from .models import GPT
@@ -85,7 +87,8 @@ class Parallel3D:
         rank = dist.get_rank()
         self.coords = coordinates(dims, rank)
         virtual = 2 if schedule == "interleaved" else 1
-        self.stages = shard_stages(model, dims, rank, groups["tp"], virtual, checkpointing, groups.get("cp"))
+        self.stages = shard_stages(model, dims, rank, groups["tp"], virtual, checkpointing, groups.get("cp"),
+                                   groups.get("ep"))
         self.schedule = generate(schedule, dims.pp, microbatches, virtual)
         self.block_bounds = stage_bounds(len(model.blocks), self.schedule.num_stages)
         self.hidden = model.embed.embedding_dim
@@ -94,7 +97,24 @@ class Parallel3D:
         """Low-precision parameters with fp32 masters (``reference.mixed_precision``)."""
         self.dp_group = groups.get("dp_cp", groups["dp"])
         """Where gradients are reduced and ZeRO shards: dp, or dp x cp (parameters are replicated over cp)."""
-        self.sync, self.optimizer = data_parallel(self.local, optimizer, zero_stage, self.dp_group, reduce_dtype)
+        self.moe = [m for m in self.local.modules() if isinstance(m, StackMoE)]
+        """This rank's mixture-of-experts layers (the moe family): their balance loss's weight is set per step."""
+        self.aux_coef = float(getattr(model, "aux_coef", 0.0))
+        self.experts = [p for p in self.local.parameters() if getattr(p, "expert_of", None) is not None]
+        """Parameters split over the EP group (ep > 1): reduced over the expert-data-parallel group instead."""
+        if self.experts and (zero_stage or self.mixed):
+            raise NotImplementedError("the reference stack's expert parallelism reduces the experts over their "
+                                      "expert-data-parallel group with ZeRO 0 in float32 / float64; sharding their "
+                                      "state (ZeRO 1/2, fp32 masters) over that group is not composed yet.")
+        dense = self.local if not self.experts else _Holding(
+            [p for p in self.local.parameters() if getattr(p, "expert_of", None) is None])
+        self.sync, self.optimizer = data_parallel(dense, optimizer, zero_stage, self.dp_group, reduce_dtype)
+        if self.experts:
+            # one device's expert gradient: the sum over its EDP group of what each EP group collected, / (dp cp)
+            # (``reference.expert_parallel``'s derivation): NaiveDataParallel divides by the EDP size (dp cp / ep),
+            # so each collected gradient is first divided by ep — without it, pytorch #160285's ep x
+            self.expert_sync = NaiveDataParallel(_Holding(self.experts), groups["edp"])
+            self.optimizer = optimizer.build(self.local.parameters())
         self.loss_scaler, self.max_grad_norm, self.norm_type = loss_scaler, max_grad_norm, norm_type
         self.accumulation = accumulation
         self.last_grad_norm: float | None = None
@@ -139,6 +159,8 @@ class Parallel3D:
 
         for p in self.local.parameters():
             p.grad = None
+        for moe in self.moe:  # the balance loss's gradient weight (``reference.expert_parallel.stack``)
+            moe.aux_weight, moe.sink = self.aux_coef * dims.cp * scale / per_replica, []
         loss = None
         for a in range(k):  # gradient accumulation: k pipeline passes, one reduction after the last
             part = slice(a * rows, (a + 1) * rows)
@@ -167,19 +189,33 @@ class Parallel3D:
             else:
                 self.optimizer.step() if self.zero_stage == 0 else self.sync.update()
         device = next(self.local.parameters()).device
-        value = torch.tensor([float(loss) if loss is not None and c.tp == 0 else 0.0], dtype=torch.float64,
-                             device=device)
-        # the last stage's replica losses (each cp rank's: its shard's mean), summed, then averaged over dp x cp
+        # each sequence's balance loss, summed over this rank's layers and micro-batches (on cp / tp rank 0:
+        # the other ranks of a sequence hold the same values)
+        aux = float(sum(float(v) for m in self.moe for v in m.sink)) if c.tp == 0 and c.cp == 0 else 0.0
+        value = torch.tensor([float(loss) if loss is not None and c.tp == 0 else 0.0] + ([aux] if self.moe else []),
+                             dtype=torch.float64, device=device)
+        # the last stage's replica losses (each cp rank's: its shard's mean), summed, then averaged over dp x cp;
+        # the balance losses summed over every layer and sequence, then averaged over the batch's sequences
         all_reduce_over(value, self.groups, kinds=("pp", "tp", "dp", "cp"))
-        return float(value) / (dims.dp * dims.cp)
+        balance = self.aux_coef * float(value[1]) / len(tokens) / dims.dp if self.moe else 0.0
+        return float(value[0]) / (dims.dp * dims.cp) + balance
 
     def _reduce(self, scale: float) -> list[torch.Tensor]:
         """The DP reduction; returns the gradients the optimizer steps from, divided by ``scale``."""
         if self.mixed:
             self.sync.reduce()
             return self.sync.unscale(scale)
+        if self.moe:  # an expert no token of this rank's reached has no gradient: zeros, as every peer reduces it
+            for p in self.local.parameters():
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
         if self.zero_stage == 0:
             self.sync.finish()
+            if self.experts:
+                for p in self.experts:
+                    if p.grad is not None:
+                        p.grad.mul_(1.0 / self.dims.ep)
+                self.expert_sync.finish()
             grads = [p.grad for p in self.local.parameters() if p.grad is not None]
         else:
             self.sync.reduce()
@@ -211,7 +247,13 @@ class Parallel3D:
         if self.zero_stage == 0 and not self.mixed:  # a tied head is the embedding's copy: counted once, there
             params = list(self.local.parameters())
             skip = {id(p): torch.zeros_like(p, dtype=torch.bool) for p in params if id(p) in copy_}
-            return params, {"tp_sharded": [p for p in params if id(p) in split], "counted": skip}
+            # an expert (ep > 1): one EP group's ranks hold every expert once — counted on EDP rank 0 (and TP
+            # rank 0: experts are replicated over TP), summed over dp x cp as a shard is
+            here = bool(self.experts) and dist.get_rank(self.groups["edp"]) == 0 and \
+                dist.get_rank(self.groups["tp"]) == 0
+            skip.update({id(p): torch.full_like(p, here, dtype=torch.bool) for p in self.experts})
+            return params, {"tp_sharded": [p for p in params if id(p) in split], "counted": skip,
+                            "dp_sharded": self.experts}
         flat, first = self.sync.flat, dist.get_rank(self.groups["tp"]) == 0
         counted = torch.zeros(flat.padded, dtype=torch.bool, device=flat.buffer.device)
         for p, view in zip(flat.params, flat.views(counted), strict=True):
@@ -226,6 +268,14 @@ class Parallel3D:
         """Ask the loss scaler about the unscaled gradients, with an inf or NaN on any rank seen by every
         rank (a max over the tp, pp and dp groups), so that all skip the step together."""
         return self.loss_scaler is None or self.loss_scaler.update_from(grads, self.clip_groups)
+
+
+class _Holding(nn.Module):
+    """Some of a module's parameters (the same objects) — what one data-parallel reduction covers."""
+
+    def __init__(self, params):
+        super().__init__()
+        self.held = nn.ParameterList(params)
 
 
 def parallelize(model: GPT, dims: ParallelDims, schedule: str = "1f1b", zero_stage: int = 0,

@@ -1,7 +1,7 @@
 """The dimensions of the reference stack, one function each, applied in one ordered pass over a family's
 model (``reference.compose`` makes the pass): ``tensor_parallel`` -> ``context_parallel`` ->
-``activation_checkpointing`` -> ``pipeline_split`` -> ``data_parallel`` (torchtitan's order; expert
-parallelism takes its place after context when it arrives). Each takes the model's ``Pieces`` and returns
+``expert_parallel`` -> ``activation_checkpointing`` -> ``pipeline_split`` -> ``data_parallel`` (torchtitan's
+order). Each takes the model's ``Pieces`` and returns
 them transformed — the one-device model is never modified; which module of a family splits how lives
 beside the family (``reference.models.sharding``)."""
 
@@ -96,6 +96,21 @@ def context_parallel(pieces: Pieces, cp_group, layout: str = "zigzag", algorithm
     return pieces
 
 
+def expert_parallel(pieces: Pieces, ep_group, cp_group) -> Pieces:
+    """Every MoE block's experts split over the EP group (``reference.expert_parallel.stack.StackMoE``: tokens
+    dispatched by all-to-all to their experts' ranks and combined back), and its sequence-wise balance loss
+    summed over the CP group (a sequence's tokens are spread over it). Blocks without a mixture of experts
+    are unchanged; so is everything with neither group."""
+    from .expert_parallel.stack import StackMoE
+
+    if ep_group is None and cp_group is None:
+        return pieces
+    for block in pieces.blocks:
+        if isinstance(getattr(block, "moe", None), StackMoE):
+            block.moe = StackMoE(block.moe, ep_group, cp_group)
+    return pieces
+
+
 def activation_checkpointing(pieces: Pieces, enabled: bool) -> Pieces:
     """Every block recomputed in backward (``reference.checkpoint``; recomputation reruns its TP collectives,
     in the same order on every TP rank)."""
@@ -138,13 +153,13 @@ def data_parallel(local: nn.Module, optimizer: OptimizerSpec, zero_stage: int, d
 
 
 def shard_stages(model: GPT, dims: ParallelDims, rank: int, tp_group, virtual: int,
-                 checkpointing: bool = False, cp_group=None) -> dict[int, Stage]:
+                 checkpointing: bool = False, cp_group=None, ep_group=None) -> dict[int, Stage]:
     """This rank's stages {index: Stage}, built from ``model``'s weights (``model`` is not modified): the
     dimensions in torchtitan's order — tensor, context, activation checkpointing, the pipeline split (data /
     ZeRO applies to the stages: ``data_parallel``) — with one dropout key for every dropout of the stages."""
     dims.check(dims.world_size, model.heads, len(model.blocks))
     pieces = context_parallel(tensor_parallel(pieces_of(model), tp_group), cp_group)
-    pieces = activation_checkpointing(pieces, checkpointing)
+    pieces = activation_checkpointing(expert_parallel(pieces, ep_group, cp_group), checkpointing)
     stages = pipeline_split(pieces, dims, rank, virtual)
     key = DropoutKey(model.dropout_key.seed)
     for stage in stages.values():

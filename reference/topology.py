@@ -29,8 +29,17 @@ class ParallelDims:
     cp: int = 1
     """Context-parallel ranks: the sequence split over them (``reference.context_parallel``); parameters are
     replicated over cp, their gradients reduced — and ZeRO's shards split — over dp x cp."""
+    ep: int = 1
+    """Expert-parallel ranks (not a dimension of its own: it divides dp x cp, as torchtitan and Megatron lay
+    it out): each data x context group's ranks in EP groups of ``ep`` consecutive ones, the experts split
+    over each EP group, an expert's replicas — its expert-data-parallel group — one rank of each EP group."""
 
     def __post_init__(self):
+        if not isinstance(self.ep, int) or isinstance(self.ep, bool) or self.ep < 1:
+            raise ValueError(f"ep must be a whole number >= 1; got {self.ep!r}.")
+        if (self.dp * self.cp) % self.ep:
+            raise ValueError(f"ep ({self.ep}) must divide dp x cp ({self.dp} x {self.cp} = {self.dp * self.cp}): the "
+                             "experts are split over data- and context-parallel ranks.")
         for name in ORDER:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -102,12 +111,16 @@ def layout(dims: ParallelDims) -> dict[str, list[list[int]]]:
     when cp > 1), "dp_cp" (data and context together: where gradients are reduced and ZeRO shards when
     cp > 1) and "embed" (Megatron's embedding group): the first and the last pipeline rank of each other
     coordinate, which hold the input embedding and the LM head — tied weights' gradients are summed over it
-    (one rank when pp = 1)."""
+    (one rank when pp = 1); with ep > 1, "ep" and "edp" (``ParallelDims.ep``)."""
     names = [n for n in reversed(ORDER) if n != "cp" or dims.cp > 1]  # tp, (cp,) pp, dp: the order groups are made
     out = {name: groups_along(dims, name) for name in names}
     if dims.cp > 1:
         out["dp_cp"] = groups_along(dims, "dp", "cp")
     out["embed"] = [sorted({g[0], g[-1]}) for g in out["pp"]]
+    if dims.ep > 1:  # within each data x context group: EP groups of consecutive ranks, EDP groups across them
+        base = out.get("dp_cp", out["dp"])
+        out["ep"] = [g[i:i + dims.ep] for g in base for i in range(0, len(g), dims.ep)]
+        out["edp"] = [g[j::dims.ep] for g in base for j in range(dims.ep)]
     return out
 
 

@@ -22,7 +22,7 @@ _GROUPS: dict = {}
 
 
 class ReferenceStack:
-    description = "ours: reference.compose.Parallel3D (TP, CP on Llama, pipeline, DP / ZeRO 0-2), both families"
+    description = "ours: reference.compose.Parallel3D (TP, CP, EP on MoE, pipeline, DP / ZeRO 0-2), every family"
 
     def build(self, spec, layout, recipe, group=None):
         if group is not None and group is not dist.group.WORLD and dist.get_world_size(group) != dist.get_world_size():
@@ -36,7 +36,17 @@ class ReferenceStack:
         if layout.zero == 3:
             raise Unsupported("the reference stack shards up to ZeRO 2 (optimizer state and gradients) with "
                               "pipeline parallelism; ZeRO 3 is not composed.")
-        if layout.cp > 1 and spec.family != "llama":
+        if layout.ep > 1 and spec.family != "moe":
+            raise ValueError(f"ep ({layout.ep}) splits experts: the {spec.family} family has none (the moe family "
+                             "has).")
+        if layout.ep > 1 and spec.experts % layout.ep:
+            raise ValueError(f"the {spec.experts} experts do not split evenly over ep = {layout.ep}: each EP rank "
+                             f"holds E / ep of them; choose an ep that divides {spec.experts}.")
+        if layout.ep > 1 and (layout.zero or spec.dtype in ("bfloat16", "float16")):
+            raise Unsupported("the reference stack's expert parallelism reduces the experts over their expert-data-"
+                              "parallel group with ZeRO 0 in float32 / float64; sharding their state (ZeRO 1/2, fp32 "
+                              "masters) over that group is not composed yet.")
+        if layout.cp > 1 and spec.family not in ("llama", "moe"):
             raise Unsupported("the reference stack's context parallelism splits the Llama family's attention "
                               f"(grouped-query heads, rotary positions), not the {spec.family} family's.")
         if spec.dtype == "float16" and recipe.loss_scale is None:
@@ -56,7 +66,7 @@ class ReferenceStackTrainer(BuiltFromDense):
         from reference.topology import ParallelDims, build_groups
 
         self.spec, self.layout, self.recipe = spec, layout, recipe
-        self.dims = ParallelDims(layout.dp, layout.pp, layout.tp, cp=layout.cp)
+        self.dims = ParallelDims(layout.dp, layout.pp, layout.tp, cp=layout.cp, ep=layout.ep)
         self.dims.check(dist.get_world_size(), spec.heads, spec.layers)
         if self.dims not in _GROUPS:  # created once per layout and rank process (collectively, in build)
             _GROUPS[self.dims] = build_groups(self.dims, dist.get_rank())

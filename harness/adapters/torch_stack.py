@@ -44,6 +44,9 @@ class TorchStack:
 def _unsupported(spec, layout, recipe) -> str | None:
     if spec.extra or layout.extra:
         return f"the torch stack does not know {', '.join(sorted({**spec.extra, **layout.extra}))}."
+    if spec.family == "moe" or layout.ep > 1:
+        return ("the torch stack here trains the gpt and llama families (torch has no mixture-of-experts layer of "
+                "its own; torchtitan's is the torchtitan stack's).")
     if layout.cp > 1:
         return ("the torch stack has no context parallelism here (torch's context_parallel cannot run on a CPU: "
                 "suites/context_parallel/test_third_party.py).")

@@ -48,11 +48,15 @@ class Layout:
     cp: int = 1
     """Context-parallel ranks: each takes its zigzag shard of the sequence (rank r: chunks r and 2 cp - 1 - r
     of 2 cp); parameters replicated over cp, gradients reduced — and FSDP / ZeRO sharded — over dp x cp."""
+    ep: int = 1
+    """Expert-parallel ranks (the moe family): dividing dp x cp (torchtitan's and Megatron's layout), each
+    MoE layer's experts split over EP groups of ep consecutive data x context ranks, an expert's replicas
+    (its expert-data-parallel group) one rank of each EP group."""
     extra: dict = field(default_factory=dict, hash=False, compare=False)
-    """Dimensions of later issues ({"cp": 2}, {"ep": 2}): a stack refuses keys it does not know."""
+    """Dimensions of later issues: a stack refuses keys it does not know."""
 
     def __post_init__(self):
-        for name in ("dp", "pp", "tp", "cp"):
+        for name in ("dp", "pp", "tp", "cp", "ep"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a whole number >= 1; got {value!r}.")
@@ -60,6 +64,9 @@ class Layout:
             raise ValueError(f"zero must be 0, 1, 2 or 3; got {self.zero!r}.")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}; got {self.schedule!r}.")
+        if (self.dp * self.cp) % self.ep:
+            raise ValueError(f"ep ({self.ep}) must divide dp x cp ({self.dp * self.cp}): experts split over data- and "
+                             "context-parallel ranks.")
 
     @property
     def world_size(self) -> int:
@@ -70,7 +77,8 @@ class Layout:
         return self.microbatches or 2 * self.pp
 
     def label(self) -> str:
-        return f"{self.dp}x{self.pp}x{self.tp}" + (f"-cp{self.cp}" if self.cp > 1 else "")
+        return f"{self.dp}x{self.pp}x{self.tp}" + (f"-cp{self.cp}" if self.cp > 1 else "") + \
+            (f"-ep{self.ep}" if self.ep > 1 else "")
 
 
 @dataclass(frozen=True)

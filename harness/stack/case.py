@@ -55,9 +55,13 @@ def _one_device(spec, recipe, seed: int, tokens, targets, steps: int) -> list[di
     out = []
     for step in range(steps):
         model.dropout_key.step = step
+        margin = model.routing_margin(tokens) if hasattr(model, "routing_margin") else math.inf
         opt.zero_grad()
         loss = model.loss(tokens, targets)
         loss.backward()
+        for p in model.parameters():  # an expert no token reached: a zero gradient (as every stack's DP buckets
+            if p.grad is None:        # hold it), so its momentum carries on as in every stack, not skipped
+                p.grad = torch.zeros_like(p)
         grads = [p.grad for p in model.parameters()]
         spread = math.sqrt(sum(g.numel() * float(g.abs().max()) ** 2 for g in grads))
         norm = None
@@ -66,7 +70,8 @@ def _one_device(spec, recipe, seed: int, tokens, targets, steps: int) -> list[di
         opt.step()
         state = {n: {k: opt.state[p][k].detach().clone() for k in recipe.optimizer.state_keys}
                  for n, p in model.named_parameters()}
-        out.append({"loss": float(loss.detach()), "norm": norm, "numel": sum(g.numel() for g in grads),
+        out.append({"loss": float(loss.detach()), "norm": norm, "margin": margin,
+                    "numel": sum(g.numel() for g in grads),
                     "spread": spread / max(norm or 1e-300, 1e-300) if norm else 0.0, "optimizer": state,
                     # state_dict's names: a tied head's weight under both of its names, as load_dense is given it
                     "params": {n: t.detach().clone() for n, t in model.state_dict().items()}})
@@ -166,7 +171,7 @@ def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int 
         if not abs(a - b) <= bound(k + 1, tokens.numel(), spec, n) * abs(b):
             problems.append(f"rank {r}: loss after step {k + 1}: {a!r} vs one device {b!r}")
     return {"refused": None, "unsupported": False, "problems": problems, "worst": worst, "bound": limit,
-            "losses": losses}
+            "losses": losses, "margin": min(w["margin"] for w in want)}
 
 
 def verdict(per_rank: list[dict]) -> tuple[str, str | None, list[str]]:

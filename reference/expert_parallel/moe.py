@@ -68,6 +68,38 @@ class SumForwardIdentityBackward(torch.autograd.Function):
         return grad, None
 
 
+def dispatch_combine(x, weights, experts, local_experts, first: int, ep_group, combine_dispatched: bool = False):
+    """The routed experts' weighted sum for this rank's tokens x (T, hidden), its experts ``local_experts``
+    (global ids ``first`` ...) over ``ep_group``: count the (token, slot) assignments per destination EP rank,
+    exchange the counts, then the rows and their expert ids (variable splits: a rank may send or receive
+    nothing), run each local expert on the rows it received, send the outputs back, combine each into its
+    token weighted by its routing weight. Returns (y, (sent, received) assignments per EP rank, (the rows this
+rank received, the token each sent row came from))."""
+    ep, local = dist.get_world_size(ep_group), len(local_experts)
+    tokens = torch.arange(len(x), device=x.device)[:, None].expand_as(experts).flatten()
+    flat_experts, flat_weights = experts.flatten(), weights.flatten()
+    order = torch.argsort(flat_experts // local, stable=True)  # by destination EP rank
+    tokens, flat_experts, flat_weights = tokens[order], flat_experts[order], flat_weights[order]
+    send = torch.bincount(flat_experts // local, minlength=ep)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=ep_group)  # the counts first
+    send_l, recv_l = send.tolist(), recv.tolist()
+    rows = AllToAllV.apply(x[tokens], send_l, recv_l, ep_group)
+    ids = _exchange(flat_experts[:, None].to(torch.int64), send_l, recv_l, ep_group)[:, 0]
+    # rows x 0, not zeros: the outputs stay in the graph of the received rows even where no expert runs
+    # (a rank that receives nothing), so every rank takes part in both all-to-alls' backward
+    out = rows * 0.0
+    for i, expert in enumerate(local_experts):
+        mine = torch.nonzero(ids == first + i, as_tuple=True)[0]
+        if len(mine):
+            out = out.index_copy(0, mine, expert(rows[mine]))
+    back = AllToAllV.apply(out, recv_l, send_l, ep_group)
+    combine_at = torch.arange(len(tokens), device=x.device) % len(x) if combine_dispatched \
+        else tokens  # planted: the dispatched rows' positions taken as token ids
+    y = torch.zeros_like(x).index_add(0, combine_at, flat_weights[:, None] * back)
+    return y, (send_l, recv_l), (rows, tokens)
+
+
 class ExpertParallelMoE(nn.Module):
     """forward(x (T_local, hidden)) -> (this rank's rows of the dense layer's output, the load-balancing loss
     over the whole group's tokens). ``planted``: the bugs the suite plants (each a keyword)."""
@@ -101,32 +133,12 @@ class ExpertParallelMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         weights, experts, balance = route(self.router(x), self.top_k, self.scoring, self.renormalize, self.bias)
-        tokens = torch.arange(len(x), device=x.device)[:, None].expand_as(experts).flatten()
-        flat_experts, flat_weights = experts.flatten(), weights.flatten()
-        order = torch.argsort(flat_experts // self.local, stable=True)  # by destination EP rank
-        tokens, flat_experts, flat_weights = tokens[order], flat_experts[order], flat_weights[order]
-        send = torch.bincount(flat_experts // self.local, minlength=self.ep)
-        recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send, group=self.ep_group)  # the counts first
-        send_l, recv_l = send.tolist(), recv.tolist()
-        self.last_counts = (send_l, recv_l)
-        """(sent, received) assignments per EP rank of the last forward (``cost_model.ep_layer_comm_bytes``)."""
-        rows = AllToAllV.apply(x[tokens], send_l, recv_l, self.ep_group)
-        ids = _exchange(flat_experts[:, None].to(torch.int64), send_l, recv_l, self.ep_group)[:, 0]
-        # rows x 0, not zeros: the outputs stay in the graph of the received rows even where no expert runs
-        # (a rank that receives nothing), so every rank takes part in both all-to-alls' backward
-        out = rows * 0.0
-        for i, expert in enumerate(self.experts):
-            mine = torch.nonzero(ids == self.first + i, as_tuple=True)[0]
-            if len(mine):
-                out = out.index_copy(0, mine, expert(rows[mine]))
-        back = AllToAllV.apply(out, recv_l, send_l, self.ep_group)
-        combine_at = torch.arange(len(tokens), device=x.device) % len(x) if self.planted.get("combine_dispatched") \
-            else tokens  # planted: the dispatched rows' positions taken as token ids
-        y = torch.zeros_like(x).index_add(0, combine_at, flat_weights[:, None] * back)
+        y, self.last_counts, dispatched = dispatch_combine(
+            x, weights, experts, self.experts, self.first, self.ep_group,
+            combine_dispatched=bool(self.planted.get("combine_dispatched")))
         if self.shared is not None:  # on this rank's own tokens (planted: on the dispatched rows)
             y = y + (self.shared(x) if not self.planted.get("shared_on_dispatched")
-                     else _shared_on_dispatched(self.shared, x, rows, tokens))
+                     else _shared_on_dispatched(self.shared, x, *dispatched))
         return y, self._aux(balance, experts, len(x))
 
     def _aux(self, balance, experts, tokens: int) -> torch.Tensor:

@@ -4,7 +4,10 @@ names are the names every stack reports in.
 
 - ``gpt``: LayerNorm, GELU MLP, full multi-head attention with biases (``GPT``); also the small models
   the ZeRO and pipeline suites train (``mlp``, ``TransformerBlock``);
-- ``llama``: RMSNorm, rotary embedding, SwiGLU, grouped-query attention, no biases (``Llama``).
+- ``llama``: RMSNorm, rotary embedding, SwiGLU, grouped-query attention, no biases (``Llama``);
+- ``moe``: the Llama family with a mixture of experts in place of each SwiGLU (``MoELlama``: ``experts``
+  routed experts, ``top_k`` per token, ``shared_experts``, ``router`` scoring, the sequence-wise balance
+  loss weighted by ``aux_coef``).
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ import torch
 
 from .gpt import GPT, GPTBlock, TransformerBlock, mlp
 from .llama import GQAttention, Llama, LlamaBlock, RMSNorm, SwiGLU, attend_gqa, rotate
+from .moe_llama import MoEBlock, MoELlama
 
-FAMILIES = ("gpt", "llama")
+FAMILIES = ("gpt", "llama", "moe")
 
 
 @dataclass(frozen=True)
@@ -25,7 +29,7 @@ class ModelSpec:
     family, or a field value, it does not know refuses the spec in one sentence."""
 
     family: str = "gpt"
-    """"gpt" or "llama" (later families add theirs)."""
+    """"gpt", "llama" or "moe" (later families add theirs)."""
     vocab: int = 13
     hidden: int = 16
     layers: int = 4
@@ -44,6 +48,16 @@ class ModelSpec:
     precision recipe)."""
     dropout: float = 0.0
     """Keyed dropout probability (gpt; the stacks draw one device's masks)."""
+    experts: int = 4
+    """Routed experts per MoE layer (moe)."""
+    top_k: int = 2
+    """Experts each token is routed to (moe)."""
+    shared_experts: int = 0
+    """Shared experts, every token's (moe): one SwiGLU of shared_experts x ffn."""
+    router: str = "softmax"
+    """The router's scoring (moe): "softmax" (top-k of the softmax, renormalised) or "sigmoid" (DeepSeek-V3)."""
+    aux_coef: float = 0.01
+    """The sequence-wise load-balancing loss's weight (moe)."""
     extra: dict = field(default_factory=dict, hash=False, compare=False)
     """Fields of later families (mixture of experts, long sequences): a stack refuses keys it does not know."""
 
@@ -59,6 +73,15 @@ class ModelSpec:
         if self.hidden % self.heads or self.heads % kv or kv < 1:
             raise ValueError(f"hidden ({self.hidden}) must divide by heads ({self.heads}) and heads by kv_heads "
                              f"({kv}).")
+        if self.family == "moe":
+            from .moe import SCORINGS
+
+            if not 1 <= self.top_k <= self.experts:
+                raise ValueError(f"top_k must be between 1 and experts ({self.experts}); got {self.top_k}.")
+            if self.router not in SCORINGS:
+                raise ValueError(f"router must be one of {', '.join(SCORINGS)}; got {self.router!r}.")
+            if self.shared_experts < 0 or self.aux_coef < 0:
+                raise ValueError("shared_experts and aux_coef must be >= 0.")
         if self.family == "gpt" and kv != self.heads:
             raise ValueError(f"the gpt family has full multi-head attention: kv_heads must be heads ({self.heads}); "
                              f"got {kv}.")
@@ -74,6 +97,10 @@ class ModelSpec:
         if self.family == "gpt":
             return GPT(self.vocab, self.hidden, self.heads, self.ffn, self.layers, dtype, dropout=self.dropout,
                        tie_embeddings=self.tie_embeddings)
+        if self.family == "moe":
+            return MoELlama(self.vocab, self.hidden, self.heads, self.kv, self.ffn, self.layers, self.rope_theta,
+                            self.norm_eps, dtype, experts=self.experts, top_k=self.top_k, shared=self.shared_experts,
+                            scoring=self.router, aux_coef=self.aux_coef, tie_embeddings=self.tie_embeddings)
         return Llama(self.vocab, self.hidden, self.heads, self.kv, self.ffn, self.layers, self.rope_theta,
                      self.norm_eps, dtype, tie_embeddings=self.tie_embeddings)
 
@@ -81,5 +108,6 @@ class ModelSpec:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-__all__ = ["FAMILIES", "GPT", "GPTBlock", "GQAttention", "Llama", "LlamaBlock", "ModelSpec", "RMSNorm", "SwiGLU",
+__all__ = ["FAMILIES", "GPT", "GPTBlock", "GQAttention", "Llama", "LlamaBlock", "MoEBlock", "MoELlama",
+           "ModelSpec", "RMSNorm", "SwiGLU",
            "TransformerBlock", "attend_gqa", "mlp", "rotate"]

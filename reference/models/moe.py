@@ -57,6 +57,21 @@ def balance_loss(balance: torch.Tensor, experts: torch.Tensor, num_experts: int)
     return num_experts * (f * balance.mean(0)).sum()
 
 
+def row_balance(balance: torch.Tensor, experts: torch.Tensor, rows: int, num_experts: int):
+    """Per sequence (``rows`` equal runs of the T tokens): (assignments routed to each expert (rows, E), not
+    differentiable; the sum over the row's tokens of each expert's probability (rows, E)) — what a sequence's
+    load-balancing loss reads, summable over ranks that hold parts of one sequence."""
+    onehot = torch.nn.functional.one_hot(experts.reshape(rows, -1), num_experts).to(balance.dtype)
+    return onehot.sum(1).detach(), balance.reshape(rows, -1, num_experts).sum(1)
+
+
+def row_balance_loss(counts: torch.Tensor, psum: torch.Tensor, tokens: int, k: int) -> torch.Tensor:
+    """Each sequence's E x sum_i f_i P_i (rows,), from ``row_balance``'s sums over its ``tokens`` tokens:
+    f_i = counts_i / (tokens k), P_i = psum_i / tokens (DeepSeek-V3's sequence-wise balance loss)."""
+    E = counts.shape[-1]
+    return E * (counts / (tokens * k) * psum / tokens).sum(-1)
+
+
 def kept_assignments(experts: torch.Tensor, num_experts: int, capacity_factor: float | None) -> torch.Tensor:
     """(T, k) bool: which assignments an expert takes — all (dropless), or the first ceil(factor T k / E)
     routed to each expert in (token, slot) order."""
@@ -67,6 +82,17 @@ def kept_assignments(experts: torch.Tensor, num_experts: int, capacity_factor: f
     onehot = torch.nn.functional.one_hot(flat, num_experts)
     rank_in_expert = (onehot.cumsum(0) * onehot).sum(-1) - 1  # 0-based arrival order at its expert
     return (rank_in_expert < capacity).view_as(experts)
+
+
+def routed_sum(x, weights, experts, modules, kept: torch.Tensor | None = None) -> torch.Tensor:
+    """sum over each token's (kept) slots of weight x expert(token), the experts ``modules`` (ids 0 ..)."""
+    y = torch.zeros_like(x)
+    for e, expert in enumerate(modules):
+        chosen = experts == e if kept is None else (experts == e) & kept
+        tokens, slots = torch.nonzero(chosen, as_tuple=True)
+        if len(tokens):
+            y = y.index_add(0, tokens, weights[tokens, slots, None] * expert(x[tokens]))
+    return y
 
 
 class MoE(nn.Module):
@@ -86,7 +112,7 @@ class MoE(nn.Module):
         self.router = nn.Linear(hidden, experts, bias=False, dtype=dtype)
         self.experts = nn.ModuleList(SwiGLU(hidden, ffn, dtype) for _ in range(experts))
         self.shared = SwiGLU(hidden, ffn * shared, dtype) if shared else None
-        self.register_buffer("bias", torch.zeros(experts, dtype=dtype))
+        self.register_buffer("bias", torch.zeros(experts, dtype=dtype), persistent=False)
 
     def route(self, x: torch.Tensor):
         return route(self.router(x), self.top_k, self.scoring, self.renormalize, self.bias)
@@ -94,11 +120,7 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         weights, experts, balance = self.route(x)
         kept = kept_assignments(experts, self.num_experts, self.capacity_factor)
-        y = torch.zeros_like(x)
-        for e, expert in enumerate(self.experts):
-            tokens, slots = torch.nonzero((experts == e) & kept, as_tuple=True)
-            if len(tokens):
-                y = y.index_add(0, tokens, weights[tokens, slots, None] * expert(x[tokens]))
+        y = routed_sum(x, weights, experts, self.experts, kept)
         if self.shared is not None:
             y = y + self.shared(x)
         return y, balance_loss(balance, experts, self.num_experts)

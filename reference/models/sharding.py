@@ -138,6 +138,26 @@ class ParallelLlamaBlock(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+class ParallelMoEBlock(nn.Module):
+    """The MoE family's block over a TP group: the attention split as the Llama family's, the norms and the
+    mixture of experts replicated over TP (every TP rank routes and computes the same tokens; expert
+    parallelism splits the experts over the data x context parallel ranks: ``reference.dimensions.
+    expert_parallel``)."""
+
+    def __init__(self, block, tp_group):
+        from ..expert_parallel.stack import StackMoE
+
+        super().__init__()
+        self.attn_norm, self.mlp_norm = copy.deepcopy(block.attn_norm), copy.deepcopy(block.mlp_norm)
+        self.attn = ParallelGQAttention(block.attn, tp_group)
+        self.moe = StackMoE(block.moe)
+
+    def forward(self, x, positions: torch.Tensor | None = None):
+        positions = positions if positions is not None else torch.arange(x.shape[1], device=x.device)
+        x = x + self.attn(self.attn_norm(x), positions)
+        return x + self.moe(self.mlp_norm(x))
+
+
 def check_heads(heads: int, kv_heads: int, tp: int) -> None:
     """One sentence for a tp the attention cannot be split over: tp must divide the query heads, and
     divide the KV heads or be a multiple of them (each KV head then replicated tp / kv_heads times)."""
@@ -150,12 +170,16 @@ def check_heads(heads: int, kv_heads: int, tp: int) -> None:
 
 def tp_block(block: nn.Module, tp_group) -> nn.Module:
     """``block`` of any family, split over ``tp_group``."""
+    from .moe_llama import MoEBlock
+
+    if isinstance(block, MoEBlock):
+        return ParallelMoEBlock(block, tp_group)
     if isinstance(block, LlamaBlock):
         return ParallelLlamaBlock(block, tp_group)
     if isinstance(block, GPTBlock):
         return ParallelGPTBlock(block, tp_group)
-    raise ValueError(f"no tensor-parallel split for a {type(block).__name__}: the stack trains the gpt and llama "
-                     "families.")
+    raise ValueError(f"no tensor-parallel split for a {type(block).__name__}: the stack trains the gpt, llama "
+                     "and moe families.")
 
 
 def counted_here(module: nn.Module) -> list[nn.Parameter]:

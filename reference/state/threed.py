@@ -73,6 +73,9 @@ def tensor_map(trainer) -> list[tuple[nn.Parameter, str, tuple[int, ...], tuple[
                     off, held, dense = (slot * shape[0], 0), shape, (slots * shape[0], shape[1])
                 else:  # replicated: LayerNorms, a row-parallel layer's bias
                     held, dense = shape, shape
+                if getattr(p, "expert_of", None) is not None:  # an expert split over EP: its global number
+                    local, expert = p.expert_of
+                    name = name.replace(f".experts.{local}.", f".experts.{expert}.", 1)
                 entries[id(p)] = (p, name, off, held, dense)
     return [entries[id(p)] for p in trainer.local.parameters()]
 
@@ -112,22 +115,36 @@ def _values(trainer) -> list[torch.Tensor]:
 
 
 def rank_shards(trainer) -> list[Shard]:
-    """This rank's share of the training state: its DP range of its local parameters and their state."""
+    """This rank's share of the training state: its DP range of its local parameters and their state (an
+    expert split over EP: its range among the expert's replicas, the expert-data-parallel group)."""
     entries = tensor_map(trainer)
-    group = getattr(trainer, "dp_group", trainer.groups["dp"])  # dp x cp under context parallelism
-    dp, r = dist.get_world_size(group), dist.get_rank(group)
-    numel = sum(p.numel() for p, *_ in entries)
-    size = -(-numel // dp)
-    lo, hi = r * size, min((r + 1) * size, numel)
     keys = trainer.spec.state_keys
     states = {key: _state_of(trainer, key) for key in keys}
     values = _values(trainer)
-    shards, base = [], 0
+    shards = []
     if "step" in trainer.spec.extra_state and dist.get_rank() == 0:
         steps = [st["step"] for st in trainer.optimizer.state.values() if "step" in st]
         if steps:
             shards.append(Shard("optim/step", steps[0].detach().to(torch.float32).reshape(()), (), ()))
-    for i, (p, name, off, held, dense) in enumerate(entries):
+    experts = [getattr(p, "expert_of", None) is not None for p, *_ in entries]
+    dense_group = getattr(trainer, "dp_group", trainer.groups["dp"])  # dp x cp under context parallelism
+    for group, take in ((dense_group, False), (trainer.groups.get("edp"), True)):
+        mine = [i for i, e in enumerate(experts) if e == take]
+        if mine:
+            shards += _ranged(entries, mine, group, values, states, keys)
+    return shards
+
+
+def _ranged(entries, which: list[int], group, values, states, keys) -> list[Shard]:
+    """The shards of ``entries[which]`` (replicated over ``group``) this rank writes: its range [r S, (r + 1) S)
+    of their flat numbering, S = ceil(numel / group size) — the range ZeRO 1/2 shards."""
+    dp, r = dist.get_world_size(group), dist.get_rank(group)
+    numel = sum(entries[i][0].numel() for i in which)
+    size = -(-numel // dp)
+    lo, hi = r * size, min((r + 1) * size, numel)
+    shards, base = [], 0
+    for i in which:
+        p, name, off, held, dense = entries[i]
         a, b = max(lo, base) - base, min(hi, base + p.numel()) - base
         base += p.numel()
         for box_off, box_len in flat_range_to_boxes(p.shape, a, b):

@@ -93,3 +93,49 @@ class CPGradientsNotReduced(ReferenceStack):
     def build(self, spec, layout, recipe, group=None):
         super().build(spec, layout, recipe, group)
         return _NotReducedOverCP(spec, layout, recipe)
+
+
+class _MoEPlanted(ReferenceStackTrainer):
+    bug = ""
+
+    def _build(self, model):
+        trainer = super()._build(model)
+        if self.bug == "divided_by_edp":  # the expert sum / (dp cp / ep) instead of / (dp cp): ep x too large
+            finish, experts, ep = trainer.expert_sync.finish, trainer.experts, self.layout.ep
+
+            def finish_without_the_ep():
+                for p in experts:
+                    p.grad.mul_(ep)
+                finish()
+            trainer.expert_sync.finish = finish_without_the_ep
+        elif self.bug == "over_whole_group":  # experts reduced over dp x cp: other experts' gradients added in
+            trainer.expert_sync.group = trainer.dp_group
+        for moe in trainer.moe:
+            if self.bug == "aux_per_shard":
+                moe.planted["aux_per_shard"] = True
+            elif self.bug == "aux_not_in_backward":  # the loss reports the balance loss; its gradient is dropped
+                forward = moe.forward
+                moe.forward = lambda x, forward=forward, moe=moe: (setattr(moe, "aux_weight", 0.0), forward(x))[1]
+        return trainer
+
+
+def _moe_planted(bug: str, doc: str):
+    trainer = type(f"_MoE_{bug}", (_MoEPlanted,), {"bug": bug})
+
+    class Planted(ReferenceStack):
+        __doc__ = doc
+
+        def build(self, spec, layout, recipe, group=None):
+            super().build(spec, layout, recipe, group)
+            return trainer(spec, layout, recipe)
+    return Planted
+
+
+MoEExpertsDividedByEDP = _moe_planted("divided_by_edp", "Planted bug: expert gradients divided by the expert-data-"
+                                      "parallel size, not the whole data-parallel size (pytorch #160285's 2x at ep 2).")
+MoEExpertsOverWholeGroup = _moe_planted("over_whole_group", "Planted bug: expert gradients reduced over the whole "
+                                        "data x context group (each slot adds other experts' gradients).")
+MoEAuxPerShard = _moe_planted("aux_per_shard", "Planted bug: under cp, each rank's balance loss over its own shard of "
+                              "a sequence (its counts and probabilities never summed over cp).")
+MoEAuxNotInBackward = _moe_planted("aux_not_in_backward", "Planted bug: the balance loss is reported but never back-"
+                                   "propagated (the router's gradient misses it; the loss looks right).")
