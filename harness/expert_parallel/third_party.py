@@ -1,0 +1,66 @@
+"""Rank side of the third-party reports: DeepSpeed's MoE layer against one device, part by part
+(``harness.adapters.deepspeed_moe`` says what it defines differently and why the comparison is float32)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..layer_case import off
+from ..rank import rank_device
+from .case import U64, Case, _dense, _inputs, bound
+
+U32 = 2.0**-24
+
+
+def deepspeed_aux(dense, x: torch.Tensor) -> torch.Tensor:
+    """DeepSpeed's ``l_aux`` on the tokens ``x`` (its definition, ``sharded_moe.top1gating`` / ``top2gating``):
+    top-1 E sum_i P_i c1_i, top-2 E^2 mean_i(P_i c1_i) — P the mean gate probability, c1 the fraction of
+    first choices."""
+    probs = torch.softmax(dense.router(x).float(), dim=-1)
+    first = torch.nn.functional.one_hot(probs.argmax(-1), dense.num_experts).float().mean(0)
+    E = dense.num_experts
+    return E * (probs.mean(0) * first).sum() if dense.top_k == 1 else E * E * (probs.mean(0) * first).mean()
+
+
+def deepspeed_moe_report(case_dict: dict) -> dict:
+    """{part: largest relative difference} and the float32 bound, this rank: the output, the aux, the input
+    gradient, the router's and every expert's gradient of sum(y g) + aux — held to one device computing the aux
+    as DeepSpeed defines it (each rank's own tokens: ``deepspeed_aux``, summed over the ranks) — and how far
+    its aux is from the contract's (the group's tokens, every assignment counted)."""
+    from ..adapters.deepspeed_moe import DeepSpeedMoE
+
+    case = Case(**case_dict)
+    n, r, device = dist.get_world_size(), dist.get_rank(), rank_device()
+    dense = _dense(case, n, device)
+    x, g = _inputs(case, n, dense, device)
+    dense, x, g = dense.float(), x.float(), g.float()
+    xd = x.clone().requires_grad_()
+    y, aux_contract = dense(xd)
+    each = [deepspeed_aux(dense, xd[i * case.tokens:(i + 1) * case.tokens]) for i in range(n)]
+    ((y * g).sum() + sum(each)).backward()
+    want = {k: p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+            for k, p in dense.named_parameters()}
+    rows = slice(r * case.tokens, (r + 1) * case.tokens)
+    aux_ds = each[r].detach()
+    dense.zero_grad(set_to_none=True)
+    module = DeepSpeedMoE().shard(dense, dist.group.WORLD, case.ep)
+    x_local = x[rows].clone().requires_grad_()
+    y_local, aux_local = module(x_local)
+    ((y_local * g[rows]).sum() + aux_local).backward()
+    got = module.full_grads(dist.group.WORLD)
+    limit = bound(case, n) * U32 / U64  # the same term counts, in float32 (the gate's precision)
+    parts = {"output": (y_local, y[rows]), "input gradient": (x_local.grad, xd.grad[rows]),
+             "router gradient": (got["router.weight"], want["router.weight"])}
+    parts.update({f"gradient {k}": (got.get(k), v) for k, v in want.items() if k.startswith("experts.")})
+    parts["aux (DeepSpeed's definition)"] = (aux_local.reshape(1), aux_ds.reshape(1))
+    out, problems = {}, []
+    for what, (a, b) in parts.items():
+        if a is None:
+            problems.append(f"rank {r}: {what}: missing")
+            continue
+        rel, lines = off(what, a.detach(), b.detach(), limit)
+        out[what], problems = rel, problems + [f"rank {r}: {p}" for p in lines]
+    contract = float(aux_contract.detach())
+    out["aux vs the contract's"] = abs(float(aux_local.detach()) - contract) / abs(contract)
+    return {"parts": out, "problems": problems, "bound": limit}

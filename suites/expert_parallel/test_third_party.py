@@ -1,0 +1,59 @@
+"""DeepSpeed's MoE layer (``deepspeed.moe.layer.MoE``) against one device, part by part.
+
+DeepSpeed computes its gate in float32 whatever the model's dtype, and its auxiliary loss is its own: over
+each rank's tokens, and for top-2 over first choices only (harness/adapters/deepspeed_moe.py). So it is not
+run under the contract's float64 property (it could not pass, and no bug would be the reason); here, in
+float32, dropless, without the Gumbel-sampled second expert, every part is held to one device computing the
+aux as DeepSpeed defines it — the output, the aux, the input gradient, the router's and every expert's
+gradient — within harness/expert_parallel/case.py's bound in float32 units; and a watch holds that its aux
+is not the contract's (it fails when DeepSpeed's definition changes). What it does not compute is
+unsupported in one sentence: a shared expert, sigmoid scores, a renormalised top-1.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import registry
+from harness.expert_parallel.case import Case, as_dict
+from harness.expert_parallel.third_party import deepspeed_moe_report
+from harness.registry import ImplSpec
+
+DEEPSPEED = registry.skip_reason(ImplSpec("deepspeed-moe", "expert_parallel", "x:y", requires=("deepspeed",)))
+pytestmark = pytest.mark.skipif(bool(DEEPSPEED), reason=f"DeepSpeed MoE: {DEEPSPEED}")
+
+CASES = [(2, Case(top_k=2)),                                # top-2 over ep 2
+         (2, Case(top_k=1, renormalize=False, skew=True)),  # top-1, every token to EP rank 0: rank 1 gets none
+         (4, Case(top_k=2, ep=2))]                          # two expert-data-parallel replicas
+
+
+@pytest.mark.parametrize("n, case", CASES, ids=[c.label() for _, c in CASES])
+def test_deepspeed_moe_equals_one_device_under_its_own_aux(n, case, world_cache, conformance):
+    per_rank = world_cache.get(n).run(deepspeed_moe_report, as_dict(case), timeout=180)
+    problems = [p for r in per_rank for p in r["problems"]]
+    worst = max(v for r in per_rank for k, v in r["parts"].items() if k != "aux vs the contract's")
+    conformance.record("fail" if problems else "pass", suite="expert_parallel", world_size=n, dtype="float32",
+                       impl="deepspeed-moe", collective=f"deepspeed-aux/{case.label()}", max_rel_err=worst,
+                       detail=" | ".join(problems[:1]))
+    assert not problems, problems[:4]
+    # watch: DeepSpeed's aux is over the rank's own tokens (and top-2's first choices), not the contract's
+    away = max(r["parts"]["aux vs the contract's"] for r in per_rank)
+    conformance.record("known-nonconformance", suite="expert_parallel", world_size=n, dtype="float32",
+                       impl="deepspeed-moe", collective=f"contract-aux/{case.label()}", max_rel_err=away,
+                       detail="l_aux over each rank's tokens (top-2: first choices only), not the group's")
+    assert away > 100 * per_rank[0]["bound"], away
+
+
+@pytest.mark.parametrize("case, needle", [
+    (Case(shared=1, top_k=2), "no shared expert"),
+    (Case(scoring="sigmoid", top_k=2), "softmax only"),
+    (Case(top_k=1), "weights a top-1 expert by its probability")], ids=["shared", "sigmoid", "top1-renormalised"])
+def test_what_deepspeed_moe_does_not_compute_is_unsupported(case, needle):
+    from harness.adapters.deepspeed_moe import DeepSpeedMoE
+    from harness.contracts import Unsupported
+    from reference.models.moe import MoE
+
+    dense = MoE(case.hidden, case.ffn, case.experts, case.top_k, case.shared, case.scoring, case.renormalize)
+    with pytest.raises(Unsupported, match=needle) as err:
+        DeepSpeedMoE().shard(dense, None, 2)
+    assert "\n" not in str(err.value)
