@@ -64,3 +64,36 @@ def deepspeed_moe_report(case_dict: dict) -> dict:
     contract = float(aux_contract.detach())
     out["aux vs the contract's"] = abs(float(aux_local.detach()) - contract) / abs(contract)
     return {"parts": out, "problems": problems, "bound": limit}
+
+
+def megatron_moe_probe(dispatcher: str) -> tuple[str, str]:
+    """megatron-core's ``MoELayer`` (local spec, 4 experts over the World as its expert-parallel group, top-2,
+    ``dispatcher`` "alltoall" or "allgather") built and run forward / backward on (3, 1, 8) float64 tokens:
+    ("ran", "") or (exception type, megatron's line that raised it (file:line) and the message's first line)."""
+    import traceback
+
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1,
+                                             expert_model_parallel_size=dist.get_world_size())
+    try:
+        cfg = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=2, ffn_hidden_size=8,
+                                num_moe_experts=4, moe_router_topk=2, moe_token_dispatcher_type=dispatcher,
+                                use_cpu_initialization=True, params_dtype=torch.float64, moe_aux_loss_coeff=0.0,
+                                add_bias_linear=False, gated_linear_unit=True)
+        layer = MoELayer(cfg, get_gpt_layer_local_spec(num_experts=4).submodules.mlp.submodules)
+        x = torch.randn(3, 1, 8, dtype=torch.float64, requires_grad=True)
+        layer(x)[0].sum().backward()
+        return "ran", ""
+    except Exception as exc:  # noqa: BLE001 - what it raises is the observation
+        frames = traceback.extract_tb(exc.__traceback__)
+        frame = ([f for f in frames if "megatron" in f.filename] or frames)[-1]  # the line of megatron's that did it
+        where = f"{frame.filename.split('site-packages/')[-1]}:{frame.lineno}"
+        return type(exc).__name__, f"{where}: {str(exc).splitlines()[0][:160]}"
+    finally:
+        parallel_state.destroy_model_parallel()

@@ -57,3 +57,26 @@ def test_what_deepspeed_moe_does_not_compute_is_unsupported(case, needle):
     with pytest.raises(Unsupported, match=needle) as err:
         DeepSpeedMoE().shard(dense, None, 2)
     assert "\n" not in str(err.value)
+
+
+MEGATRON = registry.skip_reason(ImplSpec("megatron-moe", "expert_parallel", "x:y", requires=("megatron.core",)))
+
+
+@pytest.mark.skipif(bool(MEGATRON), reason=f"megatron-core: {MEGATRON}")
+@pytest.mark.parametrize("dispatcher, raised, where", [
+    ("alltoall", "RuntimeError", "moe/token_dispatcher.py"),  # torch.cuda.Stream() in the dispatcher's __init__
+    ("allgather", "AssertionError", "moe/router.py"),  # the router moves its weight to torch.cuda.current_device()
+])
+def test_megatron_moe_layer_does_not_run_on_cpu(dispatcher, raised, where, world_cache, conformance):
+    """Watch: megatron-core 0.16's MoELayer on CPU — the alltoall dispatcher creates a CUDA stream when it is
+    built (token_dispatcher.py:445), the router moves a CPU weight to the current CUDA device on its first
+    forward (router.py:90), so the allgather dispatcher fails there. Both are what ``tox -e gpu`` adds (the
+    GPU guide); the test fails once megatron runs it on CPU."""
+    from harness.expert_parallel.third_party import megatron_moe_probe
+
+    if world_cache.get(2).backend != "gloo":
+        pytest.skip("a watch of the CPU path; on a GPU node megatron's MoELayer is the GPU guide's")
+    got = world_cache.get(2).run(megatron_moe_probe, dispatcher, timeout=120)
+    conformance.record("unsupported", suite="expert_parallel", world_size=2, dtype="float64", impl="megatron",
+                       collective=f"MoELayer/{dispatcher}", detail=": ".join(got[0]))
+    assert all(r[0] == raised and where in r[1] for r in got), got
