@@ -44,8 +44,8 @@ BENCHMARK_COLUMNS = COMMON + [
     "mem_params_predicted", "mem_grads_predicted", "mem_optimizer_predicted",
     "act_peak_bytes", "act_peak_predicted", "alloc_peak_bytes", "recompute_overhead_measured",
     "recompute_overhead_predicted",
-    "time_planned_us", "bubble_planned", "plan_compute_us", "plan_tp_us", "plan_cp_us", "plan_pp_us", "plan_bubble_us",
-    "plan_dp_us", "plan_sync_us", "state_bytes_rank_max", "state_bytes_predicted", "tokens_per_s",
+    "time_planned_us", "bubble_planned", "plan_compute_us", "plan_tp_us", "plan_cp_us", "plan_ep_us", "plan_pp_us",
+    "plan_bubble_us", "plan_dp_us", "plan_sync_us", "state_bytes_rank_max", "state_bytes_predicted", "tokens_per_s",
 ]
 BENCHMARK_KEY = ["suite", "op", "impl", "backend", "world_size", "dtype", "reduce_op", "bytes", "count",
                  "microbatches", "virtual_stages", "zero_stage"]

@@ -19,6 +19,10 @@ Context parallelism (``cp`` > 1): each rank computes seq / cp tokens (every FLOP
 messages and the cross-entropy's rows divide by cp — the zigzag layout balances causal attention), the
 gradients sync over dp x cp, the loss all-reduces over cp too, and each layer's attention pays its cp
 exchange (``cp_attention_time``), forward and backward (and forward again with recomputation), in ``cp_s``.
+
+Expert parallelism (a workload with ``experts``, ``ep`` > 1): each layer's dispatch and combine all-to-alls
+(``ep_exchange_time``), forward and backward, in ``ep_s``; the experts' gradients sync over their expert-
+data-parallel group (dp x cp / ep ranks), the rest over dp x cp.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from dataclasses import dataclass, replace
 
 from .profile import Profile
 
-PARTS = ("compute_s", "tp_s", "cp_s", "pp_s", "bubble_s", "dp_s", "sync_s")
+PARTS = ("compute_s", "tp_s", "cp_s", "ep_s", "pp_s", "bubble_s", "dp_s", "sync_s")
 BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 
 
@@ -40,6 +44,19 @@ class Attention:
     heads: int
     kv_heads: int
     head_dim: int
+
+
+@dataclass(frozen=True)
+class Experts:
+    """A layer's mixture of experts: what expert parallelism splits and exchanges."""
+
+    experts: int
+    top_k: int
+    layer_params: float
+    """One layer's routed experts' parameters (all E of them)."""
+    layer_flops: float = 0.0
+    """One layer's router and expert forward FLOPs on a microbatch: every TP rank computes them whole (the
+    experts are replicated over TP, split over EP only)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +88,8 @@ class Workload:
     the GEMMs is added (forward a third, backward two thirds). Empty or not in the profile: GEMMs only."""
     attention: Attention | None = None
     """The layers' attention (None: a workload without one, which context parallelism cannot split)."""
+    moe: Experts | None = None
+    """The layers' mixture of experts (None: dense; ``layer_params`` then excludes the experts)."""
 
     def over_cp(self, cp: int) -> Workload:
         """What one of ``cp`` context-parallel ranks computes and moves: seq / cp of every token's share."""
@@ -80,8 +99,23 @@ class Workload:
             raise ValueError("this workload has no attention: context parallelism does not apply to it.")
         if self.attention.seq % cp:
             raise ValueError(f"cp ({cp}) must divide the sequence ({self.attention.seq} tokens).")
+        moe = replace(self.moe, layer_flops=self.moe.layer_flops / cp) if self.moe is not None else None
         return replace(self, layer_flops=self.layer_flops / cp, head_flops=self.head_flops / cp,
-                       activation_bytes=self.activation_bytes / cp, tokens=self.tokens // cp)
+                       activation_bytes=self.activation_bytes / cp, tokens=self.tokens // cp, moe=moe)
+
+
+def ep_exchange_time(profile: Profile, work: Workload, ep: int, elem: int, world: int) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer's expert-parallel exchange on one microbatch: the dispatch
+    and the combine all-to-all of tokens x top_k rows of the activation width (``reference.cost_model.
+    balanced_ep_bytes``: balanced routing) each way, each priced as the profile's all-gather of the same
+    bytes (both move (ep - 1) / ep of them in ep - 1 steps; the counts' and ids' few bytes left out)."""
+    if ep == 1:
+        return 0.0, 0.0
+    if work.moe is None:
+        raise ValueError("this workload has no experts: expert parallelism does not apply to it.")
+    rows_bytes = work.activation_bytes * work.moe.top_k
+    one = profile.collective_time("all_gather", ep, rows_bytes, world)
+    return 2 * one, 2 * one
 
 
 def cp_attention_time(profile: Profile, algorithm: str, att: Attention, cp: int, tp: int, elem: int,
@@ -115,7 +149,8 @@ def stage_layers(layers: int, stages: int) -> list[int]:
 
 
 def predict_step(profile: Profile, work: Workload, dp: int, pp: int, tp: int, zero: int, schedule: str,
-                 microbatches: int, recompute: bool = False, cp: int = 1, cp_algorithm: str = "ring") -> dict:
+                 microbatches: int, recompute: bool = False, cp: int = 1, cp_algorithm: str = "ring",
+                 ep: int = 1) -> dict:
     """Predicted seconds per step and its parts (``PARTS``), the simulated bubble fraction and timeline."""
     from reference.pipeline import add_send_recv, generate, simulate
 
@@ -133,6 +168,9 @@ def predict_step(profile: Profile, work: Workload, dp: int, pp: int, tp: int, ze
     layers = stage_layers(work.layers, num_stages)
     cp_f, cp_b = cp_attention_time(profile, cp_algorithm, work.attention, cp, tp, elem, world) if cp > 1 \
         else (0.0, 0.0)
+    if (dp * cp) % ep:
+        raise ValueError(f"ep ({ep}) must divide dp x cp ({dp * cp}).")
+    ep_f, ep_b = ep_exchange_time(profile, work, ep, elem, world)
     costs, split = {}, {}
     for s, n in enumerate(layers):
         first, last = s == 0, s == num_stages - 1
@@ -143,13 +181,16 @@ def predict_step(profile: Profile, work: Workload, dp: int, pp: int, tp: int, ze
         if work.vocab_parallel and tp > 1:
             tp_f += (ar(work.activation_bytes) if first else 0.0) + (3 * ar(work.tokens * elem) if last else 0.0)
             tp_b += ar(work.activation_bytes) if last else 0.0
-        comp_f = fwd / tp / rate + n * overhead / 3
-        comp_b = bwd / tp / rate + 2 * n * overhead / 3 + (comp_f if recompute else 0.0)
+        whole = n * work.moe.layer_flops * (1 - 1 / tp) if work.moe is not None else 0.0  # what tp does not split
+        comp_f = (fwd / tp + whole) / rate + n * overhead / 3
+        comp_b = (bwd / tp + 2 * whole) / rate + 2 * n * overhead / 3 + (comp_f if recompute else 0.0)
         cp_fs, cp_bs = n * cp_f, n * cp_b + (n * cp_f if recompute else 0.0)
-        costs[(s, "F")] = comp_f + tp_f + cp_fs
-        costs[(s, "B")] = comp_b + tp_b + (tp_f if recompute else 0.0) + cp_bs
+        ep_fs, ep_bs = n * ep_f, n * ep_b + (n * ep_f if recompute else 0.0)
+        costs[(s, "F")] = comp_f + tp_f + cp_fs + ep_fs
+        costs[(s, "B")] = comp_b + tp_b + (tp_f if recompute else 0.0) + cp_bs + ep_bs
         costs[(s, "I")] = costs[(s, "W")] = costs[(s, "B")] / 2
-        split[s] = {"F": (comp_f, tp_f, cp_fs), "B": (comp_b, tp_b + (tp_f if recompute else 0.0), cp_bs)}
+        split[s] = {"F": (comp_f, tp_f, cp_fs, ep_fs),
+                    "B": (comp_b, tp_b + (tp_f if recompute else 0.0), cp_bs, ep_bs)}
     if pp > 1:
         send = profile.message_time("send", work.activation_bytes, world)
         one_way = profile.message_time("one_way", work.activation_bytes, world)
@@ -158,14 +199,19 @@ def predict_step(profile: Profile, work: Workload, dp: int, pp: int, tp: int, ze
                      comm=max(0.0, one_way - send))
     timeline = simulate(add_send_recv(generate(schedule, pp, microbatches, v)), costs)
     parts = _rank_parts(timeline, split)
-    parts["bubble_s"] = max(0.0, timeline.makespan - parts["compute_s"] - parts["tp_s"] - parts["cp_s"]
-                            - parts["pp_s"])
+    parts["bubble_s"] = max(0.0, timeline.makespan - sum(parts[k] for k in ("compute_s", "tp_s", "cp_s", "ep_s",
+                                                                           "pp_s")))
     # the embedding on the first stage, the head on the last (both on one stage when there is one)
     stage_params = max((n * work.layer_params + work.end_params / 2 * ((s == 0) + (s == num_stages - 1))) / tp
                        for s, n in enumerate(layers)) * v
     tensors = work.tensors_per_layer * max(layers) * v
-    # parameters are replicated over cp: gradients sync (and ZeRO shards) over dp x cp
+    # parameters are replicated over cp: gradients sync (and ZeRO shards) over dp x cp; the experts over their
+    # expert-data-parallel group (dp x cp / ep), this rank's E / ep of them per layer
     parts["dp_s"] = dp_sync_time(profile, zero, dp * cp, stage_params * elem, tensors, microbatches, world)
+    if work.moe is not None:
+        experts = max(layers) * v * work.moe.layer_params / ep
+        parts["dp_s"] += dp_sync_time(profile, zero, dp * cp // ep, experts * elem, 3 * work.moe.experts // ep
+                                      * max(layers) * v, microbatches, world)
     parts["sync_s"] = sum(profile.collective_time("all_reduce", g, 8, world) for g in (pp, tp, dp, cp))
     busy = sum(e - s for row in timeline.events for a, s, e in row if a.kind in "FBIW")
     return {**parts, "step_s": sum(parts[k] for k in PARTS), "makespan_s": timeline.makespan,
@@ -174,19 +220,20 @@ def predict_step(profile: Profile, work: Workload, dp: int, pp: int, tp: int, ze
 
 
 def _rank_parts(timeline, split) -> dict:
-    """compute, tp, cp and pp (send) seconds of the rank with the most busy time."""
+    """compute, tp, cp, ep and pp (send) seconds of the rank with the most busy time."""
     best = None
     for row in timeline.events:
-        comp = tp = cp = pp = 0.0
+        got = dict.fromkeys(("compute_s", "tp_s", "cp_s", "ep_s", "pp_s"), 0.0)
         for a, start, end in row:
             if a.kind in ("F", "B", "I", "W"):
-                c, t, x = split[a.stage]["B" if a.kind in ("I", "W") else a.kind]
                 half = 0.5 if a.kind in ("I", "W") else 1.0
-                comp, tp, cp = comp + c * half, tp + t * half, cp + x * half
+                for key, x in zip(("compute_s", "tp_s", "cp_s", "ep_s"),
+                                  split[a.stage]["B" if a.kind in ("I", "W") else a.kind], strict=True):
+                    got[key] += x * half
             else:
-                pp += end - start
-        if best is None or comp + tp + cp + pp > sum(best.values()):
-            best = {"compute_s": comp, "tp_s": tp, "cp_s": cp, "pp_s": pp}
+                got["pp_s"] += end - start
+        if best is None or sum(got.values()) > sum(best.values()):
+            best = got
     return best
 
 
@@ -233,6 +280,18 @@ def llama_workload(vocab: int, hidden: int, heads: int, kv_heads: int, ffn: int,
                     tokens=tokens, head_flops=2 * tokens * hidden * vocab, end_params=2 * vocab * hidden,
                     tensors_per_layer=9, dtype=dtype, layer_kind="gpt_block",
                     attention=Attention(rows, seq, heads, kv_heads, hidden // heads))
+
+
+def moe_workload(work: Workload, hidden: int, ffn: int, experts: int, top_k: int, expert_ffn: int) -> Workload:
+    """``work`` (a ``gpt_workload``) with each layer's MLP (2 hidden x ffn, its biases) replaced by a router
+    (hidden x E) and E SwiGLU experts of ``expert_ffn``, of which each token runs ``top_k``."""
+    tokens = work.tokens
+    mlp_flops, expert_params = 4 * tokens * hidden * ffn, 3 * hidden * expert_ffn
+    flops = work.layer_flops - mlp_flops + 2 * tokens * (top_k * expert_params + hidden * experts)
+    return replace(work, layer_flops=flops,
+                   layer_params=work.layer_params - (2 * hidden * ffn + ffn + hidden) + hidden * experts,
+                   moe=Experts(experts, top_k, float(experts * expert_params),
+                               2 * tokens * (top_k * expert_params + hidden * experts)))
 
 
 def mlp_workload(layers: int, hidden: int, rows: int, dtype: str = "float32") -> Workload:

@@ -36,3 +36,10 @@ def balanced_ep_bytes(tokens: int, top_k: int, hidden: int, ep: int, element_siz
         whole(name, value)
     one = tokens * top_k * hidden * element_size * (ep - 1) / ep
     return {"forward": 2 * one, "backward": 2 * one, "total": 4 * one}
+
+
+def expert_params(layers: int, experts: int, hidden: int, ffn: int) -> float:
+    """Routed experts' parameters of a model: ``layers`` x E SwiGLU experts of 3 hidden x ffn each."""
+    for name, value in (("layers", layers), ("experts", experts), ("hidden", hidden), ("ffn", ffn)):
+        whole(name, value)
+    return float(layers * experts * 3 * hidden * ffn)

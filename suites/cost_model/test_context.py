@@ -76,3 +76,42 @@ def test_expert_parallel_bytes_by_hand():
     assert balanced_ep_bytes(1024, 2, 4096, 8)["total"] == 4 * 1024 * 2 * 4096 * 2 * 7 / 8
     with pytest.raises(ValueError, match="one count per EP rank"):
         ep_layer_comm_bytes([1, 2], [1], 0, 16)
+
+
+MIXTRAL = ["plan", "--params", "47B", "--experts", "8", "--top-k", "2", "--hidden", "4096", "--heads", "32",
+           "--layers", "32", "--ffn", "14336", "--seq", "4096", "--batch", "1", "--zero", "1", "--json"]
+
+
+def test_plan_experts_by_hand(capsys):
+    """A Mixtral-like 47B (8 SwiGLU experts of 14336 per layer, 45.1B of the 47B) at dp 8 x ep 8, ZeRO 1: the
+    dense 1.9B sharded over the 8 replicas, each rank's one expert per layer over its expert-data-parallel group
+    of 1; the dispatch and combine bytes of balanced routing."""
+    from reference.cost_model import balanced_ep_bytes, expert_params
+
+    assert main([*MIXTRAL, "--dp", "8", "--ep", "8"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    experts = expert_params(32, 8, 4096, 14336)
+    assert experts == 32 * 8 * 3 * 4096 * 14336
+    dense, routed = training_memory(47e9 - experts, zero_stage=1, dp=8), training_memory(experts / 8, zero_stage=1)
+    for kind in ("weights", "gradients", "optimizer"):
+        assert out["memory_bytes"][kind] == pytest.approx(getattr(dense, kind) + getattr(routed, kind), rel=1e-12)
+    assert out["comm_bytes_per_step"]["ep"] == pytest.approx(32 * balanced_ep_bytes(4096, 2, 4096, 8)["total"])
+    assert out["layout"]["ep"] == 8
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--dp", "8", "--ep", "3"], "--ep (3) must divide dp x cp (8)"),
+    (["--dp", "6", "--ep", "3"], "--ep (3) must divide --experts (8)"),
+    (["--dp", "2", "--ep", "2", "--params", "1B"], "--params counts every parameter, experts included"),
+], ids=["ep-not-dividing-dp", "ep-not-dividing-experts", "params-below-experts"])
+def test_plan_experts_bad_input_is_one_sentence(capsys, extra, needle):
+    argv = [a for a in MIXTRAL if a != "--json"]
+    assert main([*argv, *extra]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1, err
+
+
+def test_plan_ep_without_experts_is_one_sentence(capsys):
+    assert main([*[a for a in LONG if a != "--json"], "--dp", "8", "--tp", "8", "--ep", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "give --experts" in err and err.count("\n") == 1, err

@@ -180,3 +180,16 @@ def test_plan_ranks_context_parallel_layouts_by_predicted_time(tmp_path, capsys)
     assert out["predicted_s"]["cp_s"] > 0 and out["layout"]["cp"] == 2
     assert main([*argv, "--cp", "2", "--profile", str(path)]) == 0
     assert "cp comm" in capsys.readouterr().out
+
+
+def test_plan_ranks_expert_parallel_layouts_by_predicted_time(tmp_path, capsys):
+    """``plan --experts 8 --ep 4 --profile``: every layout of the 8 ranks whose dp x cp ep divides, each with its
+    dispatch and combine exchange."""
+    path = profile(8, overhead=1e-3).save(tmp_path / "p.json")
+    argv = [*PLAN, "--experts", "8", "--ep", "4", "--expert-ffn", "64", "--profile", str(path)]
+    assert main([*argv, "--json"]) == 0
+    ranked = json.loads(capsys.readouterr().out)["layouts_by_predicted_time"]
+    assert ranked and all(e["layout"]["ep"] == 4 and e["layout"]["dp"] % 4 == 0 for e in ranked)
+    assert all(e["predicted_s"]["ep_s"] > 0 for e in ranked)
+    assert main(argv) == 0
+    assert "ep comm" in capsys.readouterr().out

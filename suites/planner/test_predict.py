@@ -143,3 +143,27 @@ def test_context_parallel_with_every_dimension_adds_up():
         predict_step(profile(6), WORK, 1, 1, 2, 0, "1f1b", 2, cp=3)
     with pytest.raises(ValueError, match="no attention"):
         predict_step(profile(2), mlp_workload(4, 64, 16), 1, 1, 1, 0, "1f1b", 2, cp=2)
+
+
+def test_expert_parallel_step_by_hand():
+    """dp 2 x ep 2, ZeRO 0, no pipeline or TP: each layer's dispatch and combine all-to-alls (tokens x top_k rows)
+    forward and backward, priced as all-gathers of those bytes; the experts' gradients sync over their expert-
+    data-parallel group of 1 (nothing), the rest over dp."""
+    from harness.calibrate.predict import moe_workload
+
+    m, prof = 2, profile(2)
+    work = moe_workload(gpt_workload(512, 128, 8, 512, 4, 64, 2), 128, 512, 4, 2, 64)
+    pred = predict_step(prof, work, 2, 1, 1, 0, "1f1b", m, ep=2)
+    rows = 2 * 64 * 128 * 4 * 2  # tokens x hidden x fp32 bytes x top_k
+    assert pred["ep_s"] == pytest.approx(m * work.layers * 4 * prof.collective_time("all_gather", 2, rows, 2),
+                                         rel=ROUNDING)
+    ar = prof.collective_time
+    dense = (work.layers * work.layer_params + work.end_params) * 4
+    sync = ar("all_reduce", 2, dense, 2) + (16 * work.layers - 1) * ar("all_reduce", 2, 0, 2)
+    assert pred["dp_s"] == pytest.approx(sync, rel=ROUNDING)
+    assert pred["step_s"] == pytest.approx(sum(pred[k] for k in PARTS), rel=ROUNDING)
+    # ep 1 over the same 2 replicas: no exchange, the experts' gradients all-reduced with the rest
+    flat = predict_step(prof, work, 2, 1, 1, 0, "1f1b", m)
+    assert flat["ep_s"] == 0 and flat["dp_s"] > pred["dp_s"]
+    with pytest.raises(ValueError, match="no experts"):
+        predict_step(prof, WORK, 2, 1, 1, 0, "1f1b", m, ep=2)
