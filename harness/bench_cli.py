@@ -27,6 +27,8 @@ def add_parsers(sub) -> None:
                            ("resume", "save and load time, GB/s and bytes per rank of the 3D stack's state"),
                            ("context_parallel", "one attention layer per implementation vs sequence length and cp: "
                                                 "time and bytes per rank vs the cost model"),
+                           ("expert_parallel", "one MoE layer per implementation vs ep, tokens and skew: time, "
+                                               "dispatch time and bytes per rank vs the cost model"),
                            ("all", "collectives, pipeline, zero, checkpoint, then stack, into one run folder")):
         p = bsub.add_parser(name, help=helptext)
         p.add_argument("--impls", default=None, help="comma-separated implementations (default: all registered)")
@@ -90,6 +92,10 @@ def add_parsers(sub) -> None:
                            help="comma-separated dpxppxtp layouts (default: every one the model allows)")
         if name == "context_parallel":
             p.add_argument("--seqs", default="256,1024,2048", help="comma-separated sequence lengths")
+        if name == "expert_parallel":
+            p.add_argument("--tokens", default="256,1024", help="comma-separated tokens per rank")
+            p.add_argument("--experts", type=int, default=8)
+            p.add_argument("--top-k", dest="top_k", type=int, default=2)
         if name == "tensor_parallel":
             p.add_argument("--hidden", type=int, default=512)
             p.add_argument("--ffn", type=int, default=2048)
@@ -379,6 +385,24 @@ def run(args) -> int:
                                             seqs=[int(t) for t in seqs], iters=min(args.iters, 5),
                                             warmup=min(args.warmup, 1))
         plans.append(("context_parallel", cfg, cp_bench.run_sweep))
+    if args.suite == "expert_parallel":
+        from .expert_parallel import bench as ep_bench
+
+        tokens = [t.strip() for t in args.tokens.split(",") if t.strip()]
+        if not tokens or not all(t.isdigit() and int(t) >= 1 for t in tokens):
+            raise UsageError(f"--tokens {args.tokens!r} must be comma-separated whole numbers >= 1.")
+        sizes = _sizes(args, args.world_sizes)
+        if args.experts < 1 or not 1 <= args.top_k <= args.experts:
+            raise UsageError(f"--experts must be >= 1 and --top-k between 1 and it; got {args.experts} and "
+                             f"{args.top_k}.")
+        bad = [n for n in sizes if args.experts % n or args.top_k > args.experts // n]
+        if bad:  # the skewed router sends every token to EP rank 0's E / ep experts: k of them must exist
+            raise UsageError(f"--experts ({args.experts}) must split over every --world-sizes ep into at least "
+                             f"--top-k ({args.top_k}) per rank; ep = {bad[0]} does not.")
+        cfg = ep_bench.ExpertParallelSweep(impls=_impls(args, "expert_parallel"), world_sizes=sizes,
+                                           tokens=[int(t) for t in tokens], experts=args.experts, top_k=args.top_k,
+                                           iters=min(args.iters, 5), warmup=min(args.warmup, 1))
+        plans.append(("expert_parallel", cfg, ep_bench.run_sweep))
     if args.suite == "tensor_parallel":
         from .tensor_parallel import bench as tp_bench
 

@@ -194,6 +194,11 @@ def write_report(run_dir, baseline=None) -> Path:
         from .context_parallel.bench import context_parallel_section
 
         out += context_parallel_section(cpar, _md)
+    epar = bench[bench["suite"] == "expert_parallel"] if len(bench) else bench
+    if len(epar):
+        from .expert_parallel.bench import expert_parallel_section
+
+        out += expert_parallel_section(epar, _md)
     stack = bench[bench["suite"] == "stack"] if len(bench) else bench
     if len(stack):
         from .stack.report import stack_section
