@@ -20,7 +20,9 @@ What the adapter chooses, and why:
 
 Names: torchtitan's ``tok_embeddings``, ``layers.<i>.attention.qkv_linear.w{q,k,v}``, ``attention.wo``,
 ``feed_forward.w1`` (gate) / ``w3`` (up) / ``w2`` (down), ``attention_norm``, ``ffn_norm``, ``norm``,
-``lm_head`` <-> the contract's (``TORCHTITAN_NAMES``)."""
+``lm_head`` <-> the contract's (``torchtitan_name``, ``contract_name``). ``save`` / ``load``: what torchtitan's
+``CheckpointManager`` saves ("model": its ``ModelWrapper``, "optimizer": its ``OptimizersContainer``, both
+FQN-keyed) through DCP, so any layout reads what any other wrote."""
 
 from __future__ import annotations
 
@@ -72,8 +74,8 @@ def _unsupported(spec, layout, recipe) -> str | None:
         return "torchtitan replicates (ZeRO 0) or shards with FSDP2 (ZeRO 2 / 3) over dp; ZeRO 1 it does not do."
     if layout.cp > 1 or layout.ep > 1:
         return "the torchtitan stack here has no context or expert parallelism yet."
-    if spec.tie_embeddings:
-        return "the torchtitan stack here does not tie the embedding to the LM head yet."
+    if spec.tie_embeddings and layout.pp > 1:
+        return "torchtitan does not tie the embedding to the LM head under pipeline parallelism (its own refusal)."
     if recipe.loss_scale is not None:
         return "the torchtitan stack here has no loss scaler (float32 needs none)."
     return None
@@ -125,7 +127,7 @@ def model_config(spec, seq: int = 64):
         feed_forward=make_ffn_config(dim=spec.hidden, hidden_dim=spec.ffn, w1_param_init=keep, w2w3_param_init=keep))
         for _ in range(spec.layers)]
     return Llama3Model.Config(
-        dim=spec.hidden, vocab_size=spec.vocab, norm=norm(), layers=layers,
+        dim=spec.hidden, vocab_size=spec.vocab, norm=norm(), layers=layers, enable_weight_tying=spec.tie_embeddings,
         tok_embeddings=Embedding.Config(num_embeddings=spec.vocab, embedding_dim=spec.hidden, param_init=keep),
         lm_head=Linear.Config(in_features=spec.hidden, out_features=spec.vocab, param_init=keep))
 
@@ -186,9 +188,8 @@ class TorchtitanStackTrainer(BuiltFromDense):
         # what Llama3Model.Config.update_from_config does for a parallelism (its sharding declarations); that
         # method itself imports torchtitan.trainer, which needs the data stack (torchdata, datasets)
         set_llama3_sharding_config(config, enable_sp=parallelism.enable_sequence_parallel)
-        titan = config.build()
-        state = {torchtitan_name(k): v.detach().clone().to(torch.float32) for k, v in model.state_dict().items()}
-        titan.load_state_dict(state, strict=True)
+        with torch.device("meta"):  # Trainer.__init__'s order: meta model, parallelize, to_empty, init_weights
+            titan = config.build()
         self.loss_fn = CrossEntropyLoss.Config().build()
         common = {"parallel_dims": self.dims, "parallelism": parallelism, "compile_config": CompileConfig(enable=False),
                   "ac_config": FullAC.Config() if layout.checkpointing else None, "dump_folder": "/tmp",
@@ -200,6 +201,12 @@ class TorchtitanStackTrainer(BuiltFromDense):
                 loss_fn=self.loss_fn)
         else:
             self.schedule, parts, self.first, self.last = None, [parallelize_llama(titan, **common)], True, True
+        state = {torchtitan_name(k): v.detach().clone().to(torch.float32) for k, v in model.state_dict().items()}
+        for part in parts:
+            part.to_empty(device="cpu")
+            with torch.no_grad():
+                part.init_weights(buffer_device=None)  # the rotary cache; a tied embedding re-tied to the head
+                _load_full(part, state)  # then the one-device weights, where a checkpoint load would put them
         if dist.get_backend() == "gloo":  # gloo has no PREMUL_SUM, which torchtitan's divide factor 1 makes FSDP2 use
             from torch.distributed.fsdp import FSDPModule
 
@@ -270,6 +277,12 @@ class TorchtitanStackTrainer(BuiltFromDense):
                            loss_kwargs={"global_valid_tokens": global_tokens}, return_outputs=False)
         return sum(_scalar(v) for v in losses) if self.last else 0.0
 
+    def save(self, directory) -> None:
+        _save(self, directory)
+
+    def load(self, directory) -> None:
+        _load(self, directory)
+
     def dense_state(self) -> dict:
         keys = self.recipe.optimizer.state_keys
         opt_state = {}
@@ -286,6 +299,14 @@ class TorchtitanStackTrainer(BuiltFromDense):
             for name, (value, state) in held.items():
                 params.setdefault(name, value)
                 optimizer.setdefault(name, state)
+        if self.spec.tie_embeddings:  # one parameter (named once): under both names, its state once (the
+            for a, b in (("embed.weight", "head.weight"), ("head.weight", "embed.weight")):  # embedding's)
+                if a not in params:  # two parameters where the tie broke: each reported as it is
+                    params[a] = params[b]
+            if "embed.weight" not in optimizer:
+                optimizer["embed.weight"] = optimizer.pop("head.weight")
+            elif params["embed.weight"] is params["head.weight"]:
+                optimizer.pop("head.weight", None)
         return {"params": params, "optimizer": optimizer, "grad_norm": self.last_grad_norm}
 
 
@@ -295,3 +316,36 @@ def _scalar(t) -> float:
 
 def _full(t):
     return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu().clone()
+
+
+def _save(trainer, directory) -> None:
+    """torchtitan's checkpoint contents (``CheckpointManager``'s "model" and "optimizer": its ``ModelWrapper``
+    and ``OptimizersContainer`` state dicts, FQN-keyed) through DCP — any layout reads it."""
+    import torch.distributed.checkpoint as dcp
+    from torchtitan.components.checkpointer.base import ModelWrapper
+
+    dcp.save({"model": ModelWrapper(trainer.trainer), "optimizer": trainer.optimizers},
+             checkpoint_id=str(directory))
+
+
+def _load(trainer, directory) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torchtitan.components.checkpointer.base import ModelWrapper
+
+    dcp.load({"model": ModelWrapper(trainer.trainer), "optimizer": trainer.optimizers}, checkpoint_id=str(directory))
+
+
+
+def _load_full(part, state: dict) -> None:
+    """Each parameter of ``part`` (a DTensor shard, or a whole tensor) set to its one-device value: the full
+    tensor replicated on the parameter's mesh, redistributed to its placements (torch 2.13's full-state-dict
+    load, ``set_model_state_dict``, cannot place FSDP x TP's _StridedShard: distribute_tensor asserts)."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    for name, p in part.named_parameters():
+        full = state[name.replace("_checkpoint_wrapped_module.", "")]
+        if isinstance(p, DTensor):
+            whole = DTensor.from_local(full, p.device_mesh, [Replicate()] * p.device_mesh.ndim, run_check=False)
+            p.to_local().copy_(whole.redistribute(p.device_mesh, p.placements).to_local())
+        else:
+            p.copy_(full)
