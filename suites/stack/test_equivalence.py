@@ -72,7 +72,7 @@ def _verdict(world_cache, conformance, impl, n, spec, layout, recipe, **kw) -> d
     per_rank = run_or_fail(world_cache.get(n), ranks.train_stack, impl, spec, layout, recipe, timeout=300,
                            failed=ranks.failed, **kw)
     outcome, refused, problems = ranks.verdict(per_rank)
-    known = findings.match(impl, "stack", problems, norm_type=recipe.norm_type, tp=layout.tp,
+    known = findings.match(impl, "stack", problems, norm_type=recipe.norm_type, tp=layout.tp, dp=layout.dp,
                            tie_embeddings=spec.tie_embeddings) if outcome == "fail" else None
     outcome = "known-nonconformance" if known else outcome
     conformance.record(outcome, finding=known, suite="stack", world_size=n, dtype=spec.dtype, impl=impl,
