@@ -232,6 +232,9 @@ def write_report(run_dir, baseline=None) -> Path:
 
         out += scaling_section(bench, run_dir, _md)
     if len(conf):
+        from .stack.report import stack_matrix_section
+
+        out += stack_matrix_section(conf, _md)
         counts = conf.groupby(["impl", "outcome"]).size().unstack(fill_value=0)
         out += ["## Conformance rows", "", _md(counts, "g"), ""]
     path = run_dir / "report.md"

@@ -58,3 +58,31 @@ def _side_by_side(ok, md) -> list[str]:
             + ", ".join(f"{impl} {g['step_vs_ours'].median():.2f}x the step time, "
                         f"{g['bytes_vs_ours'].median():.2f}x the bytes" for impl, g in frame.groupby("impl")) + ".", "",
             md(frame, ".3g", index=False), ""]
+
+
+MARKS = {"pass": "pass", "fail": "FAIL", "known-nonconformance": "finding", "unsupported": "unsupported",
+         "refused": "refused"}
+
+
+def stack_matrix_section(conf, md) -> list[str]:
+    """The per-stack conformance matrix of a test run (``pytest suites/stack --results-dir``): one row per
+    case (family / layout / ZeRO / schedule, or the seam it holds), one column per stack, each cell the
+    verdict — pass, FAIL, finding (a known non-conformance of the findings registry), unsupported or refused
+    — and below it every non-pass cell's reason, the table a design review takes."""
+    rows = conf[conf["suite"] == "stack"].copy()
+    if not len(rows):
+        return []
+    rows["case"] = rows["collective"].fillna("") + rows["dtype"].map(lambda d: "" if d == "float64" else f" ({d})")
+    cell = rows.groupby(["case", "impl"])["outcome"].agg(
+        lambda o: MARKS.get(next((x for x in ("fail", "known-nonconformance", "refused", "unsupported")
+                                  if x in set(o)), "pass"), "pass")).unstack(fill_value="")
+    out = ["## Stacks held to one device: the conformance matrix", "",
+           "Every case the stack suite ran (`suites/stack`), per stack: the family / layout (dp x pp x tp, -cp, -ep) / "
+           "ZeRO stage / schedule, or the seam. finding: a known non-conformance (`harness/findings.py`, with its "
+           "watch test); unsupported / refused: the stack's own sentence, below.", "",
+           md(cell, "g"), ""]
+    why = rows[rows["outcome"].isin(["fail", "known-nonconformance", "unsupported", "refused"])]
+    if len(why):
+        reasons = why.groupby(["impl", "outcome", "detail"]).size().reset_index(name="cases")
+        out += [md(reasons[["impl", "outcome", "cases", "detail"]], "g", index=False), ""]
+    return out
