@@ -69,15 +69,6 @@ def _not_power_of_two(n: int) -> bool:
 
 
 FINDINGS: tuple[Finding, ...] = (
-    Finding("torchtitan", "stack", "torchtitan", ("0.3", None),
-            "torchtitan's Llama3 with a tied embedding (enable_weight_tying) under FSDP2 x TP: every parameter "
-            "equals one device after step 1 and is off after step 2 (minimal case: dp 2 x tp 2, Adam, float32 — "
-            "0.0076 of a tensor's magnitude against a bound of 0.0056; the reference stack on the same case "
-            "1.3e-6; FSDP alone and TP alone equal). Not isolated further; the suspect: TP distributes the tied "
-            "weight as two parameters before fully_shard groups them, and init_weights re-ties them after.",
-            "suites/stack/test_torchtitan.py::test_watch_a_tied_embedding_under_fsdp_and_tp_is_off_at_step_two",
-            {"tie_embeddings": True, "tp": lambda t: t > 1, "dp": lambda d: d > 1},
-            symptom=r"^rank \d+: (step 2: |loss after step 2)", cause=r"^rank \d+: step 2: parameter"),
     Finding("torch", "tensor_parallel", "torch", ("2.6", None),
             "DTensor RowwiseParallel adds bias / n on each of n ranks to a Partial output: it rounds when the "
             "mesh size is not a power of two (minimal case: tp=3, Linear(3, 4), integer weights and inputs).",
@@ -175,6 +166,21 @@ FINDINGS: tuple[Finding, ...] = (
             "the stack: vocabulary 13 over tp 4 x dp 2, the last TP rank's one head row split over 2).",
             "suites/stack/test_findings.py::test_inf_norm_of_an_empty_fsdp_shard_raises",
             {"norm_type": math.inf}, symptom=r"cannot compute the infinity norm on an empty tensor"),
+    Finding("torchtitan", "stack", "torchtitan", ("0.3", None),
+            "torchtitan's Llama3 with a tied embedding (enable_weight_tying) under FSDP2 x TP: every parameter "
+            "equals one device after step 1 and is off after step 2 (minimal case: dp 2 x tp 2, Adam, float32 — "
+            "0.0076 of a tensor's magnitude against a bound of 0.0056; the reference stack on the same case "
+            "1.3e-6; FSDP alone and TP alone equal). Not isolated further; the suspect: TP distributes the tied "
+            "weight as two parameters before fully_shard groups them, and init_weights re-ties them after.",
+            "suites/stack/test_torchtitan.py::test_watch_a_tied_embedding_under_fsdp_and_tp_is_off_at_step_two",
+            {"tie_embeddings": True, "tp": lambda t: t > 1, "dp": lambda d: d > 1},
+            symptom=r"^rank \d+: (step 2: |loss after step 2)", cause=r"^rank \d+: step 2: parameter"),
+    Finding("deepspeed", "stack", "deepspeed", ("0.19", None),
+            "DeepSpeed's engine at ZeRO stage 0 with a client torch optimizer clips the gradients (gradient_clipping) "
+            "but get_global_grad_norm() returns None: the norm it clipped by is not reported (minimal case: 1 rank, "
+            "a Llama, max norm 0.05; ZeRO 1-3 report it).",
+            "suites/stack/test_deepspeed.py::test_watch_deepspeed_reports_no_norm_at_zero_stage_0",
+            {"zero": 0, "clipped": True}, symptom=r"^rank \d+: step \d+: gradient norm None vs one device"),
 )
 
 

@@ -112,6 +112,8 @@ BUILTINS: dict[tuple[str, str], ImplSpec] = {
                  description="yunchang LongContextAttention (hybrid Ulysses x ring over flash-attn; CUDA only)"),
         ImplSpec("reference", "expert_parallel", "reference.expert_parallel:ReferenceExpertParallel",
                  description="ours: all-to-all dispatch with variable splits, expert-data-parallel reduction"),
+        ImplSpec("deepspeed", "stack", "harness.adapters.deepspeed_stack:DeepSpeedStack", requires=("deepspeed",),
+                 description="DeepSpeed's engine: ZeRO 0-3 over dp, its accumulation and clipping (float32)"),
         ImplSpec("torchtitan", "stack", "harness.adapters.torchtitan_stack:TorchtitanStack",
                  requires=("torchtitan", "spmd_types", "tyro", "einops"),
                  description="torchtitan's Llama3Model + parallelize_llama (TP/SP, FSDP2 / replicate, AC), float32"),

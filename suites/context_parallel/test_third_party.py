@@ -78,3 +78,22 @@ def test_flash_attention_stacks_are_registered_and_say_why_they_do_not_run(name)
     with pytest.raises(Unsupported) as err:
         FlashContextParallel(name).shard(GQAttention(8, 2, 1), None, "zigzag")
     assert "float64" in str(err.value) and "\n" not in str(err.value)
+
+
+TORCHTITAN = registry.skip_reason(registry.resolve("torchtitan", "stack"))
+
+
+@pytest.mark.skipif(bool(TORCHTITAN), reason=f"torchtitan: {TORCHTITAN}")
+def test_torchtitans_context_parallelism_does_not_run_on_cpu(world_cache, conformance):
+    """Watch: torchtitan's context parallelism (``apply_cp_to_forward`` on its SDPA core) wraps q, k, v as
+    sequence-sharded DTensors for torch's context-parallel dispatcher — on CPU the same wall as torch's own:
+    the CPU flash kernel has no sharding strategy. Fails once it runs (then the torchtitan stack takes cp)."""
+    from harness.adapters.torchtitan_probes import torchtitan_cp_probe
+
+    if world_cache.get(2).backend != "gloo":
+        pytest.skip("a watch of the CPU path")
+    got = world_cache.get(2).run(torchtitan_cp_probe, timeout=120)
+    conformance.record("unsupported", suite="context_parallel", world_size=2, dtype="float32", impl="torchtitan",
+                       collective="apply_cp_to_forward/sdpa", detail=": ".join(got[0]))
+    assert all(r[0] == "NotImplementedError" and "does not have a sharding strategy registered" in r[1]
+               for r in got), got

@@ -33,8 +33,14 @@ EXAMPLES = {
         "tensor because the operation does not have an identity (ranks [0, 1] of 8 were still inside ...)"),
     "test_deepspeed_fp16_halves_the_update_when_the_scale_grows": (
         {"precision": "fp16", "stage": 1, "scale_grew": True}, "rank 1: parameter 0 off by 0.0016 > 0.00014"),
+    "test_watch_a_tied_embedding_under_fsdp_and_tp_is_off_at_step_two": (
+        {"tie_embeddings": True, "tp": 2, "dp": 2, "norm_type": 2.0},
+        "rank 0: step 2: parameter blocks.0.mlp.gate.weight: off by 0.00833 of its magnitude > 0.00557"),
+    "test_watch_deepspeed_reports_no_norm_at_zero_stage_0": (
+        {"zero": 0, "clipped": True}, "rank 0: step 1: gradient norm None vs one device 2.2511 (off by inf > 0.0098)"),
 }
-CONSEQUENCES = ["step 1: weights after the optimizer step differ", "step 2: output differs"]
+CONSEQUENCES = ["step 1: weights after the optimizer step differ", "step 2: output differs",
+                "rank 0: loss after step 2: 4.8896 vs one device 4.9424"]
 OTHER_FAILURES = ["raised ValueError: Type fp16 is not supported on your device.",
                   "rank 0: died with exit code -11", "shard raised RuntimeError: shape mismatch",
                   "weight grad: shape (4, 3) != (3, 4)", "step 2: the caller's RNG state after the step differs"]

@@ -41,22 +41,22 @@ cover; with 1e-3 it stays below lr δg / 1e-3. Gradients here are 1e-2 to 1: Ada
 reference stack, float32, same Adam, on the finding's case: 1.3e-6 — the bound is not what fails there.)"""
 CLIPS = ((0.05, 2.0), (0.02, math.inf))
 
-LAYOUTS = [  # (layout, in every profile)
-    (Layout(1, 1, 1), True),
+LAYOUTS = [  # (layout, in every profile): each dimension once in tox, and FSDP x TP x AC; the rest thorough
+    (Layout(1, 1, 1), False),
     (Layout(2, 1, 1, zero=3), True), (Layout(2, 1, 1, zero=2), False), (Layout(2, 1, 1, zero=0), True),
-    (Layout(1, 2, 1, schedule="gpipe"), True), (Layout(1, 2, 1), False),
+    (Layout(1, 2, 1, schedule="gpipe"), False), (Layout(1, 2, 1), False),
     (Layout(1, 2, 1, schedule="interleaved"), True),
-    (Layout(1, 1, 2), True), (Layout(1, 1, 2, sequence_parallel=True), True),
-    (Layout(2, 2, 1, zero=3), True), (Layout(1, 2, 2, sequence_parallel=True), True),
+    (Layout(1, 1, 2), False), (Layout(1, 1, 2, sequence_parallel=True), True),
+    (Layout(2, 2, 1, zero=3), False), (Layout(1, 2, 2, sequence_parallel=True), False),
     (Layout(2, 1, 2, zero=2, checkpointing=True), True), (Layout(1, 4, 1), False),
     (Layout(4, 1, 1, zero=0), False),
     (Layout(2, 2, 2, zero=3, sequence_parallel=True), False), (Layout(1, 4, 2), False),
     (Layout(4, 1, 2, zero=2), False), (Layout(4, 2, 1, zero=3), False),
 ]
 TIED = [(Layout(2, 1, 1, zero=3), True), (Layout(1, 1, 2, sequence_parallel=True), True),
-        (Layout(2, 1, 2, zero=2), True)]
+        (Layout(2, 1, 2, zero=2), False)]
 """The Llama with its embedding tied to the LM head (Llama 3.2's): FSDP2, TP (the one parameter split by
-rows for both uses), both (the finding: off at step 2)."""
+rows for both uses), both (the finding: off at step 2; in tox its watch runs that case)."""
 
 
 def _cases():
@@ -141,8 +141,9 @@ def test_watch_torch_schedules_do_not_take_torchtitans_micro_batch_keywords():
     assert "arg_mbs" not in inspect.signature(PipelineScheduleSingle.step).parameters
 
 
-@pytest.mark.parametrize("a, b", [(Layout(2, 1, 1, zero=3), Layout(1, 1, 2, sequence_parallel=True)),
-                                  (Layout(1, 2, 1), Layout(2, 1, 1, zero=0))], ids=["fsdp2-to-tp2", "pp2-to-dp2"])
+@pytest.mark.parametrize("a, b", [
+    pytest.param(Layout(2, 1, 1, zero=3), Layout(1, 1, 2, sequence_parallel=True), id="fsdp2-to-tp2"),
+    pytest.param(Layout(1, 2, 1), Layout(2, 1, 1, zero=0), id="pp2-to-dp2", marks=[pytest.mark.thorough])])
 def test_torchtitan_resume_on_another_layout_equals_one_device(a, b, world_cache, conformance, tmp_path):
     """One step on ``a``, saved with torchtitan's checkpoint contents through DCP; a new trainer on ``b`` loads
     them and steps: parameters and Adam's state equal one device's after two steps."""

@@ -1,0 +1,119 @@
+"""DeepSpeed's engine under the stack contract: ``deepspeed.initialize`` over the one-device model of the
+spec (DeepSpeed has no model classes of its own: the engine is its training code) — ZeRO stage 0-3 over dp,
+its gradient accumulation (``gradient_accumulation_steps``: the engine divides each micro-step's loss and
+steps at the boundary), its gradient clipping (``gradient_clipping``: the global 2-norm), the client torch
+optimizer (SGD with momentum or Adam), float32.
+
+Each replica takes its rows of the global batch; its loss is the model's mean cross-entropy over them (equal
+rows per replica: the engine's gradient average over dp is one device's). Full state through DeepSpeed's own
+API: ``GatheredParameters`` (stage 3) and ``safe_get_full_optimizer_state`` (stage 0: the client optimizer's
+state). A tied embedding is one parameter for DeepSpeed too: reported under both names, its state once.
+
+Not here: pipeline parallelism (``PipelineModule`` / ``PipelineEngine``: a model written as a layer list, a
+different training loop), tensor parallelism (DeepSpeed's AutoTP is an inference / HF path), bf16 (next), and
+``save`` / ``load`` (its native checkpoints load on the dp they were written at; another dp goes through
+``ds_to_universal`` — see ``suites/resume/test_deepspeed.py``)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..contracts import Unsupported
+from .dense_built import BuiltFromDense
+
+
+def _unsupported(spec, layout, recipe) -> str | None:
+    if layout.pp > 1 or layout.tp > 1 or layout.cp > 1 or layout.ep > 1 or layout.sequence_parallel:
+        return ("the DeepSpeed stack here is its engine over data parallelism (ZeRO 0-3); its PipelineModule, AutoTP, "
+                "Ulysses and MoE are not composed into it.")
+    if spec.dtype != "float32":
+        return f"the DeepSpeed stack here trains float32 (fp16 / bf16 are its mixed recipes); not {spec.dtype}."
+    if spec.extra or layout.extra:
+        return f"the DeepSpeed stack does not know {', '.join(sorted({**spec.extra, **layout.extra}))}."
+    if recipe.max_grad_norm is not None and recipe.norm_type != 2.0:
+        return f"DeepSpeed's gradient_clipping clips the 2-norm, not the {recipe.norm_type} norm."
+    if layout.checkpointing:
+        return "the DeepSpeed stack here applies no activation checkpointing (its own needs a Megatron mpu)."
+    if recipe.loss_scale is not None:
+        return "the DeepSpeed stack here has no loss scaler (float32 needs none)."
+    return None
+
+
+class DeepSpeedStack:
+    description = "DeepSpeed's engine: deepspeed.initialize, ZeRO 0-3 over dp, accumulation, clipping (float32)"
+
+    def build(self, spec, layout, recipe, group=None):
+        why = _unsupported(spec, layout, recipe)
+        if why:
+            raise Unsupported(why)
+        if group not in (None, dist.group.WORLD):
+            raise Unsupported("DeepSpeed's data-parallel group is the world here (no group argument).")
+        return DeepSpeedStackTrainer(spec, layout, recipe)
+
+
+class DeepSpeedStackTrainer(BuiltFromDense):
+    def __init__(self, spec, layout, recipe):
+        self.spec, self.layout, self.recipe = spec, layout, recipe
+        self.last_grad_norm = None
+
+    def _build(self, model):
+        from .deepspeed_init import init
+
+        init()
+        import deepspeed
+
+        recipe = self.recipe
+        # persistence threshold 0: stage 3 partitions every parameter; gradient_clipping 0 unless asked (DeepSpeed's
+        # default of 1.0 clips silently: suites/zero/test_findings.py)
+        config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": recipe.accumulation,
+                  "zero_optimization": {"stage": self.layout.zero, "stage3_param_persistence_threshold": 0},
+                  "gradient_clipping": recipe.max_grad_norm or 0.0, "zero_allow_untested_optimizer": True,
+                  "steps_per_print": 1 << 30, "wall_clock_breakdown": False}
+        client = recipe.optimizer.build(model.parameters())
+        engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client, config=config)
+        self.optimizer = optimizer
+        return engine
+
+    def step(self, tokens, targets) -> float:
+        engine, k, dp = self.trainer, self.recipe.accumulation, self.layout.dp
+        if len(tokens) % dp:
+            raise ValueError(f"the global batch's {len(tokens)} rows do not split evenly over dp = {dp} replicas; "
+                             "pass a multiple of dp.")
+        per = len(tokens) // dp
+        if per % k:
+            raise ValueError(f"a replica's {per} rows cannot be split into {k} accumulation steps.")
+        r, rows = dist.get_rank(), per // k
+        mine, theirs = tokens[r * per:(r + 1) * per], targets[r * per:(r + 1) * per]
+        total = 0.0
+        for a in range(k):
+            part = slice(a * rows, (a + 1) * rows)
+            loss = engine.module.loss(mine[part], theirs[part])  # the replica's micro-step mean
+            engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
+            engine.step()  # a no-op until the accumulation boundary
+            total += float(loss.detach()) / k
+        if self.recipe.max_grad_norm is not None:
+            norm = engine.get_global_grad_norm()
+            self.last_grad_norm = None if norm is None else float(norm)
+        value = torch.tensor([total / dp], dtype=torch.float64)
+        dist.all_reduce(value)
+        return float(value)
+
+    def dense_state(self) -> dict:
+        import deepspeed
+        from deepspeed.utils import safe_get_full_optimizer_state
+
+        engine, keys = self.trainer, self.recipe.optimizer.state_keys
+        named = dict(engine.module.named_parameters())
+        with deepspeed.zero.GatheredParameters(list(named.values()), enabled=self.layout.zero == 3):
+            params = {k: p.detach().cpu().clone() for k, p in named.items()}
+        optimizer = {}
+        for name, p in named.items():
+            if self.layout.zero == 0:
+                state = self.optimizer.state.get(p, {})
+                optimizer[name] = {k: state[k].detach().cpu().clone() for k in keys if k in state}
+            else:
+                optimizer[name] = {k: safe_get_full_optimizer_state(p, k).detach().cpu().clone() for k in keys}
+        if self.spec.tie_embeddings and "head.weight" not in params:  # one parameter: both names, state once
+            params["head.weight"] = params["embed.weight"]
+        return {"params": params, "optimizer": optimizer, "grad_norm": self.last_grad_norm}
