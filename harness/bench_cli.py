@@ -232,9 +232,7 @@ def stack_config(args):
 
     if args.stack_world_size < 1:
         raise UsageError(f"--stack-world-size must be >= 1; got {args.stack_world_size}.")
-    impls = _impls(args, "stack") if args.suite == "stack" else \
-        [s for s in registry.names("stack") if registry.skip_reason(registry.resolve(s, "stack")) is None]
-    cfg = StackSweep(impls=impls, families=parse_list(args.families, FAMILIES, "famil(ies)"),
+    cfg = StackSweep(impls=[], families=parse_list(args.families, FAMILIES, "famil(ies)"),
                      world_size=args.stack_world_size, schedule=args.stack_schedule, zero_stage=args.stack_zero,
                      iters=min(args.iters, 3), warmup=min(args.warmup, 1))
     allowed = valid_layouts(cfg)
@@ -247,6 +245,9 @@ def stack_config(args):
     if not allowed:
         raise UsageError(f"no dp x pp x tp layout of {cfg.world_size} ranks fits the model ({cfg.heads} heads, "
                          f"{cfg.layers} layers).")
+    # the implementations last: a bad argument is the only line, not after a "skipping ..." for each missing stack
+    cfg.impls = _impls(args, "stack") if args.suite == "stack" else \
+        [s for s in registry.names("stack") if registry.skip_reason(registry.resolve(s, "stack")) is None]
     return cfg
 
 
