@@ -76,15 +76,10 @@ class DeepSpeedStackTrainer(BuiltFromDense):
         return engine
 
     def step(self, tokens, targets) -> float:
+        from ..stack.inputs import replica_rows
+
         engine, k, dp = self.trainer, self.recipe.accumulation, self.layout.dp
-        if len(tokens) % dp:
-            raise ValueError(f"the global batch's {len(tokens)} rows do not split evenly over dp = {dp} replicas; "
-                             "pass a multiple of dp.")
-        per = len(tokens) // dp
-        if per % k:
-            raise ValueError(f"a replica's {per} rows cannot be split into {k} accumulation steps.")
-        r, rows = dist.get_rank(), per // k
-        mine, theirs = tokens[r * per:(r + 1) * per], targets[r * per:(r + 1) * per]
+        mine, theirs, rows = replica_rows(tokens, targets, dp, dist.get_rank(), k)
         total = 0.0
         for a in range(k):
             part = slice(a * rows, (a + 1) * rows)

@@ -227,22 +227,17 @@ class TorchtitanStackTrainer(BuiltFromDense):
         with pp > 1, one row per micro-batch), torchtitan's clip_grad_norm_, the optimizers' step."""
         from torchtitan.distributed import utils as dist_utils
 
+        from ..stack.inputs import replica_rows
+
         parts = self.trainer  # built (load_dense, or the spec's seed 0)
         dims, recipe, layout = self.dims, self.recipe, self.layout
-        k, dp = recipe.accumulation, layout.dp
-        if len(tokens) % dp:
-            raise ValueError(f"the global batch's {len(tokens)} rows do not split evenly over dp = {dp} replicas; "
-                             "pass a multiple of dp.")
-        per = len(tokens) // dp
-        if per % k:
-            raise ValueError(f"a replica's {per} rows cannot be split into {k} accumulation steps.")
-        rows = per // k
+        k = recipe.accumulation
+        r = dims.get_mesh("batch").get_local_rank() if dims.dp_enabled else 0
+        mine, theirs, rows = replica_rows(tokens, targets, layout.dp, r, k)
         if layout.pp > 1 and rows != layout.num_microbatches:
             raise ValueError(f"the torchtitan stack pipelines micro-batches of one row (its schedule is built for "
                              f"{layout.num_microbatches}); a replica's accumulation step has {rows}: pass dp x "
                              "microbatches x accumulation rows.")
-        r = dims.get_mesh("batch").get_local_rank() if dims.dp_enabled else 0
-        mine, theirs = tokens[r * per:(r + 1) * per], targets[r * per:(r + 1) * per]
         global_tokens = torch.tensor(targets.numel(), dtype=torch.int64)
         self.optimizers.zero_grad()
         loss_sum = 0.0

@@ -39,3 +39,16 @@ def failed(detail: str) -> dict:
     """A rank's result where the stack failed (its own exception, or the World's verdict of a call that
     failed: ``harness.world.run_or_fail``)."""
     return _failed(detail, losses=[])
+
+
+def replica_rows(tokens, targets, dp: int, replica: int, accumulation: int):
+    """(this replica's tokens, its targets, rows per accumulation micro-step) of the global batch — one sentence
+    for a batch that does not split evenly (never a remainder dropped): what a stack adapter's step takes."""
+    if len(tokens) % dp:
+        raise ValueError(f"the global batch's {len(tokens)} rows do not split evenly over dp = {dp} replicas; "
+                         "pass a multiple of dp.")
+    per = len(tokens) // dp
+    if per % accumulation:
+        raise ValueError(f"a replica's {per} rows cannot be split into {accumulation} accumulation steps.")
+    mine = slice(replica * per, (replica + 1) * per)
+    return tokens[mine], targets[mine], per // accumulation

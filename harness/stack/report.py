@@ -66,21 +66,24 @@ MARKS = {"pass": "pass", "fail": "FAIL", "known-nonconformance": "finding", "uns
 
 def stack_matrix_section(conf, md) -> list[str]:
     """The per-stack conformance matrix of a test run (``pytest suites/stack --results-dir``): one row per
-    case (family / layout / ZeRO / schedule, or the seam it holds), one column per stack, each cell the
+    check and case (the test; family / layout / ZeRO / schedule), one column per stack (planted bugs left out),
+    each cell the
     verdict — pass, FAIL, finding (a known non-conformance of the findings registry), unsupported or refused
     — and below it every non-pass cell's reason, the table a design review takes."""
-    rows = conf[conf["suite"] == "stack"].copy()
+    rows = conf[(conf["suite"] == "stack") & ~conf["impl"].astype(str).str.startswith("suites.")].copy()  # not planted
     if not len(rows):
         return []
     rows["case"] = rows["collective"].fillna("") + rows["dtype"].map(lambda d: "" if d == "float64" else f" ({d})")
-    cell = rows.groupby(["case", "impl"])["outcome"].agg(
+    # the check a row comes from (the test, its parameters dropped): a refusal test's case is not an equivalence's
+    rows["check"] = rows["property"].fillna("").astype(str).str.split("[").str[0].str.removeprefix("test_")
+    cell = rows.groupby(["check", "case", "impl"])["outcome"].agg(
         lambda o: MARKS.get(next((x for x in ("fail", "known-nonconformance", "refused", "unsupported")
                                   if x in set(o)), "pass"), "pass")).unstack(fill_value="")
     out = ["## Stacks held to one device: the conformance matrix", "",
-           "Every case the stack suite ran (`suites/stack`), per stack: the family / layout (dp x pp x tp, -cp, -ep) / "
-           "ZeRO stage / schedule, or the seam. finding: a known non-conformance (`harness/findings.py`, with its "
-           "watch test); unsupported / refused: the stack's own sentence, below.", "",
-           md(cell, "g"), ""]
+           "Every case the stack suite ran (`suites/stack`), per stack: the check (the test) and the family / "
+           "layout (dp x pp x tp, -cp, -ep) / ZeRO stage / schedule. finding: a known non-conformance "
+           "(`harness/findings.py`, with its watch test); unsupported / refused: the stack's own sentence, below.", "",
+           md(cell.reset_index(), "g", index=False), ""]
     why = rows[rows["outcome"].isin(["fail", "known-nonconformance", "unsupported", "refused"])]
     if len(why):
         reasons = why.groupby(["impl", "outcome", "detail"]).size().reset_index(name="cases")
