@@ -39,9 +39,10 @@ class ReferenceStack:
         if layout.ep > 1 and spec.family != "moe":
             raise ValueError(f"ep ({layout.ep}) splits experts: the {spec.family} family has none (the moe family "
                              "has).")
-        if layout.ep > 1 and spec.experts % layout.ep:
-            raise ValueError(f"the {spec.experts} experts do not split evenly over ep = {layout.ep}: each EP rank "
-                             f"holds E / ep of them; choose an ep that divides {spec.experts}.")
+        if layout.ep > 1:  # what StackMoE would refuse at load_dense, refused here
+            from reference.expert_parallel.moe import check_split
+
+            check_split(spec.experts, layout.ep)
         if layout.ep > 1 and (layout.zero or spec.dtype in ("bfloat16", "float16")):
             raise Unsupported("the reference stack's expert parallelism reduces the experts over their expert-data-"
                               "parallel group with ZeRO 0 in float32 / float64; sharding their state (ZeRO 1/2, fp32 "

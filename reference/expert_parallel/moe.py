@@ -33,6 +33,13 @@ def ep_groups(n: int, ep: int, rank: int) -> tuple:
     return _GROUPS[(n, ep)]
 
 
+def check_split(experts: int, ep: int) -> None:
+    """One sentence for experts that do not split evenly over the EP group."""
+    if experts % ep:
+        raise ValueError(f"the {experts} experts do not split evenly over ep = {ep}: each EP rank holds E / ep of "
+                         f"them; choose an ep that divides {experts}.")
+
+
 class AllToAllV(torch.autograd.Function):
     """forward: rows of x split by ``send`` to the EP ranks, the rows each sends here (``recv``) returned;
     backward: the same exchange reversed (the gradient rows go back where they came from)."""
@@ -111,9 +118,7 @@ class ExpertParallelMoE(nn.Module):
         E = dense.num_experts
         if n % ep:
             raise ValueError(f"ep ({ep}) must divide the group's {n} ranks.")
-        if E % ep:
-            raise ValueError(f"the {E} experts do not split evenly over ep = {ep}: each EP rank holds E / ep of them; "
-                             f"choose an ep that divides {E}.")
+        check_split(E, ep)
         if dense.capacity_factor is not None:
             raise NotImplementedError("the reference expert parallelism is dropless; a capacity factor is not "
                                       "applied across EP ranks here.")

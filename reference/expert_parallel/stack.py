@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..models.moe import route, routed_sum, row_balance, row_balance_loss
-from .moe import SumForwardIdentityBackward, dispatch_combine
+from .moe import SumForwardIdentityBackward, check_split, dispatch_combine
 
 
 class AttachAux(torch.autograd.Function):
@@ -45,9 +45,7 @@ class StackMoE(nn.Module):
         super().__init__()
         E = dense.num_experts
         ep = dist.get_world_size(ep_group) if ep_group is not None else 1
-        if E % ep:
-            raise ValueError(f"the {E} experts do not split evenly over ep = {ep}: each EP rank holds E / ep of them; "
-                             f"choose an ep that divides {E}.")
+        check_split(E, ep)
         self.ep_group, self.cp_group, self.planted = ep_group, cp_group, planted
         self.num_experts, self.top_k, self.scoring, self.renormalize = E, dense.top_k, dense.scoring, dense.renormalize
         self.router, self.shared = copy.deepcopy(dense.router), copy.deepcopy(dense.shared)
