@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
+from reference.models.moe import routing_gap
+
 from ..errors import describe
 from ..layer_case import failed as layer_failed
 from ..layer_case import failed_here, off
@@ -79,10 +81,8 @@ def _inputs(case: Case, n: int, dense, device):
         if case.skew:
             x[:, 0] = 4.0
         with torch.no_grad():
-            logits = dense.router(x)
-            score = torch.softmax(logits, -1) if case.scoring == "softmax" else torch.sigmoid(logits) + dense.bias
-            top = score.topk(min(case.top_k + 1, case.experts), dim=-1).values
-        if case.top_k == case.experts or float((top[:, case.top_k - 1] - top[:, case.top_k]).min()) >= 1e-6:
+            gap = routing_gap(dense, x)  # inf where k = E: no choice to tie
+        if gap >= 1e-6:
             g = torch.randn(n * case.tokens, case.hidden, generator=gen, dtype=torch.float64).to(device)
             return x, g
     raise AssertionError("no draw without a near-tie in 1000 attempts")

@@ -119,13 +119,15 @@ class Llama(nn.Module):
 
     def __init__(self, vocab: int = 13, hidden: int = 16, heads: int = 4, kv_heads: int = 2, ffn: int = 24,
                  layers: int = 4, rope_theta: float = 10000.0, norm_eps: float = 1e-5, dtype=torch.float64, *,
-                 tie_embeddings: bool = False):
+                 tie_embeddings: bool = False, block=None):
+        """``block``: a zero-argument factory of one block (default: a ``LlamaBlock`` of these sizes; the MoE
+        family's ``MoEBlock``), called ``layers`` times in place."""
         super().__init__()
         self.vocab, self.heads, self.kv_heads, self.rope_theta = vocab, heads, kv_heads, rope_theta
         self.dropout_key = DropoutKey()  # the family has no dropout; the stacks key it all the same
         self.embed = nn.Embedding(vocab, hidden, dtype=dtype)
-        self.blocks = nn.ModuleList(LlamaBlock(hidden, heads, kv_heads, ffn, rope_theta, norm_eps, dtype)
-                                    for _ in range(layers))
+        block = block or (lambda: LlamaBlock(hidden, heads, kv_heads, ffn, rope_theta, norm_eps, dtype))
+        self.blocks = nn.ModuleList(block() for _ in range(layers))
         self.ln_f = RMSNorm(hidden, norm_eps, dtype)
         self.head = nn.Linear(hidden, vocab, bias=False, dtype=dtype)
         self.tie_embeddings = tie_embeddings

@@ -72,6 +72,16 @@ def row_balance_loss(counts: torch.Tensor, psum: torch.Tensor, tokens: int, k: i
     return E * (counts / (tokens * k) * psum / tokens).sum(-1)
 
 
+def routing_gap(moe: MoE, x: torch.Tensor) -> float:
+    """The smallest gap between a token's k-th and (k+1)-th selection score (inf when k = E: no choice)."""
+    logits = moe.router(x)
+    scores = torch.softmax(logits, -1) if moe.scoring == "softmax" else torch.sigmoid(logits) + moe.bias
+    if moe.top_k >= scores.shape[-1]:
+        return float("inf")
+    top = scores.topk(moe.top_k + 1, dim=-1).values
+    return float((top[:, moe.top_k - 1] - top[:, moe.top_k]).min())
+
+
 def kept_assignments(experts: torch.Tensor, num_experts: int, capacity_factor: float | None) -> torch.Tensor:
     """(T, k) bool: which assignments an expert takes — all (dropless), or the first ceil(factor T k / E)
     routed to each expert in (token, slot) order."""

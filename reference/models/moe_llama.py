@@ -20,19 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..dropout import DropoutKey
-from .llama import GQAttention, RMSNorm
-from .moe import MoE, routed_sum, row_balance, row_balance_loss
-
-
-def routing_gap(moe: MoE, x: torch.Tensor) -> float:
-    """The smallest gap between a token's k-th and (k+1)-th selection score (inf when k = E: no choice)."""
-    logits = moe.router(x)
-    scores = torch.softmax(logits, -1) if moe.scoring == "softmax" else torch.sigmoid(logits) + moe.bias
-    if moe.top_k >= scores.shape[-1]:
-        return float("inf")
-    top = scores.topk(moe.top_k + 1, dim=-1).values
-    return float((top[:, moe.top_k - 1] - top[:, moe.top_k]).min())
+from .llama import GQAttention, Llama, RMSNorm
+from .moe import MoE, routed_sum, routing_gap, row_balance, row_balance_loss
 
 
 class MoEBlock(nn.Module):
@@ -66,26 +55,19 @@ class MoEBlock(nn.Module):
         return self.run(x, positions)[0]
 
 
-class MoELlama(nn.Module):
-    """Token embedding, ``layers`` MoE blocks, a final RMSNorm, an LM head. ``loss(tokens, targets)``: the
-    mean cross-entropy + aux_coef x sum over layers of the mean over sequences of their balance loss."""
+class MoELlama(Llama):
+    """The Llama with MoE blocks: token embedding, ``layers`` MoE blocks, a final RMSNorm, an LM head.
+    ``loss(tokens, targets)``: the mean cross-entropy + aux_coef x sum over layers of the mean over sequences of
+    their balance loss."""
 
     def __init__(self, vocab: int, hidden: int, heads: int, kv_heads: int, ffn: int, layers: int,
                  rope_theta: float, norm_eps: float, dtype, *, experts: int, top_k: int, shared: int = 0,
                  scoring: str = "softmax", aux_coef: float = 0.01, tie_embeddings: bool = False):
-        super().__init__()
-        self.vocab, self.heads, self.kv_heads, self.rope_theta = vocab, heads, kv_heads, rope_theta
+        super().__init__(vocab, hidden, heads, kv_heads, ffn, layers, rope_theta, norm_eps, dtype,
+                         tie_embeddings=tie_embeddings,
+                         block=lambda: MoEBlock(hidden, heads, kv_heads, ffn, rope_theta, norm_eps, dtype,
+                                                experts=experts, top_k=top_k, shared=shared, scoring=scoring))
         self.aux_coef = aux_coef
-        self.dropout_key = DropoutKey()  # the family has no dropout; the stacks key it all the same
-        self.embed = nn.Embedding(vocab, hidden, dtype=dtype)
-        self.blocks = nn.ModuleList(MoEBlock(hidden, heads, kv_heads, ffn, rope_theta, norm_eps, dtype,
-                                             experts=experts, top_k=top_k, shared=shared, scoring=scoring)
-                                    for _ in range(layers))
-        self.ln_f = RMSNorm(hidden, norm_eps, dtype)
-        self.head = nn.Linear(hidden, vocab, bias=False, dtype=dtype)
-        self.tie_embeddings = tie_embeddings
-        if tie_embeddings:
-            self.head.weight = self.embed.weight
 
     def run(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits, the sum over layers of the mean over sequences of the balance loss)."""
@@ -94,9 +76,6 @@ class MoELlama(nn.Module):
             x, rows = block.run(x)
             aux = aux + rows.mean()
         return self.head(self.ln_f(x)), aux
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.run(tokens)[0]
 
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         from ..tensor_parallel.vocab import fp32_logits
