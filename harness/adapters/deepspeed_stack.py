@@ -59,20 +59,18 @@ class DeepSpeedStackTrainer(BuiltFromDense):
 
     def _build(self, model):
         from .deepspeed_init import init
+        from .deepspeed_zero import _Trainer, engine_config
 
         init()
         import deepspeed
 
         recipe = self.recipe
-        # persistence threshold 0: stage 3 partitions every parameter; gradient_clipping 0 unless asked (DeepSpeed's
-        # default of 1.0 clips silently: suites/zero/test_findings.py)
-        config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": recipe.accumulation,
-                  "zero_optimization": {"stage": self.layout.zero, "stage3_param_persistence_threshold": 0},
-                  "gradient_clipping": recipe.max_grad_norm or 0.0, "zero_allow_untested_optimizer": True,
-                  "steps_per_print": 1 << 30, "wall_clock_breakdown": False}
+        config = engine_config(self.layout.zero, recipe.accumulation, recipe.max_grad_norm)
         client = recipe.optimizer.build(model.parameters())
         engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client, config=config)
-        self.optimizer = optimizer
+        # the ZeRO adapter's reading of DeepSpeed's full state (GatheredParameters, safe_get_full_optimizer_state)
+        names = [name for name, _ in model.named_parameters()]
+        self.state = _Trainer(engine, optimizer, recipe.optimizer, self.layout.zero, names, None)
         return engine
 
     def step(self, tokens, targets) -> float:
@@ -95,20 +93,9 @@ class DeepSpeedStackTrainer(BuiltFromDense):
         return float(value)
 
     def dense_state(self) -> dict:
-        import deepspeed
-        from deepspeed.utils import safe_get_full_optimizer_state
-
-        engine, keys = self.trainer, self.recipe.optimizer.state_keys
-        named = dict(engine.module.named_parameters())
-        with deepspeed.zero.GatheredParameters(list(named.values()), enabled=self.layout.zero == 3):
-            params = {k: p.detach().cpu().clone() for k, p in named.items()}
-        optimizer = {}
-        for name, p in named.items():
-            if self.layout.zero == 0:
-                state = self.optimizer.state.get(p, {})
-                optimizer[name] = {k: state[k].detach().cpu().clone() for k in keys if k in state}
-            else:
-                optimizer[name] = {k: safe_get_full_optimizer_state(p, k).detach().cpu().clone() for k in keys}
+        params = {k: v.cpu() for k, v in self.state.full_params().items()}
+        optimizer = {k: {key: t.detach().cpu() for key, t in v.items()} for k, v in
+                     self.state.full_optimizer_state().items()}
         if self.spec.tie_embeddings and "head.weight" not in params:  # one parameter: both names, state once
             params["head.weight"] = params["embed.weight"]
         return {"params": params, "optimizer": optimizer, "grad_norm": self.last_grad_norm}

@@ -43,17 +43,22 @@ class DeepSpeedZero:
         _init()
         import deepspeed
 
-        # persistence threshold 0: stage 3 partitions every parameter, the small ones too
-        zero = {"stage": stage, "stage3_param_persistence_threshold": 0}
-        # gradient_clipping 0: DeepSpeed 0.19's default is 1.0, which silently clips the gradient norm to 1
-        # (suites/zero/test_findings.py); the contract's step is the plain optimizer step.
-        config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": recipe.accumulation,
-                  "zero_optimization": zero, "gradient_clipping": recipe.max_grad_norm or 0.0,
-                  "zero_allow_untested_optimizer": True, "steps_per_print": 1 << 30, "wall_clock_breakdown": False}
+        config = engine_config(stage, recipe.accumulation, recipe.max_grad_norm)
         names = [name for name, _ in model.named_parameters()]
         engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=optimizer.build(model.parameters()),
                                                  config=config)
         return _Trainer(engine, opt, optimizer, stage, names, recipe)
+
+
+def engine_config(stage: int, accumulation: int, max_grad_norm: float | None) -> dict:
+    """The DeepSpeed config both DeepSpeed adapters train with: ZeRO ``stage``, its own accumulation and clipping."""
+    # persistence threshold 0: stage 3 partitions every parameter, the small ones too
+    zero = {"stage": stage, "stage3_param_persistence_threshold": 0}
+    # gradient_clipping 0 unless asked: DeepSpeed 0.19's default is 1.0, which silently clips the gradient norm to 1
+    # (suites/zero/test_findings.py); the contract's step is the plain optimizer step.
+    return {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": accumulation,
+            "zero_optimization": zero, "gradient_clipping": max_grad_norm or 0.0,
+            "zero_allow_untested_optimizer": True, "steps_per_print": 1 << 30, "wall_clock_breakdown": False}
 
 
 class _Trainer:
