@@ -94,10 +94,6 @@ class _Layer(torch.nn.Module):
                 g = p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
                 dist.all_reduce(g, group=self.edp_group)
                 out[f"experts.{self.first + i}.{name}"] = g
-        everyone = [None] * dist.get_world_size(self.ep_group)
-        dist.all_gather_object(everyone, {k: v.cpu() for k, v in out.items() if k.startswith("experts.")},
-                               group=self.ep_group)
-        for part in everyone:
-            for k, v in part.items():
-                out.setdefault(k, v.to(gate.device))
-        return out
+        from reference.expert_parallel.moe import with_every_expert
+
+        return with_every_expert(out, self.ep_group, gate.device)

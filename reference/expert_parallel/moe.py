@@ -191,13 +191,19 @@ def full_grads(module: ExpertParallelMoE, group, **planted) -> dict[str, torch.T
             if not (planted.get("router_not_reduced") and name.startswith("router.")):
                 dist.all_reduce(g, group=group)
             out[name] = g
-    everyone = [None] * dist.get_world_size(module.ep_group)
-    dist.all_gather_object(everyone, {k: v.cpu() for k, v in out.items() if k.startswith("experts.")},
-                           group=module.ep_group)
+    return with_every_expert(out, module.ep_group, next(module.parameters()).device)
+
+
+def with_every_expert(grads: dict, ep_group, device) -> dict:
+    """``grads`` (this rank's experts' under their global names, the rest) completed with every other EP rank's
+    experts (collective over ``ep_group``)."""
+    everyone = [None] * dist.get_world_size(ep_group)
+    dist.all_gather_object(everyone, {k: v.cpu() for k, v in grads.items() if k.startswith("experts.")},
+                           group=ep_group)
     for part in everyone:
         for k, v in part.items():
-            out.setdefault(k, v.to(next(module.parameters()).device))
-    return out
+            grads.setdefault(k, v.to(device))
+    return grads
 
 
 class ReferenceExpertParallel:
