@@ -247,7 +247,7 @@ class TorchtitanStackTrainer(BuiltFromDense):
         if recipe.max_grad_norm is not None:
             norm = dist_utils.clip_grad_norm_([p for m in parts for p in m.parameters()], recipe.max_grad_norm,
                                               recipe.norm_type, foreach=True, pp_mesh=dims.get_optional_mesh("pp"))
-            self.last_grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+            self.last_grad_norm = _scalar(norm)
         self.optimizers.step()
         total = torch.tensor([loss_sum], dtype=torch.float64)
         for axis in ("pp", "batch"):  # the last stage's sums, over every replica
@@ -306,7 +306,7 @@ class TorchtitanStackTrainer(BuiltFromDense):
 
 
 def _scalar(t) -> float:
-    return float((t.full_tensor() if hasattr(t, "full_tensor") else t).detach())
+    return float(_full(t))
 
 
 def _full(t):
