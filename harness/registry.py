@@ -117,6 +117,9 @@ BUILTINS: dict[tuple[str, str], ImplSpec] = {
         ImplSpec("torchtitan", "stack", "harness.adapters.torchtitan_stack:TorchtitanStack",
                  requires=("torchtitan", "spmd_types", "tyro", "einops"),
                  description="torchtitan's Llama3Model + parallelize_llama (TP/SP, FSDP2 / replicate, AC), float32"),
+        ImplSpec("megatron", "stack", "harness.adapters.megatron_stack:MegatronStack", requires=("megatron.core",),
+                 description="megatron-core's GPTModel (local spec) + TP/SP, 1F1B / interleaved, DDP / distributed "
+                             "optimizer (float32)"),
         ImplSpec("torch", "stack", "harness.adapters.torch_stack:TorchStack",
                  requires=("torch.distributed.pipelining", "torch.distributed.fsdp"),
                  description="torchtitan-style: DTensor TP + pipelining + FSDP2, GPT and Llama"),

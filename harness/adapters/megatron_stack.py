@@ -1,0 +1,381 @@
+"""megatron-core (0.16) under the stack contract, through its own code: ``GPTModel`` with the local layer spec
+(no TransformerEngine) for both families — the Llama (RMSNorm, SwiGLU, rotary, grouped-query attention, no
+biases) and the GPT (LayerNorm, GELU, biases, no position embedding) through its ``TransformerConfig`` —, its
+tensor and sequence parallelism, its pipeline schedules (``get_forward_backward_func``: 1F1B, interleaved
+1F1B), its ``DistributedDataParallel`` (ZeRO 0) and distributed optimizer (ZeRO 1), ``finalize_model_grads``
+(the DP reduction, the sequence-parallel norms' and the tied embedding's all-reduces), full activation
+recomputation, and its optimizer (``get_megatron_optimizer``: torch's SGD / AdamW behind Megatron's
+clipping by the global 2-norm). The step is Megatron-LM's ``train_step``: zero the grad buffers, one
+``forward_backward_func`` over every micro-batch of the step (pipeline micro-batches x accumulation), the
+loss function of ``pretrain_gpt`` (the mean over the micro-batch's tokens; the schedule divides by the
+micro-batch count, DDP averages over dp), ``optimizer.step()`` (its grad norm before clipping).
+
+On a CPU, ``megatron_cpu.on_cpu()`` redirects the CUDA device megatron-core writes into its code to the CPU
+(what and why: that module); on a CUDA machine Megatron runs as it is.
+
+What the adapter chooses, and why:
+- float32: megatron-core's clipping asserts float32 gradients (``clip_grads``: 'torch.cuda.FloatTensor') and
+  its rotary embedding computes in float32 (``inv_freq``);
+- the vocabulary padded to a multiple of tp with zero rows (Megatron-LM's ``_vocab_size_with_padding`` with
+  ``make_vocab_size_divisible_by`` 1): the padding's logits then enter its cross-entropy's softmax (the tensor-
+  parallel suite's finding) — the suite's spec has a vocabulary every tp divides, a watch the other;
+- 5 layers over pp stages: ``num_layers_in_first_pipeline_stage`` takes the remainder (Megatron's uneven
+  split); the interleaved schedule splits evenly (its own rule);
+- ranks ``order="tp-cp-ep-pp-dp"``: the contract's placement (Megatron's default puts pp outermost).
+
+Names: ``embedding.word_embeddings``, ``decoder.layers.<i>.{input_layernorm, self_attention.linear_qkv,
+self_attention.linear_proj, pre_mlp_layernorm, mlp.linear_fc1, mlp.linear_fc2}``, ``decoder.final_layernorm``,
+``output_layer`` — ``linear_qkv`` holds, per query group, its query heads, then its key and its value head;
+``linear_fc1`` of the Llama this rank's gate rows, then its up rows (``_pieces``)."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.distributed as dist
+
+from ..contracts import Unsupported
+from .dense_built import BuiltFromDense
+from .megatron_cpu import on_cpu
+
+
+def _unsupported(spec, layout, recipe) -> str | None:
+    if spec.family not in ("gpt", "llama"):
+        return f"the Megatron stack here trains GPTModel as the gpt and llama families, not the {spec.family} family."
+    if spec.dtype != "float32":
+        return ("megatron-core clips float32 gradients (clip_grads asserts 'torch.cuda.FloatTensor') and computes its "
+                f"rotary embedding in float32: a {spec.dtype} spec is not what it trains; the suite holds it at float32.")
+    if spec.extra or layout.extra:
+        return f"the Megatron stack does not know {', '.join(sorted({**spec.extra, **layout.extra}))}."
+    if layout.sequence_parallel:
+        return ("megatron-core's local layer spec (torch norms, WrappedTorchNorm) refuses sequence parallelism "
+                "(its own assertion); it needs TransformerEngine's or Apex's norms.")
+    if spec.dropout:
+        return "the Megatron stack here trains without dropout (its masks come from its own CUDA RNG tracker)."
+    if layout.cp > 1 or layout.ep > 1:
+        return "the Megatron stack here has no context or expert parallelism yet."
+    if layout.zero > 1:
+        return ("Megatron's distributed optimizer shards optimizer state and fp32 master weights over dp, its "
+                "gradients reduce-scattered into a whole buffer (ZeRO 1); ZeRO 2 / 3 is megatron_fsdp, not driven here.")
+    if layout.zero == 1 and recipe.optimizer.name != "adam":
+        return "megatron-core's distributed optimizer (ZeRO 1) takes Adam only (its own assertion)."
+    if layout.pp > 1 and layout.schedule == "gpipe":
+        return "megatron-core's pipeline schedules are 1F1B and interleaved 1F1B; it has no GPipe."
+    if recipe.max_grad_norm is not None and recipe.norm_type != 2.0:
+        return f"megatron-core's optimizer clips the global 2-norm (clip_grad), not the {recipe.norm_type} norm."
+    if recipe.loss_scale is not None:
+        return "the Megatron stack here has no loss scaler (float32 needs none)."
+    return None
+
+
+class MegatronStack:
+    description = "megatron-core: GPTModel (local spec) + its TP/SP, 1F1B / interleaved schedules, DDP / distributed optimizer"
+
+    def build(self, spec, layout, recipe, group=None):
+        why = _unsupported(spec, layout, recipe)
+        if why:
+            raise Unsupported(why)
+        if group is not None and group is not dist.group.WORLD and dist.get_world_size(group) != dist.get_world_size():
+            raise Unsupported("megatron-core lays its parallel groups over the whole world (parallel_state).")
+        if spec.heads % layout.tp or spec.kv % layout.tp:
+            raise ValueError(f"tp ({layout.tp}) must divide the attention heads ({spec.heads}) and the KV heads "
+                             f"({spec.kv}): megatron-core splits query groups, it does not replicate them.")
+        if spec.ffn % layout.tp:
+            raise ValueError(f"tp ({layout.tp}) must divide the feed-forward size ({spec.ffn}) for megatron-core.")
+        chunks = 2 * layout.pp if layout.schedule == "interleaved" and layout.pp > 1 else layout.pp
+        if layout.schedule == "interleaved" and layout.pp > 1:
+            if spec.layers % chunks:
+                raise ValueError(f"megatron-core's interleaved schedule splits the {spec.layers} layers evenly over its "
+                                 f"2 x pp = {chunks} model chunks.")
+            if layout.num_microbatches % layout.pp:
+                raise ValueError(f"megatron-core's interleaved schedule needs micro-batches ({layout.num_microbatches}) "
+                                 f"divisible by pp ({layout.pp}).")
+        elif spec.layers < layout.pp:
+            raise ValueError(f"pp ({layout.pp}) cannot exceed the number of layers ({spec.layers}).")
+        import megatron.core  # noqa: F401 - the package under test, importable
+
+        return MegatronStackTrainer(spec, layout, recipe)
+
+
+def _padded(vocab: int, tp: int) -> int:
+    return -(-vocab // tp) * tp
+
+
+def _pieces(spec, name: str, tp: int, r: int, vocab_padded: int):
+    """Megatron parameter ``name`` (global layer numbers) on tensor-parallel rank ``r``: (dim, [(dense name or
+    None for zero padding, start, stop)]) — its local tensor is those slices of the dense tensors, concatenated
+    along ``dim``."""
+    m = re.fullmatch(r"decoder\.layers\.(\d+)\.(.+)\.(weight|bias)", name)
+    what = name.rsplit(".", 1)[-1]
+    if m is None:
+        if name.startswith("decoder.final_layernorm"):
+            return 0, [(f"ln_f.{what}", 0, spec.hidden)]
+        dense = "embed.weight" if name.startswith("embedding") else "head.weight"
+        rows = vocab_padded // tp
+        start, stop = r * rows, (r + 1) * rows
+        return 0, [(dense, start, min(stop, spec.vocab))] + ([(None, spec.vocab, stop)] if stop > spec.vocab else [])
+    block, part = f"blocks.{m.group(1)}", m.group(2)
+    llama = spec.family == "llama"
+    if part in ("input_layernorm", "pre_mlp_layernorm"):
+        norm = {"input_layernorm": "attn_norm" if llama else "ln1", "pre_mlp_layernorm": "mlp_norm" if llama else "ln2"}
+        return 0, [(f"{block}.{norm[part]}.{what}", 0, spec.hidden)]
+    if part == "self_attention.linear_qkv":
+        d, groups = spec.hidden // spec.heads, spec.kv
+        per = spec.heads // groups
+        out = []
+        for g in range(r * groups // tp, (r + 1) * groups // tp):
+            out += [(f"{block}.attn.q.{what}", g * per * d, (g + 1) * per * d),
+                    (f"{block}.attn.k.{what}", g * d, (g + 1) * d), (f"{block}.attn.v.{what}", g * d, (g + 1) * d)]
+        return 0, out
+    h, f = spec.hidden // tp, spec.ffn // tp
+    if part == "self_attention.linear_proj":
+        return (1, [(f"{block}.attn.o.weight", r * h, (r + 1) * h)]) if what == "weight" else \
+            (0, [(f"{block}.attn.o.bias", 0, spec.hidden)])
+    if part == "mlp.linear_fc1":
+        if llama:
+            return 0, [(f"{block}.mlp.gate.weight", r * f, (r + 1) * f), (f"{block}.mlp.up.weight", r * f, (r + 1) * f)]
+        return 0, [(f"{block}.fc1.{what}", r * f, (r + 1) * f)]
+    if part == "mlp.linear_fc2":
+        down = f"{block}.mlp.down.weight" if llama else f"{block}.fc2.{what}"
+        return (1, [(down, r * f, (r + 1) * f)]) if what == "weight" else (0, [(down, 0, spec.hidden)])
+    raise KeyError(f"megatron-core parameter {name!r} has no one-device counterpart here.")
+
+
+def _local(spec, name, tp, r, vocab_padded, dense: dict) -> torch.Tensor:
+    dim, pieces = _pieces(spec, name, tp, r, vocab_padded)
+    parts = []
+    for src, start, stop in pieces:
+        if src is None:
+            shape = list(dense["embed.weight"].shape)
+            shape[dim] = stop - start
+            parts.append(torch.zeros(shape, dtype=dense["embed.weight"].dtype))
+        else:
+            parts.append(dense[src].narrow(dim, start, stop - start))
+    return torch.cat(parts, dim)
+
+
+def _scatter_dense(spec, name, tp, r, vocab_padded, local: torch.Tensor, into: dict, shapes: dict) -> None:
+    """The inverse of ``_local``: ``local`` (rank ``r``'s tensor of ``name``) written into the dense tensors."""
+    dim, pieces = _pieces(spec, name, tp, r, vocab_padded)
+    at = 0
+    for src, start, stop in pieces:
+        if src is not None:
+            if src not in into:
+                into[src] = torch.full(shapes[src], float("nan"), dtype=local.dtype)
+            into[src].narrow(dim, start, stop - start).copy_(local.narrow(dim, at, stop - start))
+        at += stop - start
+
+
+def _global_names(chunk) -> dict:
+    """{parameter: name with global layer numbers} of one model chunk (its DDP wrapper's ``module.`` dropped)."""
+    inner = chunk.module if hasattr(chunk, "module") else chunk
+    offset = inner.decoder.layers[0].layer_number - 1 if len(inner.decoder.layers) else 0
+    names = {}
+    for name, p in inner.named_parameters():
+        m = re.match(r"decoder\.layers\.(\d+)\.", name)
+        names[p] = f"decoder.layers.{int(m.group(1)) + offset}.{name[m.end():]}" if m else name
+    return names
+
+
+class MegatronStackTrainer(BuiltFromDense):
+    perform_initialization = True
+    """Megatron initialises its weights (then the one-device weights are loaded over them): with
+    ``perform_initialization=False`` megatron-core 0.16 never marks its column / row / vocabulary-parallel weights
+    ``tensor_model_parallel`` (``set_tensor_model_parallel_attributes`` runs inside its initialisers only), so its
+    grad norm counts them on TP rank 0 alone (the finding; suites/stack/test_megatron.py watches it)."""
+
+    def __init__(self, spec, layout, recipe):
+        self.spec, self.layout, self.recipe = spec, layout, recipe
+        self.vp = 2 if layout.schedule == "interleaved" and layout.pp > 1 else None
+        self.last_grad_norm = None
+
+    def _config(self):
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        spec, layout = self.spec, self.layout
+        llama = spec.family == "llama"
+        split = {}
+        if layout.pp > 1 and self.vp is None and spec.layers % layout.pp:  # Megatron's uneven split
+            base = spec.layers // layout.pp
+            split = {"num_layers_in_first_pipeline_stage": spec.layers - base * (layout.pp - 1),
+                     "num_layers_in_last_pipeline_stage": base}
+        recompute = {"recompute_granularity": "full", "recompute_method": "uniform",
+                     "recompute_num_layers": 1} if layout.checkpointing else {}
+        return TransformerConfig(
+            num_layers=spec.layers, hidden_size=spec.hidden, num_attention_heads=spec.heads,
+            num_query_groups=spec.kv, ffn_hidden_size=spec.ffn, kv_channels=spec.hidden // spec.heads,
+            normalization="RMSNorm" if llama else "LayerNorm", layernorm_epsilon=spec.norm_eps if llama else 1e-5,
+            gated_linear_unit=llama, activation_func=torch.nn.functional.silu if llama else torch.nn.functional.gelu,
+            add_bias_linear=not llama, hidden_dropout=0.0, attention_dropout=0.0,
+            tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
+            virtual_pipeline_model_parallel_size=self.vp, sequence_parallel=layout.sequence_parallel,
+            use_cpu_initialization=True, perform_initialization=self.perform_initialization, params_dtype=torch.float32,
+            pipeline_dtype=torch.float32, bf16=False, fp16=False, bias_activation_fusion=False,
+            bias_dropout_fusion=False, masked_softmax_fusion=False, apply_rope_fusion=False,
+            persist_layer_norm=False, gradient_accumulation_fusion=False, **self._p2p(), **split, **recompute)
+
+    batched_p2p = False
+    """Megatron-LM's p2p for the interleaved schedule (``overlap_p2p_comm``, not ``batch_p2p_comm``: its
+    arguments make them exclusive, overlap the default). megatron-core's config default, batched, posts
+    send_prev, recv_prev, send_next, recv_next on every rank: at pp = 2 the next and the previous rank are one
+    peer, so an activation and a gradient travel the same way in one batch and each lands in the other's buffer
+    (the finding; the suite's watch sets this True)."""
+
+    def _p2p(self) -> dict:
+        if self.vp is None:
+            return {}
+        return {"batch_p2p_comm": self.batched_p2p, "overlap_p2p_comm": not self.batched_p2p}
+
+    def _build(self, model):
+        with on_cpu():
+            return self._build_megatron(model)
+
+    def _build_megatron(self, model):
+        from megatron.core import parallel_state as ps
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+        spec, layout, recipe = self.spec, self.layout, self.recipe
+        ps.destroy_model_parallel()
+        ps.initialize_model_parallel(tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
+                                     virtual_pipeline_model_parallel_size=self.vp, order="tp-cp-ep-pp-dp")
+        model_parallel_cuda_manual_seed(0)
+        self.config = config = self._config()
+        llama = spec.family == "llama"
+        layer_spec = get_gpt_layer_local_spec(normalization="RMSNorm" if llama else "LayerNorm")
+        self.tp_rank, self.vocab_padded = ps.get_tensor_model_parallel_rank(), _padded(spec.vocab, layout.tp)
+        dense = {k: v.detach().to(torch.float32) for k, v in model.state_dict().items()}
+        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                                   use_distributed_optimizer=layout.zero == 1)
+        chunks = []
+        for vp_stage in range(self.vp or 1):
+            vp = vp_stage if self.vp else None
+            gpt = GPTModel(config=config, transformer_layer_spec=layer_spec, vocab_size=self.vocab_padded,
+                           max_sequence_length=64, position_embedding_type="rope" if llama else "none",
+                           rotary_base=spec.rope_theta, share_embeddings_and_output_weights=spec.tie_embeddings,
+                           pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
+                           post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp), vp_stage=vp)
+            with torch.no_grad():
+                for p, name in _global_names(gpt).items():
+                    p.copy_(_local(spec, self._dense_name_of(name), layout.tp, self.tp_rank, self.vocab_padded, dense))
+            chunks.append(DistributedDataParallel(config, ddp_config, gpt))
+        opt = recipe.optimizer
+        kwargs = {"optimizer": opt.name, "lr": opt.lr, "weight_decay": 0.0, "params_dtype": torch.float32,
+                  "clip_grad": recipe.max_grad_norm or 0.0, "use_distributed_optimizer": layout.zero == 1}
+        kwargs |= {"sgd_momentum": opt.momentum} if opt.name == "sgd" else \
+            {"adam_beta1": opt.betas[0], "adam_beta2": opt.betas[1], "adam_eps": opt.eps}
+        self.optimizer = get_megatron_optimizer(OptimizerConfig(**kwargs), chunks)
+        config.finalize_model_grads_func = finalize_model_grads  # Megatron-LM's training setup
+        config.no_sync_func = [c.no_sync for c in chunks] if len(chunks) > 1 else chunks[0].no_sync
+        return chunks
+
+    def _dense_name_of(self, name: str) -> str:
+        """A tied head's weight (the last stage's copy under pp) is the embedding's."""
+        return "embedding.word_embeddings.weight" if self.spec.tie_embeddings and name == "output_layer.weight" \
+            else name
+
+    def step(self, tokens, targets) -> float:
+        with on_cpu():
+            return self._step(tokens, targets)
+
+    def _step(self, tokens, targets) -> float:
+        from megatron.core import parallel_state as ps
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        from ..stack.inputs import replica_rows
+
+        chunks, layout, recipe = self.trainer, self.layout, self.recipe
+        m = (layout.num_microbatches if layout.pp > 1 else 1) * recipe.accumulation
+        dp_rank = ps.get_data_parallel_rank()
+        mine, theirs, rows = replica_rows(tokens, targets, layout.dp, dp_rank, m)
+        if rows == 0 or len(mine) != rows * m:
+            raise ValueError(f"the Megatron stack splits a replica's rows into {m} equal micro-batches; "
+                             f"{len(mine)} rows do not split.")
+        batches = [(mine[i * rows:(i + 1) * rows], theirs[i * rows:(i + 1) * rows]) for i in range(m)]
+        positions = torch.arange(tokens.shape[1]).expand(rows, -1)
+
+        def loss_func(output):  # pretrain_gpt's: the mean over the micro-batch's tokens
+            loss = output.float().mean()
+            return loss, {"lm loss": loss.detach().clone()}  # the schedule divides the loss in place
+
+        def forward_step(data_iterator, model):
+            x, y = next(data_iterator)
+            return model(x, positions, None, labels=y), loss_func
+
+        for chunk in chunks:
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        iterators = [iter(batches) for _ in chunks] if len(chunks) > 1 else iter(batches)
+        losses = get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iterators, model=chunks, num_microbatches=m,
+            seq_length=tokens.shape[1], micro_batch_size=rows, forward_only=False)
+        success, grad_norm, _ = self.optimizer.step()
+        if not success:
+            raise RuntimeError("megatron-core's optimizer skipped the step (found inf / NaN gradients).")
+        self.last_grad_norm = float(grad_norm) if recipe.max_grad_norm is not None else None
+        mine_sum = sum(float(d["lm loss"]) for d in losses) / m if losses and self.tp_rank == 0 else 0.0
+        total = torch.tensor([mine_sum], dtype=torch.float64)
+        dist.all_reduce(total)  # each replica's mean, from its last stage's first TP rank
+        return float(total) / layout.dp
+
+    def _contributions(self) -> dict:
+        """{(name, tp rank): (dp rank, pp rank, local parameter, [(flat start, flat stop, {state key: flat shard})])}
+        of this rank — the optimizer's state where it lives (the whole tensor, or this dp rank's range of it under
+        the distributed optimizer)."""
+        from megatron.core import parallel_state as ps
+
+        keys = self.recipe.optimizer.state_keys
+        dp, pp = ps.get_data_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+        out = {}
+        for chunk in self.trainer:
+            for p, name in _global_names(chunk).items():
+                out[(name, self.tp_rank)] = (dp, pp, p.detach().clone(), self._state_pieces(p, keys))
+        return out
+
+    def _state_pieces(self, p, keys) -> list:
+        for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            if hasattr(opt, "model_param_group_index_map"):  # the distributed optimizer: this rank's range
+                if p not in opt.model_param_group_index_map:
+                    continue
+                rng = opt._get_model_param_range_map(p)["param"]
+                st = opt._get_main_param_and_optimizer_states(p)
+                return [(rng.start, rng.end, {k: st[k].detach().clone().flatten() for k in keys if k in st})]
+            st = opt.optimizer.state.get(p)
+            if st is not None:
+                return [(0, p.numel(), {k: st[k].detach().clone().flatten() for k in keys if k in st})]
+        return []
+
+    def dense_state(self) -> dict:
+        from megatron.core import parallel_state as ps
+
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, self._contributions())
+        my_dp = ps.get_data_parallel_rank()
+        shapes = {k: tuple(v.shape) for k, v in self.spec.build(0).state_dict().items()}
+        spec, tp = self.spec, self.layout.tp
+        params, states = {}, {}
+        locals_, flat = {}, {}
+        for held in everyone:
+            for key, (dp, _, value, pieces) in held.items():
+                if dp == my_dp or key not in locals_:  # this replica's parameters
+                    locals_[key] = value
+                for start, stop, st in pieces:
+                    for k, shard in st.items():
+                        flat.setdefault((key, k), torch.full((value.numel(),), float("nan")))[start:stop] = shard
+        for (name, r), value in locals_.items():
+            _scatter_dense(spec, name, tp, r, self.vocab_padded, value, params, shapes)
+        for ((name, r), k), values in flat.items():
+            _scatter_dense(spec, name, tp, r, self.vocab_padded, values.view(locals_[(name, r)].shape),
+                           states.setdefault(k, {}), shapes)
+        optimizer = {}
+        for k, dense in states.items():
+            for name, t in dense.items():
+                optimizer.setdefault(name, {})[k] = t
+        if spec.tie_embeddings:  # one parameter under both names (under pp the last stage's copy as it is), its
+            params.setdefault("head.weight", params["embed.weight"])  # state once: the embedding's
+            optimizer.pop("head.weight", None)
+        return {"params": params, "optimizer": optimizer, "grad_norm": self.last_grad_norm}
