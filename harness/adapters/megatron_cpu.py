@@ -142,7 +142,9 @@ def on_cpu():
         finally:
             _DEPTH[0] -= 1
         return
-    import megatron.core.distributed  # noqa: F401 - what the stack drives, loaded before the swap
+    import megatron.core.dist_checkpointing.strategies.state_dict_saver  # noqa: F401 - what the stack drives,
+    import megatron.core.dist_checkpointing.strategies.torch  # noqa: F401 - loaded before the swap
+    import megatron.core.distributed  # noqa: F401
     import megatron.core.models.gpt  # noqa: F401
     import megatron.core.optimizer  # noqa: F401
     import megatron.core.pipeline_parallel  # noqa: F401
