@@ -175,6 +175,43 @@ FINDINGS: tuple[Finding, ...] = (
             "suites/stack/test_torchtitan.py::test_watch_a_tied_embedding_under_fsdp_and_tp_is_off_at_step_two",
             {"tie_embeddings": True, "tp": lambda t: t > 1, "dp": lambda d: d > 1},
             symptom=r"^rank \d+: (step 2: |loss after step 2)", cause=r"^rank \d+: step 2: parameter"),
+    Finding("megatron", "stack", "megatron-core", ("0.16", None),
+            "megatron-core's GPTModel trains a vocabulary padded to a multiple of tp (Megatron-LM's "
+            "_vocab_size_with_padding) and its vocab_parallel_cross_entropy takes the softmax over the padding's "
+            "logits too: the loss and every gradient differ from one device's (minimal case in the stack: a Llama of "
+            "vocabulary 13 at tp 2, padded to 14 — loss 2.926 vs 2.861 at step 1).",
+            "suites/stack/test_megatron.py::test_megatron_with_a_vocabulary_tp_does_not_divide_is_the_known_finding",
+            {"vocab_remainder": lambda r: r != 0}, symptom=r"^rank \d+: (step \d+: |loss after step)",
+            cause=r"^rank \d+: loss after step 1: "),
+    Finding("megatron", "stack", "megatron-core", ("0.16", None),
+            "megatron-core with perform_initialization=False never marks its column-, row- and vocabulary-parallel "
+            "weights tensor_model_parallel (set_tensor_model_parallel_attributes runs inside its initialisers only): "
+            "its optimizer's grad norm then counts them on TP rank 0 alone — clipping by a wrong norm (minimal case: "
+            "a Llama at tp 2, norm 1.499 against one device's 2.043).",
+            "suites/stack/test_megatron.py::test_watch_megatron_without_initialisation_norms_tp_rank_0_alone",
+            handled_by_adapter="the megatron stack lets Megatron initialise (perform_initialization=True), then loads "
+                               "the one-device weights"),
+    Finding("megatron", "stack", "megatron-core", ("0.16", None),
+            "megatron-core's batched p2p (batch_p2p_comm=True, its config default) under the interleaved schedule at "
+            "pp = 2: each rank posts send_prev, recv_prev, send_next, recv_next to one peer, so an activation and a "
+            "gradient sent the same way in one batch land in each other's buffers — on gloo, silently (minimal case: "
+            "a 4-layer Llama, 1 x 2 x 1, 4 micro-batches: loss 2.987 vs 2.961 at step 1; 2 micro-batches equal).",
+            "suites/stack/test_megatron.py::test_watch_megatrons_batched_p2p_swaps_messages_at_pp_2_interleaved",
+            handled_by_adapter="the megatron stack runs the interleaved schedule with Megatron-LM's p2p "
+                               "(overlap_p2p_comm, not batched)"),
+    Finding("megatron", "stack", "megatron-core", ("0.16", None),
+            "megatron-core's FP32Optimizer over torch's SGD cannot load a dist_checkpointing checkpoint: its "
+            "sharded_state_dict(is_loading=True) calls init_state_fn, which get_megatron_optimizer leaves None for "
+            "SGD (TypeError: 'NoneType' object is not callable; minimal case: one rank, SGD, save then load).",
+            "suites/stack/test_megatron.py::test_watch_megatron_cannot_load_a_checkpoint_of_sgd",
+            {"optimizer": "sgd"}, symptom=r"TypeError: 'NoneType' object is not callable"),
+    Finding("megatron", "stack", "megatron-core", ("0.16", None),
+            "megatron-core's distributed optimizer over torch's Adam (no Apex / TransformerEngine) cannot load its "
+            "fully_reshardable checkpoint: the loader skips Adam's 'step' while _set_main_param_and_optimizer_states "
+            "copies every state key, 'step' included (KeyError: 'step'; minimal case: one rank, ZeRO 1, save then "
+            "load).",
+            "suites/stack/test_megatron.py::test_watch_megatrons_distributed_optimizer_cannot_load_its_checkpoint",
+            {"zero": 1}, symptom=r"KeyError: 'step'"),
     Finding("deepspeed", "stack", "deepspeed", ("0.19", None),
             "DeepSpeed's engine at ZeRO stage 0 with a client torch optimizer clips the gradients (gradient_clipping) "
             "but get_global_grad_norm() returns None: the norm it clipped by is not reported (minimal case: 1 rank, "

@@ -44,8 +44,9 @@ def _unsupported(spec, layout, recipe) -> str | None:
     if spec.family not in ("gpt", "llama"):
         return f"the Megatron stack here trains GPTModel as the gpt and llama families, not the {spec.family} family."
     if spec.dtype != "float32":
-        return ("megatron-core clips float32 gradients (clip_grads asserts 'torch.cuda.FloatTensor') and computes its "
-                f"rotary embedding in float32: a {spec.dtype} spec is not what it trains; the suite holds it at float32.")
+        return ("megatron-core clips float32 gradients (clip_grads asserts 'torch.cuda.FloatTensor') and computes "
+                f"its rotary embedding in float32: a {spec.dtype} spec is not what it trains; the suite holds it at "
+                "float32.")
     if spec.extra or layout.extra:
         return f"the Megatron stack does not know {', '.join(sorted({**spec.extra, **layout.extra}))}."
     if layout.sequence_parallel:
@@ -57,7 +58,8 @@ def _unsupported(spec, layout, recipe) -> str | None:
         return "the Megatron stack here has no context or expert parallelism yet."
     if layout.zero > 1:
         return ("Megatron's distributed optimizer shards optimizer state and fp32 master weights over dp, its "
-                "gradients reduce-scattered into a whole buffer (ZeRO 1); ZeRO 2 / 3 is megatron_fsdp, not driven here.")
+                "gradients reduce-scattered into a whole buffer (ZeRO 1); ZeRO 2 / 3 is megatron_fsdp, not driven "
+                "here.")
     if layout.zero == 1 and recipe.optimizer.name != "adam":
         return "megatron-core's distributed optimizer (ZeRO 1) takes Adam only (its own assertion)."
     if layout.pp > 1 and layout.schedule == "gpipe":
@@ -70,7 +72,7 @@ def _unsupported(spec, layout, recipe) -> str | None:
 
 
 class MegatronStack:
-    description = "megatron-core: GPTModel (local spec) + its TP/SP, 1F1B / interleaved schedules, DDP / distributed optimizer"
+    description = "megatron-core: GPTModel (local spec) + its TP, 1F1B / interleaved, DDP / distributed optimizer"
 
     def build(self, spec, layout, recipe, group=None):
         why = _unsupported(spec, layout, recipe)
@@ -86,11 +88,11 @@ class MegatronStack:
         chunks = 2 * layout.pp if layout.schedule == "interleaved" and layout.pp > 1 else layout.pp
         if layout.schedule == "interleaved" and layout.pp > 1:
             if spec.layers % chunks:
-                raise ValueError(f"megatron-core's interleaved schedule splits the {spec.layers} layers evenly over its "
-                                 f"2 x pp = {chunks} model chunks.")
+                raise ValueError(f"megatron-core's interleaved schedule splits the {spec.layers} layers evenly over "
+                                 f"its 2 x pp = {chunks} model chunks.")
             if layout.num_microbatches % layout.pp:
-                raise ValueError(f"megatron-core's interleaved schedule needs micro-batches ({layout.num_microbatches}) "
-                                 f"divisible by pp ({layout.pp}).")
+                raise ValueError(f"megatron-core's interleaved schedule needs micro-batches "
+                                 f"({layout.num_microbatches}) divisible by pp ({layout.pp}).")
         elif spec.layers < layout.pp:
             raise ValueError(f"pp ({layout.pp}) cannot exceed the number of layers ({spec.layers}).")
         import megatron.core  # noqa: F401 - the package under test, importable
@@ -233,7 +235,11 @@ class MegatronStackTrainer(BuiltFromDense):
 
     def _build_megatron(self, model):
         from megatron.core import parallel_state as ps
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer

@@ -120,7 +120,6 @@ def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int 
     n, r = dist.get_world_size(), dist.get_rank()
     rows = rows or layout.dp * layout.num_microbatches * recipe.accumulation
     tokens, targets = global_batch(spec.vocab, rows, seed, seq or seq_for(layout))
-    want = one_device(spec, recipe, seed, tokens, targets, steps)
     impl = registry.load(impl_spec, "stack")
     try:
         trainer = impl.build(spec, layout, recipe)
@@ -130,6 +129,7 @@ def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int 
         return {"refused": str(exc), "unsupported": False, "problems": []}
     except Exception as exc:  # noqa: BLE001 - whatever the code under test raises is a verdict
         return failed_here(f"rank {r}: build raised {describe(exc)}")
+    want = one_device(spec, recipe, seed, tokens, targets, steps)  # after build: a refusal costs no oracle
     device = rank_device()
     problems, worst, losses = [], 0.0, []
     limit = bound(steps, tokens.numel(), spec, n)

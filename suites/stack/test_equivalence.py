@@ -73,7 +73,7 @@ def _verdict(world_cache, conformance, impl, n, spec, layout, recipe, **kw) -> d
                            failed=ranks.failed, **kw)
     outcome, refused, problems = ranks.verdict(per_rank)
     known = findings.match(impl, "stack", problems, norm_type=recipe.norm_type, tp=layout.tp, dp=layout.dp,
-                           tie_embeddings=spec.tie_embeddings, zero=layout.zero,
+                           tie_embeddings=spec.tie_embeddings, zero=layout.zero, vocab_remainder=spec.vocab % layout.tp,
                            clipped=recipe.max_grad_norm is not None) if outcome == "fail" else None
     outcome = "known-nonconformance" if known else outcome
     conformance.record(outcome, finding=known, suite="stack", world_size=n, dtype=spec.dtype, impl=impl,
