@@ -29,7 +29,10 @@ def add_parsers(sub) -> None:
                                                 "time and bytes per rank vs the cost model"),
                            ("expert_parallel", "one MoE layer per implementation vs ep, tokens and skew: time, "
                                                "dispatch time and bytes per rank vs the cost model"),
-                           ("all", "collectives, pipeline, zero, checkpoint, then stack, into one run folder")):
+                           ("matrix", "every installed stack held to one device over one fixed set of cases "
+                                      "(layouts, schedules, seams): the conformance matrix of the report"),
+                           ("all", "collectives, pipeline, zero, checkpoint, stack, then the stack matrix, into one "
+                                   "run folder")):
         p = bsub.add_parser(name, help=helptext)
         p.add_argument("--impls", default=None, help="comma-separated implementations (default: all registered)")
         p.add_argument("--impl", action="append", default=[], metavar="SPEC",
@@ -365,6 +368,11 @@ def run(args) -> int:
         from .stack import bench as stack_bench
 
         plans.append(("stack", stack_config(args), stack_bench.run_sweep))
+    if args.suite in ("matrix", "all"):
+        from .stack import matrix
+
+        impls = _impls(args, "stack") if args.suite == "matrix" else []
+        plans.append(("matrix", matrix.MatrixSweep(impls=impls), matrix.run_sweep))
     if args.suite == "resume":
         from .resume.bench import ResumeSweep
         from .resume.bench import run_sweep as resume_sweep

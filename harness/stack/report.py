@@ -80,7 +80,8 @@ def stack_matrix_section(conf, md) -> list[str]:
         lambda o: MARKS.get(next((x for x in ("fail", "known-nonconformance", "refused", "unsupported")
                                   if x in set(o)), "pass"), "pass")).unstack(fill_value="")
     out = ["## Stacks held to one device: the conformance matrix", "",
-           "Every case the stack suite ran (`suites/stack`), per stack: the check (the test) and the family / "
+           "Every case run (the stack suite's, `suites/stack`; the main job's: the fixed matrix of "
+           "`harness/stack/matrix.py`, check `matrix`), per stack: the check (the test) and the family / "
            "layout (dp x pp x tp, -cp, -ep) / ZeRO stage / schedule. finding: a known non-conformance "
            "(`harness/findings.py`, with its watch test); unsupported / refused: the stack's own sentence, below.", "",
            md(cell.reset_index(), "g", index=False), ""]

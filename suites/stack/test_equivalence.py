@@ -18,11 +18,9 @@ import math
 
 import pytest
 
-from harness import findings
 from harness.capabilities import require_dtype
 from harness.contracts.stack import Layout, Recipe
-from harness.stack import case as ranks
-from harness.world import run_or_fail
+from harness.stack.judge import judged
 from reference.models import ModelSpec
 from reference.zero import OptimizerSpec
 
@@ -69,18 +67,9 @@ def _cases():
 
 
 def _verdict(world_cache, conformance, impl, n, spec, layout, recipe, **kw) -> dict:
-    per_rank = run_or_fail(world_cache.get(n), ranks.train_stack, impl, spec, layout, recipe, timeout=300,
-                           failed=ranks.failed, **kw)
-    outcome, refused, problems = ranks.verdict(per_rank)
-    known = findings.match(impl, "stack", problems, norm_type=recipe.norm_type, tp=layout.tp, dp=layout.dp,
-                           tie_embeddings=spec.tie_embeddings, zero=layout.zero, vocab_remainder=spec.vocab % layout.tp,
-                           clipped=recipe.max_grad_norm is not None) if outcome == "fail" else None
-    outcome = "known-nonconformance" if known else outcome
-    conformance.record(outcome, finding=known, suite="stack", world_size=n, dtype=spec.dtype, impl=impl,
-                       collective=f"{spec.family}/{layout.label()}/zero{layout.zero}/{layout.schedule}",
-                       max_rel_err=max(r.get("worst", 0.0) for r in per_rank),
-                       detail=refused or " | ".join(problems[:1]))
-    return {"outcome": outcome, "problems": problems, "refused": refused, "per_rank": per_rank, "known": known}
+    v = judged(world_cache.get(n), impl, spec, layout, recipe, **kw)
+    conformance.record(v["outcome"], finding=v["known"], **{**v["row"], "world_size": n})
+    return v
 
 
 @pytest.mark.parametrize("n, spec, layout, recipe", list(_cases()))

@@ -4,6 +4,8 @@ recorded), a refusal test's case a row of its own, and every non-pass cell's rea
 
 from __future__ import annotations
 
+import io
+
 import pandas as pd
 
 from harness.report import _md
@@ -47,3 +49,21 @@ def test_the_matrix_has_a_cell_per_check_case_and_stack_and_the_reasons():
     assert "the torch stack shards with FSDP2" in text and "tied embedding off at step 2" in text
     assert "KVReplicasNotSummed" not in text and "stage1" not in text  # planted bugs and other suites left out
     assert stack_matrix_section(conf[conf["suite"] == "zero"], _md) == []
+
+
+def test_the_main_jobs_matrix_holds_each_stack_and_writes_its_rows(world_cache, tmp_path):
+    """``bench matrix`` (the last stage of ``bench all``) on its 1-rank case, our stack and torch's: a conformance
+    row per stack and case, check ``matrix``, in the run folder the report draws the matrix from."""
+    from harness.results import RunDir
+    from harness.stack.matrix import MatrixSweep, cases, run_sweep
+
+    assert len(cases()) == 16 and {layout.world_size for _, _, layout, _ in cases()} == {1, 2, 4}
+    run = RunDir(tmp_path, {"suite": "matrix"})
+    run.create_files()
+    impls = ["reference", "torch"]
+    assert run_sweep(MatrixSweep(impls=impls, sizes=[1]), world_cache.get, run, progress=io.StringIO()) == 2
+    conf = pd.read_csv(run.path / "conformance.csv")
+    assert list(conf["impl"]) == impls and set(conf["outcome"]) == {"pass"}, conf[["impl", "outcome", "detail"]]
+    lines = "\n".join(stack_matrix_section(conf, _md)).splitlines()
+    assert any(line.startswith("| matrix ") and "one rank" in line and line.count("| pass ") == 2
+               for line in lines), lines

@@ -1,0 +1,25 @@
+"""One stack case's verdict, the same in the suite and in the main job's matrix: a stack's case trained on a
+World (``case.train_stack`` on every rank), its ranks' results reduced to pass / fail / unsupported / refused, a
+failure a registry finding explains turned into ``known-nonconformance`` — and its conformance row."""
+
+from __future__ import annotations
+
+
+def judged(world, impl: str, spec, layout, recipe, **kw) -> dict:
+    """{"outcome", "problems", "refused", "per_rank", "known", "row"} of ``impl`` on ``layout`` (``world``: a World
+    of ``layout.world_size`` ranks). Whatever the stack does — raise, hang, die — is a verdict, not an error."""
+    from .. import findings
+    from ..world import run_or_fail
+    from . import case as ranks
+
+    per_rank = run_or_fail(world, ranks.train_stack, impl, spec, layout, recipe, timeout=300, failed=ranks.failed, **kw)
+    outcome, refused, problems = ranks.verdict(per_rank)
+    known = findings.match(impl, "stack", problems, norm_type=recipe.norm_type, tp=layout.tp, dp=layout.dp,
+                           tie_embeddings=spec.tie_embeddings, zero=layout.zero, vocab_remainder=spec.vocab % layout.tp,
+                           clipped=recipe.max_grad_norm is not None) if outcome == "fail" else None
+    outcome = "known-nonconformance" if known else outcome
+    row = {"suite": "stack", "world_size": layout.world_size, "dtype": spec.dtype, "impl": impl,
+           "collective": f"{spec.family}/{layout.label()}/zero{layout.zero}/{layout.schedule}",
+           "max_rel_err": max(r.get("worst", 0.0) for r in per_rank), "detail": refused or " | ".join(problems[:1])}
+    return {"outcome": outcome, "problems": problems, "refused": refused, "per_rank": per_rank, "known": known,
+            "row": row}
