@@ -212,6 +212,13 @@ FINDINGS: tuple[Finding, ...] = (
             "load).",
             "suites/stack/test_megatron.py::test_watch_megatrons_distributed_optimizer_cannot_load_its_checkpoint",
             {"zero": 1}, symptom=r"KeyError: 'step'"),
+    Finding("megatron", "expert_parallel", "megatron-core", ("0.16", None),
+            "megatron-core's MoE router does not run without TransformerEngine: moe_utils imports te_general_gemm in "
+            "a try whose except ImportError defines nothing, and RouterGatingLinearFunction tests 'te_general_gemm "
+            "is not None' on every forward (NameError; minimal case: any MoELayer forward where TE is not installed).",
+            "suites/expert_parallel/test_megatron_moe.py::test_watch_megatrons_router_needs_transformer_engine",
+            handled_by_adapter="the megatron MoE adapter defines moe_utils.te_general_gemm = None where the import "
+                               "failed"),
     Finding("deepspeed", "stack", "deepspeed", ("0.19", None),
             "DeepSpeed's engine at ZeRO stage 0 with a client torch optimizer clips the gradients (gradient_clipping) "
             "but get_global_grad_norm() returns None: the norm it clipped by is not reported (minimal case: 1 rank, "

@@ -12,6 +12,9 @@ optimizers. ``on_cpu()``, while Megatron's code runs:
   ``current_device()`` with the CPU, whose tensor factories put ``device="cuda"`` on the CPU, whose streams
   and synchronisations are no-ops (gloo's collectives are synchronous) and whose CUDA RNG is the CPU
   generator (the tracker forks and restores it; with dropout 0 nothing draws from it);
+- its MoE dispatcher's device-to-host copy of the all-to-all split sizes (``moe_utils.maybe_move_tensor_to_cpu``,
+  CUDA tensors only) converts a CPU tensor the same way (``as_numpy``: ``.numpy()``), so the splits reach
+  ``all_to_all_single`` as the CUDA path hands them over;
 - ``Tensor.type()`` (no argument) of a CPU tensor reads the CUDA type's name, so the optimizers' checks of
   the parameter types accept the CPU tensors of the same dtype, and ``Tensor.cuda()`` leaves a tensor where it
   is (the tied embedding's last-stage copy, ``language_module.py``).
@@ -35,15 +38,34 @@ def _cpu(device):
     return "cpu" if device is not None and torch.device(device).type == "cuda" else device
 
 
+class _NoEvent:
+    """A CUDA event on the CPU: every operation is already done."""
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, *args, **kwargs) -> None:
+        pass
+
+    def record(self, *args, **kwargs) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
 class _NoStream:
     def wait_stream(self, other) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
         pass
 
     def synchronize(self) -> None:
         pass
 
     def record_event(self, *args, **kwargs):
-        return None
+        return _NoEvent()
 
 
 class _CpuCuda:
@@ -78,6 +100,10 @@ class _CpuCuda:
     @staticmethod
     def Stream(*args, **kwargs):  # noqa: N802 - torch.cuda's name
         return _NoStream()
+
+    @staticmethod
+    def Event(*args, **kwargs):  # noqa: N802 - torch.cuda's name
+        return _NoEvent()
 
     @staticmethod
     def stream(stream):
@@ -128,6 +154,11 @@ def _stays_on_cpu(self, *args, **kwargs):
     return self
 
 
+def _to_host(tensor, as_numpy: bool = False, record_stream: bool = False):
+    """``maybe_move_tensor_to_cpu`` of a tensor already on the CPU: what its CUDA branch returns."""
+    return tensor.numpy() if as_numpy and torch.is_tensor(tensor) else tensor
+
+
 _VIEW = _CpuTorch()
 _DEPTH = [0]
 
@@ -148,11 +179,15 @@ def on_cpu():
     import megatron.core.models.gpt  # noqa: F401
     import megatron.core.optimizer  # noqa: F401
     import megatron.core.pipeline_parallel  # noqa: F401
+    import megatron.core.transformer.moe.token_dispatcher  # noqa: F401
 
-    swapped = [m for name, m in list(sys.modules.items())
-               if name.startswith("megatron.core") and getattr(m, "torch", None) is torch]
+    megatron = [m for name, m in list(sys.modules.items()) if name.startswith("megatron.core") and m is not None]
+    swapped = [m for m in megatron if getattr(m, "torch", None) is torch]
     for module in swapped:
         module.torch = _VIEW
+    hosts = [(m, m.maybe_move_tensor_to_cpu) for m in megatron if hasattr(m, "maybe_move_tensor_to_cpu")]
+    for module, _ in hosts:
+        module.maybe_move_tensor_to_cpu = _to_host
     torch.Tensor.type, torch.Tensor.cuda = _cuda_named_type, _stays_on_cpu
     _DEPTH[0] += 1
     try:
@@ -162,3 +197,5 @@ def on_cpu():
         torch.Tensor.type, torch.Tensor.cuda = _REAL_TYPE, _REAL_CUDA
         for module in swapped:
             module.torch = torch
+        for module, held in hosts:
+            module.maybe_move_tensor_to_cpu = held

@@ -61,7 +61,13 @@ def _config(n: int, dtype, sequence_parallel: bool):
     from megatron.core import parallel_state
     from megatron.core.model_parallel_config import ModelParallelConfig
 
-    if not parallel_state.model_parallel_is_initialized():
+    # the groups of this adapter: the world as the TP group (another user of megatron-core on this rank, the stack
+    # or the MoE adapter, may have laid other ones)
+    if not (parallel_state.model_parallel_is_initialized()
+            and parallel_state.get_tensor_model_parallel_world_size() == n
+            and parallel_state.get_pipeline_model_parallel_world_size() == 1
+            and parallel_state.get_expert_model_parallel_world_size() == 1):
+        parallel_state.destroy_model_parallel()
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=n)
     return ModelParallelConfig(tensor_model_parallel_size=n, sequence_parallel=sequence_parallel,
                                use_cpu_initialization=True, perform_initialization=False, params_dtype=dtype)

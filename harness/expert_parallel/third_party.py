@@ -31,29 +31,51 @@ def deepspeed_moe_report(case_dict: dict) -> dict:
     from ..adapters.deepspeed_moe import DeepSpeedMoE
 
     case = Case(**case_dict)
+    return _report(case, lambda dense: DeepSpeedMoE().shard(dense, dist.group.WORLD, case.ep), deepspeed_aux,
+                   "DeepSpeed's", torch.float32)
+
+
+def megatron_moe_report(case_dict: dict, dispatcher: str) -> dict:
+    """``deepspeed_moe_report`` for megatron-core's ``MoELayer`` with its ``dispatcher`` (through the CPU redirect
+    on a CPU), in float32 — its router's weight is float32 whatever the parameters' dtype and its routing softmax
+    computes in float32 (``moe_utils.topk_softmax_with_capacity``): its aux is the contract's load-balancing loss
+    over each rank's own tokens (its gradient injected by Megatron in backward, its value the one the layer
+    logs); shared experts included."""
+    from ..adapters.megatron_cpu import on_cpu
+    from ..adapters.megatron_moe import MegatronMoE
+
+    case = Case(**case_dict)
+    with on_cpu():  # Megatron's backward runs its code too
+        return _report(case, lambda dense: MegatronMoE(dispatcher).shard(dense, dist.group.WORLD, case.ep),
+                       lambda dense, x: dense(x)[1], "Megatron's", torch.float32, injected_aux=True)
+
+
+def _report(case, shard, aux_of, whose: str, dtype, injected_aux: bool = False) -> dict:
     n, r, device = dist.get_world_size(), dist.get_rank(), rank_device()
     dense = _dense(case, n, device)
     x, g = _inputs(case, n, dense, device)
-    dense, x, g = dense.float(), x.float(), g.float()
+    dense, x, g = dense.to(dtype), x.to(dtype), g.to(dtype)
     xd = x.clone().requires_grad_()
     y, aux_contract = dense(xd)
-    each = [deepspeed_aux(dense, xd[i * case.tokens:(i + 1) * case.tokens]) for i in range(n)]
+    each = [aux_of(dense, xd[i * case.tokens:(i + 1) * case.tokens]) for i in range(n)]
     ((y * g).sum() + sum(each)).backward()
     want = {k: p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
             for k, p in dense.named_parameters()}
     rows = slice(r * case.tokens, (r + 1) * case.tokens)
-    aux_ds = each[r].detach()
+    aux_mine = each[r].detach()
     dense.zero_grad(set_to_none=True)
-    module = DeepSpeedMoE().shard(dense, dist.group.WORLD, case.ep)
+    module = shard(dense)
     x_local = x[rows].clone().requires_grad_()
     y_local, aux_local = module(x_local)
-    ((y_local * g[rows]).sum() + aux_local).backward()
+    # an injected aux (Megatron's) has its gradient from the layer's own backward; a returned one is added here
+    ((y_local * g[rows]).sum() + (0.0 if injected_aux else aux_local)).backward()
     got = module.full_grads(dist.group.WORLD)
-    limit = bound(case, n) * U32 / U64  # the same term counts, in float32 (the gate's precision)
+    unit = U32 if dtype == torch.float32 else U64
+    limit = bound(case, n) * unit / U64  # the same term counts, in the dtype compared (DeepSpeed's gate: float32)
     parts = {"output": (y_local, y[rows]), "input gradient": (x_local.grad, xd.grad[rows]),
              "router gradient": (got["router.weight"], want["router.weight"])}
-    parts.update({f"gradient {k}": (got.get(k), v) for k, v in want.items() if k.startswith("experts.")})
-    parts["aux (DeepSpeed's definition)"] = (aux_local.reshape(1), aux_ds.reshape(1))
+    parts.update({f"gradient {k}": (got.get(k), v) for k, v in want.items() if k.startswith(("experts.", "shared."))})
+    parts[f"aux ({whose} definition)"] = (aux_local.reshape(1), aux_mine.reshape(1))
     out, problems = {}, []
     for what, (a, b) in parts.items():
         if a is None:

@@ -35,7 +35,7 @@ def run_cli(capsys, *argv) -> tuple[int, str]:
     (["bench", "all", "--virtual-stages", "0"], "--virtual-stages and --hidden must be >= 1"),
     (["bench", "tensor_parallel", "--ffn", "0"], "--hidden, --ffn, --seq and --batch must be >= 1"),
     (["bench", "zero", "--stages", "0,5"], "--stages '0,5' must be comma-separated ZeRO stages among 0, 1, 2, 3."),
-    (["bench", "zero", "--impls", "megatron"], "is a tensor_parallel implementation, not zero"),
+    (["bench", "zero", "--impls", "megatron"], "is a tensor_parallel and stack implementation, not zero"),
     (["bench", "zero", "--zero-hidden", "0"], "--zero-hidden must be >= 1"),
     (["bench", "checkpoint", "--layers", "4,x"], "--layers '4,x' must be comma-separated whole numbers >= 1."),
     (["bench", "checkpoint", "--policies", "sqrt,everything"], "polic(ies) everything not known"),

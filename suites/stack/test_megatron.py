@@ -46,11 +46,12 @@ element moves an eps = 1e-8 update by up to lr, which no bound linear in the rou
 CLIP = 0.05  # clips at step 1 (the norms are 1-3 with these sizes)
 
 CASES = [  # (spec, layout, recipe, in every profile): each dimension and seam once in tox, the rest thorough
-    (LLAMA, Layout(1, 1, 2), Recipe(max_grad_norm=CLIP), True),  # TP + clipping: the initialisation finding's guard
+    (LLAMA, Layout(1, 1, 2, checkpointing=True), Recipe(max_grad_norm=CLIP, accumulation=2), True),  # TP, clipping
+    # (the initialisation finding's guard), recomputation, accumulation
     (GPT_TIED, Layout(1, 2, 1), Recipe(max_grad_norm=CLIP), True),  # the tie across stages (embedding group)
     (LLAMA, Layout(2, 1, 1, zero=1), Recipe(optimizer=ADAM, max_grad_norm=CLIP), True),  # distributed optimizer
     (LLAMA4, Layout(1, 2, 1, schedule="interleaved"), Recipe(), True),  # the batched-p2p finding's guard
-    (LLAMA, Layout(2, 1, 2, checkpointing=True), Recipe(accumulation=2), True),
+    (LLAMA, Layout(2, 1, 2, checkpointing=True), Recipe(accumulation=2), False),
     (LLAMA, Layout(1, 1, 1), Recipe(max_grad_norm=CLIP), False),
     (GPT, Layout(1, 1, 1), Recipe(), False),
     (GPT, Layout(2, 1, 1), Recipe(accumulation=2), False),
