@@ -182,6 +182,15 @@ def world_sizes(request) -> list[int]:
     return _world_sizes(request.config)
 
 
+@pytest.fixture(scope="session")
+def thorough(request) -> bool:
+    """Whether this run takes the larger sweeps (``tox -e thorough``, ``-m thorough``): for a test whose table
+    runs its corners in every profile and the rest of its rows there."""
+    from .pytest_session import thorough_run
+
+    return thorough_run(request.config)
+
+
 @pytest.fixture
 def world(world_cache, world_size) -> World:
     return world_cache.get(world_size)

@@ -99,13 +99,19 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def thorough_run(config) -> bool:
+    """The run takes the larger sweeps: the thorough hypothesis profile, or a marker expression naming them."""
+    markexpr = config.getoption("markexpr", "") or ""
+    return "thorough" in markexpr or os.environ.get("PARITYBENCH_HYPOTHESIS_PROFILE") == "thorough"
+
+
 def pytest_collection_modifyitems(config, items):
     """Benchmark tests (marker ``benchmark``) are opt-in: without ``-m`` naming them or ``--benchmark-only``
     they are deselected, except the smoke test (marker ``paritybench_smoke``), so the default run stays short.
     The larger sweeps (marker ``thorough``) run under the thorough hypothesis profile or ``-m thorough``."""
     markexpr = config.getoption("markexpr", "") or ""
     benchmarks = "benchmark" in markexpr or config.getoption("benchmark_only", False)
-    thorough = "thorough" in markexpr or os.environ.get("PARITYBENCH_HYPOTHESIS_PROFILE") == "thorough"
+    thorough = thorough_run(config)
     keep, drop = [], []
     for item in items:
         opted_out = (not benchmarks and item.get_closest_marker("benchmark")
