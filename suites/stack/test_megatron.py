@@ -147,8 +147,8 @@ def test_watch_megatrons_batched_p2p_swaps_messages_at_pp_2_interleaved(world_ca
     assert outcome == "fail" and any("loss after step 1" in p for p in problems), problems[:4]
 
 
-RESUME = [  # (a, b, recipe, in every profile)
-    (Layout(2, 1, 1), Layout(1, 1, 2), Recipe(optimizer=ADAM), True),
+RESUME = [  # (a, b, recipe, in every profile: the watches below save and load in tox)
+    (Layout(2, 1, 1), Layout(1, 1, 2), Recipe(optimizer=ADAM), False),
     (Layout(1, 2, 1), Layout(2, 1, 1), Recipe(optimizer=ADAM), False),
 ]
 

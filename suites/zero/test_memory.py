@@ -53,10 +53,13 @@ def test_reference_memory_is_the_model_up_to_padding(model, opt, world_cache, wo
                 assert abs(r["memory"][what] - predicted) <= padding, (stage, n, what, r["memory"], predicted)
 
 
-def test_third_party_memory_is_reported_and_shrinks_with_sharding(zero_impl, world_cache, world_sizes, conformance):
+def test_third_party_memory_is_reported_and_shrinks_with_sharding(zero_impl, world_cache, world_sizes, thorough,
+                                                                  conformance):
+    from .test_conformance import THIRD_PARTY_SIZES
+
     if registry.resolve(zero_impl, "zero").only_ops:
         pytest.skip(f"{zero_impl} is a variant of another implementation")
-    sizes = [n for n in world_sizes if n > 1]
+    sizes = [n for n in world_sizes if n > 1 and (thorough or n in THIRD_PARTY_SIZES)]
     if not sizes:
         pytest.skip("sharding needs dp > 1")
     for n in sizes:
