@@ -263,6 +263,11 @@ def _applicable(spec: str, paradigm: str, case: dict) -> list[Finding]:
             and _in_range(f) and f.applies(**case)]
 
 
+def detail_with(finding: Finding | None, detail: str | None) -> str:
+    """A conformance row's detail: the finding that explains the row first (where one does), then its own."""
+    return " | ".join(filter(None, [f"known finding: {finding.reason}" if finding else None, detail]))
+
+
 def match(spec: str, paradigm: str, evidence, **case) -> Finding | None:
     """The finding that explains a failed example of ``spec`` under ``case`` whose failure reads ``evidence``
     (its lines), or None (then it is a failure)."""

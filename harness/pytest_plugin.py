@@ -22,7 +22,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-from . import placement, registry
+from . import findings, placement, registry
 from .collectives.case import COLLECTIVES
 from .contracts import CONTRACTS
 from .errors import UsageError
@@ -210,7 +210,7 @@ class Conformance:
         self.counts[outcome] = self.counts.get(outcome, 0) + 1
         if finding is not None:
             self.known.append(finding)
-            row["detail"] = " | ".join(filter(None, [f"known finding: {finding.reason}", row.get("detail")]))
+            row["detail"] = findings.detail_with(finding, row.get("detail"))
         if self.run is not None:
             self.run.append("conformance.csv", {"property": self.property, "outcome": outcome, **row})
 

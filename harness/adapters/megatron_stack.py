@@ -38,6 +38,7 @@ import torch.distributed as dist
 from ..contracts import Unsupported
 from .dense_built import BuiltFromDense
 from .megatron_cpu import on_cpu
+from .megatron_tensor_parallel import _padded
 
 
 def _unsupported(spec, layout, recipe) -> str | None:
@@ -98,10 +99,6 @@ class MegatronStack:
         import megatron.core  # noqa: F401 - the package under test, importable
 
         return MegatronStackTrainer(spec, layout, recipe)
-
-
-def _padded(vocab: int, tp: int) -> int:
-    return -(-vocab // tp) * tp
 
 
 def _pieces(spec, name: str, tp: int, r: int, vocab_padded: int):
@@ -250,11 +247,12 @@ class MegatronStackTrainer(BuiltFromDense):
         ps.initialize_model_parallel(tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
                                      virtual_pipeline_model_parallel_size=self.vp, order="tp-cp-ep-pp-dp")
         model_parallel_cuda_manual_seed(0)
-        self.config = config = self._config()
+        config = self._config()
         llama = spec.family == "llama"
         layer_spec = get_gpt_layer_local_spec(normalization="RMSNorm" if llama else "LayerNorm")
         self.tp_rank, self.vocab_padded = ps.get_tensor_model_parallel_rank(), _padded(spec.vocab, layout.tp)
         dense = {k: v.detach().to(torch.float32) for k, v in model.state_dict().items()}
+        self.shapes = {k: tuple(v.shape) for k, v in dense.items()}  # dense_state's tensors, under both tied names
         ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                    use_distributed_optimizer=layout.zero == 1)
         chunks = []
@@ -298,7 +296,7 @@ class MegatronStackTrainer(BuiltFromDense):
         m = (layout.num_microbatches if layout.pp > 1 else 1) * recipe.accumulation
         dp_rank = ps.get_data_parallel_rank()
         mine, theirs, rows = replica_rows(tokens, targets, layout.dp, dp_rank, m)
-        if rows == 0 or len(mine) != rows * m:
+        if rows == 0:
             raise ValueError(f"the Megatron stack splits a replica's rows into {m} equal micro-batches; "
                              f"{len(mine)} rows do not split.")
         batches = [(mine[i * rows:(i + 1) * rows], theirs[i * rows:(i + 1) * rows]) for i in range(m)]
@@ -365,7 +363,7 @@ class MegatronStackTrainer(BuiltFromDense):
             from megatron.core import dist_checkpointing
 
             chunks = self.trainer
-            for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            for opt in self._optimizers():
                 if hasattr(opt, "_init_optimizer_states_with_dummy_values"):  # the distributed optimizer's states,
                     opt._init_optimizer_states_with_dummy_values()  # to be replaced in place by the load (its own)
             state = dist_checkpointing.load(self._sharded(True), str(directory))
@@ -374,22 +372,26 @@ class MegatronStackTrainer(BuiltFromDense):
                 chunk.module.load_state_dict({k.removeprefix("module."): v for k, v in loaded.items()})
             self.optimizer.load_state_dict(state["optimizer"])
 
+    def _optimizers(self) -> list:
+        """Megatron's optimizers under its ChainedOptimizer (or the one it returned)."""
+        return getattr(self.optimizer, "chained_optimizers", [self.optimizer])
+
     def _contributions(self) -> dict:
-        """{(name, tp rank): (dp rank, pp rank, local parameter, [(flat start, flat stop, {state key: flat shard})])}
+        """{(name, tp rank): (dp rank, local parameter, [(flat start, flat stop, {state key: flat shard})])}
         of this rank — the optimizer's state where it lives (the whole tensor, or this dp rank's range of it under
         the distributed optimizer)."""
         from megatron.core import parallel_state as ps
 
         keys = self.recipe.optimizer.state_keys
-        dp, pp = ps.get_data_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+        dp = ps.get_data_parallel_rank()
         out = {}
         for chunk in self.trainer:
             for p, name in _global_names(chunk).items():
-                out[(name, self.tp_rank)] = (dp, pp, p.detach().clone(), self._state_pieces(p, keys))
+                out[(name, self.tp_rank)] = (dp, p.detach().clone(), self._state_pieces(p, keys))
         return out
 
     def _state_pieces(self, p, keys) -> list:
-        for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+        for opt in self._optimizers():
             if hasattr(opt, "model_param_group_index_map"):  # the distributed optimizer: this rank's range
                 if p not in opt.model_param_group_index_map:
                     continue
@@ -406,13 +408,12 @@ class MegatronStackTrainer(BuiltFromDense):
 
         everyone = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, self._contributions())
-        my_dp = ps.get_data_parallel_rank()
-        shapes = {k: tuple(v.shape) for k, v in self.spec.build(0).state_dict().items()}
+        my_dp, shapes = ps.get_data_parallel_rank(), self.shapes
         spec, tp = self.spec, self.layout.tp
         params, states = {}, {}
         locals_, flat = {}, {}
         for held in everyone:
-            for key, (dp, _, value, pieces) in held.items():
+            for key, (dp, value, pieces) in held.items():
                 if dp == my_dp or key not in locals_:  # this replica's parameters
                     locals_[key] = value
                 for start, stop, st in pieces:

@@ -62,7 +62,7 @@ class MatrixSweep:
 
 def run_sweep(cfg: MatrixSweep, get_world, run_dir, progress=sys.stderr) -> int:
     """Every case for every stack, grouped by world size (one World each), each verdict a conformance row."""
-    from .. import registry
+    from .. import findings, registry
     from .judge import judged
 
     impls = cfg.impls or [s for s in registry.names("stack") if registry.skip_reason(registry.resolve(s, "stack"))
@@ -73,12 +73,9 @@ def run_sweep(cfg: MatrixSweep, get_world, run_dir, progress=sys.stderr) -> int:
         for what, spec, layout, recipe in (c for c in cases() if c[2].world_size == n):
             for impl in impls:
                 v = judged(world, impl, spec, layout, recipe)
-                detail = v["row"]["detail"]
-                if v["known"] is not None:
-                    detail = " | ".join(filter(None, [f"known finding: {v['known'].reason}", detail]))
                 run_dir.append("conformance.csv", {**v["row"], "property": "test_matrix", "outcome": v["outcome"],
                                                    "collective": f"{what} ({v['row']['collective']})",
-                                                   "detail": detail})
+                                                   "detail": findings.detail_with(v["known"], v["row"]["detail"])})
                 rows += 1
                 print(f"matrix {impl} {what}: {v['outcome']}", file=progress)
     return rows
