@@ -224,7 +224,18 @@ FINDINGS: tuple[Finding, ...] = (
             "but get_global_grad_norm() returns None: the norm it clipped by is not reported (minimal case: 1 rank, "
             "a Llama, max norm 0.05; ZeRO 1-3 report it).",
             "suites/stack/test_deepspeed.py::test_watch_deepspeed_reports_no_norm_at_zero_stage_0",
-            {"zero": 0, "clipped": True}, symptom=r"^rank \d+: step \d+: gradient norm None vs one device"),
+            {"zero": 0, "clipped": True, "pp": 1}, symptom=r"^rank \d+: step \d+: gradient norm None vs one device"),
+    Finding("deepspeed", "stack", "deepspeed", ("0.19", None),
+            "DeepSpeed's PipelineEngine at ZeRO stage 0 (fp32) clips by a norm of the first stage's gradients only: "
+            "runtime.utils.clip_grad_norm_ counts a parameter where mpu.get_model_parallel_rank() == 0 or it is a "
+            "tensor-parallel one, and the pipeline grid's model-parallel group is the pipeline itself, so every "
+            "later stage's gradients are left out of the sum it all-reduces over the stages (minimal case: a "
+            "Llama over pp 2, max norm 0.05: it clips by 1.139, the global 2-norm is 1.988; ZeRO 1 is right).",
+            "suites/stack/test_deepspeed.py::test_watch_deepspeed_pipeline_clips_by_the_first_stages_norm",
+            {"zero": 0, "clipped": True, "pp": lambda pp: pp > 1},
+            symptom=r"^rank \d+: (step \d+: (gradient norm None vs one device|(parameter|optimizer state) \S+: off by)"
+                    r"|loss after step \d+:)",
+            cause=r"gradient norm None vs one device"),
 )
 
 

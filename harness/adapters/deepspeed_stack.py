@@ -24,17 +24,25 @@ from .dense_built import BuiltFromDense
 
 
 def _unsupported(spec, layout, recipe) -> str | None:
-    if layout.pp > 1 or layout.tp > 1 or layout.cp > 1 or layout.ep > 1 or layout.sequence_parallel:
-        return ("the DeepSpeed stack here is its engine over data parallelism (ZeRO 0-3); its PipelineModule, AutoTP, "
-                "Ulysses and MoE are not composed into it.")
+    if layout.tp > 1 or layout.cp > 1 or layout.ep > 1 or layout.sequence_parallel:
+        return ("the DeepSpeed stack here is its engine over data parallelism (ZeRO 0-3) and its PipelineModule; its "
+                "AutoTP, Ulysses and MoE are not composed into it.")
+    if spec.family not in ("gpt", "llama"):
+        return f"the DeepSpeed stack trains the dense gpt and llama families, not {spec.family}."
+    if spec.dropout:
+        return "the DeepSpeed stack here trains without dropout (the one-device masks are keyed by a step it never sets)."
+    if layout.pp > 1 or layout.checkpointing:
+        if layout.zero > 1:
+            return (f"DeepSpeed's PipelineEngine asserts ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism "
+                    f"(asked: ZeRO {layout.zero}).")
+        if layout.schedule != "1f1b":
+            return f"DeepSpeed's PipelineEngine runs its 1F1B TrainSchedule only, not {layout.schedule}."
     if spec.dtype != "float32":
         return f"the DeepSpeed stack here trains float32 (fp16 / bf16 are its mixed recipes); not {spec.dtype}."
     if spec.extra or layout.extra:
         return f"the DeepSpeed stack does not know {', '.join(sorted({**spec.extra, **layout.extra}))}."
     if recipe.max_grad_norm is not None and recipe.norm_type != 2.0:
         return f"DeepSpeed's gradient_clipping clips the 2-norm, not the {recipe.norm_type} norm."
-    if layout.checkpointing:
-        return "the DeepSpeed stack here applies no activation checkpointing (its own needs a Megatron mpu)."
     if recipe.loss_scale is not None:
         return "the DeepSpeed stack here has no loss scaler (float32 needs none)."
     return None
@@ -49,6 +57,10 @@ class DeepSpeedStack:
             raise Unsupported(why)
         if group not in (None, dist.group.WORLD):
             raise Unsupported("DeepSpeed's data-parallel group is the world here (no group argument).")
+        if layout.pp > 1 or layout.checkpointing:  # DeepSpeed's activation checkpointing is its PipelineModule's
+            from .deepspeed_pipe import DeepSpeedPipeTrainer
+
+            return DeepSpeedPipeTrainer(spec, layout, recipe)
         return DeepSpeedStackTrainer(spec, layout, recipe)
 
 

@@ -37,7 +37,11 @@ EXAMPLES = {
         {"tie_embeddings": True, "tp": 2, "dp": 2, "norm_type": 2.0},
         "rank 0: step 2: parameter blocks.0.mlp.gate.weight: off by 0.00833 of its magnitude > 0.00557"),
     "test_watch_deepspeed_reports_no_norm_at_zero_stage_0": (
-        {"zero": 0, "clipped": True}, "rank 0: step 1: gradient norm None vs one device 2.2511 (off by inf > 0.0098)"),
+        {"zero": 0, "clipped": True, "pp": 1},
+        "rank 0: step 1: gradient norm None vs one device 2.2511 (off by inf > 0.0098)"),
+    "test_watch_deepspeed_pipeline_clips_by_the_first_stages_norm": (
+        {"zero": 0, "clipped": True, "pp": 2},
+        "rank 0: step 1: gradient norm None vs one device 1.7846 (off by inf > 0.0105)"),
     "test_megatron_with_a_vocabulary_tp_does_not_divide_is_the_known_finding": (
         {"vocab_remainder": 1}, "rank 0: loss after step 1: 2.926025390625 vs one device 2.860689163208008"),
     "test_watch_megatron_cannot_load_a_checkpoint_of_sgd": (

@@ -1,0 +1,173 @@
+"""DeepSpeed's pipeline engine under the stack contract: the one-device model written as DeepSpeed's layer list
+(``PipelineModule``: the embedding, every block, the final norm, the LM head; a tied head is a
+``TiedLayerSpec`` of the embedding, DeepSpeed's own tied-weight path), partitioned by DeepSpeed
+(``partition_method="parameters"``, its default) over pp stages, trained by ``PipelineEngine.train_batch`` — its
+1F1B ``TrainSchedule`` over ``gradient_accumulation_steps`` micro-batches, its data-parallel gradient average, its
+tied-gradient all-reduce, its ZeRO 0 / 1 (it asserts ZeRO 2 and 3 are incompatible with pipelining), its
+gradient clipping, its activation checkpointing (``activation_checkpoint_interval`` 1 over every block).
+
+The ranks are DeepSpeed's ``PipeDataParallelTopology`` (pipe outermost, data innermost; this rank's replica is
+``grid.get_data_parallel_rank()``). The contract's accumulation (k pipeline passes of m micro-batches per step) is
+DeepSpeed's one ``train_batch`` of m x k micro-batches: the same gradient sum, the same loss mean.
+
+Full state on every rank: each stage's parameters by identity with the one-device model's (DeepSpeed keeps the
+modules it is given), their optimizer state through ``safe_get_full_optimizer_state`` (ZeRO 1) or the client
+optimizer (ZeRO 0), gathered over the world."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+class _Embed(nn.Module):
+    """The one-device model's embedding as a pipeline layer (the module itself, not a copy)."""
+
+    def __init__(self, embed):
+        super().__init__()
+        self.embed = embed
+
+    def forward(self, tokens):
+        return self.embed(tokens)
+
+
+class _Norm(nn.Module):
+    def __init__(self, norm):
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, x):
+        return self.norm(x)
+
+
+class _Head(nn.Module):
+    def __init__(self, head):
+        super().__init__()
+        self.head = head
+
+    def forward(self, x):
+        return self.head(x)
+
+
+def _tied_head(module: _Embed, x):
+    """The tied LM head: the embedding's weight as the output projection (the one-device model's head has no bias)."""
+    return torch.nn.functional.linear(x, module.embed.weight)
+
+
+def _loss(logits, targets):
+    from reference.tensor_parallel.vocab import fp32_logits  # the one-device model's loss, the same formula
+
+    return torch.nn.functional.cross_entropy(fp32_logits(logits).flatten(0, 1), targets.flatten())
+
+
+def pipeline_module(model, stages: int, checkpointing: bool):
+    from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+
+    if model.tie_embeddings:
+        first = TiedLayerSpec("embed", _Embed, model.embed, tied_weight_attr=["embed.weight"])
+        last = TiedLayerSpec("embed", _Embed, model.embed, forward_fn=_tied_head, tied_weight_attr=["embed.weight"])
+    else:
+        first, last = LayerSpec(_Embed, model.embed), LayerSpec(_Head, model.head)
+    layers = [first, *model.blocks, LayerSpec(_Norm, model.ln_f), last]
+    blocks = sorted({type(b).__name__ for b in model.blocks})
+    return PipelineModule(layers=layers, num_stages=stages, loss_fn=_loss, partition_method="parameters",
+                          activation_checkpoint_interval=int(checkpointing), checkpointable_layers=blocks)
+
+
+class PipeState:
+    """The engine's full state, on every rank: this stage's parameters by identity, gathered over the world."""
+
+    def __init__(self, engine, optimizer, spec, stage, model):
+        self.engine, self.optimizer, self.spec, self.stage = engine, optimizer, spec, stage
+        self.names = {id(p): name for name, p in model.named_parameters()}  # a tied weight: its first name
+
+    def _local(self):
+        seen, out = set(), []
+        for p in self.engine.module.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append((self.names[id(p)], p))
+        return out
+
+    def _gathered(self, local: dict) -> dict:
+        parts = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, local)
+        return {k: v for part in parts for k, v in part.items()}
+
+    def full_params(self) -> dict:
+        return self._gathered({name: p.detach().cpu().clone() for name, p in self._local()})
+
+    def full_optimizer_state(self) -> dict:
+        from deepspeed.utils import safe_get_full_optimizer_state
+
+        local = {}
+        for name, p in self._local():
+            if self.stage == 0:
+                local[name] = {k: self.optimizer.state[p][k].cpu().clone() for k in self.spec.state_keys}
+            else:  # collective over this stage's data-parallel group (every replica holds the same parameters)
+                local[name] = {k: safe_get_full_optimizer_state(p, k).cpu() for k in self.spec.state_keys}
+        return self._gathered(local)
+
+
+def train_step(engine, tokens, targets, micro_batches: int) -> float:
+    """One ``train_batch`` over this replica's rows in ``micro_batches`` micro-batches; the loss DeepSpeed
+    returns (the mean over its micro-batches and replicas, on every stage)."""
+    from ..stack.inputs import replica_rows
+
+    dp = engine.grid.get_data_parallel_world_size()
+    mine, theirs, rows = replica_rows(tokens, targets, dp, engine.grid.get_data_parallel_rank(), micro_batches)
+    batches = iter([(mine[i * rows:(i + 1) * rows], theirs[i * rows:(i + 1) * rows]) for i in range(micro_batches)])
+    return float(engine.train_batch(data_iter=batches))
+
+
+class DeepSpeedPipeTrainer:
+    """``build``'s trainer where pp > 1 or checkpointing: ``load_dense`` / ``step`` / ``dense_state``."""
+
+    _engine = None
+
+    def __init__(self, spec, layout, recipe):
+        self.spec, self.layout, self.recipe = spec, layout, recipe
+        self.micro_batches = layout.num_microbatches * recipe.accumulation
+        self.last_grad_norm = None
+
+    def _build(self, model):
+        from .deepspeed_init import init
+        from .deepspeed_zero import engine_config
+
+        init()
+        import deepspeed
+
+        recipe, layout = self.recipe, self.layout
+        module = pipeline_module(model, layout.pp, layout.checkpointing)
+        config = engine_config(layout.zero, self.micro_batches, recipe.max_grad_norm)
+        client = recipe.optimizer.build([p for p in module.parameters()])
+        engine, optimizer, _, _ = deepspeed.initialize(model=module, optimizer=client, config=config)
+        self.state = PipeState(engine, client if layout.zero == 0 else optimizer, recipe.optimizer, layout.zero,
+                               model)
+        return engine
+
+    @property
+    def engine(self):
+        if self._engine is None:
+            self._engine = self._build(self.spec.build(0))
+        return self._engine
+
+    def load_dense(self, state: dict) -> None:
+        model = self.spec.build(0)
+        model.load_state_dict(state)
+        self._engine = self._build(model)
+
+    def step(self, tokens, targets) -> float:
+        loss = train_step(self.engine, tokens, targets, self.micro_batches)
+        if self.recipe.max_grad_norm is not None:
+            norm = self.engine.get_global_grad_norm()
+            self.last_grad_norm = None if norm is None else float(norm)
+        return loss
+
+    def dense_state(self) -> dict:
+        params, optimizer = self.state.full_params(), self.state.full_optimizer_state()
+        if self.spec.tie_embeddings:  # one parameter: both names, its state once
+            params["head.weight"] = params["embed.weight"]
+            optimizer.pop("head.weight", None)
+        return {"params": params, "optimizer": optimizer, "grad_norm": self.last_grad_norm}
