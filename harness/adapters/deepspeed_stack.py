@@ -30,7 +30,7 @@ def _unsupported(spec, layout, recipe) -> str | None:
     if spec.family not in ("gpt", "llama"):
         return f"the DeepSpeed stack trains the dense gpt and llama families, not {spec.family}."
     if spec.dropout:
-        return "the DeepSpeed stack here trains without dropout (the one-device masks are keyed by a step it never sets)."
+        return "the DeepSpeed stack trains without dropout (the one-device masks are keyed by a step it never sets)."
     if layout.pp > 1 or layout.checkpointing:
         if layout.zero > 1:
             return (f"DeepSpeed's PipelineEngine asserts ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism "
