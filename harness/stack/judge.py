@@ -15,7 +15,8 @@ def judged(world, impl: str, spec, layout, recipe, **kw) -> dict:
     per_rank = run_or_fail(world, ranks.train_stack, impl, spec, layout, recipe, timeout=300, failed=ranks.failed, **kw)
     outcome, refused, problems = ranks.verdict(per_rank)
     known = findings.match(impl, "stack", problems, norm_type=recipe.norm_type, tp=layout.tp, dp=layout.dp,
-                           pp=layout.pp, tie_embeddings=spec.tie_embeddings, zero=layout.zero, vocab_remainder=spec.vocab % layout.tp,
+                           pp=layout.pp, tie_embeddings=spec.tie_embeddings, zero=layout.zero,
+                           vocab_remainder=spec.vocab % layout.tp,
                            clipped=recipe.max_grad_norm is not None) if outcome == "fail" else None
     outcome = "known-nonconformance" if known else outcome
     row = {"suite": "stack", "world_size": layout.world_size, "dtype": spec.dtype, "impl": impl,
