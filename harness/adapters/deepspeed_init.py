@@ -1,6 +1,8 @@
 """What every DeepSpeed path of the harness does first: DeepSpeed's environment over the World's group
-(``init``), and the sequence-parallel group the Ulysses adapter registers in DeepSpeed's module-global
-``deepspeed.utils.groups.mpu`` (``SequenceParallelGroup``; released by ``init`` before any other use)."""
+(``init``), and the module-global ``deepspeed.utils.groups.mpu`` released: the sequence-parallel group the
+Ulysses adapter registers there (``SequenceParallelGroup``) and the grid a ``PipelineEngine`` registers there
+(every later engine would read the pipeline as its model-parallel group: ``mpu.get_model_parallel_rank`` of an
+engine that has none)."""
 
 from __future__ import annotations
 
@@ -26,16 +28,17 @@ def init() -> None:
         # never calls (ZeRO's collectives go through torch.distributed): skip the build, nothing else changes.
         ds_comm.build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
-    release_sequence_group()  # a sequence-parallel group registered by the Ulysses adapter is not an engine's mpu
+    release_mpu()  # a sequence-parallel group or a pipeline grid of an earlier call is not this engine's mpu
 
 
-def release_sequence_group() -> None:
-    """Unregister the sequence-parallel group ``shard`` registered (DeepSpeed keeps it in the module-global
-    ``deepspeed.utils.groups.mpu``, which its ZeRO engine reads as a Megatron mpu: every other DeepSpeed
-    entry point of this harness releases it first)."""
+def release_mpu() -> None:
+    """Unregister what an earlier call left in the module-global ``deepspeed.utils.groups.mpu`` (which
+    DeepSpeed's engines read as a Megatron mpu): the Ulysses adapter's sequence-parallel group, a
+    ``PipelineEngine``'s grid. Every DeepSpeed entry point of this harness calls it first (through ``init``)."""
+    from deepspeed.runtime.pipe.topology import PipelineParallelGrid
     from deepspeed.utils import groups
 
-    if isinstance(groups.mpu, SequenceParallelGroup):
+    if isinstance(groups.mpu, (SequenceParallelGroup, PipelineParallelGrid)):
         groups.mpu = None
 
 

@@ -10,9 +10,11 @@ The ranks are DeepSpeed's ``PipeDataParallelTopology`` (pipe outermost, data inn
 ``grid.get_data_parallel_rank()``). The contract's accumulation (k pipeline passes of m micro-batches per step) is
 DeepSpeed's one ``train_batch`` of m x k micro-batches: the same gradient sum, the same loss mean.
 
-Full state on every rank: each stage's parameters by identity with the one-device model's (DeepSpeed keeps the
-modules it is given), their optimizer state through ``safe_get_full_optimizer_state`` (ZeRO 1) or the client
-optimizer (ZeRO 0), gathered over the world."""
+bf16: DeepSpeed's own recipe (``"bf16": {"enabled": true}``: it rounds the model, its BF16_Optimizer keeps fp32
+masters and state). Full state on every rank: each stage's parameters by identity with the one-device model's
+(DeepSpeed keeps the modules it is given), bf16's masters through ``safe_get_full_fp32_param``, their optimizer
+state through ``safe_get_full_optimizer_state`` (ZeRO 1, bf16) or the client optimizer (ZeRO 0 fp32), gathered
+over the world."""
 
 from __future__ import annotations
 
@@ -80,6 +82,7 @@ class PipeState:
 
     def __init__(self, engine, optimizer, spec, stage, model):
         self.engine, self.optimizer, self.spec, self.stage = engine, optimizer, spec, stage
+        self.mixed = next(engine.module.parameters()).dtype == torch.bfloat16
         self.names = {id(p): name for name, p in model.named_parameters()}  # a tied weight: its first name
 
     def _local(self):
@@ -96,14 +99,18 @@ class PipeState:
         return {k: v for part in parts for k, v in part.items()}
 
     def full_params(self) -> dict:
-        return self._gathered({name: p.detach().cpu().clone() for name, p in self._local()})
+        """The fp32 parameters — bf16: the masters of DeepSpeed's BF16_Optimizer (``safe_get_full_fp32_param``)."""
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        return self._gathered({name: (safe_get_full_fp32_param(p) if self.mixed else p).detach().cpu().clone()
+                               for name, p in self._local()})
 
     def full_optimizer_state(self) -> dict:
         from deepspeed.utils import safe_get_full_optimizer_state
 
         local = {}
         for name, p in self._local():
-            if self.stage == 0:
+            if self.stage == 0 and not self.mixed:
                 local[name] = {k: self.optimizer.state[p][k].cpu().clone() for k in self.spec.state_keys}
             else:  # collective over this stage's data-parallel group (every replica holds the same parameters)
                 local[name] = {k: safe_get_full_optimizer_state(p, k).cpu() for k in self.spec.state_keys}
@@ -133,14 +140,16 @@ class DeepSpeedPipeTrainer:
 
     def _build(self, model):
         from .deepspeed_init import init
+        from .deepspeed_stack import bf16_config
         from .deepspeed_zero import engine_config
 
         init()
         import deepspeed
 
         recipe, layout = self.recipe, self.layout
+        config = {**engine_config(layout.zero, self.micro_batches, recipe.max_grad_norm), **bf16_config(self.spec)}
+        model = model.float()  # bf16: DeepSpeed rounds the model itself; its fp32 masters are the rounded weights
         module = pipeline_module(model, layout.pp, layout.checkpointing)
-        config = engine_config(layout.zero, self.micro_batches, recipe.max_grad_norm)
         client = recipe.optimizer.build([p for p in module.parameters()])
         engine, optimizer, _, _ = deepspeed.initialize(model=module, optimizer=client, config=config)
         self.state = PipeState(engine, client if layout.zero == 0 else optimizer, recipe.optimizer, layout.zero,

@@ -37,8 +37,9 @@ def _unsupported(spec, layout, recipe) -> str | None:
                     f"(asked: ZeRO {layout.zero}).")
         if layout.schedule != "1f1b":
             return f"DeepSpeed's PipelineEngine runs its 1F1B TrainSchedule only, not {layout.schedule}."
-    if spec.dtype != "float32":
-        return f"the DeepSpeed stack here trains float32 (fp16 / bf16 are its mixed recipes); not {spec.dtype}."
+    if spec.dtype not in ("float32", "bfloat16"):
+        return (f"the DeepSpeed stack here trains float32 and bf16 (fp16's loss scaler is its own rule: "
+                f"suites/mixed_precision); not {spec.dtype}.")
     if spec.extra or layout.extra:
         return f"the DeepSpeed stack does not know {', '.join(sorted({**spec.extra, **layout.extra}))}."
     if recipe.max_grad_norm is not None and recipe.norm_type != 2.0:
@@ -64,6 +65,51 @@ class DeepSpeedStack:
         return DeepSpeedStackTrainer(spec, layout, recipe)
 
 
+def bf16_config(spec) -> dict:
+    """DeepSpeed's bf16 recipe (bf16 model, fp32 masters and optimizer state) for a bfloat16 spec; else none —
+    unsupported where DeepSpeed's accelerator says this machine has no bf16."""
+    if spec.dtype != "bfloat16":
+        return {}
+    from ..capabilities import deepspeed_dtype_unsupported
+
+    why = deepspeed_dtype_unsupported(torch.bfloat16)
+    if why:
+        raise Unsupported(f"DeepSpeed's bf16 does not run here: {why}.")
+    return {"bf16": {"enabled": True}}
+
+
+class MastersState:
+    """DeepSpeed's fp32 masters and their optimizer state under the one-device names: ZeRO 0's
+    ``FP16_UnfusedOptimizer`` keeps them in ``fp32_groups`` (the model's parameter order), ZeRO 1-3 behind
+    ``safe_get_full_fp32_param`` / ``safe_get_full_optimizer_state``."""
+
+    def __init__(self, engine, optimizer, spec, stage, names, recipe=None):
+        self.engine, self.optimizer, self.spec, self.stage, self.names = engine, optimizer, spec, stage, names
+
+    def _masters(self) -> dict:
+        params = dict(self.engine.module.named_parameters())
+        if self.stage == 0:
+            return dict(zip(params, [m for group in self.optimizer.fp32_groups for m in group], strict=True))
+        return params
+
+    def full_params(self) -> dict:
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        if self.stage == 0:
+            return {k: m.detach().clone() for k, m in self._masters().items()}
+        return {k: safe_get_full_fp32_param(p).detach().clone() for k, p in self._masters().items()}
+
+    def full_optimizer_state(self) -> dict:
+        from deepspeed.utils import safe_get_full_optimizer_state
+
+        if self.stage == 0:
+            inner = self.optimizer.optimizer
+            return {k: {key: inner.state[m][key].clone() for key in self.spec.state_keys}
+                    for k, m in self._masters().items()}
+        return {k: {key: safe_get_full_optimizer_state(p, key) for key in self.spec.state_keys}
+                for k, p in self._masters().items()}
+
+
 class DeepSpeedStackTrainer(BuiltFromDense):
     def __init__(self, spec, layout, recipe):
         self.spec, self.layout, self.recipe = spec, layout, recipe
@@ -77,12 +123,15 @@ class DeepSpeedStackTrainer(BuiltFromDense):
         import deepspeed
 
         recipe = self.recipe
-        config = engine_config(self.layout.zero, recipe.accumulation, recipe.max_grad_norm)
+        config = {**engine_config(self.layout.zero, recipe.accumulation, recipe.max_grad_norm),
+                  **bf16_config(self.spec)}
+        model = model.float()  # bf16: DeepSpeed rounds the model itself; its fp32 masters are the rounded weights
         client = recipe.optimizer.build(model.parameters())
         engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client, config=config)
         # the ZeRO adapter's reading of DeepSpeed's full state (GatheredParameters, safe_get_full_optimizer_state)
         names = [name for name, _ in model.named_parameters()]
-        self.state = _Trainer(engine, optimizer, recipe.optimizer, self.layout.zero, names, None)
+        self.state = (MastersState if self.spec.dtype == "bfloat16" else _Trainer)(
+            engine, optimizer, recipe.optimizer, self.layout.zero, names, None)
         return engine
 
     def step(self, tokens, targets) -> float:
