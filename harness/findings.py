@@ -230,7 +230,8 @@ FINDINGS: tuple[Finding, ...] = (
             "runtime.utils.clip_grad_norm_ counts a parameter where mpu.get_model_parallel_rank() == 0 or it is a "
             "tensor-parallel one, and the pipeline grid's model-parallel group is the pipeline itself, so every "
             "later stage's gradients are left out of the sum it all-reduces over the stages (minimal case: a "
-            "Llama over pp 2, max norm 0.05: it clips by 1.139, the global 2-norm is 1.988; ZeRO 1 and bf16 are right).",
+            "Llama over pp 2, max norm 0.05: it clips by 1.139, the global 2-norm is 1.988; ZeRO 1 and bf16 are "
+            "right).",
             "suites/stack/test_deepspeed.py::test_watch_deepspeed_pipeline_clips_by_the_first_stages_norm",
             {"zero": 0, "clipped": True, "pp": lambda pp: pp > 1},
             symptom=r"^rank \d+: (step \d+: (gradient norm None vs one device|(parameter|optimizer state) \S+: off by)"

@@ -77,15 +77,15 @@ def test_what_the_deepspeed_stack_does_not_compose_is_said_in_one_sentence(layou
     assert v["outcome"] == "unsupported" and needle in v["refused"] and "\n" not in v["refused"], v
 
 
+LLAMA16 = ModelSpec(**{**LLAMA32.as_dict(), "dtype": "bfloat16"})
+GPT16 = ModelSpec(**{**GPT32.as_dict(), "dtype": "bfloat16"})
 BF16 = [  # (spec, layout, recipe, in every profile): DeepSpeed's bf16 (fp32 masters) held precision-matched
-    (ModelSpec(**{**LLAMA32.as_dict(), "dtype": "bfloat16"}), Layout(2, 1, 1, zero=0), Recipe(max_grad_norm=0.05), True),
-    (ModelSpec(**{**GPT32.as_dict(), "dtype": "bfloat16"}), Layout(2, 1, 1, zero=2), Recipe(accumulation=2), True),
-    (ModelSpec(**{**LLAMA32.as_dict(), "dtype": "bfloat16"}), Layout(1, 2, 1), Recipe(max_grad_norm=0.05), True),
-    (ModelSpec(**{**LLAMA32.as_dict(), "dtype": "bfloat16"}), Layout(2, 1, 1, zero=1), Recipe(max_grad_norm=0.05),
-     False),
-    (ModelSpec(**{**LLAMA32.as_dict(), "dtype": "bfloat16"}), Layout(2, 1, 1, zero=3), Recipe(), False),
-    (ModelSpec(**{**GPT32.as_dict(), "dtype": "bfloat16"}), Layout(2, 2, 1, zero=1), Recipe(max_grad_norm=0.05),
-     False),
+    (LLAMA16, Layout(2, 1, 1, zero=0), Recipe(max_grad_norm=0.05), True),
+    (GPT16, Layout(2, 1, 1, zero=2), Recipe(accumulation=2), True),
+    (LLAMA16, Layout(1, 2, 1), Recipe(max_grad_norm=0.05), True),
+    (LLAMA16, Layout(2, 1, 1, zero=1), Recipe(max_grad_norm=0.05), False),
+    (LLAMA16, Layout(2, 1, 1, zero=3), Recipe(), False),
+    (GPT16, Layout(2, 2, 1, zero=1), Recipe(max_grad_norm=0.05), False),
 ]
 """bf16 at ZeRO 0 (its FP16_UnfusedOptimizer over a bf16 model), 1-3, and its pipeline's BF16_Optimizer (pp 2,
 clipped: its norm counts every stage, unlike fp32's), against one device running the contract's recipe
@@ -108,7 +108,7 @@ def _bf16_engine(zero: int):
 
     from harness.adapters.deepspeed_stack import DeepSpeedStack
 
-    spec = ModelSpec(**{**LLAMA32.as_dict(), "dtype": "bfloat16"})
+    spec = LLAMA16
     trainer = DeepSpeedStack().build(spec, Layout(1, 1, 1, zero=zero), Recipe())
     trainer.load_dense(spec.build(0).state_dict())
     tokens = torch.randint(0, spec.vocab, (2, 4), generator=torch.Generator().manual_seed(0))
