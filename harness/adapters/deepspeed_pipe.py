@@ -22,6 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .deepspeed_resume import DeepSpeedCheckpoint
+
 
 class _Embed(nn.Module):
     """The one-device model's embedding as a pipeline layer (the module itself, not a copy)."""
@@ -128,10 +130,11 @@ def train_step(engine, tokens, targets, micro_batches: int) -> float:
     return float(engine.train_batch(data_iter=batches))
 
 
-class DeepSpeedPipeTrainer:
-    """``build``'s trainer where pp > 1 or checkpointing: ``load_dense`` / ``step`` / ``dense_state``."""
+class DeepSpeedPipeTrainer(DeepSpeedCheckpoint):
+    """``build``'s trainer where pp > 1 or checkpointing: ``load_dense`` / ``step`` / ``dense_state``, ``save`` /
+    ``load``."""
 
-    _engine = None
+    _engine, kind = None, "pipeline"
 
     def __init__(self, spec, layout, recipe):
         self.spec, self.layout, self.recipe = spec, layout, recipe

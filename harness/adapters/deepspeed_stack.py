@@ -9,10 +9,11 @@ rows per replica: the engine's gradient average over dp is one device's). Full s
 API: ``GatheredParameters`` (stage 3) and ``safe_get_full_optimizer_state`` (stage 0: the client optimizer's
 state). A tied embedding is one parameter for DeepSpeed too: reported under both names, its state once.
 
-Not here: pipeline parallelism (``PipelineModule`` / ``PipelineEngine``: a model written as a layer list, a
-different training loop), tensor parallelism (DeepSpeed's AutoTP is an inference / HF path), bf16 (next), and
-``save`` / ``load`` (its native checkpoints load on the dp they were written at; another dp goes through
-``ds_to_universal`` — see ``suites/resume/test_deepspeed.py``)."""
+bf16 is DeepSpeed's own recipe (``bf16_config``: it rounds the model; fp32 masters and state, read by
+``MastersState``). pp > 1 and activation checkpointing are its ``PipelineModule`` (``deepspeed_pipe.py``);
+``save`` / ``load`` are its checkpoints, universal across dp (``deepspeed_resume.py``). Not here: tensor
+parallelism (DeepSpeed's AutoTP is an inference / HF path), fp16 (its loss scaler's own rule:
+suites/mixed_precision), Ulysses and MoE inside the stack (their own suites)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ..contracts import Unsupported
+from .deepspeed_resume import DeepSpeedCheckpoint
 from .dense_built import BuiltFromDense
 
 
@@ -110,10 +112,14 @@ class MastersState:
                 for k, p in self._masters().items()}
 
 
-class DeepSpeedStackTrainer(BuiltFromDense):
+class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
     def __init__(self, spec, layout, recipe):
         self.spec, self.layout, self.recipe = spec, layout, recipe
         self.last_grad_norm = None
+
+    @property
+    def engine(self):
+        return self.trainer
 
     def _build(self, model):
         from .deepspeed_init import init

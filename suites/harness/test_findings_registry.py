@@ -39,6 +39,9 @@ EXAMPLES = {
     "test_watch_deepspeed_reports_no_norm_at_zero_stage_0": (
         {"zero": 0, "clipped": True, "pp": 1},
         "rank 0: step 1: gradient norm None vs one device 2.2511 (off by inf > 0.0098)"),
+    "test_deepspeed_resume_across_layouts": (
+        {"zero_change": (0, 1)}, "rank 0: FileNotFoundError: [Errno 2] No such file or directory: "
+        "'/tmp/x/deepspeed/step-1/zero_pp_rank_0_mp_rank_00_optim_states.pt'"),
     "test_watch_deepspeed_pipeline_clips_by_the_first_stages_norm": (
         {"zero": 0, "clipped": True, "pp": 2},
         "rank 0: step 1: gradient norm None vs one device 1.7846 (off by inf > 0.0105)"),
