@@ -239,10 +239,10 @@ FINDINGS: tuple[Finding, ...] = (
             cause=r"gradient norm None vs one device"),
     Finding("deepspeed", "stack", "deepspeed", ("0.19", None),
             "DeepSpeed's checkpoints move between ZeRO stages 1 and 2 only: load_checkpoint of a ZeRO 0 checkpoint "
-            "into ZeRO 1-3 raises FileNotFoundError (no zero_pp_rank optimizer files), of a ZeRO 1-3 one into ZeRO 0 "
-            "AttributeError, and a ZeRO 3 engine finds no model file in a ZeRO 1 / 2 checkpoint (a bare "
-            "AssertionError in MegatronSDLoader.check_ckpt_list), nor does its universal checkpoint help; none is "
-            "said in a sentence (minimal case: a Llama, dp 2, Adam, one step at ZeRO 0, loaded at ZeRO 1).",
+            "into ZeRO 1-3 raises FileNotFoundError (no zero_pp_rank optimizer files), of a ZeRO 1 / 2 one into ZeRO "
+            "0 AttributeError, and across stage 3 either way — natively or through its universal checkpoint — no "
+            "model file is found (a bare AssertionError in MegatronSDLoader.check_ckpt_list); none is said in a "
+            "sentence (minimal case: a Llama, dp 2, Adam, one step at ZeRO 0, loaded at ZeRO 1).",
             "suites/stack/test_deepspeed.py::test_deepspeed_resume_across_layouts",
             {"zero_change": lambda z: z[0] != z[1] and not set(z) <= {1, 2}},
             symptom=r"^rank \d+: (FileNotFoundError: .*zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt|AssertionError: "
