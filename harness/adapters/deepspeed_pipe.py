@@ -143,7 +143,7 @@ class DeepSpeedPipeTrainer(DeepSpeedCheckpoint):
 
     def _build(self, model):
         from .deepspeed_init import init
-        from .deepspeed_stack import bf16_config
+        from .deepspeed_mixed import bf16_config
         from .deepspeed_zero import engine_config
 
         init()
