@@ -14,8 +14,9 @@ On a CPU, ``megatron_cpu.on_cpu()`` redirects the CUDA device megatron-core writ
 (what and why: that module); on a CUDA machine Megatron runs as it is.
 
 What the adapter chooses, and why:
-- float32: megatron-core's clipping asserts float32 gradients (``clip_grads``: 'torch.cuda.FloatTensor') and
-  its rotary embedding computes in float32 (``inv_freq``);
+- float32, or bf16 with fp32 main params as Megatron-LM sets it up (``Float16Module`` over each chunk — the
+  local spec's torch norms are built fp32 otherwise —, ``bf16`` in its Transformer and Optimizer configs,
+  gradients accumulated and reduced in fp32; its clipping asserts float32 gradients: the main grads);
 - the vocabulary padded to a multiple of tp with zero rows (Megatron-LM's ``_vocab_size_with_padding`` with
   ``make_vocab_size_divisible_by`` 1): the padding's logits then enter its cross-entropy's softmax (the tensor-
   parallel suite's finding) — the suite's spec has a vocabulary every tp divides, a watch the other;
@@ -44,10 +45,9 @@ from .megatron_tensor_parallel import _padded
 def _unsupported(spec, layout, recipe) -> str | None:
     if spec.family not in ("gpt", "llama"):
         return f"the Megatron stack here trains GPTModel as the gpt and llama families, not the {spec.family} family."
-    if spec.dtype != "float32":
-        return ("megatron-core clips float32 gradients (clip_grads asserts 'torch.cuda.FloatTensor') and computes "
-                f"its rotary embedding in float32: a {spec.dtype} spec is not what it trains; the suite holds it at "
-                "float32.")
+    if spec.dtype not in ("float32", "bfloat16"):
+        return ("megatron-core clips float32 gradients (clip_grads asserts 'torch.cuda.FloatTensor'): it trains "
+                f"float32, or bf16 with fp32 main params; not {spec.dtype} here (fp16's loss scaler is not driven).")
     if spec.extra or layout.extra:
         return f"the Megatron stack does not know {', '.join(sorted({**spec.extra, **layout.extra}))}."
     if layout.sequence_parallel:
@@ -68,7 +68,7 @@ def _unsupported(spec, layout, recipe) -> str | None:
     if recipe.max_grad_norm is not None and recipe.norm_type != 2.0:
         return f"megatron-core's optimizer clips the global 2-norm (clip_grad), not the {recipe.norm_type} norm."
     if recipe.loss_scale is not None:
-        return "the Megatron stack here has no loss scaler (float32 needs none)."
+        return "the Megatron stack here has no loss scaler (float32 and bf16 need none)."
     return None
 
 
@@ -166,9 +166,17 @@ def _scatter_dense(spec, name, tp, r, vocab_padded, local: torch.Tensor, into: d
         at += stop - start
 
 
+def _main_params(opt) -> dict:
+    """{id(bf16 model param): its fp32 main param} of a Float16OptimizerWithFloat16Params (else empty)."""
+    pairs = zip(getattr(opt, "float16_groups", []), getattr(opt, "fp32_from_float16_groups", []), strict=True)
+    return {id(p): main for low, high in pairs for p, main in zip(low, high, strict=True)}
+
+
 def _global_names(chunk) -> dict:
-    """{parameter: name with global layer numbers} of one model chunk (its DDP wrapper's ``module.`` dropped)."""
-    inner = chunk.module if hasattr(chunk, "module") else chunk
+    """{parameter: name with global layer numbers} of one model chunk (its wrappers' ``module.`` dropped)."""
+    inner = chunk
+    while hasattr(inner, "module"):  # DDP's, and bf16's Float16Module's
+        inner = inner.module
     offset = inner.decoder.layers[0].layer_number - 1 if len(inner.decoder.layers) else 0
     names = {}
     for name, p in inner.named_parameters():
@@ -188,6 +196,10 @@ class MegatronStackTrainer(BuiltFromDense):
         self.spec, self.layout, self.recipe = spec, layout, recipe
         self.vp = 2 if layout.schedule == "interleaved" and layout.pp > 1 else None
         self.last_grad_norm = None
+        self.mixed = spec.dtype == "bfloat16"
+        """bf16 with fp32 main params: Float16OptimizerWithFloat16Params (ZeRO 0), the distributed optimizer's
+        fp32 shards (ZeRO 1); gradients accumulated and reduced in fp32 (grad_reduce_in_fp32)."""
+        self.dtype = torch.bfloat16 if self.mixed else torch.float32
 
     def _config(self):
         from megatron.core.transformer.transformer_config import TransformerConfig
@@ -209,8 +221,9 @@ class MegatronStackTrainer(BuiltFromDense):
             add_bias_linear=not llama, hidden_dropout=0.0, attention_dropout=0.0,
             tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
             virtual_pipeline_model_parallel_size=self.vp, sequence_parallel=layout.sequence_parallel,
-            use_cpu_initialization=True, perform_initialization=self.perform_initialization, params_dtype=torch.float32,
-            pipeline_dtype=torch.float32, bf16=False, fp16=False, bias_activation_fusion=False,
+            use_cpu_initialization=True, perform_initialization=self.perform_initialization,
+            params_dtype=self.dtype, pipeline_dtype=self.dtype, bf16=self.mixed, fp16=False,
+            bias_activation_fusion=False,
             bias_dropout_fusion=False, masked_softmax_fusion=False, apply_rope_fusion=False,
             persist_layer_norm=False, gradient_accumulation_fusion=False, **self._p2p(), **split, **recompute)
 
@@ -241,6 +254,7 @@ class MegatronStackTrainer(BuiltFromDense):
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+        from megatron.core.transformer.module import Float16Module
 
         spec, layout, recipe = self.spec, self.layout, self.recipe
         ps.destroy_model_parallel()
@@ -266,9 +280,12 @@ class MegatronStackTrainer(BuiltFromDense):
             with torch.no_grad():
                 for p, name in _global_names(gpt).items():
                     p.copy_(_local(spec, self._dense_name_of(name), layout.tp, self.tp_rank, self.vocab_padded, dense))
+            if self.mixed:  # Megatron-LM's get_model: the whole chunk in bf16 (its torch norms are built fp32)
+                gpt = Float16Module(config, gpt)
             chunks.append(DistributedDataParallel(config, ddp_config, gpt))
         opt = recipe.optimizer
-        kwargs = {"optimizer": opt.name, "lr": opt.lr, "weight_decay": 0.0, "params_dtype": torch.float32,
+        kwargs = {"optimizer": opt.name, "lr": opt.lr, "weight_decay": 0.0, "params_dtype": self.dtype,
+                  "bf16": self.mixed,
                   "clip_grad": recipe.max_grad_norm or 0.0, "use_distributed_optimizer": layout.zero == 1}
         kwargs |= {"sgd_momentum": opt.momentum} if opt.name == "sgd" else \
             {"adam_beta1": opt.betas[0], "adam_beta2": opt.betas[1], "adam_eps": opt.eps}
@@ -391,6 +408,9 @@ class MegatronStackTrainer(BuiltFromDense):
         return out
 
     def _state_pieces(self, p, keys) -> list:
+        """[(flat start, flat stop, {state key: flat shard})] of ``p`` on this rank; bf16: its fp32 main param too,
+        under "param"."""
+        keys = (*keys, "param") if self.mixed else keys
         for opt in self._optimizers():
             if hasattr(opt, "model_param_group_index_map"):  # the distributed optimizer: this rank's range
                 if p not in opt.model_param_group_index_map:
@@ -398,8 +418,10 @@ class MegatronStackTrainer(BuiltFromDense):
                 rng = opt._get_model_param_range_map(p)["param"]
                 st = opt._get_main_param_and_optimizer_states(p)
                 return [(rng.start, rng.end, {k: st[k].detach().clone().flatten() for k in keys if k in st})]
-            st = opt.optimizer.state.get(p)
+            main = _main_params(opt).get(id(p), p)  # Float16OptimizerWithFloat16Params: its fp32 copy of p
+            st = opt.optimizer.state.get(main)
             if st is not None:
+                st = {**st, "param": main}
                 return [(0, p.numel(), {k: st[k].detach().clone().flatten() for k in keys if k in st})]
         return []
 
@@ -424,6 +446,8 @@ class MegatronStackTrainer(BuiltFromDense):
         for ((name, r), k), values in flat.items():
             _scatter_dense(spec, name, tp, r, self.vocab_padded, values.view(locals_[(name, r)].shape),
                            states.setdefault(k, {}), shapes)
+        if self.mixed:  # the training state: the fp32 main params (the bf16 model is them rounded)
+            params = states.pop("param")
         optimizer = {}
         for k, dense in states.items():
             for name, t in dense.items():

@@ -103,27 +103,31 @@ def test_deepspeed_bf16_with_fp32_masters_equals_one_device(spec, layout, recipe
 
 
 def _bf16_engine(zero: int):
-    """(the engine's parameter dtypes, the reported masters' dtypes, whether a master holds a value bf16 cannot)."""
-    import torch
+    from .mixed_ranks import bf16_report
 
-    from harness.adapters.deepspeed_stack import DeepSpeedStack
+    return bf16_report(_AtStage(zero), LLAMA16, lambda trainer: trainer.trainer.module.parameters())
 
-    spec = LLAMA16
-    trainer = DeepSpeedStack().build(spec, Layout(1, 1, 1, zero=zero), Recipe())
-    trainer.load_dense(spec.build(0).state_dict())
-    tokens = torch.randint(0, spec.vocab, (2, 4), generator=torch.Generator().manual_seed(0))
-    trainer.step(tokens, tokens)
-    masters = trainer.dense_state()["params"].values()
-    return ({str(p.dtype) for p in trainer.trainer.module.parameters()}, {str(m.dtype) for m in masters},
-            any(bool((m != m.bfloat16().float()).any()) for m in masters))
+
+class _AtStage:
+    """The DeepSpeed stack at one ZeRO stage (bf16_report builds the one-rank layout)."""
+
+    def __init__(self, zero):
+        self.zero = zero
+
+    def build(self, spec, layout, recipe):
+        from harness.adapters.deepspeed_stack import DeepSpeedStack
+
+        return DeepSpeedStack().build(spec, Layout(1, 1, 1, zero=self.zero), recipe)
 
 
 @pytest.mark.parametrize("zero", [0, 1])
 def test_deepspeed_bf16_trains_a_bf16_model_and_reports_its_fp32_masters(zero, world_cache):
     """The precision-matched bound cannot tell an fp32 run from a bf16 one (fp32 is nearer exact): the engine's
     model is bf16, and what dense_state reports are fp32 masters holding values bf16 cannot."""
+    from .mixed_ranks import EXPECTED
+
     require_dtype(world_cache.get(1), "bfloat16")
-    assert world_cache.get(1).run(_bf16_engine, zero, timeout=120) == [({"torch.bfloat16"}, {"torch.float32"}, True)]
+    assert world_cache.get(1).run(_bf16_engine, zero, timeout=120) == [EXPECTED]
 
 
 def _norm_at_stage_0():
