@@ -11,9 +11,10 @@ What the adapter chooses, and why:
   HF's converters apply; the rotate-half form needs none);
 - the attention core is its ``ScaledDotProductAttention`` (its language-model backends, flex and varlen,
   need torch.compile or CUDA): the model is called without document masks, plain causal attention;
-- float32: torchtitan computes the rotary embedding in float32 whatever the parameters' dtype
-  (``CosSinRoPE.apply_rotary_emb`` casts q, k and the cache): a float64 spec is unsupported (the suite
-  holds torchtitan at float32, ``suites/stack/test_torchtitan.py``);
+- float32, or bf16 as torchtitan trains it (``mixed_precision_param`` bf16, ``mixed_precision_reduce`` fp32:
+  FSDP2's MixedPrecisionPolicy, which parallelize_llama installs on every layout — fp32 parameters are the
+  masters); torchtitan computes the rotary embedding in float32 whatever the parameters' dtype
+  (``CosSinRoPE.apply_rotary_emb`` casts q, k and the cache): a float64 spec is unsupported;
 - Adam (torchtitan's optimizers are Adam, AdamW and Muon: no SGD), for-loop implementation (fused is CUDA);
 - ZeRO 0 is its ``replicate`` over dp (data_parallel_replicate_degree), 2 FSDP2 without resharding after
   forward (``fsdp_reshard_after_forward="never"``), 3 FSDP2 (its default); ZeRO 1 it does not do.
@@ -62,10 +63,10 @@ def contract_name(name: str) -> str:
 def _unsupported(spec, layout, recipe) -> str | None:
     if spec.family != "llama":
         return f"the torchtitan stack here trains its Llama3 (the llama family), not the {spec.family} family."
-    if spec.dtype != "float32":
+    if spec.dtype not in ("float32", "bfloat16"):
         return ("torchtitan computes the rotary embedding in float32 whatever the parameters' dtype "
-                f"(CosSinRoPE.apply_rotary_emb casts q, k and its cache): a {spec.dtype} spec is not what it computes; "
-                "the suite holds it at float32.")
+                f"(CosSinRoPE.apply_rotary_emb casts q, k and its cache): it trains float32, or bf16 through FSDP2's "
+                f"mixed precision; a {spec.dtype} spec is not what it computes.")
     if spec.extra or layout.extra:
         return f"the torchtitan stack does not know {', '.join(sorted({**spec.extra, **layout.extra}))}."
     if recipe.optimizer.name != "adam":
@@ -193,7 +194,7 @@ class TorchtitanStackTrainer(BuiltFromDense):
         self.loss_fn = CrossEntropyLoss.Config().build()
         common = {"parallel_dims": self.dims, "parallelism": parallelism, "compile_config": CompileConfig(enable=False),
                   "ac_config": FullAC.Config() if layout.checkpointing else None, "dump_folder": "/tmp",
-                  "training": TrainingConfig(mixed_precision_param="float32",
+                  "training": TrainingConfig(mixed_precision_param=spec.dtype, mixed_precision_reduce="float32",
                                              local_batch_size=layout.num_microbatches)}
         if layout.pp > 1:
             self.schedule, parts, self.first, self.last = pipeline_llm(
