@@ -91,6 +91,8 @@ def add_parsers(sub) -> None:
                            choices=["gpipe", "1f1b", "interleaved"])
             p.add_argument("--stack-zero", dest="stack_zero", type=int, default=2, choices=[0, 1, 2, 3],
                            help="ZeRO stage over dp (2: what every stack here shards; FSDP2 is 2 or 3)")
+            p.add_argument("--stack-optimizer", dest="stack_optimizer", default="sgd", choices=["sgd", "adam"],
+                           help="the stacks' optimizer (adam: the one every stack here trains)")
             p.add_argument("--stack-layouts", dest="stack_layouts", default=None,
                            help="comma-separated dpxppxtp layouts (default: every one the model allows)")
         if name == "context_parallel":
@@ -237,6 +239,7 @@ def stack_config(args):
         raise UsageError(f"--stack-world-size must be >= 1; got {args.stack_world_size}.")
     cfg = StackSweep(impls=[], families=parse_list(args.families, FAMILIES, "famil(ies)"),
                      world_size=args.stack_world_size, schedule=args.stack_schedule, zero_stage=args.stack_zero,
+                     optimizer=args.stack_optimizer,
                      iters=min(args.iters, 3), warmup=min(args.warmup, 1))
     allowed = valid_layouts(cfg)
     if args.stack_layouts:
@@ -274,9 +277,10 @@ def _with_calibration(args, plans: list) -> list:
         run_sweep(cfg, get_world, run)
         profile_from_run(run.path).save(run.path / "profile.json")
 
-    out = []
+    out, calibrated = [], set()
     for name, cfg, sweep in plans:
-        if name in ("pipeline", "3d", "stack"):
+        if name in ("pipeline", "3d", "stack") and tuple(cfg.world_sizes) not in calibrated:
+            calibrated.add(tuple(cfg.world_sizes))
             out.append(("calibrate", CalibrationSweep(world_sizes=list(cfg.world_sizes)), calibrate))
         out.append((name, cfg, sweep))
     return out
@@ -367,7 +371,11 @@ def run(args) -> int:
     if args.suite in ("stack", "all"):
         from .stack import bench as stack_bench
 
-        plans.append(("stack", stack_config(args), stack_bench.run_sweep))
+        stack_cfg = stack_config(args)
+        plans.append(("stack", stack_cfg, stack_bench.run_sweep))
+        if args.suite == "all":  # the installed third parties beside ours, each at the ZeRO stage it shards with
+            plans += [("stack", cfg, stack_bench.run_sweep)
+                      for cfg in stack_bench.third_party_sweeps(stack_cfg, stack_cfg.impls)]
     if args.suite in ("matrix", "all"):
         from .stack import matrix
 
@@ -424,8 +432,12 @@ def run(args) -> int:
         plans.append(("tensor_parallel", cfg, tp_bench.run_sweep))
     plans = _with_calibration(args, plans)
     _check_profile(args, plans)
-    run = RunDir(args.results_dir, {"suite": args.suite, "config": {name: asdict(cfg) for name, cfg, _ in plans
-                                                                    if name != "calibrate"}})
+    config: dict = {}
+    for name, cfg, _ in plans:  # a second sweep of one suite (bench all's third-party stacks) keyed stack:2, ...
+        if name != "calibrate":
+            config[name if name not in config else f"{name}:{sum(k.split(':')[0] == name for k in config) + 1}"] = \
+                asdict(cfg)
+    run = RunDir(args.results_dir, {"suite": args.suite, "config": config})
     print(f"paritybench: run folder {run.path}", file=sys.stderr)
     _point_at_profile(args, plans, run)
     run_plans(run, plans, args.backend)

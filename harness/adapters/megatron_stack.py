@@ -166,6 +166,10 @@ def _scatter_dense(spec, name, tp, r, vocab_padded, local: torch.Tensor, into: d
         at += stop - start
 
 
+_ACTIVE: list = [None]
+"""The (tp, pp, vp) megatron-core's parallel state was last initialised with by this adapter (None: not by it)."""
+
+
 def _main_params(opt) -> dict:
     """{id(bf16 model param): its fp32 main param} of a Float16OptimizerWithFloat16Params (else empty)."""
     pairs = zip(getattr(opt, "float16_groups", []), getattr(opt, "fp32_from_float16_groups", []), strict=True)
@@ -257,9 +261,8 @@ class MegatronStackTrainer(BuiltFromDense):
         from megatron.core.transformer.module import Float16Module
 
         spec, layout, recipe = self.spec, self.layout, self.recipe
-        ps.destroy_model_parallel()
-        ps.initialize_model_parallel(tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
-                                     virtual_pipeline_model_parallel_size=self.vp, order="tp-cp-ep-pp-dp")
+        _ACTIVE[0] = None
+        self.activate()
         model_parallel_cuda_manual_seed(0)
         config = self._config()
         llama = spec.family == "llama"
@@ -299,8 +302,26 @@ class MegatronStackTrainer(BuiltFromDense):
         return "embedding.word_embeddings.weight" if self.spec.tie_embeddings and name == "output_layer.weight" \
             else name
 
+    def activate(self) -> None:
+        """Make this trainer's layout megatron-core's module-global parallel state (its schedules and stage
+        tests read it at every step): where another layout's trainer of this process initialised it since (the
+        bench keeps several between its rounds), initialise it again — collectively, as every rank of a case
+        does. Optional for stacks; the bench calls it before timing a step."""
+        from megatron.core import parallel_state as ps
+
+        key = (self.layout.tp, self.layout.pp, self.vp)
+        current = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
+                   ps.get_virtual_pipeline_model_parallel_world_size()) if ps.model_parallel_is_initialized() else None
+        # another of the harness's Megatron adapters (its TP layers', its MoE layer's) may have initialised it since
+        if _ACTIVE[0] != key or current != key or ps.get_expert_model_parallel_world_size() != 1:
+            ps.destroy_model_parallel()
+            ps.initialize_model_parallel(tensor_model_parallel_size=key[0], pipeline_model_parallel_size=key[1],
+                                         virtual_pipeline_model_parallel_size=key[2], order="tp-cp-ep-pp-dp")
+            _ACTIVE[0] = key
+
     def step(self, tokens, targets) -> float:
         with on_cpu():
+            self.activate()
             return self._step(tokens, targets)
 
     def _step(self, tokens, targets) -> float:

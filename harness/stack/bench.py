@@ -45,7 +45,10 @@ class StackSweep:
     """Ranks; every layout dp x pp x tp of it that the model allows runs."""
     schedule: str = "1f1b"
     zero_stage: int = 2
-    """2: what every stack here shards over dp (FSDP2's ZeRO 2); 0 / 1 are ours only."""
+    """2: what ours and torch's shard over dp (FSDP2's ZeRO 2); megatron-core's and DeepSpeed's pipeline shard 1."""
+    optimizer: str = "sgd"
+    """"sgd" (momentum) or "adam" — Adam is the one every stack here trains (torchtitan's are Adam only); a sweep
+    of another optimizer labels its rows' family ``<family>-adam-zero<stage>`` (its own cases for the gate)."""
     checkpointing: bool = False
     vocab: int = 512
     hidden: int = 128
@@ -81,6 +84,33 @@ def valid_layouts(cfg: StackSweep) -> list[tuple[int, int, int]]:
     return threed_layouts(cfg)
 
 
+def family_label(cfg: StackSweep, family: str) -> str:
+    """The family as a row's op names it: the default sweep's plain, another optimizer's with its recipe."""
+    return family if cfg.optimizer == "sgd" else f"{family}-{cfg.optimizer}-zero{cfg.zero_stage}"
+
+
+THIRD_PARTY = (("megatron", 1), ("deepspeed", 1), ("torchtitan", 2))
+"""(stack, the ZeRO stage it shards with) of the third parties ``bench all`` measures beside ours, Adam: megatron-
+core's distributed optimizer and DeepSpeed's pipeline engine shard optimizer state (1), torchtitan FSDP2 (2)."""
+THIRD_PARTY_LAYOUTS = [(8, 1, 1), (4, 2, 1), (2, 2, 2), (2, 1, 4)]
+
+
+def third_party_sweeps(cfg: StackSweep, installed: list[str]) -> list[StackSweep]:
+    """``bench all``'s sweeps of the installed third-party stacks beside ours: per ZeRO stage one Adam sweep of
+    the Llama over four layouts of ``cfg.world_size`` ranks (every dimension; one row per micro-batch, which
+    torchtitan's pipeline takes), ours at the same stage — what the side-by-side compares."""
+    from dataclasses import replace
+
+    out = []
+    for stage in sorted({z for _, z in THIRD_PARTY}):
+        impls = [name for name, z in THIRD_PARTY if z == stage and name in installed]
+        layouts = [d for d in THIRD_PARTY_LAYOUTS if d in valid_layouts(cfg)]
+        if impls and layouts:
+            out.append(replace(cfg, impls=["reference", *impls], families=["llama"], optimizer="adam",
+                               zero_stage=stage, rows=1, layouts=layouts))
+    return out
+
+
 def spec_of(cfg: StackSweep, family: str):
     from reference.models import ModelSpec
 
@@ -111,8 +141,16 @@ def bench_rank(cfg: StackSweep, impl: str, family: str, dims: tuple[int, int, in
         return {"unsupported": built}
     trainer, tokens, targets = built
     tokens, targets = tokens.to(rank_device()), targets.to(rank_device())
-    for _ in range(warmup):
-        trainer.step(tokens, targets)
+    for i in range(warmup):
+        try:
+            trainer.step(tokens, targets)
+        except (NotImplementedError, ValueError) as exc:  # a batch the stack refuses (one sentence, every rank)
+            if i:
+                raise
+            _TRAINERS[key] = str(exc).splitlines()[0]
+            return {"unsupported": _TRAINERS[key]}
+    if hasattr(trainer, "activate"):  # a stack with process-global parallel state (megatron-core): this case's
+        trainer.activate()
     dist.barrier()
     start = time.perf_counter()
     trainer.step(tokens, targets)
@@ -143,7 +181,7 @@ def _build(cfg: StackSweep, impl: str, family: str, dims):
     spec, (dp, pp, tp) = spec_of(cfg, family), dims
     layout = Layout(dp, pp, tp, zero=cfg.zero_stage, schedule=cfg.schedule, checkpointing=cfg.checkpointing)
     try:
-        trainer = registry.load(impl, "stack").build(spec, layout, Recipe(optimizer=OptimizerSpec("sgd", 1e-3)))
+        trainer = registry.load(impl, "stack").build(spec, layout, Recipe(optimizer=OptimizerSpec(cfg.optimizer, 1e-3)))
         trainer.load_dense(spec.build(0).state_dict())
     except (NotImplementedError, ValueError) as exc:
         return str(exc).splitlines()[0]
@@ -208,14 +246,14 @@ def _row(cfg: StackSweep, case, rounds: list, backend: str) -> dict:
     spec = spec_of(cfg, family)
     numel = sum(p.numel() for p in spec.build(0).parameters())
     m = 2 * pp
-    row = {"suite": "stack", "op": f"{family}/{dp}x{pp}x{tp}", "impl": impl, "backend": backend,
+    row = {"suite": "stack", "op": f"{family_label(cfg, family)}/{dp}x{pp}x{tp}", "impl": impl, "backend": backend,
            "world_size": cfg.world_size, "dtype": "float32", "count": numel, "microbatches": m,
            "zero_stage": cfg.zero_stage, "iters": cfg.iters, "warmup": cfg.warmup,
-           "detail": f"{cfg.schedule}, zero {cfg.zero_stage}, checkpointing {cfg.checkpointing}"}
+           "detail": f"{cfg.schedule}, zero {cfg.zero_stage}, checkpointing {cfg.checkpointing}, {cfg.optimizer}"}
     if rounds[0][0]["unsupported"]:
         return {**row, "status": "unsupported", "detail": rounds[0][0]["unsupported"]}
     states = training_memory(numel, zero_stage=cfg.zero_stage, dp=dp, tp=tp, pp=pp, weight_bytes=4, grad_bytes=4,
-                             optimizer_bytes=4)
+                             optimizer_bytes=8 if cfg.optimizer == "adam" else 4)  # Adam: two moments
     final = rounds[-1]
     memories = [r["memory"] for r in final if r.get("memory")]
     worst = max(memories, key=lambda mem: sum(mem.values())) if memories else {}

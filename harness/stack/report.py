@@ -12,7 +12,9 @@ def stack_section(rows, md) -> list[str]:
            f"same global batch ({ok['detail'].iloc[0] if len(ok) else ''}). Ranks oversubscribe the CPU cores: the "
            "step times rank layouts and stacks against each other, not against a machine. State: the largest "
            "rank's parameters, gradients and optimizer state, measured from its live tensors; predicted: "
-           "`training_memory` (float32, SGD momentum, even split). Bytes: the busiest rank's in one step, "
+           "`training_memory` (float32; SGD momentum's one state, Adam's two; an even split). A family "
+           "`<family>-adam-zero<stage>`: the main job's Adam sweep of the third-party stacks beside ours, at the ZeRO "
+           "stage each shards with. Bytes: the busiest rank's in one step, "
            "counted (collectives, functional collectives, point-to-point sends); predicted: the planner's DP, TP and "
            "PP terms (no embedding, cross-entropy, loss or norm traffic). Bubble: measured from the pipeline's "
            "action times where the stack reports them (ours); predicted: the 1F1B bubble.", ""]
