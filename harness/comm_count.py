@@ -12,8 +12,9 @@ from reference.cost_model import collective_bytes
 def counted_collectives(counter: list):
     """Within the block, every all_reduce / all_gather_into_tensor / reduce_scatter_tensor through
     torch.distributed (and the reference tensor-parallel mappings' aliases of the latter two) adds the
-    bytes this rank sends, as its ring algorithm sends them, to ``counter[0]``. Collectives issued from
-    C++ (DDP's reducer) or as functional collectives (DTensor, FSDP2) are not seen."""
+    bytes this rank sends, as its ring algorithm sends them, to ``counter[0]`` — also where a loaded module holds
+    one of them under its own name (``_aliases``). Collectives issued from C++ (DDP's reducer) or as functional
+    collectives (DTensor, FSDP2) are not seen."""
     import torch.distributed as dist
 
     import reference.tensor_parallel.mappings as mappings
@@ -40,6 +41,7 @@ def counted_collectives(counter: list):
                (mappings, "_all_gather", "all_gather", arg(0, "output_tensor")),
                (mappings, "_reduce_scatter", "reduce_scatter", arg(1, "input"))]
     patches = [p for p in patches if hasattr(p[0], p[1])]  # the *_single names are torch >= 2.12's
+    patches += _aliases({getattr(obj, name): (op, size_of) for obj, name, op, size_of in patches if obj is dist})
     saved = [(obj, name, getattr(obj, name)) for obj, name, _, _ in patches]
     try:
         for obj, name, op, size_of in patches:
@@ -48,6 +50,27 @@ def counted_collectives(counter: list):
     finally:
         for obj, name, fn in saved:
             setattr(obj, name, fn)
+
+
+def _aliases(functions: dict) -> list:
+    """(module, attribute, op, size_of) of every loaded module's own global bound to one of ``functions`` — a
+    third party that took a collective by value at import (megatron-core's ``dist_reduce_scatter_func =
+    torch.distributed.reduce_scatter_tensor``) would otherwise send uncounted."""
+    import sys
+
+    out = []
+    for module in list(sys.modules.values()):
+        names = getattr(module, "__dict__", None)
+        if not isinstance(names, dict) or getattr(module, "__name__", "").startswith("torch.distributed"):
+            continue
+        for name, value in list(names.items()):
+            try:
+                known = functions.get(value)
+            except TypeError:  # an unhashable global
+                continue
+            if known is not None:
+                out.append((module, name, *known))
+    return out
 
 
 _FUNCTIONAL = {  # _c10d_functional op -> (cost-model op, S in bytes from (args, group size))

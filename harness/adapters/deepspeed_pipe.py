@@ -177,6 +177,11 @@ class DeepSpeedPipeTrainer(DeepSpeedCheckpoint):
             self.last_grad_norm = None if norm is None else float(norm)
         return loss
 
+    def memory(self) -> dict:
+        from .deepspeed_mixed import engine_memory
+
+        return engine_memory(self.engine)
+
     def dense_state(self) -> dict:
         params, optimizer = self.state.full_params(), self.state.full_optimizer_state()
         if self.spec.tie_embeddings:  # one parameter: both names, its state once

@@ -115,6 +115,11 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
         dist.all_reduce(value)
         return float(value)
 
+    def memory(self) -> dict:
+        from .deepspeed_mixed import engine_memory
+
+        return engine_memory(self.engine)
+
     def dense_state(self) -> dict:
         params = {k: v.cpu() for k, v in self.state.full_params().items()}
         optimizer = {k: {key: t.detach().cpu() for key, t in v.items()} for k, v in

@@ -446,6 +446,21 @@ class MegatronStackTrainer(BuiltFromDense):
                 return [(0, p.numel(), {k: st[k].detach().clone().flatten() for k in keys if k in st})]
         return []
 
+    def memory(self) -> dict:
+        """Bytes of model state this rank holds between steps (each storage once): its chunks' parameters (and
+        the buffer DDP lays them in), the gradient buffers (``grad_data``, fp32), the optimizer's state and fp32
+        main params (the distributed optimizer's shards of them)."""
+        from reference.zero.accounting import held_bytes, optimizer_state_tensors
+
+        chunks = self.trainer
+        buffers = [b for c in chunks for b in getattr(c, "buffers", []) + getattr(c, "expert_parallel_buffers", [])]
+        kept = ("fp32_from_float16_groups", "shard_fp32_from_float16_groups")
+        mains = [m for opt in self._optimizers() for attr in kept for group in getattr(opt, attr, []) for m in group]
+        return {"params": held_bytes([p for c in chunks for p in c.parameters()] + [b.param_data for b in buffers]),
+                "grads": held_bytes([b.grad_data for b in buffers]),
+                "optimizer": held_bytes(mains + [t for opt in self._optimizers()
+                                                 for t in optimizer_state_tensors(opt.optimizer)])}
+
     def dense_state(self) -> dict:
         from megatron.core import parallel_state as ps
 

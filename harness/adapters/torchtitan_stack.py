@@ -279,6 +279,20 @@ class TorchtitanStackTrainer(BuiltFromDense):
     def load(self, directory) -> None:
         _load(self, directory)
 
+    def memory(self) -> dict:
+        """Bytes of model state this rank holds between steps (each storage once): its shards of the parameters
+        (a DTensor's local tensor), their gradients, the optimizers' state."""
+        from reference.zero.accounting import held_bytes, optimizer_state_tensors
+
+        def local(t):
+            return t.to_local() if hasattr(t, "to_local") else t
+
+        params = [p for part in self.trainer for p in part.parameters()]
+        state = [t for opt in self.optimizers.optimizers for t in optimizer_state_tensors(opt)]
+        return {"params": held_bytes(local(p) for p in params),
+                "grads": held_bytes(local(p.grad) for p in params if p.grad is not None),
+                "optimizer": held_bytes(local(t) for t in state)}
+
     def dense_state(self) -> dict:
         keys = self.recipe.optimizer.state_keys
         opt_state = {}
