@@ -84,3 +84,46 @@ def test_a_case_a_stack_does_not_provide_is_an_unsupported_row(world_cache, tmp_
     run.finish()
     row = read_run(run.path)[1]["benchmarks.csv"].iloc[0]
     assert row["status"] == "unsupported" and "KV heads" in row["detail"], row["detail"]
+
+
+def test_the_main_job_measures_the_third_parties_beside_ours_at_their_zero_stage():
+    """bench all's Adam sweeps: one per ZeRO stage the installed third parties shard with, ours in each (the
+    side-by-side compares like with like), one row per micro-batch (torchtitan's pipeline takes that), rows
+    labelled with the recipe so the gate never compares them with the SGD sweep's."""
+    from harness.stack.bench import family_label, third_party_sweeps
+
+    base = StackSweep(impls=["reference", "torch", "megatron", "deepspeed", "torchtitan"])
+    sweeps = third_party_sweeps(base, base.impls)
+    assert [(s.zero_stage, s.impls) for s in sweeps] == [(1, ["reference", "megatron", "deepspeed"]),
+                                                          (2, ["reference", "torchtitan"])]
+    assert all(s.optimizer == "adam" and s.rows == 1 and s.families == ["llama"] and s.layouts for s in sweeps)
+    assert family_label(sweeps[0], "llama") == "llama-adam-zero1" and family_label(base, "llama") == "llama"
+    assert third_party_sweeps(base, ["reference", "torch"]) == []  # none installed: no sweep
+
+
+def _aliased_all_reduce_counted() -> float:
+    import types
+
+    import torch
+    import torch.distributed as dist
+
+    from harness.comm_count import counted_collectives
+
+    module = types.ModuleType("a_third_party")  # what megatron-core does: a collective taken by value at import
+    module.reduce = dist.all_reduce
+    import sys
+
+    sys.modules[module.__name__] = module
+    try:
+        counter = [0.0]
+        with counted_collectives(counter):
+            module.reduce(torch.ones(256))
+        return counter[0]
+    finally:
+        del sys.modules[module.__name__]
+        assert module.reduce is dist.all_reduce  # restored
+
+
+def test_a_collective_a_module_holds_under_its_own_name_is_counted(world_cache):
+    """A ring all-reduce of 1 KiB over 2 ranks sends 2 (n - 1) / n x 1 KiB = 1 KiB per rank."""
+    assert world_cache.get(2).run(_aliased_all_reduce_counted, timeout=60) == [1024.0, 1024.0]
