@@ -3,8 +3,9 @@ torchtitan_stack.py: its Llama3Model, parallelize_llama, pipeline_llm, loss, cli
 
 float32 and Adam, because that is what torchtitan computes: its rotary embedding casts to float32 whatever
 the parameters' dtype, and its optimizers are Adam, AdamW and Muon. The bound is harness/stack/case.py's in
-float32 units; bf16 (its FSDP2 mixed precision) is held precision-matched (harness/stack/mixed.py). The spec is the stack suite's Llama (vocabulary 13 — prime, so the vocabulary-parallel loss
-splits it unevenly at every tp —, 5 layers, 8 query heads over 2 KV heads) in float32.
+float32 units; bf16 (its FSDP2 mixed precision) is held precision-matched (harness/stack/mixed.py). The spec
+is the stack suite's Llama (vocabulary 13 — prime, so the vocabulary-parallel loss splits it unevenly at every
+tp —, 5 layers, 8 query heads over 2 KV heads) in float32.
 
 Layouts: every dp x pp x tp of 1, 2 and 4 ranks torchtitan accepts, FSDP2 (ZeRO 2 and 3) and replicate
 (ZeRO 0) over dp, TP with and without its sequence parallelism, GPipe / 1F1B / interleaved 1F1B, activation
