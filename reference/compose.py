@@ -34,6 +34,8 @@ check and the clipping norm read the fp32 masters' gradients.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -102,19 +104,28 @@ class Parallel3D:
         self.aux_coef = float(getattr(model, "aux_coef", 0.0))
         self.experts = [p for p in self.local.parameters() if getattr(p, "expert_of", None) is not None]
         """Parameters split over the EP group (ep > 1): reduced over the expert-data-parallel group instead."""
-        if self.experts and (zero_stage or self.mixed):
-            raise NotImplementedError("the reference stack's expert parallelism reduces the experts over their "
-                                      "expert-data-parallel group with ZeRO 0 in float32 / float64; sharding their "
-                                      "state (ZeRO 1/2, fp32 masters) over that group is not composed yet.")
         dense = self.local if not self.experts else _Holding(
             [p for p in self.local.parameters() if getattr(p, "expert_of", None) is None])
         self.sync, self.optimizer = data_parallel(dense, optimizer, zero_stage, self.dp_group, reduce_dtype)
+        self.parts = [DataPart(list(dense.parameters()), self.sync, self.optimizer, self.dp_group)]
+        """Each data-parallel reduction of this rank's parameters: the dense ones over dp (x cp); the experts
+        (ep > 1) over their expert-data-parallel group, their state sharded over it (ZeRO 1/2)."""
         if self.experts:
             # one device's expert gradient: the sum over its EDP group of what each EP group collected, / (dp cp)
-            # (``reference.expert_parallel``'s derivation): NaiveDataParallel divides by the EDP size (dp cp / ep),
-            # so each collected gradient is first divided by ep — without it, pytorch #160285's ep x
-            self.expert_sync = NaiveDataParallel(_Holding(self.experts), groups["edp"])
-            self.optimizer = optimizer.build(self.local.parameters())
+            # (``reference.expert_parallel``'s derivation) — dividing by the EDP size (dp cp / ep) instead is
+            # pytorch #160285's ep x. ZeRO 0 in full precision: NaiveDataParallel averages over the EDP group, so
+            # each collected gradient is first divided by ep (``_reduce``); else the reduction's divisor is dp cp
+            edp = groups["edp"]
+            if zero_stage == 0 and not self.mixed:
+                self.expert_sync = NaiveDataParallel(_Holding(self.experts), edp)
+                self.optimizer = optimizer.build(self.local.parameters())
+                self.parts = [DataPart(self.parts[0].params, self.sync, self.optimizer, self.dp_group)]
+                expert_optimizer = self.optimizer
+            else:
+                self.expert_sync, expert_optimizer = data_parallel(
+                    _Holding(self.experts), optimizer, zero_stage, edp, reduce_dtype,
+                    divisor=dist.get_world_size(self.dp_group))
+            self.parts.append(DataPart(self.experts, self.expert_sync, expert_optimizer, edp))
         self.loss_scaler, self.max_grad_norm, self.norm_type = loss_scaler, max_grad_norm, norm_type
         self.accumulation = accumulation
         self.last_grad_norm: float | None = None
@@ -185,9 +196,13 @@ class Parallel3D:
                 norm = clip_grad_norm_(params, self.max_grad_norm, self.clip_groups, self.norm_type, **kwargs)
                 self.last_grad_norm = float(norm)
             if self.mixed:
-                self.sync.apply()
+                for part in self.parts:
+                    part.sync.apply()
+            elif self.zero_stage == 0:
+                self.optimizer.step()
             else:
-                self.optimizer.step() if self.zero_stage == 0 else self.sync.update()
+                for part in self.parts:
+                    part.sync.update()
         device = next(self.local.parameters()).device
         # each sequence's balance loss, summed over this rank's layers and micro-batches (on cp / tp rank 0:
         # the other ranks of a sequence hold the same values)
@@ -203,8 +218,11 @@ class Parallel3D:
     def _reduce(self, scale: float) -> list[torch.Tensor]:
         """The DP reduction; returns the gradients the optimizer steps from, divided by ``scale``."""
         if self.mixed:
-            self.sync.reduce()
-            return self.sync.unscale(scale)
+            grads = []
+            for part in self.parts:
+                part.sync.reduce()
+                grads += part.sync.unscale(scale)
+            return grads
         if self.moe:  # an expert no token of this rank's reached has no gradient: zeros, as every peer reduces it
             for p in self.local.parameters():
                 if p.grad is None:
@@ -218,8 +236,10 @@ class Parallel3D:
                 self.expert_sync.finish()
             grads = [p.grad for p in self.local.parameters() if p.grad is not None]
         else:
-            self.sync.reduce()
-            grads = [self.sync.master.grad]
+            grads = []
+            for part in self.parts:
+                part.sync.reduce()
+                grads.append(part.sync.master.grad)
         if scale != 1.0:
             for g in grads:
                 g.mul_(1.0 / scale)
@@ -254,20 +274,40 @@ class Parallel3D:
             skip.update({id(p): torch.full_like(p, here, dtype=torch.bool) for p in self.experts})
             return params, {"tp_sharded": [p for p in params if id(p) in split], "counted": skip,
                             "dp_sharded": self.experts}
-        flat, first = self.sync.flat, dist.get_rank(self.groups["tp"]) == 0
-        counted = torch.zeros(flat.padded, dtype=torch.bool, device=flat.buffer.device)
-        for p, view in zip(flat.params, flat.views(counted), strict=True):
-            view.fill_((id(p) in split or first) and id(p) not in copy_)
-        if self.mixed:  # the fp32 master: the whole flat buffer (ZeRO 0, replicated over DP) or its shard
-            master, mine = self.sync.masters[0], flat.shard if self.zero_stage else slice(None)
-            return [master], {"dp_sharded": [master] if self.zero_stage else [], "counted": {id(master): counted[mine]}}
-        master = self.sync.master
-        return [master], {"dp_sharded": [master], "counted": {id(master): counted[flat.shard]}}
+        first = dist.get_rank(self.groups["tp"]) == 0
+        masters, sharded, counted = [], [], {}
+        for part in self.parts:
+            flat, expert = part.sync.flat, part.group is not self.dp_group
+            mask = torch.zeros(flat.padded, dtype=torch.bool, device=flat.buffer.device)
+            for p, view in zip(flat.params, flat.views(mask), strict=True):
+                view.fill_((id(p) in split or first) and id(p) not in copy_)
+            if self.mixed and not self.zero_stage:  # the whole flat fp32 master, replicated over its group:
+                master = part.sync.masters[0]  # the dense one counted once; the experts' on EDP rank 0 (each EP
+                mask &= not expert or dist.get_rank(part.group) == 0  # group's distinct), summed over dp x cp
+                sharded += [master] if expert else []
+                counted[id(master)] = mask
+            else:  # this rank's shard of the flat (an expert's: of its EDP group's), summed over dp x cp
+                master = part.sync.masters[0] if self.mixed else part.sync.master
+                sharded.append(master)
+                counted[id(master)] = mask[flat.shard]
+            masters.append(master)
+        return masters, {"dp_sharded": sharded, "counted": counted}
 
     def _may_step(self, grads: list[torch.Tensor]) -> bool:
         """Ask the loss scaler about the unscaled gradients, with an inf or NaN on any rank seen by every
         rank (a max over the tp, pp and dp groups), so that all skip the step together."""
         return self.loss_scaler is None or self.loss_scaler.update_from(grads, self.clip_groups)
+
+
+@dataclass
+class DataPart:
+    """One data-parallel reduction of a rank's parameters: which, their synchroniser (``data_parallel``'s), the
+    optimizer that steps them, and the group they are replicated (and ZeRO-sharded) over."""
+
+    params: list
+    sync: object
+    optimizer: torch.optim.Optimizer
+    group: object
 
 
 class _Holding(nn.Module):

@@ -135,20 +135,24 @@ def pipeline_split(pieces: Pieces, dims: ParallelDims, rank: int, virtual: int) 
 
 
 def data_parallel(local: nn.Module, optimizer: OptimizerSpec, zero_stage: int, dp_group,
-                  reduce_dtype: torch.dtype | None = None):
+                  reduce_dtype: torch.dtype | None = None, divisor: int | None = None):
     """(the DP synchroniser, the optimizer that steps) over ``local``: gradients averaged (ZeRO 0) or
     reduce-scattered into the rank's shard of a flat buffer with sharded optimizer state (ZeRO 1, 2:
     ``reference.zero``); a bfloat16 / float16 ``local`` with fp32 masters (``MixedPrecisionZero``, its DP
-    reduction in ``reduce_dtype``, default fp32)."""
+    reduction in ``reduce_dtype``, default fp32). ``divisor``: the sum over ``dp_group`` divided by it instead
+    of the group's size (ZeRO 1, 2 and mixed precision; experts over their EDP group: ``reference.compose``)."""
     dtype = next(local.parameters()).dtype
     if dtype not in LOW and reduce_dtype not in (None, dtype):
         raise ValueError(f"reduce_dtype applies to a bfloat16 or float16 model; this one is {dtype}.")
     if dtype in LOW:
-        sync = MixedPrecisionZero(local, optimizer, zero_stage, dp_group, reduce_dtype=reduce_dtype or torch.float32)
+        sync = MixedPrecisionZero(local, optimizer, zero_stage, dp_group, reduce_dtype=reduce_dtype or torch.float32,
+                                  divisor=divisor)
         return sync, sync.optimizer
     if zero_stage == 0:
+        if divisor is not None:
+            raise ValueError("ZeRO 0 in full precision averages over its group; divide the gradients first.")
         return NaiveDataParallel(local, dp_group), optimizer.build(local.parameters())
-    sync = ShardedOptimizer(local, optimizer, zero_stage, dp_group)
+    sync = ShardedOptimizer(local, optimizer, zero_stage, dp_group, divisor)
     return sync, sync.optimizer
 
 

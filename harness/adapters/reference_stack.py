@@ -43,10 +43,6 @@ class ReferenceStack:
             from reference.expert_parallel.moe import check_split
 
             check_split(spec.experts, layout.ep)
-        if layout.ep > 1 and (layout.zero or spec.dtype in ("bfloat16", "float16")):
-            raise Unsupported("the reference stack's expert parallelism reduces the experts over their expert-data-"
-                              "parallel group with ZeRO 0 in float32 / float64; sharding their state (ZeRO 1/2, fp32 "
-                              "masters) over that group is not composed yet.")
         if layout.cp > 1 and spec.family not in ("llama", "moe"):
             raise Unsupported("the reference stack's context parallelism splits the Llama family's attention "
                               f"(grouped-query heads, rotary positions), not the {spec.family} family's.")
@@ -119,12 +115,15 @@ class ReferenceStackTrainer(BuiltFromDense):
 
         t = self.trainer
         params = list(t.local.parameters())
-        if t.mixed:
-            grads, state = t.sync.held_grads(), t.sync.masters
+        if t.mixed:  # each data-parallel part's (the dense parameters', the experts')
+            grads = [g for part in t.parts for g in part.sync.held_grads()]
+            state = [m for part in t.parts for m in part.sync.masters]
         else:
-            grads, state = [p.grad for p in params] + ([t.sync.master.grad] if t.zero_stage else []), []
+            grads = [p.grad for p in params] + ([part.sync.master.grad for part in t.parts] if t.zero_stage else [])
+            state = []
+        optimizers = {id(part.optimizer): part.optimizer for part in t.parts}.values()
         return {"params": held_bytes(params), "grads": held_bytes(grads),
-                "optimizer": held_bytes(state + optimizer_state_tensors(t.optimizer))}
+                "optimizer": held_bytes(state + [s for o in optimizers for s in optimizer_state_tensors(o)])}
 
     def pipeline_events(self) -> list:
         """(action, start, end) seconds of this rank's last pipeline pass (the bench's measured bubble)."""

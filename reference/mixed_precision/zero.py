@@ -35,8 +35,12 @@ LOW = (torch.bfloat16, torch.float16)
 class MixedPrecisionZero:
     def __init__(self, module: nn.Module, spec: OptimizerSpec, stage: int, group=None, *,
                  reduce_dtype: torch.dtype = torch.float32, loss_scaler: DynamicLossScaler | None = None,
-                 max_grad_norm: float | None = None):
+                 max_grad_norm: float | None = None, divisor: int | None = None):
+        """``divisor``: the reduction's (default the group's size: the average; stages 0-2) — an expert's, whose
+        EP group already collected its tokens' gradients, is the whole dp x cp (``reference.compose``)."""
         dtype = next(module.parameters()).dtype
+        if divisor is not None and stage == 3:
+            raise ValueError("a reduction divisor applies to ZeRO stages 0-2.")
         if dtype not in LOW:
             raise ValueError(f"mixed precision trains a bfloat16 or float16 model; this one is {dtype}.")
         if stage not in (0, 1, 2, 3):
@@ -46,6 +50,7 @@ class MixedPrecisionZero:
         self.module, self.spec, self.stage, self.group, self.dtype = module, spec, stage, group, dtype
         self.reduce_dtype, self.loss_scaler, self.max_grad_norm = reduce_dtype, loss_scaler, max_grad_norm
         self.n = dist.get_world_size(group)
+        self.divisor = divisor or self.n
         if stage == 3:
             self.zero3 = Zero3(module, spec, group, reduce_dtype=reduce_dtype)
             self.parts = [u.shard for u in self.zero3.units]  # this rank's low-precision shards
@@ -81,10 +86,10 @@ class MixedPrecisionZero:
         if self.stage == 0:
             if self.n > 1:
                 dist.all_reduce(flat, group=self.group)
-            low.copy_(flat / self.n)
+            low.copy_(flat / self.divisor)
             self.grads = [low]
         else:
-            shard = self.flat.reduce_scatter_mean(flat).to(self.dtype)
+            shard = self.flat.reduce_scatter_mean(flat, self.divisor).to(self.dtype)
             if self.stage == 1:  # the full buffer stays allocated, the reduced shard written into it
                 low[self.flat.shard] = shard
                 shard = low[self.flat.shard]

@@ -80,37 +80,57 @@ def tensor_map(trainer) -> list[tuple[nn.Parameter, str, tuple[int, ...], tuple[
     return [entries[id(p)] for p in trainer.local.parameters()]
 
 
-def _spread(trainer, part: torch.Tensor) -> list[torch.Tensor]:
-    """Each local parameter's view of a full flat tensor holding ``part``: this rank's ZeRO shard of the
-    flat buffer (the rest zeros) or the whole of it."""
-    flat = trainer.sync.flat
-    if part.numel() == flat.padded:
-        return flat.views(part)
-    full = torch.zeros(flat.padded, dtype=part.dtype, device=part.device)
-    full[flat.shard] = part
+def _parts(trainer) -> list:
+    """The trainer's data-parallel parts (``reference.compose.DataPart``): the dense parameters' reduction,
+    and the experts' over their expert-data-parallel group."""
+    return trainer.parts
+
+
+def _spread(part, tensor: torch.Tensor) -> list[torch.Tensor]:
+    """Each of ``part``'s parameters' view of a full flat tensor holding ``tensor``: this rank's ZeRO shard of
+    the part's flat buffer (the rest zeros) or the whole of it."""
+    flat = part.sync.flat
+    if tensor.numel() == flat.padded:
+        return flat.views(tensor)
+    full = torch.zeros(flat.padded, dtype=tensor.dtype, device=tensor.device)
+    full[flat.shard] = tensor
     return flat.views(full)
 
 
-def _holder(trainer):
-    """The tensor the optimizer steps (its state's key) for a flat trainer: the fp32 master (mixed
+def _holder(trainer, part):
+    """The tensor ``part``'s optimizer steps (its state's key) for a flat trainer: the fp32 master (mixed
     precision: the whole flat at ZeRO 0, else this rank's shard) or ZeRO 1/2's shard."""
-    return trainer.sync.masters[0] if trainer.mixed else trainer.sync.master
+    return part.sync.masters[0] if trainer.mixed else part.sync.master
+
+
+def _flat(trainer) -> bool:
+    """Whether the optimizers step flat masters (ZeRO 1/2, mixed precision), not the parameters themselves."""
+    return bool(trainer.zero_stage) or trainer.mixed
+
+
+def _in_local_order(trainer, per_part) -> list:
+    """``per_part(part)`` (one value per parameter of the part, in its order) as one list in
+    ``trainer.local.parameters()`` order."""
+    by_id = {id(p): v for part in _parts(trainer) for p, v in zip(part.params, per_part(part), strict=True)}
+    return [by_id[id(p)] for p in trainer.local.parameters()]
 
 
 def _state_of(trainer, key: str) -> list[torch.Tensor | None]:
     """Each local parameter's optimizer state ``key`` as a tensor of its shape (flat views under ZeRO)."""
-    params = list(trainer.local.parameters())
-    if trainer.zero_stage == 0 and not trainer.mixed:
-        return [trainer.optimizer.state.get(p, {}).get(key) for p in params]
-    part = trainer.optimizer.state.get(_holder(trainer), {}).get(key)
-    return [None] * len(params) if part is None else _spread(trainer, part)
+    def per_part(part):
+        if not _flat(trainer):
+            return [part.optimizer.state.get(p, {}).get(key) for p in part.params]
+        held = part.optimizer.state.get(_holder(trainer, part), {}).get(key)
+        return [None] * len(part.params) if held is None else _spread(part, held)
+
+    return _in_local_order(trainer, per_part)
 
 
 def _values(trainer) -> list[torch.Tensor]:
     """What is saved as each local parameter: the parameter, or in mixed precision its fp32 master (the
     low-precision parameter is the master rounded: the master is the training state)."""
     if trainer.mixed:
-        return _spread(trainer, trainer.sync.masters[0].detach())
+        return _in_local_order(trainer, lambda part: _spread(part, part.sync.masters[0].detach()))
     return [p.detach() for p in trainer.local.parameters()]
 
 
@@ -179,24 +199,29 @@ def load_rank(trainer, read) -> None:
                 full = torch.zeros_like(p.data, dtype=dtype)
                 full[index] = read(f"optim/{key}/{name}", off, held, dtype, dense)
                 state[key].append(full)
-        if trainer.zero_stage == 0 and not trainer.mixed:
+        if not _flat(trainer):
             for i, (p, *_) in enumerate(entries):
                 trainer.optimizer.state[p] = {key: state[key][i] for key in keys}
         else:
-            flat = trainer.sync.flat
-            mine = flat.shard if trainer.zero_stage else slice(None)
+            index = {id(p): i for i, (p, *_) in enumerate(entries)}
+            for data_part in _parts(trainer):
+                flat = data_part.sync.flat
+                mine = flat.shard if trainer.zero_stage else slice(None)
+                which = [index[id(p)] for p in data_part.params]
 
-            def part(tensors):  # this rank's range of the flat layout (padding zeros)
-                pad = torch.zeros(flat.padded - flat.numel, dtype=tensors[0].dtype, device=tensors[0].device)
-                return torch.cat([t.flatten() for t in tensors] + [pad])[mine].clone()
+                def part(tensors, flat=flat, mine=mine):  # this rank's range of the flat layout (padding zeros)
+                    pad = torch.zeros(flat.padded - flat.numel, dtype=tensors[0].dtype, device=tensors[0].device)
+                    return torch.cat([t.flatten() for t in tensors] + [pad])[mine].clone()
 
-            if trainer.mixed:
-                trainer.sync.masters[0].data.copy_(part(values))
-            trainer.optimizer.state[_holder(trainer)] = {key: part(state[key]) for key in keys}
+                if trainer.mixed:
+                    data_part.sync.masters[0].data.copy_(part([values[i] for i in which]))
+                data_part.optimizer.state[_holder(trainer, data_part)] = {
+                    key: part([state[key][i] for i in which]) for key in keys}
         if "step" in trainer.spec.extra_state:  # Adam's step count: one scalar for every parameter
             step = read("optim/step", (), (), torch.float32, ())
-            for st in trainer.optimizer.state.values():
-                st["step"] = step.clone()
+            for optimizer in {id(d.optimizer): d.optimizer for d in _parts(trainer)}.values():
+                for st in optimizer.state.values():
+                    st["step"] = step.clone()
 
 
 def save_3d(root, step_name: str, trainer, meta: dict, group=None, _die_after_write: int | None = None):

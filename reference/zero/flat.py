@@ -67,9 +67,9 @@ class FlatParams:
             _all_gather(out, shard.contiguous().clone(), group=self.group)
         return out
 
-    def reduce_scatter_mean(self, flat: torch.Tensor) -> torch.Tensor:
-        """This rank's shard of the group's average of ``flat``."""
+    def reduce_scatter_mean(self, flat: torch.Tensor, divisor: int | None = None) -> torch.Tensor:
+        """This rank's shard of the group's sum of ``flat`` / ``divisor`` (default the group's size: its average)."""
         out = flat[self.shard].clone() if self.n == 1 else torch.empty_like(flat[self.shard])
         if self.n > 1:
             _reduce_scatter(out, flat.contiguous(), group=self.group)
-        return out / self.n
+        return out / (divisor or self.n)

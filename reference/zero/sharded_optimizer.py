@@ -23,10 +23,13 @@ from .optim import OptimizerSpec
 
 
 class ShardedOptimizer:
-    def __init__(self, module: nn.Module, spec: OptimizerSpec, stage: int, group=None):
+    def __init__(self, module: nn.Module, spec: OptimizerSpec, stage: int, group=None, divisor: int | None = None):
         if stage not in (1, 2):
             raise ValueError(f"ShardedOptimizer implements ZeRO stages 1 and 2; got {stage}.")
         self.module, self.spec, self.stage, self.group = module, spec, stage, group
+        self.divisor = divisor
+        """The reduction's divisor (default the group's size: the average) — an expert's, whose EP group already
+        collected its tokens' gradients, is the whole dp x cp (``reference.compose``)."""
         self.flat = FlatParams([p for p in module.parameters()], group)
         # The master shard is a view of this rank's range: stepping it updates the flat buffer in place.
         self.master = nn.Parameter(self.flat.buffer[self.flat.shard])
@@ -51,7 +54,7 @@ class ShardedOptimizer:
         """Each rank receives the average of its range of the gradients (stage 2 frees the rest)."""
         flat = self.flat
         grads = flat.flatten_grads()
-        shard = flat.reduce_scatter_mean(grads)
+        shard = flat.reduce_scatter_mean(grads, self.divisor)
         if self.stage == 1:
             grads[flat.shard] = shard  # the averaged shard lives in the (kept) full buffer
             for p, view in zip(flat.params, flat.views(grads), strict=True):

@@ -12,8 +12,9 @@ resolved differently by each summation order and make no layout comparable.
 
 Corners in every profile: ep alone; E = ep with top-1 and a shared expert; ep with pp (checkpointed,
 accumulating 2, the inf norm clipped); ep over dp x cp (a sequence's balance sums over cp; an expert some rank
-routes no token to). Thorough: ep with tp (experts replicated over tp), ep = 1 with ZeRO 1 and the sigmoid
-router, cp x ep alone, pp GPipe, 8 ranks. Refused in one sentence: E % ep != 0, ep for a family without
+routes no token to); ZeRO 1 over EDP 2 (the experts' state sharded); bf16 at ep 2. Thorough: ep with tp (experts
+replicated over tp), ep = 1 with ZeRO 1 and the sigmoid router, cp x ep alone, pp GPipe, ZeRO 2 with cp and pp,
+bf16 at ZeRO 1 / 2, 8 ranks. Refused in one sentence: E % ep != 0, ep for a family without
 experts. Planted bugs at their minimal cases: expert gradients / the EDP size (the 2x), experts reduced over
 the whole group, the balance loss over a cp shard, the balance loss reported but not back-propagated.
 """
@@ -81,10 +82,45 @@ def test_a_layout_the_experts_cannot_split_over_is_refused(stack_impl, spec, lay
         assert v["outcome"] == "refused" and needle in v["refused"], v["refused"]
 
 
-def test_reference_expert_parallelism_with_zero_sharding_is_unsupported_in_one_sentence(world_cache, conformance):
-    """What ours does not compose yet (the experts' state sharded over their EDP group) is said, not run."""
-    v = _verdict(world_cache, conformance, "reference", 2, MOE, Layout(2, 1, 1, ep=2, zero=1), Recipe())
-    assert v["outcome"] == "unsupported" and "ZeRO 0" in v["refused"] and "\n" not in v["refused"], v
+SHARDED = [  # (ranks, spec, layout, recipe, in every profile): the experts' state sharded over their EDP group
+    (4, MOE, Layout(4, 1, 1, ep=2, zero=1), Recipe(max_grad_norm=0.05), True),  # EDP 2: each shard half an expert
+    (4, TOP1, Layout(2, 1, 1, cp=2, ep=2, zero=2), Recipe(max_grad_norm=0.02, norm_type=math.inf), False),
+    (4, MOE, Layout(2, 2, 1, ep=2, zero=2), Recipe(accumulation=2), False),
+    (2, MOE, Layout(2, 1, 1, ep=2, zero=1), Recipe(), False),  # EDP 1: the experts' flat unsharded
+    (8, MOE, Layout(4, 1, 2, ep=2, zero=1), Recipe(max_grad_norm=0.05), False),
+]
+"""ZeRO 1 / 2 with ep > 1 (``reference.compose.DataPart``): the dense parameters' flat sharded over dp x cp, the
+experts' over their expert-data-parallel group, its reduction divided by dp x cp (one device's: each EP group
+already collected its tokens' gradients) — held as every layout is, float64."""
+
+
+@pytest.mark.parametrize("n, spec, layout, recipe", [
+    pytest.param(n, s, lay, r, id=_id(s, lay), marks=[] if every else [pytest.mark.thorough])
+    for n, s, lay, r, every in SHARDED])
+def test_moe_stack_with_the_experts_state_sharded_equals_one_device(n, spec, layout, recipe, world_cache,
+                                                                    conformance):
+    v = _verdict(world_cache, conformance, "reference", n, spec, layout, recipe)
+    assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
+
+
+MOE16 = ModelSpec(**{**MOE.as_dict(), "dtype": "bfloat16"})
+BF16 = [(Layout(2, 1, 1, ep=2), Recipe(max_grad_norm=0.05), True),
+        (Layout(4, 1, 1, ep=2, zero=1), Recipe(), False),
+        (Layout(2, 1, 2, ep=2, zero=2), Recipe(accumulation=2), False)]
+"""bf16 with fp32 masters and ep > 1: the experts' fp32 masters (their flat over the EDP group, sharded at ZeRO 1 /
+2) reduced in fp32 and divided by dp x cp; precision-matched (harness/stack/mixed.py). SGD with momentum (Adam in
+bf16 has no E_T bound: test_equivalence.BF16)."""
+
+
+@pytest.mark.parametrize("layout, recipe", [
+    pytest.param(lay, r, id=f"{lay.label()}-zero{lay.zero}", marks=[] if every else [pytest.mark.thorough])
+    for lay, r, every in BF16])
+def test_moe_stack_bf16_with_fp32_masters_equals_one_device(layout, recipe, world_cache, conformance):
+    from harness.capabilities import require_dtype
+
+    require_dtype(world_cache.get(layout.world_size), "bfloat16", conformance, suite="stack", impl="reference")
+    v = _verdict(world_cache, conformance, "reference", layout.world_size, MOE16, layout, recipe)
+    assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
 
 
 @pytest.mark.parametrize("planted, n, layout, needle", [
@@ -101,7 +137,9 @@ def test_moe_planted_bugs_fail(planted, n, layout, needle, world_cache, conforma
 
 
 @pytest.mark.parametrize("a, b", [(Layout(2, 1, 1, ep=2), Layout(2, 1, 1)),
-                                  (Layout(2, 1, 1), Layout(1, 1, 1, cp=2, ep=2))], ids=["ep2-to-ep1", "ep1-to-cp2-ep2"])
+                                  (Layout(2, 1, 1), Layout(1, 1, 1, cp=2, ep=2)),
+                                  (Layout(2, 1, 1, ep=2, zero=1), Layout(1, 1, 1, cp=2, ep=2, zero=2))],
+                         ids=["ep2-to-ep1", "ep1-to-cp2-ep2", "ep2-zero1-to-cp2-ep2-zero2"])
 def test_moe_resume_across_an_ep_change_equals_one_device(stack_impl, a, b, world_cache, conformance, tmp_path):
     """One step on ``a``, saved; a new trainer on ``b`` loads it and steps: its state equals one device's after
     two — every expert found under its global number whichever EP rank wrote it."""
