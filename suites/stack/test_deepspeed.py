@@ -40,8 +40,8 @@ CASES = [  # (spec, layout, recipe, in every profile)
     (GPT32, Layout(4, 1, 1, zero=3), Recipe(max_grad_norm=0.05), False),
     (LLAMA32, Layout(4, 1, 1, zero=2), Recipe(accumulation=2), False),
     (GPT32, Layout(8, 1, 1, zero=1), Recipe(), False),
-    # its PipelineEngine: m < pp; pp x dp accumulating; checkpointing; 8 ranks
-    (GPT32, Layout(1, 4, 1, microbatches=2), Recipe(), True),
+    # its PipelineEngine: m < pp; pp x dp accumulating; checkpointing; 8 ranks (the tox budget: thorough)
+    (GPT32, Layout(1, 4, 1, microbatches=2), Recipe(), False),
     (LLAMA32, Layout(2, 2, 1, zero=1), Recipe(max_grad_norm=0.05, accumulation=2), False),
     (LLAMA32, Layout(1, 2, 1, zero=1, checkpointing=True), Recipe(optimizer=OptimizerSpec("adam", 1e-2, eps=1e-3)),
      False),
@@ -81,7 +81,7 @@ LLAMA16 = ModelSpec(**{**LLAMA32.as_dict(), "dtype": "bfloat16"})
 GPT16 = ModelSpec(**{**GPT32.as_dict(), "dtype": "bfloat16"})
 BF16 = [  # (spec, layout, recipe, in every profile): DeepSpeed's bf16 (fp32 masters) held precision-matched
     (LLAMA16, Layout(2, 1, 1, zero=0), Recipe(max_grad_norm=0.05), True),
-    (GPT16, Layout(2, 1, 1, zero=2), Recipe(accumulation=2), True),
+    (GPT16, Layout(2, 1, 1, zero=2), Recipe(accumulation=2), False),
     (LLAMA16, Layout(1, 2, 1), Recipe(max_grad_norm=0.05), True),
     (LLAMA16, Layout(2, 1, 1, zero=1), Recipe(max_grad_norm=0.05), False),
     (LLAMA16, Layout(2, 1, 1, zero=3), Recipe(), False),
@@ -120,7 +120,7 @@ class _AtStage:
         return DeepSpeedStack().build(spec, Layout(1, 1, 1, zero=self.zero), recipe)
 
 
-@pytest.mark.parametrize("zero", [0, 1])
+@pytest.mark.parametrize("zero", [0, pytest.param(1, marks=pytest.mark.thorough)])
 def test_deepspeed_bf16_trains_a_bf16_model_and_reports_its_fp32_masters(zero, world_cache):
     """The precision-matched bound cannot tell an fp32 run from a bf16 one (fp32 is nearer exact): the engine's
     model is bf16, and what dense_state reports are fp32 masters holding values bf16 cannot."""
