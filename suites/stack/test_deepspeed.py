@@ -82,7 +82,7 @@ GPT16 = ModelSpec(**{**GPT32.as_dict(), "dtype": "bfloat16"})
 BF16 = [  # (spec, layout, recipe, in every profile): DeepSpeed's bf16 (fp32 masters) held precision-matched
     (LLAMA16, Layout(2, 1, 1, zero=0), Recipe(max_grad_norm=0.05), True),
     (GPT16, Layout(2, 1, 1, zero=2), Recipe(accumulation=2), False),
-    (LLAMA16, Layout(1, 2, 1), Recipe(max_grad_norm=0.05), True),
+    (LLAMA16, Layout(1, 2, 1), Recipe(max_grad_norm=0.05), False),
     (LLAMA16, Layout(2, 1, 1, zero=1), Recipe(max_grad_norm=0.05), False),
     (LLAMA16, Layout(2, 1, 1, zero=3), Recipe(), False),
     (GPT16, Layout(2, 2, 1, zero=1), Recipe(max_grad_norm=0.05), False),
@@ -189,7 +189,8 @@ def test_watch_deepspeed_pipeline_clips_by_the_first_stages_norm(world_cache):
 
 ADAM = Recipe(optimizer=OptimizerSpec("adam", 1e-2, eps=1e-3))
 RESUME = [  # (spec, saved on, loaded on, recipe, expected, in every profile) — one world size per pair
-    (LLAMA32, Layout(2, 2, 1, zero=1), Layout(1, 4, 1, zero=1), ADAM, "pass", True),  # universal: pp and dp
+    # universal across pp and dp (its conversion in tox: suites/resume/test_deepspeed.py; here thorough: the budget)
+    (LLAMA32, Layout(2, 2, 1, zero=1), Layout(1, 4, 1, zero=1), ADAM, "pass", False),
     (LLAMA32, Layout(2, 1, 1, zero=1), Layout(2, 1, 1, zero=2), ADAM, "pass", False),  # native: a stage change
     (LLAMA32, Layout(2, 1, 1, zero=0), Layout(2, 1, 1, zero=1), ADAM, "known", True),  # the finding's minimal case
     (GPT32, Layout(1, 4, 1, zero=1), Layout(2, 2, 1, zero=1), ADAM, "pass", False),  # tied across stages, universal
