@@ -23,40 +23,24 @@ import torch.distributed as dist
 from torch import nn
 
 from .deepspeed_resume import DeepSpeedCheckpoint
+from .dense_built import BuiltFromDense
 
 
-class _Embed(nn.Module):
-    """The one-device model's embedding as a pipeline layer (the module itself, not a copy)."""
+class _Piece(nn.Module):
+    """A module of the one-device model (the module itself, not a copy) as a pipeline layer: the embedding, the
+    final norm, the LM head."""
 
-    def __init__(self, embed):
+    def __init__(self, module):
         super().__init__()
-        self.embed = embed
-
-    def forward(self, tokens):
-        return self.embed(tokens)
-
-
-class _Norm(nn.Module):
-    def __init__(self, norm):
-        super().__init__()
-        self.norm = norm
+        self.module = module
 
     def forward(self, x):
-        return self.norm(x)
+        return self.module(x)
 
 
-class _Head(nn.Module):
-    def __init__(self, head):
-        super().__init__()
-        self.head = head
-
-    def forward(self, x):
-        return self.head(x)
-
-
-def _tied_head(module: _Embed, x):
+def _tied_head(piece: _Piece, x):
     """The tied LM head: the embedding's weight as the output projection (the one-device model's head has no bias)."""
-    return torch.nn.functional.linear(x, module.embed.weight)
+    return torch.nn.functional.linear(x, piece.module.weight)
 
 
 def _loss(logits, targets):
@@ -69,11 +53,11 @@ def pipeline_module(model, stages: int, checkpointing: bool):
     from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 
     if model.tie_embeddings:
-        first = TiedLayerSpec("embed", _Embed, model.embed, tied_weight_attr=["embed.weight"])
-        last = TiedLayerSpec("embed", _Embed, model.embed, forward_fn=_tied_head, tied_weight_attr=["embed.weight"])
+        first = TiedLayerSpec("embed", _Piece, model.embed, tied_weight_attr=["module.weight"])
+        last = TiedLayerSpec("embed", _Piece, model.embed, forward_fn=_tied_head, tied_weight_attr=["module.weight"])
     else:
-        first, last = LayerSpec(_Embed, model.embed), LayerSpec(_Head, model.head)
-    layers = [first, *model.blocks, LayerSpec(_Norm, model.ln_f), last]
+        first, last = LayerSpec(_Piece, model.embed), LayerSpec(_Piece, model.head)
+    layers = [first, *model.blocks, LayerSpec(_Piece, model.ln_f), last]
     blocks = sorted({type(b).__name__ for b in model.blocks})
     return PipelineModule(layers=layers, num_stages=stages, loss_fn=_loss, partition_method="parameters",
                           activation_checkpoint_interval=int(checkpointing), checkpointable_layers=blocks)
@@ -130,11 +114,11 @@ def train_step(engine, tokens, targets, micro_batches: int) -> float:
     return float(engine.train_batch(data_iter=batches))
 
 
-class DeepSpeedPipeTrainer(DeepSpeedCheckpoint):
+class DeepSpeedPipeTrainer(DeepSpeedCheckpoint, BuiltFromDense):
     """``build``'s trainer where pp > 1 or checkpointing: ``load_dense`` / ``step`` / ``dense_state``, ``save`` /
     ``load``."""
 
-    _engine, kind = None, "pipeline"
+    kind = "pipeline"
 
     def __init__(self, spec, layout, recipe):
         self.spec, self.layout, self.recipe = spec, layout, recipe
@@ -161,14 +145,7 @@ class DeepSpeedPipeTrainer(DeepSpeedCheckpoint):
 
     @property
     def engine(self):
-        if self._engine is None:
-            self._engine = self._build(self.spec.build(0))
-        return self._engine
-
-    def load_dense(self, state: dict) -> None:
-        model = self.spec.build(0)
-        model.load_state_dict(state)
-        self._engine = self._build(model)
+        return self.trainer
 
     def step(self, tokens, targets) -> float:
         loss = train_step(self.engine, tokens, targets, self.micro_batches)
