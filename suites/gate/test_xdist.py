@@ -22,6 +22,7 @@ pytest.importorskip("xdist", reason="pytest-xdist is not installed (it comes wit
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.thorough  # the tox budget: 11 s of subprocesses (the slowest non-corner case)
 def test_two_workers_write_one_run_folder(tmp_path, capsys):
     env = {**os.environ, "PARITYBENCH_HYPOTHESIS_PROFILE": "dev"}
     args = ["-n", "2", "-v", "suites/collectives/test_conformance.py", "-k",

@@ -30,6 +30,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.thorough  # the tox budget: 10 s of two torchrun nodes (the slowest non-corner case)
 def test_two_nodes_write_one_run_folder_with_placement(tmp_path):
     if spmd.under_torchrun():
         pytest.skip("already inside a torchrun job: this test launches its own")

@@ -85,7 +85,7 @@ def test_megatron_equals_one_device(spec, layout, recipe, world_cache, conforman
 
 LLAMA16, GPT_TIED16 = (ModelSpec(**{**s.as_dict(), "dtype": "bfloat16"}) for s in (LLAMA, GPT_TIED))
 BF16 = [  # (spec, layout, recipe, in every profile)
-    (LLAMA16, Layout(1, 1, 2), Recipe(max_grad_norm=CLIP), True),
+    (LLAMA16, Layout(1, 1, 2), Recipe(max_grad_norm=CLIP), False),  # tox: its dtype check (the budget)
     (GPT_TIED16, Layout(1, 2, 1), Recipe(), False),
     (LLAMA16, Layout(2, 1, 1, zero=1), Recipe(optimizer=ADAM, max_grad_norm=CLIP), False),
     (LLAMA16, Layout(2, 1, 1), Recipe(accumulation=2), False),
