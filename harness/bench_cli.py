@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections import Counter
 
 from . import registry
 from .collectives.case import COLLECTIVES, DTYPES, OPS
@@ -432,11 +433,11 @@ def run(args) -> int:
         plans.append(("tensor_parallel", cfg, tp_bench.run_sweep))
     plans = _with_calibration(args, plans)
     _check_profile(args, plans)
-    config: dict = {}
+    config, seen = {}, Counter()
     for name, cfg, _ in plans:  # a second sweep of one suite (bench all's third-party stacks) keyed stack:2, ...
         if name != "calibrate":
-            config[name if name not in config else f"{name}:{sum(k.split(':')[0] == name for k in config) + 1}"] = \
-                asdict(cfg)
+            seen[name] += 1
+            config[name if seen[name] == 1 else f"{name}:{seen[name]}"] = asdict(cfg)
     run = RunDir(args.results_dir, {"suite": args.suite, "config": config})
     print(f"paritybench: run folder {run.path}", file=sys.stderr)
     _point_at_profile(args, plans, run)

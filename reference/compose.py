@@ -107,25 +107,22 @@ class Parallel3D:
         dense = self.local if not self.experts else _Holding(
             [p for p in self.local.parameters() if getattr(p, "expert_of", None) is None])
         self.sync, self.optimizer = data_parallel(dense, optimizer, zero_stage, self.dp_group, reduce_dtype)
-        self.parts = [DataPart(list(dense.parameters()), self.sync, self.optimizer, self.dp_group)]
-        """Each data-parallel reduction of this rank's parameters: the dense ones over dp (x cp); the experts
-        (ep > 1) over their expert-data-parallel group, their state sharded over it (ZeRO 1/2)."""
         if self.experts:
             # one device's expert gradient: the sum over its EDP group of what each EP group collected, / (dp cp)
             # (``reference.expert_parallel``'s derivation) — dividing by the EDP size (dp cp / ep) instead is
             # pytorch #160285's ep x. ZeRO 0 in full precision: NaiveDataParallel averages over the EDP group, so
             # each collected gradient is first divided by ep (``_reduce``); else the reduction's divisor is dp cp
-            edp = groups["edp"]
-            if zero_stage == 0 and not self.mixed:
-                self.expert_sync = NaiveDataParallel(_Holding(self.experts), edp)
-                self.optimizer = optimizer.build(self.local.parameters())
-                self.parts = [DataPart(self.parts[0].params, self.sync, self.optimizer, self.dp_group)]
-                expert_optimizer = self.optimizer
+            if zero_stage == 0 and not self.mixed:  # one optimizer over the dense parameters and the experts
+                self.expert_sync = NaiveDataParallel(_Holding(self.experts), groups["edp"])
+                self.optimizer = expert_optimizer = optimizer.build(self.local.parameters())
             else:
                 self.expert_sync, expert_optimizer = data_parallel(
-                    _Holding(self.experts), optimizer, zero_stage, edp, reduce_dtype,
+                    _Holding(self.experts), optimizer, zero_stage, groups["edp"], reduce_dtype,
                     divisor=dist.get_world_size(self.dp_group))
-            self.parts.append(DataPart(self.experts, self.expert_sync, expert_optimizer, edp))
+        self.parts = [DataPart(list(dense.parameters()), self.sync, self.optimizer, self.dp_group)] + (
+            [DataPart(self.experts, self.expert_sync, expert_optimizer, groups["edp"])] if self.experts else [])
+        """Each data-parallel reduction of this rank's parameters: the dense ones over dp (x cp); the experts
+        (ep > 1) over their expert-data-parallel group, their state sharded over it (ZeRO 1/2)."""
         self.loss_scaler, self.max_grad_norm, self.norm_type = loss_scaler, max_grad_norm, norm_type
         self.accumulation = accumulation
         self.last_grad_norm: float | None = None
@@ -143,6 +140,11 @@ class Parallel3D:
             + ([self.stages[last].head.weight] if last in self.stages else []))
         """This rank's copies of the tied embedding / LM head weight (the same vocabulary rows)."""
         self._norm_args = self._norm_terms()
+
+    @property
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """The distinct optimizers that step this rank's parameters (one per data-parallel part, or one for all)."""
+        return list({id(part.optimizer): part.optimizer for part in self.parts}.values())
 
     def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:
         dims, c = self.dims, self.coords

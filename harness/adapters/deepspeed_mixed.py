@@ -1,6 +1,5 @@
 """DeepSpeed's bf16 in its stack: the config that turns it on (DeepSpeed rounds the model itself and keeps fp32
-masters and optimizer state), the reading of those masters under the one-device names, and the bytes of state
-(masters included) an engine holds."""
+masters and optimizer state), and the reading of those masters under the one-device names."""
 
 from __future__ import annotations
 
@@ -53,21 +52,3 @@ class MastersState:
         return {k: {key: safe_get_full_optimizer_state(p, key) for key in self.spec.state_keys}
                 for k, p in self._masters().items()}
 
-
-def engine_memory(engine) -> dict:
-    """Bytes of model state a DeepSpeed engine's rank holds between steps (each storage once): its module's
-    parameters (ZeRO 3: their ``ds_tensor`` partitions), the gradients it keeps, its optimizer's state tensors
-    and the fp32 master partitions beside them (ZeRO's "K" counts the masters)."""
-    from reference.zero.accounting import held_bytes, optimizer_state_tensors
-
-    params = list(engine.module.parameters())
-    opt = engine.optimizer
-    inner = getattr(opt, "optimizer", opt)
-    flat = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups_flat_partition")
-    masters = [t for attr in flat for t in getattr(opt, attr, []) or []]
-    masters += [m for group in getattr(opt, "fp32_groups", []) or []
-                for m in (group if isinstance(group, list) else [group])]
-    held = [p.data for p in params] + [getattr(p, "ds_tensor", None) for p in params]
-    grads = [p.grad for p in params] + [getattr(opt, "grad_partitions_flat_buffer", None)]
-    return {"params": held_bytes(held), "grads": held_bytes(grads),
-            "optimizer": held_bytes(optimizer_state_tensors(inner) + masters)}

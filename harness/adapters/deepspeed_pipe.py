@@ -155,7 +155,7 @@ class DeepSpeedPipeTrainer(DeepSpeedCheckpoint, BuiltFromDense):
         return loss
 
     def memory(self) -> dict:
-        from .deepspeed_mixed import engine_memory
+        from .deepspeed_zero import engine_memory
 
         return engine_memory(self.engine)
 

@@ -116,7 +116,7 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
         return float(value)
 
     def memory(self) -> dict:
-        from .deepspeed_mixed import engine_memory
+        from .deepspeed_zero import engine_memory
 
         return engine_memory(self.engine)
 

@@ -119,11 +119,22 @@ class _Trainer:
         return held + [getattr(self.optimizer, "grad_partitions_flat_buffer", None)]
 
     def memory(self) -> dict:
-        params = list(self._params().values())
-        opt = self.optimizer
-        inner = getattr(opt, "optimizer", opt)
-        masters = [t for attr in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat")
-                   for t in getattr(opt, attr, [])]
-        held_params = [p.data for p in params] + [getattr(p, "ds_tensor", None) for p in params]
-        return {"params": held_bytes(held_params), "grads": self.grad_bytes,
-                "optimizer": held_bytes(optimizer_state_tensors(inner) + masters)}
+        """``engine_memory``, the gradients as held right after backward (the step releases ZeRO's partitions)."""
+        return {**engine_memory(self.engine), "grads": self.grad_bytes}
+
+
+def engine_memory(engine) -> dict:
+    """Bytes of model state a DeepSpeed engine's rank holds between steps (each storage once): its module's
+    parameters (ZeRO 3: their ``ds_tensor`` partitions), the gradients it keeps, its optimizer's state tensors
+    and the fp32 master partitions beside them (ZeRO's "K" counts the masters)."""
+    params = list(engine.module.parameters())
+    opt = engine.optimizer
+    inner = getattr(opt, "optimizer", opt)
+    flat = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups_flat_partition")
+    masters = [t for attr in flat for t in getattr(opt, attr, []) or []]
+    masters += [m for group in getattr(opt, "fp32_groups", []) or []
+                for m in (group if isinstance(group, list) else [group])]
+    held = [p.data for p in params] + [getattr(p, "ds_tensor", None) for p in params]
+    grads = [p.grad for p in params] + [getattr(opt, "grad_partitions_flat_buffer", None)]
+    return {"params": held_bytes(held), "grads": held_bytes(grads),
+            "optimizer": held_bytes(optimizer_state_tensors(inner) + masters)}

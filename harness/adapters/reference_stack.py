@@ -121,9 +121,8 @@ class ReferenceStackTrainer(BuiltFromDense):
         else:
             grads = [p.grad for p in params] + ([part.sync.master.grad for part in t.parts] if t.zero_stage else [])
             state = []
-        optimizers = {id(part.optimizer): part.optimizer for part in t.parts}.values()
         return {"params": held_bytes(params), "grads": held_bytes(grads),
-                "optimizer": held_bytes(state + [s for o in optimizers for s in optimizer_state_tensors(o)])}
+                "optimizer": held_bytes(state + [s for o in t.optimizers for s in optimizer_state_tensors(o)])}
 
     def pipeline_events(self) -> list:
         """(action, start, end) seconds of this rank's last pipeline pass (the bench's measured bubble)."""

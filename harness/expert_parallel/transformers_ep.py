@@ -20,6 +20,7 @@ SIZES = {"vocab_size": 32, "hidden_size": 16, "intermediate_size": 32, "moe_inte
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 4,
          "num_experts": 4, "num_experts_per_tok": 2}
 ROWS, SEQ = 4, 8
+_ORACLES: dict = {}
 
 
 def save_model(path: str, seed: int = 0) -> None:
@@ -47,13 +48,15 @@ def run_case(path: str, ep: int) -> dict:
 
     from reference.models import ModelSpec
 
+    from ..rank import computed_once
     from ..stack.case import bound
 
     n, r = dist.get_world_size(), dist.get_rank()
     for key, value in (("RANK", r), ("LOCAL_RANK", r), ("WORLD_SIZE", n)):
         os.environ[key] = str(value)
     tokens = torch.randint(0, SIZES["vocab_size"], (ROWS, SEQ), generator=torch.Generator().manual_seed(1))
-    want_loss, want = _grads(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), tokens)
+    want_loss, want = computed_once(  # the one-device oracle: rank 0's, broadcast
+        _ORACLES, path, lambda: _grads(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), tokens))
     config = DistributedConfig(ep_size=ep, tp_size=1, fsdp_size=n, ep_implementation="all_to_all")
     model = AutoModelForCausalLM.from_pretrained(path, distributed_config=config, dtype=torch.float32)
     per = ROWS // n

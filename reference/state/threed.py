@@ -80,12 +80,6 @@ def tensor_map(trainer) -> list[tuple[nn.Parameter, str, tuple[int, ...], tuple[
     return [entries[id(p)] for p in trainer.local.parameters()]
 
 
-def _parts(trainer) -> list:
-    """The trainer's data-parallel parts (``reference.compose.DataPart``): the dense parameters' reduction,
-    and the experts' over their expert-data-parallel group."""
-    return trainer.parts
-
-
 def _spread(part, tensor: torch.Tensor) -> list[torch.Tensor]:
     """Each of ``part``'s parameters' view of a full flat tensor holding ``tensor``: this rank's ZeRO shard of
     the part's flat buffer (the rest zeros) or the whole of it."""
@@ -111,7 +105,7 @@ def _flat(trainer) -> bool:
 def _in_local_order(trainer, per_part) -> list:
     """``per_part(part)`` (one value per parameter of the part, in its order) as one list in
     ``trainer.local.parameters()`` order."""
-    by_id = {id(p): v for part in _parts(trainer) for p, v in zip(part.params, per_part(part), strict=True)}
+    by_id = {id(p): v for part in trainer.parts for p, v in zip(part.params, per_part(part), strict=True)}
     return [by_id[id(p)] for p in trainer.local.parameters()]
 
 
@@ -204,7 +198,7 @@ def load_rank(trainer, read) -> None:
                 trainer.optimizer.state[p] = {key: state[key][i] for key in keys}
         else:
             index = {id(p): i for i, (p, *_) in enumerate(entries)}
-            for data_part in _parts(trainer):
+            for data_part in trainer.parts:
                 flat = data_part.sync.flat
                 mine = flat.shard if trainer.zero_stage else slice(None)
                 which = [index[id(p)] for p in data_part.params]
@@ -219,7 +213,7 @@ def load_rank(trainer, read) -> None:
                     key: part([state[key][i] for i in which]) for key in keys}
         if "step" in trainer.spec.extra_state:  # Adam's step count: one scalar for every parameter
             step = read("optim/step", (), (), torch.float32, ())
-            for optimizer in {id(d.optimizer): d.optimizer for d in _parts(trainer)}.values():
+            for optimizer in trainer.optimizers:
                 for st in optimizer.state.values():
                     st["step"] = step.clone()
 

@@ -9,11 +9,11 @@ import torch
 from harness.contracts.stack import Layout, Recipe
 
 
-def bf16_report(stack, spec, model_params) -> tuple[set, set, bool]:
+def bf16_report(stack, spec, model_params, layout: Layout | None = None) -> tuple[set, set, bool]:
     """(the model's parameter dtypes, the reported masters' dtypes, whether a master holds a value bf16 cannot)
-    after one step of ``stack`` (a built-in stack object) on one rank; ``model_params(trainer)`` gives the stack's
-    own model parameters."""
-    trainer = stack.build(spec, Layout(1, 1, 1, zero=0), Recipe())
+    after one step of ``stack`` (a built-in stack object) on ``layout`` (default one rank, ZeRO 0);
+    ``model_params(trainer)`` gives the stack's own model parameters."""
+    trainer = stack.build(spec, layout or Layout(1, 1, 1), Recipe())
     trainer.load_dense(spec.build(0).state_dict())
     tokens = torch.randint(0, spec.vocab, (2, 4), generator=torch.Generator().manual_seed(0))
     trainer.step(tokens, tokens)

@@ -103,21 +103,12 @@ def test_deepspeed_bf16_with_fp32_masters_equals_one_device(spec, layout, recipe
 
 
 def _bf16_engine(zero: int):
+    from harness.adapters.deepspeed_stack import DeepSpeedStack
+
     from .mixed_ranks import bf16_report
 
-    return bf16_report(_AtStage(zero), LLAMA16, lambda trainer: trainer.trainer.module.parameters())
-
-
-class _AtStage:
-    """The DeepSpeed stack at one ZeRO stage (bf16_report builds the one-rank layout)."""
-
-    def __init__(self, zero):
-        self.zero = zero
-
-    def build(self, spec, layout, recipe):
-        from harness.adapters.deepspeed_stack import DeepSpeedStack
-
-        return DeepSpeedStack().build(spec, Layout(1, 1, 1, zero=self.zero), recipe)
+    return bf16_report(DeepSpeedStack(), LLAMA16, lambda trainer: trainer.trainer.module.parameters(),
+                       Layout(1, 1, 1, zero=zero))
 
 
 @pytest.mark.parametrize("zero", [0, pytest.param(1, marks=pytest.mark.thorough)])
