@@ -72,7 +72,10 @@ def _rank_main(rank: int, size: int, backend: str, store_path: str, stack_path: 
     import torch
     import torch.distributed as dist
 
+    from .gloo_device import share
+
     torch.set_num_threads(1)
+    share()  # one gloo device for all of this rank's groups: an idle group's device thread costs CPU
     if backend == "nccl":
         torch.cuda.set_device(rank)
     store = dist.FileStore(store_path, size)

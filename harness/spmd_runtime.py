@@ -44,6 +44,9 @@ def init() -> None:
     import torch
     import torch.distributed as dist
 
+    from .gloo_device import share
+
+    share()  # as in a World's ranks: one gloo device for all of this process's groups
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))

@@ -65,3 +65,34 @@ def verdict_on(rank: int, peers_join: bool = False) -> dict:
         return {"problems": [detail]}
     dist.barrier()
     return {"problems": []}
+
+
+def _gloo_device_threads() -> int:
+    """This process's gloo TCP device loops (one thread each, named by gloo)."""
+    task = f"/proc/{os.getpid()}/task"
+    return sum(open(f"{task}/{t}/comm").read().strip() == "gloo_tcp_loop" for t in os.listdir(task))
+
+
+def groups_on_one_device(k: int) -> dict:
+    """Create ``k`` groups of every rank and ``k`` of ranks {0, 1}; all-reduce each rank's (rank + 1) over
+    each. Returns the device threads before and after, the sums, and whether a gloo backend torch builds
+    itself (as its C++ split does) still passes torch's check against its name."""
+    from datetime import timedelta
+
+    import torch.distributed.distributed_c10d as c10d
+
+    before = _gloo_device_threads()
+    n, r = dist.get_world_size(), dist.get_rank()
+    sums = []
+    for ranks in [list(range(n))] * k + [[0, 1]] * (k if n > 1 else 0):
+        group = dist.new_group(ranks, backend="gloo")  # gloo under an nccl World too
+        if r in ranks:
+            t = torch.tensor([float(r + 1)])
+            dist.all_reduce(t, group=group)
+            sums.append((len(ranks), t.item()))
+    after = _gloo_device_threads()
+    shared = c10d.ProcessGroupGloo
+    base = shared.__mro__[1] if getattr(shared, "_paritybench_shared", False) else shared
+    made_by_torch = base(dist.PrefixStore(f"direct{k}", c10d._get_default_store()), r, n, timedelta(seconds=60))
+    return {"before": before, "after": after, "sums": sums,
+            "isinstance": isinstance(made_by_torch, c10d.ProcessGroupGloo)}

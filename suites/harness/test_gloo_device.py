@@ -1,0 +1,32 @@
+"""harness.gloo_device: a World's ranks build every gloo group on one transport device, so the groups a
+session leaves behind cost no CPU while idle (each device's loop thread wakes every 10 ms), and the
+groups compute what they computed before."""
+
+from __future__ import annotations
+
+import types
+
+import torch.distributed.distributed_c10d as c10d
+
+from harness import gloo_device
+
+from . import ranks
+
+
+def test_new_groups_share_the_ranks_one_device_and_reduce_exactly(world_cache, world_sizes):
+    n = max(world_sizes)
+    for r, got in enumerate(world_cache.get(n).run(ranks.groups_on_one_device, 6)):
+        assert got["after"] == got["before"] <= 1, got  # 12 more groups; torch alone adds a device thread each
+        want = [(n, n * (n + 1) / 2)] * 6 + ([(2, 3.0)] * 6 if r < 2 and n > 1 else [])
+        assert got["sums"] == want, (r, got["sums"])
+        assert got["isinstance"], "a gloo backend torch builds itself fails torch's isinstance check"
+
+
+def test_a_torch_whose_gloo_classes_differ_is_left_as_it_is(monkeypatch):
+    odd = type("ProcessGroupGloo", (), {})  # no _Options / create_device: another torch's layout
+    monkeypatch.setattr(c10d, "ProcessGroupGloo", odd)
+    assert gloo_device.share() is False and c10d.ProcessGroupGloo is odd
+    monkeypatch.delattr(c10d, "ProcessGroupGloo")  # a torch built without gloo
+    assert gloo_device.share() is False and not hasattr(c10d, "ProcessGroupGloo")
+    monkeypatch.setattr(c10d, "ProcessGroupGloo", types.SimpleNamespace(_paritybench_shared=True), raising=False)
+    assert gloo_device.share() is True  # already in place: nothing done twice
