@@ -9,6 +9,13 @@ What megatron-core defines, read in its source (``transformer/moe/router.py``, `
   runs with ``dtype=torch.float32``): the comparison runs in float32;
 - softmax routing: ``moe_router_pre_softmax=False`` (its default) takes the top-k logits and their softmax —
   the contract's renormalised top-k; ``True`` the top-k of the softmax (``renormalize=False``);
+- sigmoid routing (``moe_router_score_function="sigmoid"``, ``moe_router_enable_expert_bias``: DeepSeek-V3's):
+  the top-k of sigmoid scores + its ``expert_bias`` buffer (loaded from the layer's selection bias), weighted
+  by the chosen scores, renormalised (+ 1e-20) exactly when k > 1; its load-balancing loss reads the
+  normalised sigmoid scores, as the contract's does, but counts f_i over the top-k of the scores **without**
+  the bias (``compute_routing_scores_for_aux_loss``, as DeepSeek-V3's paper writes it), not over the experts
+  the tokens went to (``harness.expert_parallel.third_party.megatron_aux``). Its bias update between steps
+  (``moe_router_bias_update_rate``, in ``finalize_model_grads``) is a trainer's and is not run here;
 - the load-balancing loss (``moe_router_load_balancing_type="aux_loss"``) is the Switch form E sum_i f_i P_i
   over **this rank's tokens** (reduced over tensor x context parallel ranks only, every top-k assignment
   counted: f_i = count_i / (T k)), attached to the router's output by ``MoEAuxLossAutoScaler`` (its gradient
@@ -43,10 +50,11 @@ class MegatronMoE:
         self.dispatcher = dispatcher
 
     def shard(self, dense, group, ep: int | None = None):
-        if dense.scoring != "softmax":
-            raise Unsupported("the Megatron MoE adapter here drives its softmax router (its sigmoid router with an "
-                              "expert bias is not mapped yet).")
-        if dense.top_k == 1 and dense.renormalize:
+        if dense.scoring == "sigmoid" and dense.renormalize != (dense.top_k > 1):
+            raise Unsupported("megatron-core's sigmoid router renormalises the chosen scores exactly when top-k > 1 "
+                              f"(moe_utils.topk_routing_with_score_function): top-{dense.top_k} "
+                              f"{'with' if dense.renormalize else 'without'} renormalisation is not what it computes.")
+        if dense.scoring == "softmax" and dense.top_k == 1 and dense.renormalize:
             raise Unsupported("megatron-core routes top-1 only after the softmax (its own ValueError: 'use "
                               "--moe-router-pre-softmax when topk is 1'): a renormalised top-1 is not what it "
                               "computes.")
@@ -83,7 +91,9 @@ class _Layer(torch.nn.Module):
         config = TransformerConfig(
             num_layers=1, hidden_size=hidden, num_attention_heads=1, ffn_hidden_size=ffn, moe_ffn_hidden_size=ffn,
             num_moe_experts=E, moe_router_topk=dense.top_k, moe_token_dispatcher_type=dispatcher,
-            moe_router_pre_softmax=not dense.renormalize, moe_router_load_balancing_type="aux_loss",
+            moe_router_pre_softmax=not dense.renormalize and dense.scoring == "softmax",
+            moe_router_score_function=dense.scoring, moe_router_enable_expert_bias=dense.scoring == "sigmoid",
+            moe_router_load_balancing_type="aux_loss",
             moe_aux_loss_coeff=1.0, moe_shared_expert_intermediate_size=shared,
             moe_router_dtype="fp64" if dtype == torch.float64 else None, expert_model_parallel_size=ep,
             use_cpu_initialization=True, params_dtype=dtype, add_bias_linear=False, gated_linear_unit=True,
@@ -97,6 +107,8 @@ class _Layer(torch.nn.Module):
         self.first = ps.get_expert_model_parallel_rank() * local
         with torch.no_grad():
             self.moe.router.weight.copy_(dense.router.weight)
+            if self.moe.router.expert_bias is not None:  # its selection bias (float32, a buffer it updates)
+                self.moe.router.expert_bias.copy_(dense.bias)
             for i, expert in enumerate(self.moe.experts.local_experts):
                 _load_swiglu(expert, dense.experts[self.first + i])
             if shared is not None:

@@ -70,7 +70,21 @@ def _dense(case: Case, n: int, device):
         with torch.no_grad():
             owner = torch.arange(case.experts, device=device) // (case.experts // ep)
             dense.router.weight[:, 0] = torch.where(owner == 0, 3.0, -3.0).to(dense.router.weight.dtype)
+    if case.scoring == "sigmoid":  # a selection bias that moves choices (``bias_moves``): zero would test nothing
+        gen = torch.Generator().manual_seed(case.seed + 7)
+        dense.bias.copy_(0.3 * torch.randn(case.experts, generator=gen, dtype=torch.float64).to(device))
     return dense
+
+
+def bias_moves(dense, x) -> int:
+    """The tokens whose chosen experts the selection bias changes (0 for softmax scoring: it has none)."""
+    if dense.scoring != "sigmoid":
+        return 0
+    with torch.no_grad():
+        scores = torch.sigmoid(dense.router(x))
+        plain = scores.topk(dense.top_k, dim=-1).indices.sort(-1).values
+        biased = (scores + dense.bias).topk(dense.top_k, dim=-1).indices.sort(-1).values
+    return int((plain != biased).any(-1).sum())
 
 
 def _inputs(case: Case, n: int, dense, device):
@@ -143,7 +157,7 @@ def run_case(impl_spec: str, case_dict: dict) -> dict:
         group_rows = slice((r // ep) * ep * case.tokens, (r // ep + 1) * ep * case.tokens)
         received = int(mine[group_rows].sum())
     return {"refused": None, "unsupported": False, "problems": problems, "worst": worst, "bound": limit,
-            "received": received}
+            "received": received, "bias_moves": bias_moves(dense, x)}
 
 
 def count_bytes(impl_spec: str, case_dict: dict) -> dict:

@@ -35,10 +35,24 @@ def deepspeed_moe_report(case_dict: dict) -> dict:
                    "DeepSpeed's", torch.float32)
 
 
+def megatron_aux(dense, x: torch.Tensor) -> torch.Tensor:
+    """megatron-core's load-balancing loss on the tokens ``x``: the contract's E sum_i f_i P_i, except that under
+    sigmoid routing f_i counts the top-k of the scores **without** the selection bias
+    (``moe_utils.compute_routing_scores_for_aux_loss``; DeepSeek-V3's paper writes f_i so), not the experts the
+    tokens were sent to."""
+    from reference.models.moe import balance_loss
+
+    if dense.scoring != "sigmoid":
+        return dense(x)[1]
+    _, _, balance = dense.route(x)
+    unbiased = torch.sigmoid(dense.router(x)).topk(dense.top_k, dim=-1).indices
+    return balance_loss(balance, unbiased, dense.num_experts)
+
+
 def megatron_moe_report(case_dict: dict, dispatcher: str) -> dict:
     """``deepspeed_moe_report`` for megatron-core's ``MoELayer`` with its ``dispatcher`` (through the CPU redirect
     on a CPU), in float32 — its router's weight is float32 whatever the parameters' dtype and its routing softmax
-    computes in float32 (``moe_utils.topk_softmax_with_capacity``): its aux is the contract's load-balancing loss
+    computes in float32 (``moe_utils.topk_softmax_with_capacity``): its aux is ``megatron_aux``
     over each rank's own tokens (its gradient injected by Megatron in backward, its value the one the layer
     logs); shared experts included."""
     from ..adapters.megatron_cpu import on_cpu
@@ -47,7 +61,7 @@ def megatron_moe_report(case_dict: dict, dispatcher: str) -> dict:
     case = Case(**case_dict)
     with on_cpu():  # Megatron's backward runs its code too
         return _report(case, lambda dense: MegatronMoE(dispatcher).shard(dense, dist.group.WORLD, case.ep),
-                       lambda dense, x: dense(x)[1], "Megatron's", torch.float32, injected_aux=True)
+                       megatron_aux, "Megatron's", torch.float32, injected_aux=True)
 
 
 def _report(case, shard, aux_of, whose: str, dtype, injected_aux: bool = False) -> dict:

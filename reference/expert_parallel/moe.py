@@ -131,7 +131,7 @@ class ExpertParallelMoE(nn.Module):
         self.scoring = dense.scoring
         self.renormalize = dense.renormalize and not planted.get("not_renormalized")
         self.router, self.shared = copy.deepcopy(dense.router), copy.deepcopy(dense.shared)
-        self.register_buffer("bias", dense.bias.detach().clone())
+        self.register_buffer("bias", dense.bias.detach().clone() * (0.0 if planted.get("bias_ignored") else 1.0))
         first = self.ep_rank * self.local
         self.experts = nn.ModuleList(copy.deepcopy(dense.experts[first + i]) for i in range(self.local))
         self.first = first

@@ -9,6 +9,11 @@ backward starts before the last one's forward) — a per-sequence loss is the sa
 is cut, so every layout can be held to this one device; a batch-wide f_i is not known until every micro-batch
 has been routed. Under context parallelism a sequence's counts and probabilities are summed over its ranks.
 
+With the sigmoid router each layer's selection bias (DeepSeek-V3's auxiliary-loss-free balancing: added to the
+scores for the choice only) is fixed at 0.3 x a standard normal draw from its own generator (the weights' draw
+is unchanged) — DeepSeek-V3 moves it between steps by a balancing rule, which this family does not model; a
+zero bias would leave the path that reads it untested.
+
 Parameter names: the Llama family's, with ``blocks.<i>.moe.router``, ``blocks.<i>.moe.experts.<e>.{gate,up,
 down}``, ``blocks.<i>.moe.shared.{gate,up,down}`` (shared experts: one SwiGLU of ``shared`` x ffn) in place
 of ``blocks.<i>.mlp``.
@@ -68,6 +73,11 @@ class MoELlama(Llama):
                          block=lambda: MoEBlock(hidden, heads, kv_heads, ffn, rope_theta, norm_eps, dtype,
                                                 experts=experts, top_k=top_k, shared=shared, scoring=scoring))
         self.aux_coef = aux_coef
+        if scoring == "sigmoid":  # a fixed selection bias per layer (see the module docstring)
+            gen = torch.Generator().manual_seed(4242)
+            for block in self.blocks:
+                bias = 0.3 * torch.randn(experts, generator=gen, dtype=torch.float64)
+                block.moe.bias.copy_(bias.to(block.moe.bias.dtype))
 
     def run(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits, the sum over layers of the mean over sequences of the balance loss)."""

@@ -26,3 +26,6 @@ NotRenormalized = _planted(not_renormalized=True)
 """The top-k weights not renormalised where the layer says so."""
 SharedOnDispatched = _planted(shared_on_dispatched=True)
 """The shared expert applied to the dispatched rows instead of the rank's own tokens."""
+BiasIgnored = _planted(bias_ignored=True)
+"""Sigmoid routing that drops the selection bias (DeepSeek-V3's auxiliary-loss-free balancing): the top-k of the
+bare scores."""

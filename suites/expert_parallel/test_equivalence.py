@@ -47,6 +47,13 @@ def test_expert_parallel_moe_equals_one_device(expert_parallel_impl, n, case, wo
     assert not problems, problems[:4]
 
 
+def test_the_selection_bias_really_moves_choices(world_cache, conformance):
+    """The sigmoid corners' bias changes some token's experts — else a dropped bias would pass them."""
+    for n, case in [(c[0], c[1]) for c in CASES if c[1].scoring == "sigmoid"] + [(2, Case(scoring="sigmoid"))]:
+        *_, per_rank = _verdict(world_cache, conformance, "reference", n, case)
+        assert per_rank[0]["bias_moves"] > 0, (n, case)
+
+
 def test_the_skewed_router_really_starves_a_rank(world_cache, conformance):
     *_, per_rank = _verdict(world_cache, conformance, "reference", 2, Case(skew=True))
     assert [r["received"] for r in per_rank][1] == 0 and per_rank[0]["received"] > 0, per_rank
@@ -66,6 +73,7 @@ PLANTED = [
     ("AuxOverLocalTokens", 2, Case(), "load-balancing loss"),
     ("NotRenormalized", 2, Case(), "output"),
     ("SharedOnDispatched", 2, Case(shared=1), "output"),
+    ("BiasIgnored", 2, Case(scoring="sigmoid", experts=4), "output"),
 ]
 
 

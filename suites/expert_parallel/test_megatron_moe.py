@@ -10,6 +10,7 @@ expert's and the shared expert's gradient — within harness/expert_parallel/cas
 it is not the contract's (the group's tokens). Both dispatchers run every case, so they are held to each other
 too (Megatron-LM #1327: the allgather and alltoall dispatchers trained to different results); the skewed
 router sends every token to EP rank 0, so rank 1 receives none (#1877: the alltoall dispatcher crashed there).
+Its sigmoid router (DeepSeek-V3's, with its expert bias loaded from the layer's selection bias) runs top-2 and top-1.
 A watch says megatron-core still needs CUDA without the redirect.
 """
 
@@ -32,6 +33,8 @@ CASES = [  # (ranks, case, in every profile: the skewed case with both dispatche
     (3, Case(experts=6, top_k=2), False),                   # ep 3
     (4, Case(top_k=2, ep=2), False),                        # two expert-data-parallel replicas
     (2, Case(experts=2, top_k=2, tokens=1), False),         # E = ep, one token per rank
+    (2, Case(experts=8, scoring="sigmoid"), True),          # its sigmoid router with the selection bias
+    (2, Case(top_k=1, scoring="sigmoid", renormalize=False), False),  # sigmoid top-1 (no renormalisation)
 ]
 
 
@@ -59,9 +62,12 @@ def test_what_the_megatron_moe_adapter_does_not_drive_is_unsupported():
     from harness.contracts import Unsupported
     from reference.models.moe import MoE
 
-    with pytest.raises(Unsupported, match="softmax router") as err:
-        MegatronMoE().shard(MoE(8, 8, 4, 2, scoring="sigmoid"), None, 2)
-    assert "\n" not in str(err.value)
+    for dense, needle in [(MoE(8, 8, 4, 2, scoring="sigmoid", renormalize=False), "exactly when top-k > 1"),
+                          (MoE(8, 8, 4, 1, scoring="sigmoid", renormalize=True), "exactly when top-k > 1"),
+                          (MoE(8, 8, 4, 1, renormalize=True), "top-1 only after the softmax")]:
+        with pytest.raises(Unsupported, match=needle) as err:
+            MegatronMoE().shard(dense, None, 2)
+        assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match="alltoall or allgather"):
         MegatronMoE("flex")
 

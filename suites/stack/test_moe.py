@@ -12,8 +12,9 @@ resolved differently by each summation order and make no layout comparable.
 
 Corners in every profile: ep alone; E = ep with top-1 and a shared expert; ep with pp (checkpointed,
 accumulating 2, the inf norm clipped); ep over dp x cp (a sequence's balance sums over cp; an expert some rank
-routes no token to); ZeRO 1 over EDP 2 (the experts' state sharded); bf16 at ep 2. Thorough: ep with tp (experts
-replicated over tp), ep = 1 with ZeRO 1 and the sigmoid router, cp x ep alone, pp GPipe, ZeRO 2 with cp and pp,
+routes no token to); ZeRO 1 over EDP 2 (the experts' state sharded); bf16 at ep 2; ep = 1 with ZeRO 1 and the
+sigmoid router (its selection bias moving choices). Thorough: ep with tp (experts replicated over tp), cp x ep
+alone, pp GPipe, ZeRO 2 with cp and pp,
 bf16 at ZeRO 1 / 2, 8 ranks. Refused in one sentence: E % ep != 0, ep for a family without
 experts. Planted bugs at their minimal cases: expert gradients / the EDP size (the 2x), experts reduced over
 the whole group, the balance loss over a cp shard, the balance loss reported but not back-propagated.
@@ -43,7 +44,7 @@ CASES = [  # (ranks, spec, layout, recipe, in every profile)
      True),
     (4, MOE, Layout(2, 1, 2, ep=2), Recipe(max_grad_norm=0.05), False),
     (4, MOE, Layout(2, 1, 1, cp=2, ep=4), Recipe(max_grad_norm=0.05), True),
-    (2, SIGMOID, Layout(2, 1, 1, zero=1), Recipe(accumulation=2), False),
+    (2, SIGMOID, Layout(2, 1, 1, zero=1), Recipe(accumulation=2), True),
     (2, MOE, Layout(1, 1, 1, cp=2, ep=2), Recipe(), False),
     (2, MOE, Layout(1, 2, 1, schedule="gpipe"), Recipe(max_grad_norm=0.05), False),
     (4, SIGMOID, Layout(4, 1, 1, ep=2), Recipe(max_grad_norm=0.05), False),
@@ -68,6 +69,23 @@ def test_moe_stack_equals_one_device(stack_impl, n, spec, layout, recipe, world_
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
     margin = min(r["margin"] for r in v["per_rank"])
     assert margin > MARGIN, f"the inputs nearly tie a routing choice (gap {margin:.3g}): re-seed the case"
+
+
+def test_the_sigmoid_routers_selection_bias_moves_choices():
+    """Every layer's bias changes some token's experts on the cases' batch — else a stack dropping it would pass."""
+    import torch
+
+    model = SIGMOID.build(seed=0)
+    tokens = torch.randint(0, SIGMOID.vocab, (4, 8), generator=torch.Generator().manual_seed(0))
+    x = model.embed(tokens)
+    with torch.no_grad():
+        for block in model.blocks:
+            flat = block.mlp_norm(x + block.attn(block.attn_norm(x), torch.arange(x.shape[1]))).flatten(0, 1)
+            scores = torch.sigmoid(block.moe.router(flat))
+            plain, biased = (s.topk(SIGMOID.top_k, -1).indices.sort(-1).values
+                             for s in (scores, scores + block.moe.bias))
+            assert (plain != biased).any(-1).sum() > 0 and block.moe.bias.abs().min() > 0
+            x = block(x)
 
 
 @pytest.mark.parametrize("spec, layout, needle", [
