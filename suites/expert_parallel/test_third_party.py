@@ -68,8 +68,8 @@ TORCHTITAN = registry.skip_reason(ImplSpec("torchtitan", "stack", "x:y", require
 def test_torchtitans_experts_compute_in_bfloat16(world_cache):
     """Watch: torchtitan's ``GroupedExperts`` casts tokens and weights to bfloat16 for its grouped GEMM whatever
     their dtype (the output is cast back): float64 experts come out 5e-3 of their magnitude from float64 — bf16
-    rounding, so its MoE cannot be held to this contract's float64 (or float32) property; a precision-matched
-    bf16 property would be what holds it. Fails once it computes in the tokens' dtype."""
+    rounding, so its MoE cannot be held to this contract's float64 (or float32) property: the precision-matched
+    property of test_torchtitan_moe.py holds it. Fails once it computes in the tokens' dtype."""
     from harness.adapters.torchtitan_probes import torchtitan_experts_error
 
     got = world_cache.get(1).run(torchtitan_experts_error, timeout=120)[0]
