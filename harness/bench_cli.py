@@ -109,10 +109,28 @@ def add_parsers(sub) -> None:
             p.add_argument("--batch", type=int, default=4)
 
 
-def _impls(args, paradigm: str) -> list[str]:
-    specs = [s.strip() for s in args.impls.split(",") if s.strip()] if args.impls else \
-        (registry.names(paradigm) if not args.impl else [])
-    specs += args.impl
+def _ep_impls(args) -> list[str]:
+    """The expert-parallel sweep's implementations: ``_impls``'s, with the installed third-party MoE layers beside
+    them where none is named (``--impls`` / ``--impl`` may name those too)."""
+    from .expert_parallel import bench as ep_bench
+
+    named = [s.strip() for s in (args.impls or "").split(",") if s.strip()] + list(args.impl)
+    third = [s for s in named if s in ep_bench.THIRD_PARTY]
+    for spec in third:
+        if spec not in ep_bench.installed_third_parties():
+            raise UsageError(f"{spec} needs {', '.join(ep_bench.THIRD_PARTY[spec][1])}, which is not installed.")
+    if not named:
+        return _impls(args, "expert_parallel") + ep_bench.installed_third_parties()
+    rest = [s for s in named if s not in ep_bench.THIRD_PARTY]
+    return (_impls(args, "expert_parallel", rest) if rest else []) + third
+
+
+def _impls(args, paradigm: str, specs: list[str] | None = None) -> list[str]:
+    """``specs`` (default: --impls and --impl, or every registered implementation) that can run here."""
+    if specs is None:
+        specs = [s.strip() for s in args.impls.split(",") if s.strip()] if args.impls else \
+            (registry.names(paradigm) if not args.impl else [])
+        specs += args.impl
     runnable = []
     for spec in specs:
         try:
@@ -417,7 +435,7 @@ def run(args) -> int:
         if bad:  # the skewed router sends every token to EP rank 0's E / ep experts: k of them must exist
             raise UsageError(f"--experts ({args.experts}) must split over every --world-sizes ep into at least "
                              f"--top-k ({args.top_k}) per rank; ep = {bad[0]} does not.")
-        cfg = ep_bench.ExpertParallelSweep(impls=_impls(args, "expert_parallel"), world_sizes=sizes,
+        cfg = ep_bench.ExpertParallelSweep(impls=_ep_impls(args), world_sizes=sizes,
                                            tokens=[int(t) for t in tokens], experts=args.experts, top_k=args.top_k,
                                            iters=min(args.iters, 5), warmup=min(args.warmup, 1))
         plans.append(("expert_parallel", cfg, ep_bench.run_sweep))

@@ -118,7 +118,10 @@ def counted_traffic(counter: list):
 
     def all_to_all(fn):
         def counted(output, input, *args, **kwargs):
-            group, splits = kwargs.get("group"), kwargs.get("input_split_sizes")
+            # all_to_all_single(output, input, output_split_sizes, input_split_sizes, group, ...), by keyword or place
+            group = kwargs.get("group", args[2] if len(args) > 2 else None)
+            splits = kwargs.get("input_split_sizes", args[1] if len(args) > 1 else None)
+            splits = [int(s) for s in splits] if splits is not None else []  # a list or numpy (megatron's)
             if splits:  # variable splits: the rows this rank sends to the others (its own stay)
                 row = _bytes(input) // max(input.shape[0], 1) if input.dim() else 0
                 me = dist.get_rank(group)

@@ -21,6 +21,43 @@ from .. import registry
 from ..comm_count import counted_traffic
 from ..timing import summarize, time_iterations
 
+THIRD_PARTY = {  # name -> (module:object, the packages it needs): each held by its own report, not the property
+    "deepspeed-moe": ("harness.adapters.deepspeed_moe:DeepSpeedMoE", ("deepspeed",)),
+    "megatron-moe": ("harness.adapters.megatron_moe:MegatronMoE", ("megatron.core",)),
+    "torchtitan-moe": ("harness.adapters.torchtitan_moe:TorchtitanMoE", ("torchtitan", "spmd_types")),
+}
+"""The third-party MoE layers the sweep times beside the registered implementations where installed. Their
+definitions differ from the contract's (docs/contracts/expert_parallel.md: DeepSpeed's aux, Megatron's, none in
+torchtitan; torchtitan's experts in bf16), so they are held to one device by their own reports and the
+expert-parallel property never runs them; their bytes are counted all the same."""
+
+
+def installed_third_parties() -> list[str]:
+    import importlib.util
+
+    def found(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:  # a missing parent package
+            return False
+    return [name for name, (_, needs) in THIRD_PARTY.items() if all(found(m) for m in needs)]
+
+
+def _load(impl_spec: str):
+    target = THIRD_PARTY.get(impl_spec, (impl_spec,))[0]
+    return registry.load(target, "expert_parallel")
+
+
+def _context(impl):
+    """megatron-core's MoE runs its forward and backward inside its CPU redirect (a no-op on CUDA)."""
+    import contextlib
+
+    if type(impl).__name__ == "MegatronMoE":
+        from ..adapters.megatron_cpu import on_cpu
+
+        return on_cpu()
+    return contextlib.nullcontext()
+
 
 @dataclass
 class ExpertParallelSweep:
@@ -40,8 +77,6 @@ def bench_rank(impl_spec: str, cfg: ExpertParallelSweep, tokens: int, skew: bool
     import torch
     import torch.distributed as dist
 
-    from reference.cost_model import collective_bytes, ep_layer_comm_bytes
-
     from ..rank import rank_device
     from .case import Case, _dense
 
@@ -59,8 +94,19 @@ def bench_rank(impl_spec: str, cfg: ExpertParallelSweep, tokens: int, skew: bool
             y, aux = dense(xd)
             (y.sum() + aux).backward()
         return {"times": time_iterations(whole, cfg.iters, cfg.warmup, device), "bytes_sent": 0.0}
+    impl = _load(impl_spec)
+    with _context(impl):
+        return _bench_sharded(impl, dense, x, cfg, tokens, n, r, device)
+
+
+def _bench_sharded(impl, dense, x, cfg, tokens: int, n: int, r: int, device) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from reference.cost_model import collective_bytes, ep_layer_comm_bytes
+
     try:
-        module = registry.load(impl_spec, "expert_parallel").shard(dense, dist.group.WORLD, None)
+        module = impl.shard(dense, dist.group.WORLD, None)
         x_local = x[r * tokens:(r + 1) * tokens].clone().requires_grad_()
         counter = [0.0]
         with counted_traffic(counter):

@@ -6,14 +6,14 @@ report's section."""
 from __future__ import annotations
 
 from harness import registry
-from harness.expert_parallel.bench import ExpertParallelSweep, run_sweep
+from harness.expert_parallel.bench import ExpertParallelSweep, installed_third_parties, run_sweep
 from harness.report import write_report
 from harness.results import RunDir, read_run
 
 
 def test_expert_parallel_sweep_and_report(world_cache, tmp_path):
     impls = [s for s in registry.names("expert_parallel")
-             if registry.skip_reason(registry.resolve(s, "expert_parallel")) is None]
+             if registry.skip_reason(registry.resolve(s, "expert_parallel")) is None] + installed_third_parties()
     cfg = ExpertParallelSweep(impls=impls, world_sizes=[2], tokens=[8], hidden=16, ffn=16, experts=4, iters=2,
                               warmup=0)
     run = RunDir(tmp_path, {"suite": "expert_parallel"})
@@ -28,4 +28,6 @@ def test_expert_parallel_sweep_and_report(world_cache, tmp_path):
     assert skewed["received_max"] == 2 * 8 * 2  # both ranks' 8 tokens x top-2, all at EP rank 0
     assert (ours["dispatch_p50_us"] > 0).all()
     assert (rows[rows["impl"] == "one-device"]["world_size"] == 1).all()
+    third = rows[rows["impl"].isin(installed_third_parties())]
+    assert (third["comm_bytes_measured"] > 0).all(), third[["impl", "op", "comm_bytes_measured"]]
     assert "## Expert parallelism: one MoE layer, forward + backward" in write_report(run.path).read_text()

@@ -96,3 +96,25 @@ def groups_on_one_device(k: int) -> dict:
     made_by_torch = base(dist.PrefixStore(f"direct{k}", c10d._get_default_store()), r, n, timedelta(seconds=60))
     return {"before": before, "after": after, "sums": sums,
             "isinstance": isinstance(made_by_torch, c10d.ProcessGroupGloo)}
+
+
+def all_to_all_counted(how: str) -> float:
+    """The bytes ``comm_count.counted_traffic`` counts for one all_to_all_single of 3 float32 rows per peer
+    (rank r sends r + 1 + p rows to rank p), its input splits given ``how``: a list, a numpy array
+    (megatron-core's), or by position."""
+    import numpy as np
+
+    from harness.comm_count import counted_traffic
+
+    n, r = dist.get_world_size(), dist.get_rank()
+    send = [r + 1 + p for p in range(n)]  # uneven: equal splits would count the same bytes either way
+    recv = [p + 1 + r for p in range(n)]
+    x, out = torch.ones(sum(send), 3), torch.empty(sum(recv), 3)
+    splits = {"list": send, "numpy": np.array(send), "positional": send}[how]
+    counter = [0.0]
+    with counted_traffic(counter):
+        if how == "positional":
+            dist.all_to_all_single(out, x, recv, splits)
+        else:
+            dist.all_to_all_single(out, x, output_split_sizes=recv, input_split_sizes=splits)
+    return counter[0]
