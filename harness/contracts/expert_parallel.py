@@ -16,7 +16,8 @@ class ExpertParallel(Protocol):
         """A module mapping this rank's tokens x (T, hidden) to (their rows of ``dense_moe``'s output over
         the group's tokens, the load-balancing loss over the group's tokens — the same scalar on every rank,
         whose backward counts it once), built from ``dense_moe``'s weights without modifying it; ``ep``:
-        the EP size (None: the group's size). Raise ``Unsupported`` (one sentence) for what is not provided
+        the EP size (None: the group's size). A capacity factor applies the layer's rule to each rank's own
+        tokens (docs/contracts/expert_parallel.md). Raise ``Unsupported`` (one sentence) for what is not provided
         (a capacity factor, a scoring), ``ValueError`` (one sentence) for what cannot run (E % ep != 0)."""
 
     def full_grads(self, sharded, group) -> dict:

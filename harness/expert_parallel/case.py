@@ -8,7 +8,8 @@ token's gap between its k-th and (k+1)-th routing score is at least 1e-6 — 10^
 regrouped sum moves a score, so every implementation selects the same experts. ``skew``: a feature of
 every token set to 4 and the router's weights on it +3 for EP rank 0's experts and -3 for the rest — every
 token routes to EP rank 0 (k <= E / ep): the other ranks receive zero tokens. Oracle: one device, y, aux =
-dense(x); loss = (y g).sum() + aux; backward. Check: this rank's rows of y and of dx, the aux (every rank),
+dense(x) (``oracle``: with a capacity, the rule over each rank's tokens); loss = (y g).sum() + aux; backward.
+Check: this rank's rows of y and of dx, the aux (every rank),
 every ``full_grads`` tensor, within ``bound`` x the tensor's magnitude; the dense layer unchanged.
 """
 
@@ -43,11 +44,14 @@ class Case:
     ep: int | None = None
     skew: bool = False
     seed: int = 0
+    capacity_factor: float | None = None
+    """The one-device layer's capacity rule, applied to each rank's own tokens (see ``oracle``)."""
 
     def label(self) -> str:
         return (f"E{self.experts}k{self.top_k}-ep{self.ep or 'n'}-T{self.tokens}-{self.scoring}"
                 f"{'-shared' if self.shared else ''}{'-skew' if self.skew else ''}"
-                f"{'-norenorm' if not self.renormalize else ''}")
+                f"{'-norenorm' if not self.renormalize else ''}"
+                f"{f'-cap{self.capacity_factor:g}' if self.capacity_factor is not None else ''}")
 
 
 def bound(case: Case, n: int) -> float:
@@ -64,7 +68,8 @@ def _dense(case: Case, n: int, device):
     from reference.models.moe import MoE
 
     torch.manual_seed(case.seed)
-    dense = MoE(case.hidden, case.ffn, case.experts, case.top_k, case.shared, case.scoring, case.renormalize).to(device)
+    dense = MoE(case.hidden, case.ffn, case.experts, case.top_k, case.shared, case.scoring, case.renormalize,
+                case.capacity_factor).to(device)
     ep = case.ep or n
     if case.skew:
         with torch.no_grad():
@@ -112,7 +117,7 @@ def run_case(impl_spec: str, case_dict: dict) -> dict:
     x, g = _inputs(case, n, dense, device)
     before = {k: v.detach().clone() for k, v in dense.state_dict().items()}
     xd = x.clone().requires_grad_()
-    y, aux = dense(xd)
+    y, aux = oracle(dense, xd, n)
     ((y * g).sum() + aux).backward()
     grads = {k: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
              for k, p in dense.named_parameters()}
@@ -157,7 +162,29 @@ def run_case(impl_spec: str, case_dict: dict) -> dict:
         group_rows = slice((r // ep) * ep * case.tokens, (r // ep + 1) * ep * case.tokens)
         received = int(mine[group_rows].sum())
     return {"refused": None, "unsupported": False, "problems": problems, "worst": worst, "bound": limit,
-            "received": received, "bias_moves": bias_moves(dense, x)}
+            "received": received, "bias_moves": bias_moves(dense, x), "dropped": dropped(dense, x, n)}
+
+
+def oracle(dense, x, n: int):
+    """One device on the global tokens x (n T rows): (y, aux) = dense(x) — with a capacity factor, y block by
+    block, the rule applied to each rank's T tokens as an expert-parallel layer applies it to the tokens each
+    rank routes (DeepSpeed and Megatron size a capacity by the rank's tokens too), and aux over every token's
+    choices (a dropped assignment still counts in f_i: it was chosen)."""
+    if dense.capacity_factor is None:
+        return dense(x)
+    y = torch.cat([dense(block)[0] for block in x.chunk(n)])
+    return y, dense(x)[1]
+
+
+def dropped(dense, x, n: int) -> int:
+    """The assignments a capacity drops over the ranks' token blocks (0 when dropless)."""
+    from reference.models.moe import kept_assignments
+
+    if dense.capacity_factor is None:
+        return 0
+    with torch.no_grad():
+        return sum(int((~kept_assignments(dense.route(b)[1], dense.num_experts, dense.capacity_factor)).sum())
+                   for b in x.chunk(n))
 
 
 def count_bytes(impl_spec: str, case_dict: dict) -> dict:

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..models.moe import balance_loss, route
+from ..models.moe import balance_loss, kept_assignments, route
 
 _GROUPS: dict = {}
 
@@ -75,16 +75,21 @@ class SumForwardIdentityBackward(torch.autograd.Function):
         return grad, None
 
 
-def dispatch_combine(x, weights, experts, local_experts, first: int, ep_group, combine_dispatched: bool = False):
+def dispatch_combine(x, weights, experts, local_experts, first: int, ep_group, combine_dispatched: bool = False,
+                     kept: torch.Tensor | None = None):
     """The routed experts' weighted sum for this rank's tokens x (T, hidden), its experts ``local_experts``
     (global ids ``first`` ...) over ``ep_group``: count the (token, slot) assignments per destination EP rank,
     exchange the counts, then the rows and their expert ids (variable splits: a rank may send or receive
     nothing), run each local expert on the rows it received, send the outputs back, combine each into its
     token weighted by its routing weight. Returns (y, (sent, received) assignments per EP rank, (the rows this
-rank received, the token each sent row came from))."""
+rank received, the token each sent row came from)). ``kept``: the (token, slot) assignments a capacity keeps
+(None: every one); the others are never sent."""
     ep, local = dist.get_world_size(ep_group), len(local_experts)
     tokens = torch.arange(len(x), device=x.device)[:, None].expand_as(experts).flatten()
     flat_experts, flat_weights = experts.flatten(), weights.flatten()
+    if kept is not None:  # a capacity's dropped assignments are never sent
+        keep = kept.flatten()
+        tokens, flat_experts, flat_weights = tokens[keep], flat_experts[keep], flat_weights[keep]
     order = torch.argsort(flat_experts // local, stable=True)  # by destination EP rank
     tokens, flat_experts, flat_weights = tokens[order], flat_experts[order], flat_weights[order]
     send = torch.bincount(flat_experts // local, minlength=ep)
@@ -119,16 +124,13 @@ class ExpertParallelMoE(nn.Module):
         if n % ep:
             raise ValueError(f"ep ({ep}) must divide the group's {n} ranks.")
         check_split(E, ep)
-        if dense.capacity_factor is not None:
-            raise NotImplementedError("the reference expert parallelism is dropless; a capacity factor is not "
-                                      "applied across EP ranks here.")
         if n != dist.get_world_size():
             raise NotImplementedError("the reference expert parallelism lays its EP groups over the default group.")
         self.group, self.n, self.ep, self.planted = group, n, ep, planted
         self.ep_group, self.edp_group = ep_groups(n, ep, dist.get_rank())
         self.ep_rank, self.local = rank % ep, E // ep
         self.num_experts, self.top_k = E, dense.top_k
-        self.scoring = dense.scoring
+        self.scoring, self.capacity_factor = dense.scoring, dense.capacity_factor
         self.renormalize = dense.renormalize and not planted.get("not_renormalized")
         self.router, self.shared = copy.deepcopy(dense.router), copy.deepcopy(dense.shared)
         self.register_buffer("bias", dense.bias.detach().clone() * (0.0 if planted.get("bias_ignored") else 1.0))
@@ -138,9 +140,13 @@ class ExpertParallelMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         weights, experts, balance = route(self.router(x), self.top_k, self.scoring, self.renormalize, self.bias)
+        # capacity: each expert takes the first ceil(factor T k / E) of this rank's own assignments (the rule of
+        # the one-device layer, applied to the tokens this rank holds); planted: over every assignment
+        factor = None if self.planted.get("capacity_ignored") else self.capacity_factor
+        kept = kept_assignments(experts, self.num_experts, factor) if factor is not None else None
         y, self.last_counts, dispatched = dispatch_combine(
             x, weights, experts, self.experts, self.first, self.ep_group,
-            combine_dispatched=bool(self.planted.get("combine_dispatched")))
+            combine_dispatched=bool(self.planted.get("combine_dispatched")), kept=kept)
         if self.shared is not None:  # on this rank's own tokens (planted: on the dispatched rows)
             y = y + (self.shared(x) if not self.planted.get("shared_on_dispatched")
                      else _shared_on_dispatched(self.shared, x, *dispatched))

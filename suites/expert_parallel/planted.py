@@ -29,3 +29,5 @@ SharedOnDispatched = _planted(shared_on_dispatched=True)
 BiasIgnored = _planted(bias_ignored=True)
 """Sigmoid routing that drops the selection bias (DeepSeek-V3's auxiliary-loss-free balancing): the top-k of the
 bare scores."""
+CapacityIgnored = _planted(capacity_ignored=True)
+"""A capacity factor never applied: every assignment dispatched (dropless) where the layer drops some."""

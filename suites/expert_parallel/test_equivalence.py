@@ -5,8 +5,9 @@ float64, within the bound derived in harness/expert_parallel/case.py — for eve
 
 Corners in every profile: ep = 3 with E = 6 (and E % ep != 0 refused); a rank receiving zero tokens (a
 skewed router); top-k 1 and 2; E = ep; one token per rank; a shared expert; sigmoid scoring with a selection
-bias; ep < n (the expert-data-parallel group of 2 replicas). No top-k choice is tied (how: the case's
-docstring). Planted bugs, each at its minimal case."""
+bias; ep < n (the expert-data-parallel group of 2 replicas); a capacity factor of 1 (each rank's rule: under the
+skewed router half the assignments are dropped — asserted), also over two replicas. No top-k choice is tied
+(how: the case's docstring). Planted bugs, each at its minimal case."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ CASES = [  # (n, case)
     (2, Case(skew=True)),                                              # rank 1 receives zero tokens
     (4, Case(ep=2, shared=1)),                                         # ep 2 < n 4: replicas over 2 EP groups
     (4, Case(scoring="sigmoid", renormalize=True, experts=8)),         # DeepSeek-V3's sigmoid scores
+    (2, Case(skew=True, capacity_factor=1.0)),                         # capacity: half the skewed tokens dropped
+    (4, Case(ep=2, shared=1, capacity_factor=1.0)),                    # capacity over EDP replicas
 ]
 
 
@@ -54,6 +57,13 @@ def test_the_selection_bias_really_moves_choices(world_cache, conformance):
         assert per_rank[0]["bias_moves"] > 0, (n, case)
 
 
+def test_the_capacity_corners_really_drop(world_cache, conformance):
+    """The capacity corners drop assignments — else a capacity never applied would pass them."""
+    for n, case in [(n, c) for n, c in CASES if c.capacity_factor is not None]:
+        *_, per_rank = _verdict(world_cache, conformance, "reference", n, case)
+        assert per_rank[0]["dropped"] > 0, (n, case)
+
+
 def test_the_skewed_router_really_starves_a_rank(world_cache, conformance):
     *_, per_rank = _verdict(world_cache, conformance, "reference", 2, Case(skew=True))
     assert [r["received"] for r in per_rank][1] == 0 and per_rank[0]["received"] > 0, per_rank
@@ -74,6 +84,7 @@ PLANTED = [
     ("NotRenormalized", 2, Case(), "output"),
     ("SharedOnDispatched", 2, Case(shared=1), "output"),
     ("BiasIgnored", 2, Case(scoring="sigmoid", experts=4), "output"),
+    ("CapacityIgnored", 2, Case(skew=True, capacity_factor=1.0), "output"),
 ]
 
 
@@ -85,12 +96,14 @@ def test_planted_bugs_fail_at_their_minimal_case(name, n, case, needle, world_ca
     assert any(needle in p for p in problems), problems[:4]
 
 
-@pytest.mark.parametrize("n, case", [(2, Case()), (2, Case(skew=True)), (4, Case(ep=2, shared=1))],
-                         ids=["n2", "n2-skew", "n4-ep2"])
+@pytest.mark.parametrize("n, case", [(2, Case()), (2, Case(skew=True)), (4, Case(ep=2, shared=1)),
+                                     (2, Case(skew=True, capacity_factor=1.0))],
+                         ids=["n2", "n2-skew", "n4-ep2", "n2-skew-capacity"])
 def test_bytes_sent_are_the_cost_model_exactly(n, case, world_cache):
     """Each rank's forward and backward bytes, counted, equal ``cost_model.ep_layer_comm_bytes`` of the
-    routing it saw (the counts exchanged, the expert ids, dispatch and combine each way) — under a skewed
-    router too (rank 1 sends everything, receives nothing) — plus, forward, the load-balancing loss's three
+    routing it saw (the counts exchanged, the expert ids, dispatch and combine each way; a capacity's dropped
+    assignments never sent) — under a skewed router too
+    (rank 1 sends everything, receives nothing) — plus, forward, the load-balancing loss's three
     all-reduces over the group (E counts, the token total, the loss itself: float64), which are not EP's."""
     from harness.expert_parallel.case import count_bytes
     from reference.cost_model import collective_bytes, ep_layer_comm_bytes
