@@ -103,6 +103,10 @@ PLANTED = [
      "suites/expert_parallel/test_equivalence.py::test_expert_parallel_moe_equals_one_device"),
     ("suites.expert_parallel.planted:SharedOnDispatched", "shared expert on the dispatched tokens",
      "suites/expert_parallel/test_equivalence.py::test_expert_parallel_moe_equals_one_device"),
+    ("suites.expert_parallel.planted:BiasIgnored", "sigmoid routing without its selection bias",
+     "suites/expert_parallel/test_equivalence.py::test_expert_parallel_moe_equals_one_device"),
+    ("suites.expert_parallel.planted:CapacityIgnored", "a capacity factor never applied",
+     "suites/expert_parallel/test_equivalence.py::test_expert_parallel_moe_equals_one_device"),
 ]
 
 
