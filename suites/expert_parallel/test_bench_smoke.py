@@ -31,3 +31,23 @@ def test_expert_parallel_sweep_and_report(world_cache, tmp_path):
     third = rows[rows["impl"].isin(installed_third_parties())]
     assert (third["comm_bytes_measured"] > 0).all(), third[["impl", "op", "comm_bytes_measured"]]
     assert "## Expert parallelism: one MoE layer, forward + backward" in write_report(run.path).read_text()
+
+
+def test_the_sweep_takes_the_installed_third_parties_and_refuses_a_missing_one(monkeypatch):
+    import argparse
+
+    import pytest
+
+    from harness import bench_cli
+    from harness.errors import UsageError
+    from harness.expert_parallel import bench
+
+    monkeypatch.setattr(bench, "installed_third_parties", lambda: ["torchtitan-moe"])
+
+    def impls(named=None):
+        return bench_cli._ep_impls(argparse.Namespace(impls=named, impl=[]))
+    assert impls() == ["reference", "torchtitan-moe"]  # none named: ours and what is installed
+    assert impls("torchtitan-moe") == ["torchtitan-moe"]
+    assert impls("reference,torchtitan-moe") == ["reference", "torchtitan-moe"]
+    with pytest.raises(UsageError, match="^megatron-moe needs megatron.core, which is not installed.$"):
+        impls("megatron-moe")
