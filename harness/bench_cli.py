@@ -118,7 +118,7 @@ def _ep_impls(args) -> list[str]:
     third = [s for s in named if s in ep_bench.THIRD_PARTY]
     for spec in third:
         if spec not in ep_bench.installed_third_parties():
-            raise UsageError(f"{spec} needs {', '.join(ep_bench.THIRD_PARTY[spec][1])}, which is not installed.")
+            raise UsageError(f"{spec} needs {', '.join(ep_bench.THIRD_PARTY[spec].requires)}, which is not installed.")
     if not named:
         return _impls(args, "expert_parallel") + ep_bench.installed_third_parties()
     rest = [s for s in named if s not in ep_bench.THIRD_PARTY]

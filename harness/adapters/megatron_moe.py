@@ -72,6 +72,11 @@ class MegatronMoE:
     def full_grads(self, sharded, group) -> dict:
         return sharded.full_grads(group)
 
+    @staticmethod
+    def context():
+        """Where a caller runs the layer's forward and backward: megatron-core's CPU redirect (a no-op on CUDA)."""
+        return on_cpu()
+
 
 class _Layer(torch.nn.Module):
     def __init__(self, dense, ep: int, dispatcher: str):

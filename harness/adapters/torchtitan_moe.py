@@ -74,11 +74,11 @@ def titan_moe(dense, dtype=torch.float32, ep_enabled: bool = False):
 
 class OneDevice(torch.nn.Module):
     """torchtitan's layer unparallelized (its local token dispatcher), mapping (T, hidden) -> (y, 0): the
-    precision-matched oracle."""
+    precision-matched oracle; ``_Sharded`` is the same layer with its expert parallelism."""
 
-    def __init__(self, dense, dtype=torch.float32):
+    def __init__(self, dense, dtype=torch.float32, ep_enabled: bool = False):
         super().__init__()
-        self.moe = titan_moe(dense, dtype)
+        self.moe = titan_moe(dense, dtype, ep_enabled)
 
     def forward(self, x):
         return self.moe(x.unsqueeze(0)).squeeze(0), x.new_zeros(())
@@ -102,28 +102,24 @@ class TorchtitanMoE:
         return sharded.full_grads()
 
 
-class _Sharded(torch.nn.Module):
+class _Sharded(OneDevice):
     def __init__(self, dense, ep: int, dtype):
+        super().__init__(dense, dtype, ep_enabled=ep > 1)  # imports torchtitan first (titan_moe)
         from torchtitan.config import ParallelismConfig
         from torchtitan.distributed import ParallelDims
         from torchtitan.distributed import utils as dist_utils
 
         from .torchtitan_stack import SPMD_BACKEND
 
-        super().__init__()
         n = dist.get_world_size()
         dist_utils.set_spmd_backend(SPMD_BACKEND)  # as its Trainer.__init__ does
         self.dims = ParallelDims.from_config(ParallelismConfig(data_parallel_shard_degree=n, expert_parallel_degree=ep,
                                                                spmd_backend=SPMD_BACKEND), n)
-        self.moe = titan_moe(dense, dtype, ep_enabled=ep > 1)
         self.moe.parallelize(self.dims)
         self.ep, self.local = ep, dense.num_experts // ep
         self.ep_rank = self.dims.get_mesh("ep").get_local_rank() if ep > 1 else 0
         self.first = self.ep_rank * self.local
         self.experts = list(range(self.local))  # what the layer case reads: how many experts this rank holds
-
-    def forward(self, x):
-        return self.moe(x.unsqueeze(0)).squeeze(0), x.new_zeros(())
 
     def full_grads(self) -> dict:
         """Every gradient under the one-device layer's names: the router's and the shared experts' summed over

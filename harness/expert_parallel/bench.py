@@ -13,6 +13,7 @@ On 2 CPU cores, 4 ranks are oversubscribed: compare skews and token counts at on
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import sys
 from dataclasses import dataclass, field
@@ -21,42 +22,27 @@ from .. import registry
 from ..comm_count import counted_traffic
 from ..timing import summarize, time_iterations
 
-THIRD_PARTY = {  # name -> (module:object, the packages it needs): each held by its own report, not the property
-    "deepspeed-moe": ("harness.adapters.deepspeed_moe:DeepSpeedMoE", ("deepspeed",)),
-    "megatron-moe": ("harness.adapters.megatron_moe:MegatronMoE", ("megatron.core",)),
-    "torchtitan-moe": ("harness.adapters.torchtitan_moe:TorchtitanMoE", ("torchtitan", "spmd_types")),
-}
+THIRD_PARTY = {spec.name: spec for spec in [
+    registry.ImplSpec("deepspeed-moe", "expert_parallel", "harness.adapters.deepspeed_moe:DeepSpeedMoE",
+                      requires=("deepspeed",)),
+    registry.ImplSpec("megatron-moe", "expert_parallel", "harness.adapters.megatron_moe:MegatronMoE",
+                      requires=("megatron.core",)),
+    registry.ImplSpec("torchtitan-moe", "expert_parallel", "harness.adapters.torchtitan_moe:TorchtitanMoE",
+                      requires=("torchtitan", "spmd_types")),
+]}
 """The third-party MoE layers the sweep times beside the registered implementations where installed. Their
 definitions differ from the contract's (docs/contracts/expert_parallel.md: DeepSpeed's aux, Megatron's, none in
 torchtitan; torchtitan's experts in bf16), so they are held to one device by their own reports and the
-expert-parallel property never runs them; their bytes are counted all the same."""
+expert-parallel property never runs them (they are not in the registry); their bytes are counted all the same."""
 
 
 def installed_third_parties() -> list[str]:
-    import importlib.util
-
-    def found(name: str) -> bool:
-        try:
-            return importlib.util.find_spec(name) is not None
-        except ModuleNotFoundError:  # a missing parent package
-            return False
-    return [name for name, (_, needs) in THIRD_PARTY.items() if all(found(m) for m in needs)]
+    return [name for name, spec in THIRD_PARTY.items() if registry.skip_reason(spec) is None]
 
 
 def _load(impl_spec: str):
-    target = THIRD_PARTY.get(impl_spec, (impl_spec,))[0]
-    return registry.load(target, "expert_parallel")
-
-
-def _context(impl):
-    """megatron-core's MoE runs its forward and backward inside its CPU redirect (a no-op on CUDA)."""
-    import contextlib
-
-    if type(impl).__name__ == "MegatronMoE":
-        from ..adapters.megatron_cpu import on_cpu
-
-        return on_cpu()
-    return contextlib.nullcontext()
+    spec = THIRD_PARTY.get(impl_spec)
+    return registry.load(spec.target if spec else impl_spec, "expert_parallel")
 
 
 @dataclass
@@ -95,7 +81,7 @@ def bench_rank(impl_spec: str, cfg: ExpertParallelSweep, tokens: int, skew: bool
             (y.sum() + aux).backward()
         return {"times": time_iterations(whole, cfg.iters, cfg.warmup, device), "bytes_sent": 0.0}
     impl = _load(impl_spec)
-    with _context(impl):
+    with getattr(impl, "context", contextlib.nullcontext)():  # megatron-core's: its CPU redirect
         return _bench_sharded(impl, dense, x, cfg, tokens, n, r, device)
 
 

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from reference.models.moe import routing_gap
+from reference.models.moe import routing_gap, selection_bias
 
 from ..errors import describe
 from ..layer_case import failed as layer_failed
@@ -76,8 +76,7 @@ def _dense(case: Case, n: int, device):
             owner = torch.arange(case.experts, device=device) // (case.experts // ep)
             dense.router.weight[:, 0] = torch.where(owner == 0, 3.0, -3.0).to(dense.router.weight.dtype)
     if case.scoring == "sigmoid":  # a selection bias that moves choices (``bias_moves``): zero would test nothing
-        gen = torch.Generator().manual_seed(case.seed + 7)
-        dense.bias.copy_(0.3 * torch.randn(case.experts, generator=gen, dtype=torch.float64).to(device))
+        dense.bias.copy_(selection_bias(case.experts, torch.Generator().manual_seed(case.seed + 7)).to(device))
     return dense
 
 
@@ -153,16 +152,20 @@ def run_case(impl_spec: str, case_dict: dict) -> dict:
     problems += [f"rank {r}: {k}: not a parameter of the dense layer" for k in sorted(set(full) - set(grads))]
     problems += [f"rank {r}: shard modified the dense layer's {k}" for k, v in dense.state_dict().items()
                  if not torch.equal(v, before[k])]
-    received = None
-    if hasattr(module, "experts") and hasattr(module, "first"):
-        with torch.no_grad():
-            chosen = dense.route(x)[1]
-        mine = (chosen >= module.first) & (chosen < module.first + len(module.experts))
-        ep = case.ep or n
-        group_rows = slice((r // ep) * ep * case.tokens, (r // ep + 1) * ep * case.tokens)
-        received = int(mine[group_rows].sum())
+    received = received_here(case, dense, x, module, n, r) \
+        if hasattr(module, "experts") and hasattr(module, "first") else None
     return {"refused": None, "unsupported": False, "problems": problems, "worst": worst, "bound": limit,
             "received": received, "bias_moves": bias_moves(dense, x), "dropped": dropped(dense, x, n)}
+
+
+def received_here(case: Case, dense, x, module, n: int, r: int) -> int:
+    """The assignments of rank r's EP group that the one-device routing sends to this rank's experts
+    (``module.first`` and the ``len(module.experts)`` after it): 0 where the skewed router starves it."""
+    with torch.no_grad():
+        chosen = dense.route(x)[1]
+    mine = (chosen >= module.first) & (chosen < module.first + len(module.experts))
+    ep = case.ep or n
+    return int(mine[(r // ep) * ep * case.tokens:(r // ep + 1) * ep * case.tokens].sum())
 
 
 def oracle(dense, x, n: int):
@@ -170,10 +173,13 @@ def oracle(dense, x, n: int):
     block, the rule applied to each rank's T tokens as an expert-parallel layer applies it to the tokens each
     rank routes (DeepSpeed and Megatron size a capacity by the rank's tokens too), and aux over every token's
     choices (a dropped assignment still counts in f_i: it was chosen)."""
+    from reference.models.moe import balance_loss
+
     if dense.capacity_factor is None:
         return dense(x)
     y = torch.cat([dense(block)[0] for block in x.chunk(n)])
-    return y, dense(x)[1]
+    _, experts, balance = dense.route(x)
+    return y, balance_loss(balance, experts, dense.num_experts)
 
 
 def dropped(dense, x, n: int) -> int:

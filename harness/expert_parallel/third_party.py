@@ -55,12 +55,12 @@ def megatron_moe_report(case_dict: dict, dispatcher: str) -> dict:
     computes in float32 (``moe_utils.topk_softmax_with_capacity``): its aux is ``megatron_aux``
     over each rank's own tokens (its gradient injected by Megatron in backward, its value the one the layer
     logs); shared experts included."""
-    from ..adapters.megatron_cpu import on_cpu
     from ..adapters.megatron_moe import MegatronMoE
 
     case = Case(**case_dict)
-    with on_cpu():  # Megatron's backward runs its code too
-        return _report(case, lambda dense: MegatronMoE(dispatcher).shard(dense, dist.group.WORLD, case.ep),
+    impl = MegatronMoE(dispatcher)
+    with impl.context():  # Megatron's backward runs its code too
+        return _report(case, lambda dense: impl.shard(dense, dist.group.WORLD, case.ep),
                        megatron_aux, "Megatron's", torch.float32, injected_aux=True)
 
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from ..rank import rank_device
 from ..threed.mixed import allowed_ratio
-from .case import U64, Case, _dense, _inputs, bound
+from .case import U64, Case, _dense, _inputs, bound, received_here
 
 U_BF16 = 2.0**-9
 RECIPE_U = {"output": 18, "gradient": 36}
@@ -40,8 +40,9 @@ def torchtitan_moe_report(case_dict: dict) -> dict:
     rows = slice(r * case.tokens, (r + 1) * case.tokens)
 
     xe = x.clone().requires_grad_()
-    (dense(xe)[0] * g).sum().backward()
-    exact = {"output": dense(x)[0].detach()[rows], "input gradient": xe.grad[rows]}
+    ye = dense(xe)[0]
+    (ye * g).sum().backward()
+    exact = {"output": ye.detach()[rows], "input gradient": xe.grad[rows]}
     exact.update({f"gradient {k}": p.grad.detach() if p.grad is not None else torch.zeros_like(p)
                   for k, p in dense.named_parameters()})
     dense.zero_grad(set_to_none=True)
@@ -80,10 +81,5 @@ def torchtitan_moe_report(case_dict: dict) -> dict:
         if not diff <= ratio * e_t + regroup * scale:
             problems.append(f"rank {r}: {what}: off by {diff:.3g} = {diff / max(e_t, 1e-300):.3g} E_T > {ratio:.3g} "
                             f"E_T (E_T = {e_t:.3g}) from torchtitan on one device")
-    with torch.no_grad():
-        chosen = dense.route(x)[1]
-    ep = case.ep or n
-    mine = (chosen >= module.first) & (chosen < module.first + module.local)
-    received = int(mine[(r // ep) * ep * case.tokens:(r // ep + 1) * ep * case.tokens].sum())
-    return {"parts": parts, "problems": problems, "ratio": ratio, "received": received,
-            "aux": float(aux.detach())}
+    return {"parts": parts, "problems": problems, "ratio": ratio, "aux": float(aux.detach()),
+            "received": received_here(case, dense, x, module, n, r)}

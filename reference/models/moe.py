@@ -50,6 +50,12 @@ def route(logits: torch.Tensor, k: int, scoring: str = "softmax", renormalize: b
     return weights, experts, balance
 
 
+def selection_bias(experts: int, gen: torch.Generator) -> torch.Tensor:
+    """A fixed sigmoid-routing selection bias, 0.3 x a standard normal draw from ``gen`` (float64; the global RNG
+    untouched): the suites' stand-in for the bias DeepSeek-V3's balancing rule moves between steps."""
+    return 0.3 * torch.randn(experts, generator=gen, dtype=torch.float64)
+
+
 def balance_loss(balance: torch.Tensor, experts: torch.Tensor, num_experts: int) -> torch.Tensor:
     """E x sum_i f_i P_i over these tokens (see the module's docstring)."""
     counts = torch.bincount(experts.flatten(), minlength=num_experts).to(balance.dtype)

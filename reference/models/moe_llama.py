@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .llama import GQAttention, Llama, RMSNorm
-from .moe import MoE, routed_sum, routing_gap, row_balance, row_balance_loss
+from .moe import MoE, routed_sum, routing_gap, row_balance, row_balance_loss, selection_bias
 
 
 class MoEBlock(nn.Module):
@@ -76,8 +76,7 @@ class MoELlama(Llama):
         if scoring == "sigmoid":  # a fixed selection bias per layer (see the module docstring)
             gen = torch.Generator().manual_seed(4242)
             for block in self.blocks:
-                bias = 0.3 * torch.randn(experts, generator=gen, dtype=torch.float64)
-                block.moe.bias.copy_(bias.to(block.moe.bias.dtype))
+                block.moe.bias.copy_(selection_bias(experts, gen).to(block.moe.bias.dtype))
 
     def run(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits, the sum over layers of the mean over sequences of the balance loss)."""
