@@ -62,12 +62,15 @@ def contract_name(name: str) -> str:
 
 def _unsupported(spec, layout, recipe) -> str | None:
     if spec.family == "moe":
-        return ("the torchtitan stack here trains its Llama3 (the llama family); torchtitan's MoE comes with its Qwen3 "
-                "and DeepSeek-V3 models and is held to one device as a layer (suites/expert_parallel/"
-                "test_torchtitan_moe.py), not in this stack.")
-    if spec.family != "llama":
-        return f"the torchtitan stack here trains its Llama3 (the llama family), not the {spec.family} family."
-    if spec.dtype not in ("float32", "bfloat16"):
+        from .torchtitan_moe_stack import unsupported
+
+        why = unsupported(spec, layout)
+        if why:
+            return why
+    elif spec.family != "llama":
+        return (f"the torchtitan stack here trains its Llama3 (the llama family) and its Qwen3 MoE (the moe family), "
+                f"not the {spec.family} family.")
+    elif spec.dtype not in ("float32", "bfloat16"):
         return ("torchtitan computes the rotary embedding in float32 whatever the parameters' dtype "
                 f"(CosSinRoPE.apply_rotary_emb casts q, k and its cache): it trains float32, or bf16 through FSDP2's "
                 f"mixed precision; a {spec.dtype} spec is not what it computes.")
@@ -77,8 +80,10 @@ def _unsupported(spec, layout, recipe) -> str | None:
         return (f"torchtitan's optimizers are Adam, AdamW and Muon; {recipe.optimizer.name} is not one of them.")
     if layout.dp > 1 and layout.zero == 1:
         return "torchtitan replicates (ZeRO 0) or shards with FSDP2 (ZeRO 2 / 3) over dp; ZeRO 1 it does not do."
-    if layout.cp > 1 or layout.ep > 1:
-        return "the torchtitan stack here has no context or expert parallelism yet."
+    if layout.cp > 1:
+        return "the torchtitan stack here has no context parallelism yet."
+    if layout.ep > 1 and spec.family != "moe":
+        return f"ep = {layout.ep} splits experts: the {spec.family} family has none."
     if spec.tie_embeddings and layout.pp > 1:
         return "torchtitan does not tie the embedding to the LM head under pipeline parallelism (its own refusal)."
     if recipe.loss_scale is not None:
@@ -102,9 +107,16 @@ class TorchtitanStack:
         if spec.heads % layout.tp or spec.kv % layout.tp:
             raise ValueError(f"tp ({layout.tp}) must divide the attention heads ({spec.heads}) and the KV heads "
                              f"({spec.kv}): torchtitan splits both, it does not replicate KV heads.")
+        if spec.family == "moe" and spec.experts % layout.ep:
+            raise ValueError(f"the {spec.experts} experts do not split evenly over ep = {layout.ep} (torchtitan shards "
+                             "its grouped experts' first dimension over the EP mesh).")
         from .torchtitan_import import import_torchtitan
 
         import_torchtitan()
+        if spec.family == "moe":
+            from .torchtitan_moe_stack import TorchtitanMoEStackTrainer
+
+            return TorchtitanMoEStackTrainer(spec, layout, recipe)
         return TorchtitanStackTrainer(spec, layout, recipe)
 
 
@@ -154,6 +166,7 @@ class TorchtitanStackTrainer(BuiltFromDense):
             data_parallel_shard_degree=1 if replicate else layout.dp, tensor_parallel_degree=layout.tp,
             enable_sequence_parallel=layout.sequence_parallel,
             fsdp_reshard_after_forward="never" if layout.zero == 2 else "default", spmd_backend=SPMD_BACKEND,
+            expert_parallel_degree=layout.ep,
             pipeline_parallel_degree=layout.pp, pipeline_parallel_schedule=SCHEDULES[layout.schedule],
             pipeline_parallel_microbatch_size=1, module_fqns_per_model_part=self._interleaved_parts())
 
@@ -172,6 +185,25 @@ class TorchtitanStackTrainer(BuiltFromDense):
         parts[-1] += ["norm", "lm_head"]
         return parts
 
+    def _model(self, parallelism):
+        """(torchtitan's config of the spec with its sharding declared, its parallelize function). The sharding:
+        what ``Llama3Model.Config.update_from_config`` does for a parallelism; that method itself imports
+        torchtitan.trainer, which needs the data stack (torchdata, datasets)."""
+        from torchtitan.models.llama3 import parallelize_llama
+        from torchtitan.models.llama3.sharding import set_llama3_sharding_config
+
+        config = model_config(self.spec)
+        set_llama3_sharding_config(config, enable_sp=parallelism.enable_sequence_parallel)
+        return config, parallelize_llama
+
+    def _titan_state(self, model) -> dict:
+        """The one-device model's weights under torchtitan's names, float32 (its parameters' dtype)."""
+        return {torchtitan_name(k): v.detach().clone().to(torch.float32) for k, v in model.state_dict().items()}
+
+    def _dense_entries(self, name: str, value, state: dict):
+        """(contract name, full tensor, its optimizer state) of torchtitan's parameter ``name``."""
+        yield contract_name(name), value, state
+
     def _build(self, model):
         """torchtitan's model of the spec, ``model``'s weights loaded, parallelized by ``parallelize_llama``
         (through ``pipeline_llm`` with pp > 1: its stage split, its schedule, each stage parallelized)."""
@@ -181,18 +213,14 @@ class TorchtitanStackTrainer(BuiltFromDense):
         from torchtitan.distributed import ParallelDims
         from torchtitan.distributed import utils as dist_utils
         from torchtitan.distributed.activation_checkpoint import FullAC
-        from torchtitan.models.llama3 import parallelize_llama, pipeline_llm
-        from torchtitan.models.llama3.sharding import set_llama3_sharding_config
+        from torchtitan.models.llama3 import pipeline_llm
 
         layout, spec = self.layout, self.spec
         dist_utils.set_spmd_backend(SPMD_BACKEND)  # as Trainer.__init__ does
         parallelism = self._parallelism()
         self.dims = ParallelDims.from_config(parallelism, dist.get_world_size())
         self.dims.build_mesh()
-        config = model_config(spec)
-        # what Llama3Model.Config.update_from_config does for a parallelism (its sharding declarations); that
-        # method itself imports torchtitan.trainer, which needs the data stack (torchdata, datasets)
-        set_llama3_sharding_config(config, enable_sp=parallelism.enable_sequence_parallel)
+        config, parallelize = self._model(parallelism)
         with torch.device("meta"):  # Trainer.__init__'s order: meta model, parallelize, to_empty, init_weights
             titan = config.build()
         self.loss_fn = CrossEntropyLoss.Config().build()
@@ -202,11 +230,11 @@ class TorchtitanStackTrainer(BuiltFromDense):
                                              local_batch_size=layout.num_microbatches)}
         if layout.pp > 1:
             self.schedule, parts, self.first, self.last = pipeline_llm(
-                titan, **common, device=torch.device("cpu"), model_config=config, parallelize_fn=parallelize_llama,
+                titan, **common, device=torch.device("cpu"), model_config=config, parallelize_fn=parallelize,
                 loss_fn=self.loss_fn)
         else:
-            self.schedule, parts, self.first, self.last = None, [parallelize_llama(titan, **common)], True, True
-        state = {torchtitan_name(k): v.detach().clone().to(torch.float32) for k, v in model.state_dict().items()}
+            self.schedule, parts, self.first, self.last = None, [parallelize(titan, **common)], True, True
+        state = self._titan_state(model)
         for part in parts:
             part.to_empty(device="cpu")
             with torch.no_grad():
@@ -251,7 +279,8 @@ class TorchtitanStackTrainer(BuiltFromDense):
             loss_sum += self._forward_backward(parts, mine[part], theirs[part], global_tokens)
         if recipe.max_grad_norm is not None:
             norm = dist_utils.clip_grad_norm_([p for m in parts for p in m.parameters()], recipe.max_grad_norm,
-                                              recipe.norm_type, foreach=True, pp_mesh=dims.get_optional_mesh("pp"))
+                                              recipe.norm_type, foreach=True, pp_mesh=dims.get_optional_mesh("pp"),
+                                              ep_enabled=dims.ep_enabled)
             self.last_grad_norm = _scalar(norm)
         self.optimizers.step()
         total = torch.tensor([loss_sum], dtype=torch.float64)
@@ -305,7 +334,9 @@ class TorchtitanStackTrainer(BuiltFromDense):
         mine = {}
         for name, p in ((n, p) for part in self.trainer for n, p in part.named_parameters()):
             st = opt_state.get(p, {})
-            mine[contract_name(name)] = (_full(p), {key: _full(st[key]) for key in keys if key in st})
+            for dense, value, state in self._dense_entries(name, _full(p), {key: _full(st[key]) for key in keys
+                                                                              if key in st}):
+                mine[dense] = (value, state)
         everyone = [None] * dist.get_world_size()  # pipeline ranks hold different layers: every rank's, merged
         dist.all_gather_object(everyone, mine)
         params, optimizer = {}, {}
@@ -349,15 +380,20 @@ def _load(trainer, directory) -> None:
     dcp.load({"model": ModelWrapper(trainer.trainer), "optimizer": trainer.optimizers}, checkpoint_id=str(directory))
 
 
-
 def _load_full(part, state: dict) -> None:
-    """Each parameter of ``part`` (a DTensor shard, or a whole tensor) set to its one-device value: the full
-    tensor replicated on the parameter's mesh, redistributed to its placements (torch 2.13's full-state-dict
-    load, ``set_model_state_dict``, cannot place FSDP x TP's _StridedShard: distribute_tensor asserts)."""
+    """Each parameter of ``part`` (a DTensor shard, or a whole tensor), and each buffer ``state`` names, set to
+    its one-device value: the full tensor replicated on the parameter's mesh, redistributed to its placements
+    (torch 2.13's full-state-dict load, ``set_model_state_dict``, cannot place FSDP x TP's _StridedShard:
+    distribute_tensor asserts)."""
     from torch.distributed.tensor import DTensor, Replicate
 
-    for name, p in part.named_parameters():
-        full = state[name.replace("_checkpoint_wrapped_module.", "")]
+    params = ((name, p, True) for name, p in part.named_parameters())
+    buffers = ((name, b, False) for name, b in part.named_buffers())  # those ``state`` names (a selection bias)
+    for name, p, required in (*params, *buffers):
+        key = name.replace("_checkpoint_wrapped_module.", "")
+        if not required and key not in state:
+            continue
+        full = state[key]
         if isinstance(p, DTensor):
             whole = DTensor.from_local(full, p.device_mesh, [Replicate()] * p.device_mesh.ndim, run_check=False)
             p.to_local().copy_(whole.redistribute(p.device_mesh, p.placements).to_local())

@@ -107,16 +107,16 @@ def differences(got: dict, want: dict, limit: float, what: str, floor: float = 0
 
 
 def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int = 0, rows: int | None = None,
-                seq: int | None = None) -> dict:
+                seq: int | None = None, **mixed) -> dict:
     """Rank side: ``impl_spec``'s stack on ``layout`` against one device (a bfloat16 / float16 spec:
-    ``harness.stack.mixed``, precision-matched). Returns {"refused", "unsupported",
+    ``harness.stack.mixed``, precision-matched; ``mixed``: its keywords). Returns {"refused", "unsupported",
     "problems", "worst", "bound", "losses"}."""
     from .. import registry
 
     if spec.dtype in ("bfloat16", "float16") and rows is None and seq is None:  # fp32 masters: precision-matched
         from .mixed import train_stack_mixed
 
-        return train_stack_mixed(impl_spec, spec, layout, recipe, steps, seed)
+        return train_stack_mixed(impl_spec, spec, layout, recipe, steps, seed, **mixed)
     n, r = dist.get_world_size(), dist.get_rank()
     rows = rows or layout.dp * layout.num_microbatches * recipe.accumulation
     tokens, targets = global_batch(spec.vocab, rows, seed, seq or seq_for(layout))

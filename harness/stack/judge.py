@@ -5,17 +5,25 @@ failure a registry finding explains turned into ``known-nonconformance`` — and
 from __future__ import annotations
 
 
-def judged(world, impl: str, spec, layout, recipe, **kw) -> dict:
+def judged(world, impl: str, spec, layout, recipe, one=None, **kw) -> dict:
     """{"outcome", "problems", "refused", "per_rank", "known", "row"} of ``impl`` on ``layout`` (``world``: a World
-    of ``layout.world_size`` ranks). Whatever the stack does — raise, hang, die — is a verdict, not an error."""
+    of ``layout.world_size`` ranks). Whatever the stack does — raise, hang, die — is a verdict, not an error.
+    ``one``: a callable giving a World of 1, for a stack whose low-precision recipe is its own
+    (``harness.stack.own_recipe``); without it such a stack is held to the contract's recipe directly."""
     from .. import findings
     from ..world import run_or_fail
     from . import case as ranks
+    from .own_recipe import held, own_recipe
 
-    per_rank = run_or_fail(world, ranks.train_stack, impl, spec, layout, recipe, timeout=300, failed=ranks.failed, **kw)
+    if one is not None and own_recipe(impl, spec) and not kw:
+        per_rank = held(world, one, impl, spec, layout, recipe)
+    else:
+        per_rank = run_or_fail(world, ranks.train_stack, impl, spec, layout, recipe, timeout=300, failed=ranks.failed,
+                               **kw)
     outcome, refused, problems = ranks.verdict(per_rank)
     known = findings.match(impl, "stack", problems, norm_type=recipe.norm_type, tp=layout.tp, dp=layout.dp,
-                           pp=layout.pp, tie_embeddings=spec.tie_embeddings, zero=layout.zero,
+                           pp=layout.pp, tie_embeddings=spec.tie_embeddings, zero=layout.zero, ep=layout.ep,
+                           sequence_parallel=layout.sequence_parallel, family=spec.family,
                            vocab_remainder=spec.vocab % layout.tp,
                            clipped=recipe.max_grad_norm is not None) if outcome == "fail" else None
     outcome = "known-nonconformance" if known else outcome

@@ -17,6 +17,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from ..contracts.stack import Layout
 from ..errors import describe
 from ..rank import computed_once, rank_device
 from ..threed.mixed import OneDevice, allowed_ratio
@@ -62,42 +63,59 @@ def _against(got: dict, single: dict, exact: dict, ratio: float, what: str) -> t
     return worst, problems
 
 
-def train_stack_mixed(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int = 0) -> dict:
+def train_stack_mixed(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int = 0, single=None,
+                      batch_of=None, keep: bool = False) -> dict:
     """Rank side: ``impl_spec``'s stack on ``layout`` for a low-precision ``spec``, against one device's
-    recipe. Returns what ``harness.stack.case.train_stack`` returns; ``bound`` is the ratio to E_T."""
+    recipe. Returns what ``harness.stack.case.train_stack`` returns; ``bound`` is the ratio to E_T.
+
+    ``single``: the stack's own one-device run of this batch (``harness.stack.own_recipe``: per step its
+    dense state, itself held to the contract's recipe) in place of the contract's — each tensor's E_T then its
+    distance from exact arithmetic. ``batch_of``: the layout whose global batch to train (default ``layout``);
+    ``keep``: return each step's dense state as "states"."""
     from .. import registry
 
-    r = dist.get_rank()
-    rows = layout.dp * layout.num_microbatches * recipe.accumulation
-    tokens, targets = global_batch(spec.vocab, rows, seed, seq_for(layout))
+    r, batch = dist.get_rank(), batch_of or layout
+    rows = batch.dp * batch.num_microbatches * recipe.accumulation
+    tokens, targets = global_batch(spec.vocab, rows, seed, seq_for(batch))
     key = (repr(spec), repr(recipe), seed, tuple(tokens.shape), steps)
     want = computed_once(_ORACLES, key, lambda: _oracle(spec, recipe, seed, tokens, targets, steps))
     ratio = allowed_ratio(layout.num_microbatches, recipe.accumulation, layout.dp, layout.tp)
+    own_ratio = allowed_ratio(Layout().num_microbatches, recipe.accumulation, 1, 1)  # what held ``single``
     try:
         trainer = registry.load(impl_spec, "stack").build(spec, layout, recipe)
     except NotImplementedError as exc:
         return {"refused": str(exc), "unsupported": True, "problems": []}
     except ValueError as exc:
         return {"refused": str(exc), "unsupported": False, "problems": []}
-    problems, worst, losses, device = [], 0.0, [], rank_device()
+    problems, worst, losses, states, device = [], 0.0, [], [], rank_device()
     try:
         trainer.load_dense(spec.build(seed).state_dict())
         for k in range(steps):
             losses.append(float(trainer.step(tokens.to(device), targets.to(device))))
             state = trainer.dense_state()
-            for what, got, single, exact in (
-                    ("master", state.get("params", {}), want[k]["params"], want[k]["exact"]),
-                    ("optimizer state", flat_state(state.get("optimizer", {})), flat_state(want[k]["optimizer"]),
+            states += [state] if keep else []
+            one = _one_device(want[k], single[k], own_ratio) if single else want[k]
+            for what, got, mine, exact in (
+                    ("master", state.get("params", {}), one["params"], want[k]["exact"]),
+                    ("optimizer state", flat_state(state.get("optimizer", {})), flat_state(one["optimizer"]),
                      flat_state(want[k]["exact_optimizer"]))):
-                w, off = _against(got, single, exact, ratio, what)
+                w, off = _against(got, mine, exact, ratio, what)
                 worst, problems = max(worst, w), problems + [f"rank {r}: step {k + 1}: {p}" for p in off]
-            if want[k]["norm"] is not None:
-                got_norm, n = state.get("grad_norm"), want[k]["norm"]
+            if one["norm"] is not None:
+                got_norm, n, scale = state.get("grad_norm"), one["norm"], one["norm_scale"]
                 diff = abs(got_norm - n) if got_norm is not None else math.inf
-                if not diff <= ratio * want[k]["norm_scale"]:
+                if not diff <= ratio * scale:
                     problems.append(f"rank {r}: step {k + 1}: gradient norm {got_norm!r} vs one device {n!r} (off by "
-                                    f"{diff:.3g} > {ratio:.3g} x |g - g_exact| = {want[k]['norm_scale']:.3g})")
+                                    f"{diff:.3g} > {ratio:.3g} x |g - g_exact| = {scale:.3g})")
     except Exception as exc:  # noqa: BLE001 - the stack's failure is a verdict; peers inside it are ended
         return failed_here(f"rank {r}: {describe(exc)} (after {len(losses)} step(s))")
     return {"refused": None, "unsupported": False, "problems": problems, "worst": worst, "bound": ratio,
-            "losses": losses}
+            "losses": losses, **({"states": states} if keep else {})}
+
+
+def _one_device(want: dict, own: dict, own_ratio: float) -> dict:
+    """The stack's own one-device step (its dense state ``own``) in the place of the contract's (``want``). The
+    norm's scale: |g_own - g_exact| <= |g_own - g| + |g - g_exact|, the first within ``own_ratio`` x the second
+    (what holding ``own`` to the contract's recipe asserts of its masters, taken for its gradients)."""
+    return {"params": own.get("params", {}), "optimizer": own.get("optimizer", {}), "norm": own.get("grad_norm"),
+            "norm_scale": (1 + own_ratio) * want["norm_scale"]}

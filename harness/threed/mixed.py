@@ -71,6 +71,9 @@ class OneDevice:
         model.zero_grad()
         loss = model.loss(tokens, targets)
         (loss * scale).backward()
+        for p in model.parameters():  # an expert no token reached: a zero gradient, as every stack holds it
+            if p.grad is None:        # (harness.stack.case's one device does the same)
+                p.grad = torch.zeros_like(p)
         if self.low:
             for m, p in zip(self.masters, model.parameters(), strict=True):
                 m.grad = p.grad.float() / scale  # a power of two: exact
