@@ -175,6 +175,15 @@ FINDINGS: tuple[Finding, ...] = (
             "suites/stack/test_torchtitan.py::test_watch_a_tied_embedding_under_fsdp_and_tp_is_off_at_step_two",
             {"tie_embeddings": True, "tp": lambda t: t > 1, "dp": lambda d: d > 1},
             symptom=r"^rank \d+: (step 2: |loss after step 2)", cause=r"^rank \d+: step 2: parameter"),
+    Finding("torchtitan", "stack", "torchtitan", ("0.3", None),
+            "torchtitan's MoE under expert x tensor parallelism without sequence parallelism cannot run a forward: "
+            "set_moe_sharding_config hands the routed experts' output back sequence-sharded over tp (Shard(1), as "
+            "its EP dispatch leaves it) and asks for Partial when SP is off, which DTensor refuses (RuntimeError: "
+            "Can not redistribute from S(1) to P(sum); minimal case: the MoE family, dp 2 x tp 2, ep 2). With SP on "
+            "the same layout equals one device.",
+            "suites/stack/test_torchtitan_moe.py::test_watch_torchtitan_moe_under_ep_and_tp_without_sp_cannot_run",
+            {"family": "moe", "ep": lambda e: e > 1, "tp": lambda t: t > 1, "sequence_parallel": False},
+            symptom=r"Can not redistribute from S\(1\) to P\(sum\)"),
     Finding("megatron", "stack", "megatron-core", ("0.16", None),
             "megatron-core's GPTModel trains a vocabulary padded to a multiple of tp (Megatron-LM's "
             "_vocab_size_with_padding) and its vocab_parallel_cross_entropy takes the softmax over the padding's "

@@ -139,3 +139,27 @@ MoEAuxPerShard = _moe_planted("aux_per_shard", "Planted bug: under cp, each rank
                               "a sequence (its counts and probabilities never summed over cp).")
 MoEAuxNotInBackward = _moe_planted("aux_not_in_backward", "Planted bug: the balance loss is reported but never back-"
                                    "propagated (the router's gradient misses it; the loss looks right).")
+
+
+class _TitanExpertsDoubled:
+    """Mixed into torchtitan's MoE trainer: under EP every routed expert's gradient doubled after each backward."""
+
+    def _forward_backward(self, parts, tokens, targets, global_tokens) -> float:
+        loss = super()._forward_backward(parts, tokens, targets, global_tokens)
+        for part in parts:
+            for name, p in part.named_parameters():
+                if self.layout.ep > 1 and "inner_experts" in name and p.grad is not None:
+                    p.grad.mul_(2)
+        return loss
+
+
+class TitanExpertsDoubled:
+    """Planted bug in torchtitan's MoE stack: every expert gradient 2x — pytorch #160285's symptom at EP = 2
+    ("loss curves are equivalent even with the doubled gradients")."""
+
+    def build(self, spec, layout, recipe, group=None):
+        from harness.adapters.torchtitan_moe_stack import TorchtitanMoEStackTrainer
+        from harness.adapters.torchtitan_stack import TorchtitanStack
+
+        TorchtitanStack().build(spec, layout, recipe)  # the same refusals
+        return type("Doubled", (_TitanExpertsDoubled, TorchtitanMoEStackTrainer), {})(spec, layout, recipe)
