@@ -77,6 +77,8 @@ PLANTED = [
      "suites/stack/test_moe.py::test_moe_stack_equals_one_device"),
     ("suites.stack.planted:MoEAuxNotInBackward", "MoE stack: the balance loss reported, never back-propagated",
      "suites/stack/test_moe.py::test_moe_stack_equals_one_device"),
+    ("suites.stack.planted:TitanExpertsDoubled", "torchtitan's MoE stack: every expert gradient 2x under EP",
+     "suites/stack/test_moe.py::test_moe_stack_bf16_over_two_expert_data_parallel_replicas_equals_one_device"),
     ("suites.context_parallel.planted:LocalCausalMask", "ring attention's causal mask by local position",
      "suites/context_parallel/test_equivalence.py::test_context_parallel_attention_equals_one_device"),
     ("suites.context_parallel.planted:LocalRotary", "q and k rotated at local positions",

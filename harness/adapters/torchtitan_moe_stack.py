@@ -4,7 +4,8 @@ code — its ``Qwen3Model`` of ``Qwen3TransformerBlock``s (GQA attention, then i
 sharded by its ``set_qwen3_sharding_config`` and parallelized by its ``parallelize_qwen3`` (EP through
 ``ParallelDims(expert_parallel_degree=ep)``: the experts split over ep, their FSDP over the expert-data-parallel
 ``efsdp`` mesh; TP and SP, FSDP2 / replicate, activation checkpointing, pipelining as for the Llama) — with the
-training step, loss, clipping, optimizers and checkpoint of ``harness.adapters.torchtitan_stack``.
+training step, loss, clipping, optimizers and checkpoint of ``harness.adapters.torchtitan_stack`` (its trainer
+calls ``model``, ``titan_state`` and ``dense_entries`` here for the moe family).
 
 What the adapter chooses, and why (the rest is the Llama stack's):
 - the MoE family's model is torchtitan's Qwen3 without its QK norm (``qk_norm=None``: the family's attention is
@@ -31,7 +32,7 @@ import re
 
 import torch
 
-from .torchtitan_stack import TorchtitanStackTrainer, contract_name, torchtitan_name
+from .torchtitan_names import contract_name, torchtitan_name
 
 _EXPERTS = {"w1_EFD": "gate", "w3_EFD": "up", "w2_EDF": "down"}
 _MOE = {"router.weight": "router.gate.weight", **{f"shared.{v}.weight": f"shared_experts.{k[:2]}.weight"
@@ -154,18 +155,13 @@ def dense_entries(name: str, value, state: dict):
         yield f"blocks.{block}.moe.{_MOE_BACK[rest]}", value, state
 
 
-class TorchtitanMoEStackTrainer(TorchtitanStackTrainer):
-    def _model(self, parallelism):
-        from torchtitan.models.qwen3 import parallelize_qwen3
-        from torchtitan.models.qwen3.sharding import set_qwen3_sharding_config
+def model(spec, parallelism):
+    """(torchtitan's Qwen3 config of the MoE spec, its sharding declared for ``parallelism``; parallelize_qwen3) —
+    what ``Qwen3Model.Config.update_from_config`` does, without the trainer module it imports."""
+    from torchtitan.models.qwen3 import parallelize_qwen3
+    from torchtitan.models.qwen3.sharding import set_qwen3_sharding_config
 
-        config = moe_model_config(self.spec)
-        set_qwen3_sharding_config(config, enable_sp=parallelism.enable_sequence_parallel,
-                                  enable_ep=parallelism.expert_parallel_degree > 1)
-        return config, parallelize_qwen3
-
-    def _titan_state(self, model) -> dict:
-        return titan_state(model)
-
-    def _dense_entries(self, name: str, value, state: dict):
-        return dense_entries(name, value, state)
+    config = moe_model_config(spec)
+    set_qwen3_sharding_config(config, enable_sp=parallelism.enable_sequence_parallel,
+                              enable_ep=parallelism.expert_parallel_degree > 1)
+    return config, parallelize_qwen3

@@ -27,38 +27,14 @@ FQN-keyed) through DCP, so any layout reads what any other wrote."""
 
 from __future__ import annotations
 
-import re
-
 import torch
 import torch.distributed as dist
 
 from ..contracts import Unsupported
 from .dense_built import BuiltFromDense
+from .torchtitan_names import contract_name, torchtitan_name
 
 SPMD_BACKEND = "partial_dtensor"
-
-_BLOCK = {"attn_norm.weight": "attention_norm.weight", "mlp_norm.weight": "ffn_norm.weight",
-          "attn.q.weight": "attention.qkv_linear.wq.weight", "attn.k.weight": "attention.qkv_linear.wk.weight",
-          "attn.v.weight": "attention.qkv_linear.wv.weight", "attn.o.weight": "attention.wo.weight",
-          "mlp.gate.weight": "feed_forward.w1.weight", "mlp.up.weight": "feed_forward.w3.weight",
-          "mlp.down.weight": "feed_forward.w2.weight"}
-_ENDS = {"embed.weight": "tok_embeddings.weight", "ln_f.weight": "norm.weight", "head.weight": "lm_head.weight"}
-_BACK = {v: k for k, v in _BLOCK.items()}
-_ENDS_BACK = {v: k for k, v in _ENDS.items()}
-
-
-def torchtitan_name(name: str) -> str:
-    """The contract's parameter name -> torchtitan's."""
-    m = re.fullmatch(r"blocks\.(\d+)\.(.+)", name)
-    return f"layers.{m.group(1)}.{_BLOCK[m.group(2)]}" if m else _ENDS[name]
-
-
-def contract_name(name: str) -> str:
-    """torchtitan's parameter name (wrappers' prefixes removed) -> the contract's."""
-    name = name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
-    m = re.fullmatch(r"layers\.(\d+)\.(.+)", name)
-    return f"blocks.{m.group(1)}.{_BACK[m.group(2)]}" if m else _ENDS_BACK[name]
-
 
 def _unsupported(spec, layout, recipe) -> str | None:
     if spec.family == "moe":
@@ -113,10 +89,6 @@ class TorchtitanStack:
         from .torchtitan_import import import_torchtitan
 
         import_torchtitan()
-        if spec.family == "moe":
-            from .torchtitan_moe_stack import TorchtitanMoEStackTrainer
-
-            return TorchtitanMoEStackTrainer(spec, layout, recipe)
         return TorchtitanStackTrainer(spec, layout, recipe)
 
 
@@ -189,6 +161,10 @@ class TorchtitanStackTrainer(BuiltFromDense):
         """(torchtitan's config of the spec with its sharding declared, its parallelize function). The sharding:
         what ``Llama3Model.Config.update_from_config`` does for a parallelism; that method itself imports
         torchtitan.trainer, which needs the data stack (torchdata, datasets)."""
+        if self.spec.family == "moe":
+            from .torchtitan_moe_stack import model
+
+            return model(self.spec, parallelism)
         from torchtitan.models.llama3 import parallelize_llama
         from torchtitan.models.llama3.sharding import set_llama3_sharding_config
 
@@ -198,10 +174,19 @@ class TorchtitanStackTrainer(BuiltFromDense):
 
     def _titan_state(self, model) -> dict:
         """The one-device model's weights under torchtitan's names, float32 (its parameters' dtype)."""
+        if self.spec.family == "moe":
+            from .torchtitan_moe_stack import titan_state
+
+            return titan_state(model)
         return {torchtitan_name(k): v.detach().clone().to(torch.float32) for k, v in model.state_dict().items()}
 
     def _dense_entries(self, name: str, value, state: dict):
         """(contract name, full tensor, its optimizer state) of torchtitan's parameter ``name``."""
+        if self.spec.family == "moe":
+            from .torchtitan_moe_stack import dense_entries
+
+            yield from dense_entries(name, value, state)
+            return
         yield contract_name(name), value, state
 
     def _build(self, model):

@@ -51,6 +51,10 @@ EXAMPLES = {
         {"optimizer": "sgd", "zero": 0}, "rank 0: TypeError: 'NoneType' object is not callable"),
     "test_watch_megatrons_distributed_optimizer_cannot_load_its_checkpoint": (
         {"optimizer": "adam", "zero": 1}, "rank 0: KeyError: 'step'"),
+    "test_watch_torchtitan_moe_under_ep_and_tp_without_sp_cannot_run": (
+        {"family": "moe", "ep": 2, "tp": 2, "sequence_parallel": False},
+        "rank 3: RuntimeError: Can not redistribute from S(1) to P(sum), redistributing to Partial is for internal "
+        "use only! (after 0 step(s))"),
 }
 CONSEQUENCES = ["step 1: weights after the optimizer step differ", "step 2: output differs",
                 "rank 0: loss after step 2: 4.8896 vs one device 4.9424"]

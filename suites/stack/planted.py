@@ -158,8 +158,7 @@ class TitanExpertsDoubled:
     ("loss curves are equivalent even with the doubled gradients")."""
 
     def build(self, spec, layout, recipe, group=None):
-        from harness.adapters.torchtitan_moe_stack import TorchtitanMoEStackTrainer
-        from harness.adapters.torchtitan_stack import TorchtitanStack
+        from harness.adapters.torchtitan_stack import TorchtitanStack, TorchtitanStackTrainer
 
         TorchtitanStack().build(spec, layout, recipe)  # the same refusals
-        return type("Doubled", (_TitanExpertsDoubled, TorchtitanMoEStackTrainer), {})(spec, layout, recipe)
+        return type("Doubled", (_TitanExpertsDoubled, TorchtitanStackTrainer), {})(spec, layout, recipe)

@@ -140,6 +140,29 @@ def test_moe_stack_bf16_with_fp32_masters_equals_one_device(layout, recipe, worl
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
 
 
+EVERY_EXPERT = ModelSpec(**{**MOE.as_dict(), "top_k": 4, "ffn": 16, "aux_coef": 0.0, "dtype": "bfloat16"})
+"""The MoE case every stack here can train: bf16, every token at every expert, no balance loss, Adam (eps 1e-3:
+suites/stack/test_torchtitan.py) — what torchtitan's MoE trains (its experts compute bf16, it has no balance
+loss, its optimizers are Adam's; in bf16 a routing choice is not comparable between two implementations:
+suites/stack/test_torchtitan_moe.py). ffn 16: torch's grouped GEMM wants 16-byte rows."""
+
+
+def test_moe_stack_bf16_over_two_expert_data_parallel_replicas_equals_one_device(stack_impl, world_cache,
+                                                                                 conformance):
+    """dp 4, ep 2, ZeRO 2: each expert on 2 ranks (its expert-data-parallel group), its gradient reduced over them
+    with one device's scale — where pytorch #160285's 2x lives — precision-matched, every rank, two steps.
+    Measured: reference 2.6 E_T, torchtitan 2.7 (against its own one-rank run, harness/stack/own_recipe.py) of 6.7."""
+    from harness.capabilities import require_dtype
+    from reference.zero import OptimizerSpec
+
+    require_dtype(world_cache.get(4), "bfloat16", conformance, suite="stack", impl=stack_impl)
+    recipe = Recipe(optimizer=OptimizerSpec("adam", 1e-2, eps=1e-3))
+    v = _verdict(world_cache, conformance, stack_impl, 4, EVERY_EXPERT, Layout(4, 1, 1, ep=2, zero=2), recipe)
+    if v["outcome"] == "unsupported":
+        pytest.skip(f"{stack_impl} does not provide this case: {v['refused']}")
+    assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
+
+
 @pytest.mark.parametrize("planted, n, layout, needle", [
     ("MoEExpertsDividedByEDP", 2, Layout(2, 1, 1, ep=2), "experts."),
     ("MoEExpertsOverWholeGroup", 2, Layout(2, 1, 1, ep=2), "experts."),

@@ -54,7 +54,7 @@ def _recipe(**kw):
 
 CASES = [  # (spec, layout, recipe, in every profile)
     (MOE16, Layout(2, 1, 1, ep=2, zero=3), _recipe(), True),  # EP over FSDP2, EDP 1
-    (MOE16, Layout(4, 1, 1, ep=2, zero=2), _recipe(), True),  # EDP 2: the experts' reduction over 2 replicas
+    # EDP 2 (dp 4, ep 2, ZeRO 2) for every stack: suites/stack/test_moe.py, the mutation check's case too
     (SHARED, Layout(4, 1, 1, ep=4, zero=3), _recipe(max_grad_norm=0.05), True),  # E = ep, shared, clipped over EP
     (MOE16, Layout(2, 2, 1, ep=2, zero=3, checkpointing=True),
      _recipe(max_grad_norm=0.02, norm_type=math.inf, accumulation=2), True),  # pp x ep, AC, inf norm, accumulation
