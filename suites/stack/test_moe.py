@@ -151,7 +151,7 @@ def test_moe_stack_bf16_over_two_expert_data_parallel_replicas_equals_one_device
                                                                                  conformance):
     """dp 4, ep 2, ZeRO 2: each expert on 2 ranks (its expert-data-parallel group), its gradient reduced over them
     with one device's scale — where pytorch #160285's 2x lives — precision-matched, every rank, two steps.
-    Measured: reference 2.6 E_T, torchtitan 2.7 (against its own one-rank run, harness/stack/own_recipe.py) of 6.7."""
+    Measured: reference 2.6 E_T, torchtitan 3.3 (against its own one-rank run, harness/stack/own_recipe.py) of 6.7."""
     from harness.capabilities import require_dtype
     from reference.zero import OptimizerSpec
 
