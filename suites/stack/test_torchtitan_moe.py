@@ -84,7 +84,8 @@ def test_torchtitan_moe_stack_equals_one_device(spec, layout, recipe, world_cach
     require_dtype(world_cache.get(layout.world_size), "bfloat16", conformance, suite="stack", impl="torchtitan")
     v = _verdict(world_cache, conformance, "torchtitan", layout.world_size, spec, layout, recipe)
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
-    assert all(r["own_worst"] > 0 for r in v["per_rank"]) if layout != Layout() else True
+    if layout != Layout():  # held to its own one-rank run, which was held to the contract's recipe first
+        assert all(r["own_worst"] > 0 for r in v["per_rank"]), v["per_rank"][0]
 
 
 @pytest.mark.parametrize("spec, layout, needle", [
