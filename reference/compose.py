@@ -59,6 +59,7 @@ from .expert_parallel.stack import StackMoE
 from .mixed_precision import DynamicLossScaler
 from .mixed_precision.zero import LOW
 from .models import GPT
+from .models.moe import zero_missing_grads
 from .models.sharding import counted_here
 from .pipeline.generators import generate
 from .pipeline.runtime import PipelineRuntime
@@ -226,9 +227,7 @@ class Parallel3D:
                 grads += part.sync.unscale(scale)
             return grads
         if self.moe:  # an expert no token of this rank's reached has no gradient: zeros, as every peer reduces it
-            for p in self.local.parameters():
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
+            zero_missing_grads(self.local.parameters())
         if self.zero_stage == 0:
             self.sync.finish()
             if self.experts:

@@ -55,9 +55,10 @@ def unsupported(spec, layout) -> str | None:
         split = f" (ffn / tp {layout.tp})" if experts_ffn != spec.ffn else ""
         return (f"torch._grouped_mm (torchtitan's experts) needs every bf16 row a multiple of 16 bytes: hidden "
                 f"{spec.hidden} and the experts' ffn {experts_ffn}{split} must be multiples of 8.")
-    if layout.ep > 1 and (layout.dp if layout.zero else 1) * layout.tp % layout.ep:
+    carved = (layout.dp if layout.zero else 1) * layout.tp  # ZeRO 0 replicates over dp: no FSDP ranks there
+    if layout.ep > 1 and carved % layout.ep:
         return (f"torchtitan carves ep from its FSDP x TP ranks (efsdp = dp_shard x tp / ep); ep = {layout.ep} does "
-                f"not divide {'dp x ' if layout.zero else ''}tp = {(layout.dp if layout.zero else 1) * layout.tp}"
+                f"not divide {'dp x ' if layout.zero else ''}tp = {carved}"
                 f"{' (ZeRO 0 replicates over dp)' if not layout.zero else ''}.")
     return None
 

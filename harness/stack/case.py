@@ -21,6 +21,8 @@ import math
 import torch
 import torch.distributed as dist
 
+from reference.models.moe import zero_missing_grads
+
 from ..errors import describe
 from ..rank import computed_once, rank_device
 from .inputs import SEQ, failed, failed_here, flat_state, global_batch, seq_for  # noqa: F401 - failed: the suites' verdict of a failed call
@@ -59,9 +61,7 @@ def _one_device(spec, recipe, seed: int, tokens, targets, steps: int) -> list[di
         opt.zero_grad()
         loss = model.loss(tokens, targets)
         loss.backward()
-        for p in model.parameters():  # an expert no token reached: a zero gradient (as every stack's DP buckets
-            if p.grad is None:        # hold it), so its momentum carries on as in every stack, not skipped
-                p.grad = torch.zeros_like(p)
+        zero_missing_grads(model.parameters())  # an expert no token reached: its momentum carries on
         grads = [p.grad for p in model.parameters()]
         spread = math.sqrt(sum(g.numel() * float(g.abs().max()) ** 2 for g in grads))
         norm = None

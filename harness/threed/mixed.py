@@ -18,6 +18,7 @@ from harness.world import rank_device
 from reference.compose import parallelize, shard_stages
 from reference.mixed_precision import DynamicLossScaler
 from reference.models import GPT
+from reference.models.moe import zero_missing_grads
 from reference.state.threed import tensor_map
 from reference.topology import ParallelDims
 from reference.zero import OptimizerSpec
@@ -71,9 +72,7 @@ class OneDevice:
         model.zero_grad()
         loss = model.loss(tokens, targets)
         (loss * scale).backward()
-        for p in model.parameters():  # an expert no token reached: a zero gradient, as every stack holds it
-            if p.grad is None:        # (harness.stack.case's one device does the same)
-                p.grad = torch.zeros_like(p)
+        zero_missing_grads(model.parameters())  # an expert no token reached, as every stack holds it
         if self.low:
             for m, p in zip(self.masters, model.parameters(), strict=True):
                 m.grad = p.grad.float() / scale  # a power of two: exact

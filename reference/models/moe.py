@@ -88,6 +88,15 @@ def routing_gap(moe: MoE, x: torch.Tensor) -> float:
     return float((top[:, moe.top_k - 1] - top[:, moe.top_k]).min())
 
 
+def zero_missing_grads(params) -> None:
+    """Give every parameter without a gradient (an expert no token reached) a zero one, in place: what a
+    data-parallel bucket holds for it, so its optimizer state moves on as every stack's does instead of skipping
+    the step."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+
+
 def kept_assignments(experts: torch.Tensor, num_experts: int, capacity_factor: float | None) -> torch.Tensor:
     """(T, k) bool: which assignments an expert takes — all (dropless), or the first ceil(factor T k / E)
     routed to each expert in (token, slot) order."""

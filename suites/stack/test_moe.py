@@ -153,10 +153,11 @@ def test_moe_stack_bf16_over_two_expert_data_parallel_replicas_equals_one_device
     with one device's scale — where pytorch #160285's 2x lives — precision-matched, every rank, two steps.
     Measured: reference 2.6 E_T, torchtitan 3.3 (against its own one-rank run, harness/stack/own_recipe.py) of 6.7."""
     from harness.capabilities import require_dtype
-    from reference.zero import OptimizerSpec
+
+    from .test_torchtitan import ADAM
 
     require_dtype(world_cache.get(4), "bfloat16", conformance, suite="stack", impl=stack_impl)
-    recipe = Recipe(optimizer=OptimizerSpec("adam", 1e-2, eps=1e-3))
+    recipe = Recipe(optimizer=ADAM)
     v = _verdict(world_cache, conformance, stack_impl, 4, EVERY_EXPERT, Layout(4, 1, 1, ep=2, zero=2), recipe)
     if v["outcome"] == "unsupported":
         pytest.skip(f"{stack_impl} does not provide this case: {v['refused']}")

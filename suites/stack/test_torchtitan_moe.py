@@ -33,19 +33,17 @@ import pytest
 from harness import registry
 from harness.contracts.stack import Layout, Recipe
 from reference.models import ModelSpec
-from reference.zero import OptimizerSpec
 
 from .test_equivalence import _verdict
+from .test_moe import EVERY_EXPERT
+from .test_torchtitan import ADAM  # eps 1e-3, as torchtitan's bf16 Llama is held (why: there)
 
 TORCHTITAN = registry.skip_reason(registry.resolve("torchtitan", "stack"))
 pytestmark = pytest.mark.skipif(bool(TORCHTITAN), reason=f"torchtitan: {TORCHTITAN}")
 
-MOE16 = ModelSpec("moe", vocab=13, hidden=16, heads=4, kv_heads=2, ffn=16, layers=3, experts=4, top_k=4,
-                  aux_coef=0.0, dtype="bfloat16")
+MOE16 = EVERY_EXPERT  # bf16, top_k = experts = 4, no balance loss, ffn 16 (suites/stack/test_moe.py)
 SHARED = ModelSpec(**{**MOE16.as_dict(), "shared_experts": 1})
 SIGMOID = ModelSpec(**{**MOE16.as_dict(), "router": "sigmoid"})
-ADAM = OptimizerSpec("adam", 1e-2, eps=1e-3)
-"""Adam with eps 1e-3, as suites/stack/test_torchtitan.py holds torchtitan's bf16 Llama (why: there)."""
 
 
 def _recipe(**kw):
