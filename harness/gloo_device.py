@@ -16,14 +16,24 @@ transport's event loop is shared — every group keeps its own context, pairs an
 collective computes and which ranks it reaches are unchanged. gloo devices are built to be shared by
 contexts (a device is the NIC; a context is a group). Instances made elsewhere in torch (split groups)
 still pass its ``isinstance`` checks. Where this torch lays its gloo classes out otherwise, ``share()``
-leaves torch as it is and returns False."""
+leaves torch as it is and returns False.
+
+This is a private API of torch (``ProcessGroupGloo._Options`` and its ``_devices`` / ``_threads`` /
+``_timeout``, a subclass of torch's backend class), so it is guarded twice: ``share()`` checks the layout
+first, and the constructor hands any call it cannot serve exactly to torch's own constructor — the options
+overload, and any keyword asking for something other than that keyword's default on the options (torch
+2.14 added ``enable_reconfigure``, always passed, ``False`` unless a group asks for reconfiguration). A
+fallback builds that group on torch's own device and says so once per process (``FALLBACKS``)."""
 
 from __future__ import annotations
 
 import os
+import warnings
 from datetime import timedelta
 
 _DEVICES: list = []
+FALLBACKS: list[str] = []
+"""Why a group of this process was built by torch's own constructor (each reason once)."""
 
 
 def share() -> bool:
@@ -47,11 +57,13 @@ def share() -> bool:
     class SharedDeviceGloo(base, metaclass=_Meta):
         _paritybench_shared = True
 
-        def __init__(self, store, rank, size, timeout=timedelta(minutes=30)):
-            if not isinstance(timeout, timedelta):  # torch's other overload: the options themselves
-                base.__init__(self, store, rank, size, timeout)
-                return
+        def __init__(self, store, rank, size, timeout=timedelta(minutes=30), **keywords):
             options = base._Options()
+            why = unshareable(timeout, keywords, options)
+            if why is not None:  # torch's own constructor, as torch would have called it
+                _fell_back(why)
+                base.__init__(self, store, rank, size, timeout, **keywords)
+                return
             options._devices = _devices(base)
             options._threads = 2 * len(options._devices)  # torch's own choice for these devices
             options._timeout = timeout
@@ -61,6 +73,26 @@ def share() -> bool:
     SharedDeviceGloo.__module__ = base.__module__
     c10d.ProcessGroupGloo = SharedDeviceGloo
     return True
+
+
+def unshareable(timeout, keywords: dict, options) -> str | None:
+    """None where a group asked for with these constructor arguments is exactly what the shared device's
+    options give (a timeout, and keywords each equal to the options' own default); else why not."""
+    if not isinstance(timeout, timedelta):
+        return "torch's options overload (the caller chose the devices itself)"
+    for name, value in keywords.items():
+        if not hasattr(options, name):
+            return f"this torch's gloo constructor takes a keyword {name!r} that its options do not hold"
+        if value != getattr(options, name):
+            return f"a group asks for {name}={value!r}, which the shared device's options leave at their default"
+    return None
+
+
+def _fell_back(why: str) -> None:
+    if why not in FALLBACKS:
+        FALLBACKS.append(why)
+        warnings.warn(f"paritybench: a gloo group is built on torch's own device: {why}.", RuntimeWarning,
+                      stacklevel=3)
 
 
 def _devices(base) -> list:

@@ -118,3 +118,29 @@ def all_to_all_counted(how: str) -> float:
         else:
             dist.all_to_all_single(out, x, output_split_sizes=recv, input_split_sizes=splits)
     return counter[0]
+
+
+def gloo_fallback_matches_torch(keyword: str) -> dict:
+    """Build one group through the shared-device constructor with ``keyword=True`` (a value the shared
+    device's options cannot serve: ``enable_reconfigure`` on torch 2.14+, unknown before) and one through
+    torch's own constructor, on the same store. Returns each outcome (the group's class and its device
+    threads added, or the exception torch raised) and the fallback reasons recorded."""
+    from datetime import timedelta
+
+    import torch.distributed.distributed_c10d as c10d
+
+    from harness import gloo_device
+
+    shared = c10d.ProcessGroupGloo
+    base = shared.__mro__[1] if getattr(shared, "_paritybench_shared", False) else shared
+    n, r = dist.get_world_size(), dist.get_rank()
+    outcomes = []
+    for i, cls in enumerate((shared, base)):
+        store = dist.PrefixStore(f"fallback-{keyword}-{i}", c10d._get_default_store())
+        before = _gloo_device_threads()
+        try:
+            cls(store, r, n, timedelta(seconds=60), **{keyword: True})
+            outcomes.append(("built", _gloo_device_threads() - before))
+        except Exception as exc:  # noqa: BLE001 - torch's own refusal is the outcome compared
+            outcomes.append((type(exc).__name__, str(exc).splitlines()[0]))
+    return {"shared": outcomes[0], "torch": outcomes[1], "fallbacks": list(gloo_device.FALLBACKS)}

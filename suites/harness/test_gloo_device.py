@@ -30,3 +30,23 @@ def test_a_torch_whose_gloo_classes_differ_is_left_as_it_is(monkeypatch):
     assert gloo_device.share() is False and not hasattr(c10d, "ProcessGroupGloo")
     monkeypatch.setattr(c10d, "ProcessGroupGloo", types.SimpleNamespace(_paritybench_shared=True), raising=False)
     assert gloo_device.share() is True  # already in place: nothing done twice
+
+
+def test_a_keyword_the_shared_device_cannot_serve_falls_back_to_torch_s_own_constructor(world_cache):
+    """On any torch: asked for what its options leave at their default (enable_reconfigure=True on 2.14+, an
+    unknown keyword before), the constructor builds the group exactly as torch's own does — the same group
+    on a device of its own, or torch's own refusal — and records why once."""
+    for keyword in ("enable_reconfigure", "paritybench_no_such_option"):
+        for got in world_cache.get(2).run(ranks.gloo_fallback_matches_torch, keyword):
+            assert got["shared"] == got["torch"], got
+            assert any(keyword in why for why in got["fallbacks"]), got["fallbacks"]
+
+
+def test_which_constructor_calls_the_shared_device_serves():
+    options = types.SimpleNamespace(enable_reconfigure=False, _timeout=None)
+    minute = gloo_device.timedelta(minutes=1)
+    assert gloo_device.unshareable(minute, {}, options) is None
+    assert gloo_device.unshareable(minute, {"enable_reconfigure": False}, options) is None  # torch 2.14's default
+    assert "enable_reconfigure=True" in gloo_device.unshareable(minute, {"enable_reconfigure": True}, options)
+    assert "'rebuild'" in gloo_device.unshareable(minute, {"rebuild": False}, options)
+    assert "options overload" in gloo_device.unshareable(options, {}, options)
