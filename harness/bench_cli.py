@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections import Counter
 
 from . import registry
@@ -348,11 +349,17 @@ def run_plans(run, plans: list, backend: str | None) -> None:
             placement.record(run, worlds[n])
         return worlds[n]
 
+    sections: list[dict] = []
     try:
+        started = time.monotonic()
         sizes = getattr(plans[0][1], "world_sizes", None)  # checkpointing runs in this process: no World
         run.update(backend=get_world(sizes[0]).backend if sizes else "none")
-        for _, cfg, sweep in plans:
+        for name, cfg, sweep in plans:
             sweep(cfg, get_world, run)
+            # wall seconds per section, the first one's World start-up included; in run.json as each ends
+            sections.append({"section": name, "seconds": round(time.monotonic() - started, 1)})
+            run.update(sections=sections)
+            started = time.monotonic()
     except BaseException:
         run.finish("incomplete")
         raise
@@ -463,6 +470,9 @@ def run(args) -> int:
     if not args.no_report:
         from .report import write_report
 
-        print(f"paritybench: report {write_report(run.path)}", file=sys.stderr)
+        started = time.monotonic()
+        path = write_report(run.path)
+        run.update(report_seconds=round(time.monotonic() - started, 1))  # after the report: in run.json only
+        print(f"paritybench: report {path} ({run.meta['report_seconds']:g} s)", file=sys.stderr)
     print(run.path)
     return 0

@@ -102,3 +102,14 @@ def require_dtype(world, name: str, conformance=None, **row) -> None:
         if conformance is not None:
             conformance.record("unsupported", world_size=world.size, dtype=name, detail=reason, **row)
         pytest.skip(f"unsupported on this machine: {reason}")
+
+
+NO_CUDA = ("Torch not compiled with CUDA enabled", "Found no NVIDIA driver", "no CUDA GPUs are available",
+           "CUDA driver initialization failed")
+"""How torch says a CUDA call cannot run here: the CPU build's wording, then the CUDA build's on a machine without a
+driver or device (what `pip install torch` gives a user on a CPU machine)."""
+
+
+def says_no_cuda(text: str) -> bool:
+    """Whether an error's text is torch refusing a CUDA call on this machine (either build's wording)."""
+    return any(phrase in text for phrase in NO_CUDA)

@@ -57,7 +57,8 @@ def computed_once(cache: dict, key, compute):
     return cache[key]
 
 
-def _rank_main(rank: int, size: int, backend: str, store_path: str, stack_path: str, conn, timeout_s):
+def _rank_main(rank: int, size: int, backend: str, store_path: str, stack_path: str, conn, timeout_s,
+               where=None):
     """Body of a rank process: initialise the default group, then serve calls until told to stop."""
     import faulthandler
 
@@ -72,9 +73,13 @@ def _rank_main(rank: int, size: int, backend: str, store_path: str, stack_path: 
     import torch
     import torch.distributed as dist
 
+    from . import collective_trace
     from .gloo_device import share
 
     torch.set_num_threads(1)
+    collective_trace.install()  # which collective this rank is in, for a hang's verdict (harness.hang)
+    if where is not None:
+        collective_trace.serve(where)
     share()  # one gloo device for all of this rank's groups: an idle group's device thread costs CPU
     if backend == "nccl":
         torch.cuda.set_device(rank)

@@ -118,6 +118,21 @@ def pipeline_section(pipe, run_dir: Path) -> list[str]:
     return out
 
 
+def _sections_table(meta: dict) -> list[str]:
+    """Wall time per section of the run (``bench_cli.run_plans``: each sweep, its World start-up included)."""
+    import pandas as pd
+
+    sections = meta.get("sections") or []
+    if not sections:
+        return []
+    frame = pd.DataFrame(sections)
+    frame = frame.groupby("section", sort=False)["seconds"].sum().to_frame()  # bench all's stack runs once a stack
+    total = float(frame["seconds"].sum())
+    frame["share"] = frame["seconds"] / total
+    return ["## Time per section", "", f"Wall seconds of each section of this run, {total:.0f} s in all "
+            "(the report itself is timed after it: `report_seconds` in run.json).", "", _md(frame, ".3g"), ""]
+
+
 def write_report(run_dir, baseline=None) -> Path:
     """Write ``report.md`` (and ``busbw_<op>.png`` plots, ``scaling.csv``) into the run folder; return its path.
     With ``baseline`` (a run folder or merged baseline) the report opens with the gate's comparison."""
@@ -145,6 +160,7 @@ def write_report(run_dir, baseline=None) -> Path:
         hosts = "; ".join(f"node {node} `{host}`: ranks {','.join(ranks)}" for (node, host), ranks in per_host.items())
         out.append(f"- **world {size}**: {hosts} ({info['ranks'][0]['device'].split(':')[0]})")
     out.append("")
+    out += _sections_table(meta)
     dispatch = bench[bench["suite"] == "world"] if len(bench) else bench
     if len(dispatch):
         out += ["## World dispatch overhead (warm no-op `World.run`, µs)", "",
@@ -237,6 +253,10 @@ def write_report(run_dir, baseline=None) -> Path:
         out += stack_matrix_section(conf, _md)
         counts = conf.groupby(["impl", "outcome"]).size().unstack(fill_value=0)
         out += ["## Conformance rows", "", _md(counts, "g"), ""]
+    from .report_summary import summary
+
+    head = 3 if meta.get("status") != "complete" else 1  # the title, and the incomplete-run warning
+    out[head + 1:head + 1] = summary(meta, bench, conf, out)
     path = run_dir / "report.md"
     path.write_text("\n".join(out))
     return path

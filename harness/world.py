@@ -11,7 +11,10 @@ parent enforces every call's deadline itself:
 - a rank that raises        -> ``RankFailure`` with each failing rank's traceback;
 - a rank that dies           -> ``RankFailure`` at once (its process sentinel fires), with its exit code;
 - a call past its deadline   -> ``WorldTimeout`` with the Python stack (faulthandler) of every rank
-                                that never returned.
+                                that never returned;
+- a call no rank progresses in -> ``WorldHang`` (a ``WorldTimeout``) as soon as every rank still inside
+                                it has used no CPU for ``harness.hang``'s window (10 s), named in one
+                                line: the collective the waiting ranks are in and where the missing rank is.
 
 After a failure that leaves ranks stuck or dead, the ranks are killed and the next ``run`` spawns a
 fresh world; the World object stays usable either way. Under torchrun the same calls go to the
@@ -29,16 +32,28 @@ import tempfile
 import time
 from multiprocessing import connection, get_context
 
+from . import hang
 from . import spmd_runtime as spmd
 from .rank import _RANK_ENV, _rank_main, default_backend, rank_device
 
-__all__ = ["World", "RankFailure", "ImplementationFailure", "WorldTimeout", "rank_device", "default_backend",
-           "verdict_of", "run_or_fail"]
+__all__ = ["World", "RankFailure", "ImplementationFailure", "WorldTimeout", "WorldHang", "rank_device",
+           "default_backend", "verdict_of", "run_or_fail"]
 
 # A rank that raised (or failed in the code under test, harness.rank.failed_in_implementation) leaves its
 # peers blocked in a collective; they get this long to finish anyway.
 _PEER_GRACE_S = 3.0
 _STACK_WAIT_S = 1.0
+_PROBE_S = 1.0  # how often a waiting parent samples its ranks' CPU time (harness.hang)
+
+
+def _death(code: int | None) -> str:
+    """'died with exit code 3' / 'was killed by signal SIGKILL'."""
+    if code is not None and code < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"died with exit code {code}"
 
 
 def _context():
@@ -110,6 +125,11 @@ class WorldTimeout(RankFailure):
     """The call passed its deadline. ``failures`` maps each rank that never returned -> its stack."""
 
 
+class WorldHang(WorldTimeout):
+    """No rank still inside the call progressed for the hang window (``harness.hang``): a deadlock, ended
+    before the deadline. The message's first line names the collective and the rank that never entered it."""
+
+
 class World:
     """``size`` long-lived rank processes; ``run(fn, ...)`` calls module-level ``fn`` on each rank.
 
@@ -117,9 +137,12 @@ class World:
         size: number of ranks (>= 1).
         backend: "gloo", "nccl", or None for ``default_backend(size)``.
         timeout: default deadline in seconds for ``run`` and for spawning.
+        hang_window: seconds with no rank progressing after which a call is hung (``harness.hang``);
+            None reads ``PARITYBENCH_HANG_WINDOW_S`` (default 10), 0 turns detection off.
     """
 
-    def __init__(self, size: int, backend: str | None = None, timeout: float = 60.0):
+    def __init__(self, size: int, backend: str | None = None, timeout: float = 60.0,
+                 hang_window: float | None = None):
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"World size must be a whole number >= 1, got {size!r}.")
         if backend not in (None, "gloo", "nccl"):
@@ -133,6 +156,7 @@ class World:
         self.size = size
         self.backend = spmd.backend() if self._spmd else (backend or default_backend(size))
         self.timeout = float(timeout)
+        self.hang_window = hang.window_s() if hang_window is None else float(hang_window)
         self._procs: list | None = None
         self._conns: list = []
         self._tmpdir: str | None = None
@@ -158,22 +182,25 @@ class World:
         ctx = _context()
         self._tmpdir = tempfile.mkdtemp(prefix="paritybench-world-")
         store_path = os.path.join(self._tmpdir, "store")
-        self._procs, self._conns = [], []
+        self._procs, self._conns, self._where = [], [], []
         collective_timeout = max(1800.0, self.timeout)
         for rank in range(self.size):
             parent_end, child_end = ctx.Pipe(duplex=True)
+            where_parent, where_child = ctx.Pipe(duplex=True)  # "where are you?", answered by a thread
             stack_path = self._stack_path(rank)
             proc = ctx.Process(
                 target=_rank_main,
                 args=(rank, self.size, self.backend, store_path, stack_path, child_end,
-                      collective_timeout),
+                      collective_timeout, where_child),
                 name=f"paritybench-rank{rank}",
                 daemon=True,
             )
             proc.start()
             child_end.close()
+            where_child.close()
             self._procs.append(proc)
             self._conns.append(parent_end)
+            self._where.append(where_parent)
         self.spawn_count += 1
         try:
             self._collect(call_id=0, deadline=time.monotonic() + self.timeout, what="start-up")
@@ -201,9 +228,9 @@ class World:
                 proc.kill()
         for proc in self._procs or []:
             proc.join(timeout=10)
-        for conn in self._conns:
+        for conn in self._conns + self._where:
             conn.close()
-        self._procs, self._conns = None, []
+        self._procs, self._conns, self._where = None, [], []
         if self._tmpdir:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
@@ -249,12 +276,15 @@ class World:
         pending = set(range(self.size))
         by_conn = {id(c): r for r, c in enumerate(self._conns)}
         by_sentinel = {p.sentinel: r for r, p in enumerate(self._procs)}
+        progress = hang.Progress({r: p.pid for r, p in enumerate(self._procs)}, self.hang_window)
         while pending:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
+            if not (errors or verdicts) and progress.stalled(pending):
+                return self._fail(what, pending, errors, dead, hung=True)
             waitables = [self._conns[r] for r in pending] + [self._procs[r].sentinel for r in pending]
-            for obj in connection.wait(waitables, timeout=remaining):
+            for obj in connection.wait(waitables, timeout=min(remaining, _PROBE_S)):
                 rank = by_sentinel[obj] if isinstance(obj, int) else by_conn[id(obj)]
                 while rank in pending and self._conns[rank].poll():
                     try:
@@ -269,8 +299,7 @@ class World:
                     (results if status in ("ok", "ready") or rank in verdicts else errors)[rank] = value
                 if rank in pending and not self._procs[rank].is_alive():
                     self._procs[rank].join(timeout=1)  # reap it, so the exit code is known
-                    code = self._procs[rank].exitcode
-                    dead[rank] = f"rank {rank} died with exit code {code} during {what}"
+                    dead[rank] = f"rank {rank} {_death(self._procs[rank].exitcode)} during {what}"
                     pending.discard(rank)
             if dead:
                 break  # a dead rank breaks the group; the others cannot finish
@@ -281,7 +310,8 @@ class World:
         return self._fail(what, pending, errors, dead, verdicts, results)
 
     def _fail(self, what: str, pending: set[int], errors: dict, dead: dict, verdicts: dict | None = None,
-              results: dict | None = None):
+              results: dict | None = None, hung: bool = False):
+        states = self._ask_where(sorted(pending)) if hung else {}
         stuck = {} if dead else self._stacks(sorted(pending))
         # Any failure leaves the group untrustworthy, even when every other rank returned: a rank may
         # return with a collective still in flight (DTensor's functional collectives are asynchronous)
@@ -290,8 +320,8 @@ class World:
         if dead:
             failures = {**errors, **dead}
             raise RankFailure(
-                f"{len(dead)} rank(s) {sorted(dead)} of {self.size} died during {what}; "
-                "the world will be respawned on the next call.", failures)
+                f"{'; '.join(dead[r] for r in sorted(dead))} ({len(dead)} rank(s) {sorted(dead)} of {self.size} died; "
+                "the world will be respawned on the next call).", failures)
         if errors:
             note = f"; ranks {sorted(stuck)} were stuck waiting for them" if stuck else ""
             raise RankFailure(f"{_first_errors(errors)} (rank(s) {sorted(errors)} of {self.size} raised during "
@@ -304,9 +334,26 @@ class World:
                 f"{line} (ranks {sorted(stuck)} of {self.size} were still inside the "
                 f"code under test {_PEER_GRACE_S:g} s later and were ended; the world will be respawned on the "
                 "next call).", verdicts, stuck, results or {})
+        if hung:
+            line = hang.describe(self.size, pending, states, stuck, what)
+            raise WorldHang(f"{line} (no rank progressed in {what} for {self.hang_window:g} s: a deadlock; "
+                            "the world was restarted).", stuck)
         raise WorldTimeout(
             f"rank(s) {sorted(stuck)} of {self.size} did not return from {what} within the deadline; "
             "the world was restarted.", stuck)
+
+    def _ask_where(self, ranks: list[int]) -> dict[int, dict]:
+        """Each rank's ``collective_trace.snapshot()``, asked of its answering thread ({} where none came)."""
+        states: dict[int, dict] = {}
+        for rank in ranks:
+            conn = self._where[rank]
+            with contextlib.suppress(OSError, EOFError):
+                while conn.poll():  # a late answer to an earlier question
+                    conn.recv()
+                conn.send_bytes(b"?")
+                if conn.poll(_STACK_WAIT_S):
+                    states[rank] = conn.recv()
+        return states
 
     def _stacks(self, ranks: list[int]) -> dict[int, str]:
         """Ask each rank for its Python stack (faulthandler on SIGUSR1) and read what it wrote."""

@@ -144,3 +144,44 @@ def gloo_fallback_matches_torch(keyword: str) -> dict:
         except Exception as exc:  # noqa: BLE001 - torch's own refusal is the outcome compared
             outcomes.append((type(exc).__name__, str(exc).splitlines()[0]))
     return {"shared": outcomes[0], "torch": outcomes[1], "fallbacks": list(gloo_device.FALLBACKS)}
+
+
+def sleep_before_collective(rank: int, collectives: int) -> None:
+    """Every rank makes ``collectives`` all-reduces over the world group; ``rank`` then sleeps (a trainer
+    that never reaches its next collective) while the others enter one more."""
+    for _ in range(collectives):
+        dist.all_reduce(torch.ones(1))
+    if dist.get_rank() == rank:
+        time.sleep(3600)
+    dist.all_reduce(torch.ones(1))
+
+
+def compute_while_peers_wait(rank: int, seconds: float) -> float:
+    """``rank`` computes (CPU-bound matrix products) for ``seconds`` while the others wait for it in a
+    broadcast; every rank then returns the broadcast value."""
+    t = torch.zeros(1)
+    if dist.get_rank() == rank:
+        a, end = torch.rand(64, 64), time.monotonic() + seconds
+        while time.monotonic() < end:
+            a = torch.tanh(a @ a)
+        t += 7.0
+    dist.broadcast(t, src=rank)
+    return t.item()
+
+
+def wait_in_a_subgroup(rank: int) -> None:
+    """Ranks 0 and 1 form a group and all-reduce on it, except ``rank``, which waits in a world barrier."""
+    group = dist.new_group([0, 1])
+    if dist.get_rank() == rank:
+        dist.barrier()
+    elif dist.get_rank() in (0, 1):
+        dist.all_reduce(torch.ones(1), group=group)
+    else:
+        time.sleep(3600)
+
+
+def world_collectives() -> int:
+    """How many collectives this rank has entered on the world group (``harness.collective_trace``)."""
+    from harness import collective_trace
+
+    return collective_trace.snapshot()["counts"].get(None, 0)

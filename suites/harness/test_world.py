@@ -6,12 +6,14 @@ performance: every bound is a fraction of a deadline set far above any normal la
 
 from __future__ import annotations
 
+import inspect
+import re
 import time
 
 import pytest
 
 from harness import spmd_runtime as spmd
-from harness.world import ImplementationFailure, RankFailure, World, WorldTimeout, run_or_fail, verdict_of
+from harness.world import ImplementationFailure, RankFailure, World, WorldHang, WorldTimeout, run_or_fail, verdict_of
 
 from . import ranks
 
@@ -106,6 +108,7 @@ def test_rank_that_dies_is_reported_at_once_with_its_exit_code(world3):
     elapsed = time.monotonic() - start
     assert elapsed < 30, f"a dead rank must be seen at once, not at the 60 s deadline ({elapsed:.1f} s)"
     assert 1 in info.value.ranks and "exit code 3" in info.value.failures[1]
+    assert verdict_of(info.value).startswith("rank 1 died with exit code 3 during exit_on (1 rank(s) [1] of 3 died")
     assert world3.run(ranks.rank_and_sum)[1] == (1, N, 3.0)
 
 
@@ -136,3 +139,71 @@ def test_context_manager_closes_the_ranks():
         assert w.run(ranks.rank_and_sum) == [(0, 1, 0.0)]
         procs = list(w._procs)
     assert not w.alive and all(not p.is_alive() for p in procs)
+
+
+def _hang_line(exc) -> str:
+    return verdict_of(exc).split(" (no rank progressed")[0]
+
+
+@pytest.fixture
+def short_window(world3):
+    """world3 calling a hang after 3 s without progress instead of 10 (the default's verdict took 11.2 s)."""
+    saved, world3.hang_window = world3.hang_window, 3.0
+    yield world3
+    world3.hang_window = saved
+
+
+def test_a_hung_rank_is_named_with_the_collective_it_never_entered_and_where_it_is(short_window):
+    """Rank 2 sleeps before the 17th all-reduce its peers wait in: the verdict comes when no rank has progressed
+    for the hang window (not at the 600 s deadline), names the collective by its number on the world group
+    (counted from what this World did before) and rank 2's own frame; the World is usable after."""
+    world3 = short_window
+    before = world3.run(ranks.world_collectives)
+    assert len(set(before)) == 1, before
+    with pytest.raises(WorldHang) as info:
+        world3.run(ranks.sleep_before_collective, 2, 16, timeout=600)
+    line = inspect.getsourcelines(ranks.sleep_before_collective)
+    sleep_at = line[1] + next(i for i, text in enumerate(line[0]) if "time.sleep" in text)
+    assert _hang_line(info.value) == (f"rank 2 never entered all_reduce #{before[0] + 17} on the world group that "
+                                      f"ranks 0 and 1 wait in; rank 2 is in sleep_before_collective at ranks.py:"
+                                      f"{sleep_at}"), verdict_of(info.value)
+    assert "no rank progressed in sleep_before_collective for 3 s" in verdict_of(info.value)
+    assert info.value.ranks == [0, 1, 2] and "all_reduce" in info.value.failures[0]  # every stack kept
+    assert world3.run(ranks.rank_and_sum)[2] == (2, N, 3.0)
+
+
+def test_a_hung_subgroup_names_the_group_by_its_ranks(short_window):
+    """Rank 1 waits in a world barrier while rank 0 waits in an all-reduce on group [0, 1] (rank 2 sleeps):
+    each waiting collective is named, with the rank that is elsewhere."""
+    with pytest.raises(WorldHang) as info:
+        short_window.run(ranks.wait_in_a_subgroup, 1, timeout=600)
+    line = _hang_line(info.value)
+    assert re.fullmatch(r"rank 1 waits in barrier #(\d+) on the world group while rank 0 waits in all_reduce #1 on "
+                        r"group \[0, 1\]; rank 1 is in wait_in_a_subgroup at ranks.py:\d+; rank 2 never entered "
+                        r"barrier #\1 on the world group that rank 1 waits in; rank 2 is in wait_in_a_subgroup at "
+                        r"ranks.py:\d+", line), line
+
+
+def _computing_rank_is_not_hung(world, seconds: float, window: float) -> None:
+    saved, world.hang_window = world.hang_window, window
+    try:
+        assert world.run(ranks.compute_while_peers_wait, 1, seconds, timeout=seconds + 120) == [7.0] * world.size
+    finally:
+        world.hang_window = saved
+
+
+def test_a_rank_computing_four_windows_long_is_not_called_hung(world3):
+    _computing_rank_is_not_hung(world3, seconds=4.0, window=1.0)  # its peers wait 4 windows in a broadcast
+
+
+@pytest.mark.thorough
+def test_a_rank_computing_60_s_is_not_called_hung(world3):
+    _computing_rank_is_not_hung(world3, seconds=60.0, window=world3.hang_window)
+
+
+def test_the_hang_window_is_read_from_the_environment(monkeypatch):
+    monkeypatch.setenv("PARITYBENCH_HANG_WINDOW_S", "2.5")
+    assert World(2).hang_window == 2.5
+    monkeypatch.setenv("PARITYBENCH_HANG_WINDOW_S", "ten")
+    with pytest.raises(ValueError, match="PARITYBENCH_HANG_WINDOW_S must be seconds .* got 'ten'"):
+        World(2)
