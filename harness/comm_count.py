@@ -97,18 +97,10 @@ def counted_traffic(counter: list):
     collectives (DTensor's redistributions: a dispatch mode sees each ``_c10d_functional`` op on its local
     tensor), point-to-point sends (``isend`` / ``send``: the pipeline's activations and gradients, whether
     batched or not) and ``all_to_all_single`` (Ulysses). Collectives from C++ (DDP's reducer) are still not
-    seen."""
+    seen. The functional collectives are seen through private torch APIs (``functional_mode``); where this torch
+    lacks them they run uncounted, as torch runs them, and ``UNCOUNTED`` says why."""
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Functional(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            known = _FUNCTIONAL.get(func._overloadpacket.__name__) if func.namespace == "_c10d_functional" else None
-            if known:
-                group = c10d._resolve_process_group(args[-1])
-                counter[0] += collective_bytes(known[0], group.size(), known[1](args, group.size()))
-            return func(*args, **(kwargs or {}))
 
     def sent(fn):
         def counted(tensor, *args, **kwargs):
@@ -140,8 +132,52 @@ def counted_traffic(counter: list):
             setattr(dist, name, wrapper)
             setattr(c10d, name, wrapper)
         dist.all_to_all_single = all_to_all(c10d.all_to_all_single)
-        with counted_collectives(counter), Functional():
+        with counted_collectives(counter), functional_mode(counter):
             yield counter
     finally:
         for module, name, fn in saved:
             setattr(module, name, fn)
+
+
+UNCOUNTED: list[str] = []
+"""Why this process's functional collectives run uncounted (said once each), where this torch lacks what
+``functional_mode`` reads."""
+
+
+def functional_mode(counter: list):
+    """A dispatch mode adding each ``_c10d_functional`` collective's bytes to ``counter[0]`` — through torch's
+    private ``torch.utils._python_dispatch.TorchDispatchMode``, an op's ``_overloadpacket`` and
+    ``distributed_c10d._resolve_process_group`` (a functional op names its group by name). Where any of them is
+    missing, or an op's group cannot be resolved, the op runs as torch runs it, uncounted, and ``UNCOUNTED``
+    (and a warning, once) says so: never a crash in the code under test."""
+    import torch.distributed.distributed_c10d as c10d
+
+    try:
+        from torch.utils._python_dispatch import TorchDispatchMode
+    except ImportError as exc:
+        _uncounted(f"this torch has no TorchDispatchMode ({exc})")
+        return contextlib.nullcontext()
+    resolve = getattr(c10d, "_resolve_process_group", None)
+
+    class Functional(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            packet = getattr(func, "_overloadpacket", None)
+            known = _FUNCTIONAL.get(getattr(packet, "__name__", "")) \
+                if getattr(func, "namespace", None) == "_c10d_functional" else None
+            if known:
+                try:
+                    size = resolve(args[-1]).size()
+                    counter[0] += collective_bytes(known[0], size, known[1](args, size))
+                except Exception as exc:  # noqa: BLE001 - counting must never change what the op does
+                    _uncounted(f"{packet.__name__}'s group could not be resolved here ({type(exc).__name__}: {exc})")
+            return func(*args, **(kwargs or {}))
+
+    return Functional()
+
+
+def _uncounted(why: str) -> None:
+    import warnings
+
+    if why not in UNCOUNTED:
+        UNCOUNTED.append(why)
+        warnings.warn(f"paritybench: functional collectives are not counted: {why}.", RuntimeWarning, stacklevel=3)

@@ -185,3 +185,25 @@ def world_collectives() -> int:
     from harness import collective_trace
 
     return collective_trace.snapshot()["counts"].get(None, 0)
+
+
+def functional_all_reduce_counted(hide_group_resolution: bool) -> dict:
+    """A DTensor Partial -> Replicate redistribution (one functional all-reduce of 4 float32) inside
+    ``counted_traffic``; with ``hide_group_resolution`` as on a torch without ``_resolve_process_group``."""
+    import torch.distributed.distributed_c10d as c10d
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+
+    from harness import comm_count
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    partial = DTensor.from_local(torch.full((4,), float(dist.get_rank() + 1)), mesh, [Partial()])
+    counter, saved = [0.0], c10d._resolve_process_group
+    if hide_group_resolution:
+        del c10d._resolve_process_group
+    try:
+        with comm_count.counted_traffic(counter):
+            full = partial.redistribute(mesh, [Replicate()]).to_local()
+    finally:
+        c10d._resolve_process_group = saved
+    return {"bytes": counter[0], "values": full.tolist(), "uncounted": list(comm_count.UNCOUNTED)}

@@ -14,3 +14,20 @@ def test_variable_splits_count_the_rows_that_leave(how, world_cache):
     got = world_cache.get(n).run(ranks.all_to_all_counted, how)
     want = [sum((r + 1 + p) * 3 * 4 for p in range(n) if p != r) for r in range(n)]  # rows of 3 float32 to peers
     assert got == want, (got, want)
+
+
+def test_functional_collectives_are_counted_and_run_as_torch_runs_them_where_their_private_api_is_missing(
+        world_cache):
+    """DTensor's all-reduce is counted through torch's private dispatch API; on a torch without
+    ``_resolve_process_group`` the same redistribution runs and computes the same values, uncounted, and says
+    why (the guard's fallback, driven on any torch)."""
+    from reference.cost_model import collective_bytes
+
+    world = world_cache.get(2)
+    counted = world.run(ranks.functional_all_reduce_counted, False)
+    assert [r["bytes"] for r in counted] == [collective_bytes("all_reduce", 2, 16)] * 2, counted
+    fallback = world.run(ranks.functional_all_reduce_counted, True)
+    for got in fallback:
+        assert got["values"] == [3.0] * 4 and got["bytes"] == 0.0, got
+        assert any("all_reduce's group could not be resolved" in why for why in got["uncounted"]), got
+    assert [r["values"] for r in counted] == [[3.0] * 4] * 2
