@@ -167,13 +167,14 @@ def write_report(run_dir, baseline=None) -> Path:
                 _md(dispatch.astype({"iters": str}).set_index("world_size")[
                     ["iters", "time_p50_us", "time_p95_us", "time_min_us", "time_max_us", "time_cv"]], ".2f"), ""]
     coll = bench[bench["suite"] == "collectives"] if len(bench) else bench
+    band = None
     if len(coll):
         ratios = ratio_table(coll)
         if len(ratios):
             out += ["## Reference vs native (busbw ratio)", "",
                     f"Target: reference ring all-reduce ≥ {RATIO_TARGET}× native busbw, mean over "
                     f"{human_bytes(RATIO_BAND[0])}–{human_bytes(RATIO_BAND[1])}.", ""]
-            summary = ratio_summary(ratios)
+            summary = band = ratio_summary(ratios)
             out += [_md(summary.set_index("op")) if len(summary)
                     else "_(no sizes in the 16–64 MiB band in this run)_", ""]
         for op in coll["op"].unique():
@@ -253,10 +254,10 @@ def write_report(run_dir, baseline=None) -> Path:
         out += stack_matrix_section(conf, _md)
         counts = conf.groupby(["impl", "outcome"]).size().unstack(fill_value=0)
         out += ["## Conformance rows", "", _md(counts, "g"), ""]
-    from .report_summary import summary
+    from .report_summary import summary as first_screen
 
     head = 3 if meta.get("status") != "complete" else 1  # the title, and the incomplete-run warning
-    out[head + 1:head + 1] = summary(meta, bench, conf, out)
+    out[head + 1:head + 1] = first_screen(meta, bench, conf, out, band)
     path = run_dir / "report.md"
     path.write_text("\n".join(out))
     return path

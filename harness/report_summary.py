@@ -25,8 +25,9 @@ def _first_line(text) -> str:
     return line if len(line) <= 200 else line[:197] + "..."
 
 
-def summary(meta: dict, bench, conf, sections: list[str]) -> list[str]:
-    """The summary's markdown lines; ``sections`` are the report's lines already written (for the links)."""
+def summary(meta: dict, bench, conf, sections: list[str], ratios=None) -> list[str]:
+    """The summary's markdown lines; ``sections`` are the report's lines already written (for the links),
+    ``ratios`` the collectives' reference-vs-native band summary (``report.ratio_summary``) where there is one."""
     headings = {line.lstrip("#").strip(): anchor(line) for line in sections if line.startswith("#")}
 
     def link(text: str, heading: str) -> str:
@@ -36,7 +37,7 @@ def summary(meta: dict, bench, conf, sections: list[str]) -> list[str]:
 
     out = ["## Summary", ""]
     out += _conformance(conf, link)
-    out += _headlines(bench, link)
+    out += _headlines(bench, ratios, link)
     out += _not_judged(bench, conf, link)
     out += _time(meta, link)
     return out + [""]
@@ -71,21 +72,15 @@ def _conformance(conf, link) -> list[str]:
     return out
 
 
-def _headlines(bench, link) -> list[str]:
+def _headlines(bench, ratios, link) -> list[str]:
     if not len(bench):
         return []
     out = []
-    coll = bench[bench["suite"] == "collectives"]
-    if len(coll):
-        from .report import ratio_summary, ratio_table
-
-        ratios = ratio_table(coll)
-        band = ratio_summary(ratios) if len(ratios) else ratios
-        if len(band):
-            text = "; ".join(f"{r['op']} {r['impl']} n={int(r['world_size'])} {r['mean']:.2f}x"
-                             for r in band.to_dict("records"))
-            where = link("busbw ratio", "Reference vs native")
-            out.append(f"- **Reference vs native collectives** ({where}, 16–64 MiB): {text}.")
+    if ratios is not None and len(ratios):
+        text = "; ".join(f"{r['op']} {r['impl']} n={int(r['world_size'])} {r['mean']:.2f}x"
+                         for r in ratios.to_dict("records"))
+        where = link("busbw ratio", "Reference vs native")
+        out.append(f"- **Reference vs native collectives** ({where}, 16–64 MiB): {text}.")
     stack = bench[(bench["suite"] == "stack") & (bench["status"] == "ok")]
     if len(stack) and "reference" in set(stack["impl"]):
         ours = stack[stack["impl"] == "reference"].set_index("op")
