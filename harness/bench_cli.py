@@ -334,16 +334,16 @@ def _point_at_profile(args, plans: list, run) -> None:
 
 
 def run_plans(run, plans: list, backend: str | None) -> None:
-    """Run each (name, config, sweep) into ``run`` on Worlds made as needed (one at a time: 2 cores, up to 8
-    ranks), then mark the folder complete; incomplete on any error or interrupt."""
+    """Run each (name, config, sweep) into ``run`` on Worlds made as needed and kept warm until the end (a
+    World's idle ranks cost no CPU since their gloo groups share one device, and ``bench all`` returns to sizes
+    2, 4 and 8 after other sizes: each respawn cost seconds), then mark the folder complete; incomplete on any
+    error or interrupt."""
     from . import placement
     from .world import World
 
     worlds: dict[int, World] = {}
 
     def get_world(n: int) -> World:
-        for size in [s for s in worlds if s != n]:
-            worlds.pop(size).close()
         if n not in worlds:
             worlds[n] = World(n, backend=backend, timeout=600)
             placement.record(run, worlds[n])
