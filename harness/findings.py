@@ -108,7 +108,7 @@ FINDINGS: tuple[Finding, ...] = (
             handled_by_adapter="the torch pipeline adapter declares unequal microbatches unsupported"),
     Finding("torch", "tensor_parallel", "torch", ("2.13", None),
             "DTensor on a 1-rank mesh: a sharded dimension of size 1 breaks sharding propagation (ColwiseParallel "
-            "of Linear(k, 1) with bias, RowwiseParallel of Linear(1, 1)).",
+            "of Linear(k, 1) with bias, RowwiseParallel of Linear(1, 1)); torch 2.11 and 2.12 run it (measured).",
             "suites/tensor_parallel/test_findings.py::test_dtensor_size_one_sharded_dimension_on_one_rank",
             handled_by_adapter="the torch adapter declares these cases unsupported"),
     Finding("torch", "tensor_parallel", "torch", ("2.13", None),
@@ -277,6 +277,23 @@ def _in_range(finding: Finding) -> bool:
         return False
     lo, hi = finding.versions
     return _release(lo) <= _release(version) and (hi is None or _release(version) < _release(hi))
+
+
+def outside_range(watch: str) -> str | None:
+    """Why the watch test ``watch`` (its node id) does not apply to what is installed here — its package missing,
+    or a release outside the finding's range, where the finding claims nothing — else None. A watch test skips
+    with it: a finding of 2.13 is not expected of 2.12, nor excused there."""
+    found = [f for f in FINDINGS if f.watch == watch]
+    if not found:
+        raise KeyError(f"no finding is watched by {watch!r}")
+    finding = found[0]
+    version = _installed(finding.package)
+    if version is None:
+        return f"{finding.package} is not installed"
+    if _in_range(finding):
+        return None
+    lo, hi = finding.versions
+    return f"{finding.package} {version} is outside this finding's range [{lo}, {hi or 'not fixed'})"
 
 
 def _builtin(spec: str, paradigm: str) -> str | None:

@@ -101,6 +101,18 @@ def test_version_range_is_honoured(monkeypatch):
     assert not findings._in_range(Finding("torch", "x", "torch", ("2.6", None), "r.", "w"))
 
 
+def test_a_watch_outside_its_findings_range_says_why(monkeypatch):
+    watch = "suites/tensor_parallel/test_findings.py::test_dtensor_size_one_sharded_dimension_on_one_rank"
+    monkeypatch.setattr(findings, "_installed", lambda package: "2.12.1")
+    assert findings.outside_range(watch) == "torch 2.12.1 is outside this finding's range [2.13, not fixed)"
+    monkeypatch.setattr(findings, "_installed", lambda package: "2.15.0+cu132")
+    assert findings.outside_range(watch) is None
+    monkeypatch.setattr(findings, "_installed", lambda package: None)
+    assert findings.outside_range(watch) == "torch is not installed"
+    with pytest.raises(KeyError, match="no finding is watched by 'nowhere'"):
+        findings.outside_range("nowhere")
+
+
 def test_no_implementation_attribute_is_read_to_excuse_or_loosen():
     pattern = re.compile(r"known_nonconformance|cross_entropy_dtype")
     offenders = [str(p.relative_to(ROOT)) for d in ("harness", "suites", "reference") for p in (ROOT / d).rglob("*.py")
