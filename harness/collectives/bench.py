@@ -74,9 +74,9 @@ def bench_rank(impl_spec: str, collective: str, dtype: str, numel: int, reduce_o
         return {**check, "times": []}
     impl = registry.load(impl_spec, "collectives")
     timed = Case(impl_spec, collective, dtype, numel, reduce_op)
-    out, inp = make_buffers(timed, torch.distributed.get_rank(), torch.distributed.get_world_size(), rank_device())
-    out.zero_()
-    inp.zero_()  # zeros stay zeros under every op: no overflow, no denormals across iterations
+    # zeros stay zeros under every op: no overflow, no denormals across iterations
+    out, inp = make_buffers(timed, torch.distributed.get_rank(), torch.distributed.get_world_size(), rank_device(),
+                            zeros=True)
     times = time_iterations(lambda: call(impl, timed, out, inp, None), iters, warmup, rank_device())
     return {**check, "times": times}
 
@@ -103,13 +103,15 @@ def dispatch_row(world, iters: int) -> dict:
 def run_sweep(cfg: SweepConfig, get_world, run_dir, progress=sys.stderr) -> int:
     """Run the sweep, appending a benchmark and a conformance row per case; return rows written."""
     sizes = sweep_sizes(cfg.min_bytes, cfg.max_bytes, cfg.factor)
-    pairs = [(impl, op) for impl in cfg.impls for op in cfg.ops if _own(impl, op)]
+    # per size, every implementation of a collective in a row: they share the oracle's expected output
+    # (``case.expected`` keeps the last), and a drift of the machine lands on each implementation alike
+    pairs = [(impl, op) for op in cfg.ops for impl in cfg.impls if _own(impl, op)]
     total = len(cfg.world_sizes) * len(pairs) * len(sizes)
     done = 0
     for n in cfg.world_sizes:
         world = get_world(n)
         run_dir.append("benchmarks.csv", dispatch_row(world, cfg.dispatch_iters))
-        for (impl, collective), nbytes in itertools.product(pairs, sizes):
+        for nbytes, (impl, collective) in itertools.product(sizes, pairs):
             done += 1
             row = _one(world, cfg, impl, collective, nbytes)
             numel = row.pop("numel")
