@@ -42,6 +42,7 @@ class ZeroSweep:
     """Samples per rank per step."""
     iters: int = 10
     warmup: int = 3
+    """Untimed steps before the timed ones, counting the first (the optimizer state's) and the counted one."""
     variants: list[str] = field(default_factory=lambda: ["plain", "bf16", "clip"])
     """"plain"; "bf16": the reference in mixed precision; "clip": every implementation clipping at 1.0."""
 
@@ -82,7 +83,8 @@ def bench_rank(impl_spec: str, stage: int, hidden: int, seq: int, batch: int, it
     counter = [0.0]
     with counted_collectives(counter):
         step()
-    return {"times": time_iterations(step, iters, warmup, device), "bytes_sent": counter[0],
+    # those two untimed steps are warm-up steps too: ``warmup`` counts them
+    return {"times": time_iterations(step, iters, max(0, warmup - 2), device), "bytes_sent": counter[0],
             "memory": trainer.memory(), "numel": numel}
 
 
