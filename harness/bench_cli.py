@@ -43,7 +43,9 @@ def add_parsers(sub) -> None:
                        help="comma-separated world sizes, or auto: 2,4 on CPU (pipeline: 2); on a GPU node 2, 3, "
                             "the powers of two up to the GPU count and the count; under torchrun the job's size")
         p.add_argument("--iters", type=int, default=10 if name != "pipeline" else 5)
-        p.add_argument("--warmup", type=int, default=3 if name != "pipeline" else 2)
+        p.add_argument("--warmup", type=int, default=3 if name != "pipeline" else 2,
+                       help="untimed iterations first (collectives: the exact check is the first; zero: the first "
+                            "step and the counted one are the first two)")
         p.add_argument("--backend", default=None, choices=["gloo", "nccl"])
         p.add_argument("--results-dir", default="results/runs")
         p.add_argument("--no-report", action="store_true", help="do not write report.md at the end")

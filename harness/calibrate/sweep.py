@@ -63,6 +63,10 @@ BURST = 5
 """Collectives and layers timed back to back per sample (the time is per one): as a step runs them, so
 the ranks' skew leaving the barrier is paid once per burst, and on an oversubscribed host every rank
 competes for the cores the whole time, as in training."""
+LONG_BURST_BYTES = 1 << 20
+"""From this size on a collective's burst is 2: one such collective already keeps every rank busy for tens of
+milliseconds, so the skew is amortised and the cores contended without five of them (the 2 and 8 MiB cases were
+60 % of ``bench all``'s calibration at 8 ranks)."""
 
 
 def collective_rank(op: str, g: int, nbytes: int, iters: int, warmup: int) -> list[float]:
@@ -85,11 +89,13 @@ def collective_rank(op: str, g: int, nbytes: int, iters: int, warmup: int) -> li
             "reduce_scatter": lambda: scatter(out, buf, group=group),
             "broadcast": lambda: dist.broadcast(buf, root, group=group)}[op]
 
+    count = BURST if nbytes < LONG_BURST_BYTES else 2
+
     def burst():
-        for _ in range(BURST):
+        for _ in range(count):
             step()
 
-    return [t / BURST for t in time_iterations(burst, iters, warmup, device)]
+    return [t / count for t in time_iterations(burst, iters, warmup, device)]
 
 
 def p2p_rank(nbytes: int, iters: int, warmup: int) -> dict:
