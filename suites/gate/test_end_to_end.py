@@ -43,5 +43,11 @@ def test_a_planted_bug_in_new_fails_the_gate_naming_the_case_and_the_report_show
     assert main(["report", base, new]) == 0
     report = (Path(new) / "report.md").read_text()
     assert "## Comparison with baseline" in report and "regression(s)" in report
+    # the first screen: the summary before everything else, naming the failure and its cause
+    summary = report[report.index("## Summary"):report.index("\n## ", report.index("## Summary") + 1)]
+    assert report.index("## Summary") < report.index("## Comparison with baseline") < report.index("## Where it ran")
+    assert "**not all held**" in summary and "FAIL `suites.gate.planted_impl:impl` — bench_exact_check all_gather" \
+        in summary and "elements wrong" in summary, summary
+    assert "## Time per section" in report and "| collectives |" in report
     assert (Path(new) / "comparison.png").stat().st_size > 0
     assert (Path(new) / "scaling.csv").exists() is False  # one world size: nothing scales

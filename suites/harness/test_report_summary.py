@@ -1,0 +1,63 @@
+"""report.md opens with its summary: the conformance counts and every failure's cause, what was not judged,
+the time — each line linking a section the report has (``harness.report_summary``)."""
+
+from __future__ import annotations
+
+import re
+
+from harness.report import write_report
+from harness.report_summary import anchor
+from harness.results import RunDir
+
+ROWS = [
+    {"suite": "stack", "property": "test_stack_equals_one_device", "impl": "mystack", "collective": "gpt/2x1x1",
+     "world_size": 2, "dtype": "float64", "outcome": "pass"},
+    {"suite": "stack", "property": "test_stack_equals_one_device", "impl": "mystack", "collective": "gpt/1x2x1",
+     "world_size": 2, "dtype": "float64", "outcome": "fail",
+     "detail": "rank 1: step 2: blocks.0.mlp.weight off by 3e-3 = 40 E_T\nsecond line"},
+    {"suite": "stack", "property": "test_stack_equals_one_device", "impl": "mystack", "collective": "gpt/1x1x2",
+     "world_size": 2, "dtype": "float64", "outcome": "fail",
+     "detail": "rank 1: step 2: blocks.0.mlp.weight off by 3e-3 = 40 E_T"},
+    {"suite": "stack", "property": "test_stack_equals_one_device", "impl": "torch", "collective": "llama/1x1x8",
+     "world_size": 8, "dtype": "float64", "outcome": "unsupported", "detail": "torch splits 4 KV heads over tp 8."},
+    {"suite": "stack", "property": "test_stack_equals_one_device", "impl": "torch", "collective": "gpt/2x1x1",
+     "world_size": 2, "dtype": "float64", "outcome": "known-nonconformance", "detail": "known finding: X."},
+]
+
+
+def _report(tmp_path) -> str:
+    run = RunDir(tmp_path, {"suite": "stack"})
+    for row in ROWS:
+        run.append("conformance.csv", row)
+    run.update(sections=[{"section": "stack", "seconds": 30.0}, {"section": "matrix", "seconds": 10.0},
+                         {"section": "stack", "seconds": 20.0}])
+    run.finish()
+    return write_report(run.path).read_text()
+
+
+def test_the_report_opens_with_the_summary_and_every_link_lands(tmp_path):
+    report = _report(tmp_path)
+    lines = report.splitlines()
+    assert lines[0].startswith("# paritybench report") and lines[2] == "## Summary", lines[:3]
+    summary = report[report.index("## Summary"):report.index("## Where it ran")]
+    assert ("5 rows over 2 implementations — 1 pass, 2 fail, 1 known-nonconformance, 1 unsupported: "
+            "**not all held**.") in summary, summary
+    # the two failures with one cause are one line, its first line only
+    assert ("  - FAIL `mystack` — test_stack_equals_one_device gpt/1x2x1 n=2 (+1 rows): rank 1: step 2: "
+            "blocks.0.mlp.weight off by 3e-3 = 40 E_T") in summary.splitlines(), summary
+    assert "second line" not in summary and "  - finding `torch` — " in summary
+    assert "  - stack `torch` (1): torch splits 4 KV heads over tp 8." in summary.splitlines()
+    assert "1.0 min of sections; the longest stack 30 s" in summary  # the longest single sweep
+    anchors = {anchor(line) for line in lines if line.startswith("#")}
+    links = re.findall(r"\]\(#([^)]+)\)", summary)
+    assert links and set(links) <= anchors, (links, anchors)
+    table = report[report.index("## Time per section"):]
+    assert re.search(r"\| stack\s+\|\s+50 \|", table) and re.search(r"\| matrix\s+\|\s+10 \|", table), table
+
+
+def test_anchors_are_githubs():
+    assert anchor("## Reference vs native (busbw ratio)") == "reference-vs-native-busbw-ratio"
+    assert anchor("### Pipeline bubble: planned (from the profile) vs measured (the runtime's timestamps)") == \
+        "pipeline-bubble-planned-from-the-profile-vs-measured-the-runtimes-timestamps"
+    assert anchor("## Stacks held to one device: the conformance matrix") == \
+        "stacks-held-to-one-device-the-conformance-matrix"
