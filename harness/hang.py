@@ -92,21 +92,28 @@ def _and(ranks) -> str:
     return ", ".join(map(str, ranks[:-1])) + (" and " if len(ranks) > 1 else "") + str(ranks[-1])
 
 
+_OURS = (os.path.join("harness", "collective_trace.py"), os.path.join("harness", "rank.py"))  # the rank's loop
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<fn>\S+)')
 
 
 def innermost_frame(stack: str) -> str | None:
     """'hang_on at ranks.py:34' — the innermost frame of a faulthandler dump's main thread (the thread that
-    runs the call) that is neither torch's nor this diagnosis's own wrapper."""
+    runs the call) that is neither torch's, nor the standard library's, nor the rank's own loop or wrapper."""
+    import sysconfig
+
     import torch
 
-    torch_dir = os.path.dirname(torch.__file__)
+    skipped = (os.path.dirname(torch.__file__), sysconfig.get_paths()["stdlib"])
     blocks = re.split(r"^(?=(?:Current thread|Thread) 0x)", stack, flags=re.M)
     main = next((b for b in blocks if "in _rank_main" in b), stack)
     for line in main.splitlines():
         m = _FRAME.match(line)
-        if m and not m["file"].startswith(torch_dir) and not m["file"].endswith("collective_trace.py"):
-            return f"{m['fn']} at {os.path.basename(m['file'])}:{m['line']}"
+        if not m or m["file"].endswith(_OURS):
+            continue
+        # torch's frames and the standard library's (a multiprocessing wait) are not the code under test
+        if any(m["file"].startswith(d) for d in skipped) and "site-packages" not in m["file"].replace(skipped[0], ""):
+            continue
+        return f"{m['fn']} at {os.path.basename(m['file'])}:{m['line']}"
     return None
 
 

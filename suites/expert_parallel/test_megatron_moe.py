@@ -84,7 +84,9 @@ def test_watch_megatron_moe_layer_needs_cuda_without_the_redirect(dispatcher, wo
     if world_cache.get(2).backend != "gloo":
         pytest.skip("a watch of the CPU path; on a GPU node megatron's MoELayer runs as it is")
     got = world_cache.get(2).run(megatron_moe_probe, dispatcher, timeout=120)
-    assert all(r[0] in ("RuntimeError", "AssertionError") and "transformer/moe/" in r[1] and says_no_cuda(r[1])
+    # torch's CUDA build on a machine without a driver raises AcceleratorError (a RuntimeError) there
+    assert all(r[0] in ("RuntimeError", "AcceleratorError", "AssertionError") and "transformer/moe/" in r[1]
+               and says_no_cuda(r[1])
                for r in got), got
 
 

@@ -1,0 +1,45 @@
+"""harness.hang's verdict line from the ranks' answers and stacks (the World's own hang tests drive it live)."""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+
+import torch
+
+from harness.hang import describe, innermost_frame
+
+STD, TORCH = sysconfig.get_paths()["stdlib"], os.path.dirname(torch.__file__)
+
+
+def _stack(*frames: str) -> str:
+    lines = [f'  File "{path}", line {line} in {fn}' for path, line, fn in (f.split("|") for f in frames)]
+    return "\n".join(["Thread 0x1 (most recent call first):", f'  File "{STD}/threading.py", line 327 in wait',
+                      "", "Current thread 0x2 (most recent call first):", *lines,
+                      '  File "/x/harness/rank.py", line 100 in _rank_main'])
+
+
+def test_the_frame_named_is_the_code_under_tests_not_torch_s_nor_the_standard_library_s():
+    stack = _stack(f"{STD}/multiprocessing/synchronize.py|268|wait", f"{TORCH}/distributed/c10d.py|5|barrier",
+                   "/venv/lib/python3.11/site-packages/megatron/core/writer.py|40|write", "/u/mystack.py|31|step")
+    assert innermost_frame(stack) == "write at writer.py:40"
+    assert innermost_frame(_stack("/x/harness/collective_trace.py|80|traced", "/u/mystack.py|31|step")) == \
+        "step at mystack.py:31"
+
+
+def test_a_rank_that_returned_and_a_rank_in_another_collective_are_told_apart():
+    states = {0: {"inside": [("all_reduce", None, 5, False)]},
+              1: {"inside": [("broadcast", None, 5, False)]}}
+    stacks = {1: _stack("/u/mystack.py|12|step")}
+    line = describe(3, {0, 1}, states, stacks, "train_stack")
+    assert line == ("rank 1 waits in broadcast #5 on the world group while rank 0 waits in all_reduce #5 on the "
+                    "world group; rank 1 is in step at mystack.py:12; rank 2 returned from train_stack without "
+                    "entering all_reduce #5 on the world group that rank 0 waits in; rank 2 returned from train_stack "
+                    "without entering broadcast #5 on the world group that rank 1 waits in"), line
+
+
+def test_no_rank_in_a_collective_says_where_each_is_and_an_unanswered_rank_still_gets_its_frame():
+    stacks = {0: _stack("/u/a.py|3|f"), 1: _stack(f"{TORCH}/nn/modules/module.py|9|forward")}
+    line = describe(2, {0, 1}, {0: {"inside": [], "issued": {(0, 1): ("all_reduce", 4)}}}, stacks, "g")
+    assert line == ("rank 0 is in f at a.py:3 (last asynchronous collective issued: all_reduce #4 on group [0, 1]); "
+                    "rank 1 is in code with no Python frame of its own"), line
