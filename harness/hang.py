@@ -66,6 +66,11 @@ class Progress:
         self.samples: list[tuple[float, dict[int, float]]] = []
         self.next = time.monotonic() + every  # a call that returns within a second is never sampled
 
+    def reset(self) -> None:
+        """A rank answered: that is progress, so the window starts again from the next sample."""
+        self.samples.clear()
+        self.next = time.monotonic() + self.every
+
     def stalled(self, pending) -> bool:
         now = time.monotonic()
         if self.window <= 0 or now < self.next:

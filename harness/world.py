@@ -159,6 +159,7 @@ class World:
         self.hang_window = hang.window_s() if hang_window is None else float(hang_window)
         self._procs: list | None = None
         self._conns: list = []
+        self._where: list = []
         self._tmpdir: str | None = None
         self._call_id = 0
         self.spawn_count = 0
@@ -281,10 +282,15 @@ class World:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            if not (errors or verdicts) and progress.stalled(pending):
-                return self._fail(what, pending, errors, dead, hung=True)
             waitables = [self._conns[r] for r in pending] + [self._procs[r].sentinel for r in pending]
-            for obj in connection.wait(waitables, timeout=min(remaining, _PROBE_S)):
+            ready = connection.wait(waitables, timeout=min(remaining, _PROBE_S))
+            if not ready:  # nothing came back this second: has any rank progressed within the window?
+                if (not (errors or verdicts) and progress.stalled(pending)
+                        and not any(self._conns[r].poll() for r in pending)):
+                    return self._fail(what, pending, errors, dead, hung=True)
+                continue
+            progress.reset()  # an answer is progress: the window starts again
+            for obj in ready:
                 rank = by_sentinel[obj] if isinstance(obj, int) else by_conn[id(obj)]
                 while rank in pending and self._conns[rank].poll():
                     try:

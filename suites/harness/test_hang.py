@@ -43,3 +43,31 @@ def test_no_rank_in_a_collective_says_where_each_is_and_an_unanswered_rank_still
     line = describe(2, {0, 1}, {0: {"inside": [], "issued": {(0, 1): ("all_reduce", 4)}}}, stacks, "g")
     assert line == ("rank 0 is in f at a.py:3 (last asynchronous collective issued: all_reduce #4 on group [0, 1]); "
                     "rank 1 is in code with no Python frame of its own"), line
+
+
+def test_a_window_of_no_progress_restarts_when_a_rank_answers(monkeypatch):
+    """Found in tox: a rank that returned, then its peers' answers still in their pipes, read as a stall. An
+    answer is progress: after ``reset`` a whole window must pass again before a call is hung."""
+    from harness import hang
+
+    clock = [100.0]
+    monkeypatch.setattr(hang.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(hang, "cpu_seconds", lambda pid: 5.0)  # nobody uses CPU
+    progress = hang.Progress({0: 1, 1: 2}, window=3.0)
+    seen = []
+    for _ in range(5):
+        clock[0] += 1.0
+        seen.append(progress.stalled({0, 1}))
+    assert seen == [False, False, False, True, True]  # samples at 101..105; 104 is a window after 101
+    progress.reset()
+    seen = []
+    for _ in range(5):
+        clock[0] += 1.0
+        seen.append(progress.stalled({0}))
+    assert seen == [False, False, False, True, True]
+    monkeypatch.setattr(hang, "cpu_seconds", lambda pid: clock[0])  # a computing rank: a core's worth a second
+    seen = []
+    for _ in range(5):
+        clock[0] += 1.0
+        seen.append(progress.stalled({0}))
+    assert seen == [False] * 5
