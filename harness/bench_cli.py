@@ -156,8 +156,11 @@ def _sizes(args, text: str, cpu_default: str = "2,4") -> list[int]:
 
 
 def _check_counts(args) -> None:
+    from .hang import window_s
+
     if args.iters < 1 or args.warmup < 0:
         raise UsageError(f"--iters must be >= 1 and --warmup >= 0; got {args.iters} and {args.warmup}.")
+    window_s()  # a malformed PARITYBENCH_HANG_WINDOW_S is said before any run folder exists
 
 
 def collectives_config(args):

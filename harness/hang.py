@@ -29,7 +29,9 @@ def window_s() -> float:
     try:
         return float(raw) if raw else DEFAULT_WINDOW_S
     except ValueError:
-        raise ValueError(f"PARITYBENCH_HANG_WINDOW_S must be seconds (0 turns hang detection off), "
+        from .errors import UsageError  # the CLI's one sentence and exit code 2
+
+        raise UsageError(f"PARITYBENCH_HANG_WINDOW_S must be seconds (0 turns hang detection off), "
                          f"got {raw!r}.") from None
 
 

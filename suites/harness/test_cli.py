@@ -99,3 +99,12 @@ def test_paritybench_test_maps_paradigms_to_the_installed_suites(capsys):
     assert main(["test", "collectivez", "--impl", "m:o"]) == 2
     err = capsys.readouterr().err
     assert "'collectivez' is not a paradigm suite" in err and err.count("\n") == 1
+
+
+def test_a_malformed_hang_window_is_one_sentence_before_any_run_folder(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("PARITYBENCH_HANG_WINDOW_S", "ten")
+    code, err = run_cli(capsys, "bench", "collectives", "--impls", "reference", "--world-sizes", "2",
+                        "--results-dir", str(tmp_path / "runs"))
+    assert code == 2 and err.count("\n") == 1, err
+    assert "PARITYBENCH_HANG_WINDOW_S must be seconds (0 turns hang detection off), got 'ten'." in err
+    assert not (tmp_path / "runs").exists()
