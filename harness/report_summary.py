@@ -81,18 +81,13 @@ def _headlines(bench, ratios, link) -> list[str]:
                          for r in ratios.to_dict("records"))
         where = link("busbw ratio", "Reference vs native")
         out.append(f"- **Reference vs native collectives** ({where}, 16–64 MiB): {text}.")
-    stack = bench[(bench["suite"] == "stack") & (bench["status"] == "ok")]
-    if len(stack) and "reference" in set(stack["impl"]):
-        ours = stack[stack["impl"] == "reference"].set_index("op")
-        parts = []
-        for impl, g in stack[stack["impl"] != "reference"].groupby("impl"):
-            g = g[g["op"].isin(ours.index)]
-            if len(g):
-                step = (g.set_index("op")["time_p50_us"] / ours["time_p50_us"]).dropna().median()
-                sent = (g.set_index("op")["comm_bytes_measured"] / ours["comm_bytes_measured"]).dropna().median()
-                parts.append(f"{impl} {step:.2f}x our step time, {sent:.2f}x our bytes ({len(g)} layouts)")
-        if parts:
-            out.append(f"- **Stacks beside ours** ({link('medians', 'Beside ours')}): {'; '.join(parts)}.")
+    from .stack.report import beside_ours
+
+    frame = beside_ours(bench[(bench["suite"] == "stack") & (bench["status"] == "ok")])
+    if frame is not None:  # the medians the stacks section's "Beside ours" states
+        parts = [f"{impl} {g['step_vs_ours'].median():.2f}x our step time, {g['bytes_vs_ours'].median():.2f}x our "
+                 f"bytes ({len(g)} layouts)" for impl, g in frame.groupby("impl")]
+        out.append(f"- **Stacks beside ours** ({link('medians', 'Beside ours')}): {'; '.join(parts)}.")
     out += _planner(bench, link)
     return out
 

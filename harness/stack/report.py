@@ -37,24 +37,35 @@ def stack_section(rows, md) -> list[str]:
     return out
 
 
-def _side_by_side(ok, md) -> list[str]:
-    """Each stack's step time and bytes relative to ours on the same layout (where both ran)."""
+def beside_ours(ok):
+    """Each stack's step time, bytes and (where measured) model state relative to ours on the same layout,
+    one row per (op, impl) where both ran; None where there is nothing to compare. ``ok``: the stack rows
+    with status ok."""
     if ok["impl"].nunique() < 2 or "reference" not in set(ok["impl"]):
-        return []
+        return None
     ours = ok[ok["impl"] == "reference"].set_index("op")
     table = []
     for _, r in ok[ok["impl"] != "reference"].iterrows():
         if r["op"] in ours.index:
             base = ours.loc[r["op"]]
-            table.append({"op": r["op"], "impl": r["impl"], "step_vs_ours": r["time_p50_us"] / base["time_p50_us"],
-                          "bytes_vs_ours": r["comm_bytes_measured"] / base["comm_bytes_measured"]
-                          if base["comm_bytes_measured"] else None,
-                          "state_vs_ours": r["state_measured"] / base["state_measured"]})
+            row = {"op": r["op"], "impl": r["impl"], "step_vs_ours": r["time_p50_us"] / base["time_p50_us"],
+                   "bytes_vs_ours": r["comm_bytes_measured"] / base["comm_bytes_measured"]
+                   if base["comm_bytes_measured"] else None}
+            if "state_measured" in ok:
+                row["state_vs_ours"] = r["state_measured"] / base["state_measured"]
+            table.append(row)
     if not table:
-        return []
+        return None
     import pandas as pd
 
-    frame = pd.DataFrame(table)
+    return pd.DataFrame(table)
+
+
+def _side_by_side(ok, md) -> list[str]:
+    """Each stack's step time and bytes relative to ours on the same layout (where both ran)."""
+    frame = beside_ours(ok)
+    if frame is None:
+        return []
     return ["### Beside ours", "",
             "Ratios to the reference stack on the same layout (> 1: slower, more bytes, more state). Medians: "
             + ", ".join(f"{impl} {g['step_vs_ours'].median():.2f}x the step time, "
