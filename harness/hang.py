@@ -125,7 +125,8 @@ def innermost_frame(stack: str) -> str | None:
 
 
 def where(rank: int, state: dict, stack: str) -> str:
-    """'rank 2 is in hang_on at ranks.py:34' (or 'rank 2 is in ... (no frame)')."""
+    """'rank 2 is in hang_on at ranks.py:34' ('... in code with no Python frame of its own' where the stack
+    has none of the code under test), with the last asynchronous collectives issued when it is in none."""
     frame = innermost_frame(stack)
     issued = [f"{op} #{n} on {_group_name(g)}" for g, (op, n) in (state.get("issued") or {}).items()]
     tail = f" (last asynchronous collective issued: {', '.join(issued)})" if issued and not state.get("inside") else ""
@@ -144,24 +145,19 @@ def describe(size: int, pending, states: dict, stacks: dict, what: str) -> str:
     parts, crossed = [], set()
     for (op, group, n), waiting in sorted(waits.items(), key=lambda kv: kv[1]):
         call = f"{op} #{n} on {_group_name(group)}"
+        who = f"ranks {_and(waiting)} wait" if len(waiting) > 1 else f"rank {waiting[0]} waits"
         members = range(size) if group is None else group
         for m in (m for m in members if m not in waiting):
             if m not in pending:
-                parts.append(f"rank {m} returned from {what} without entering {call} that ranks {_and(waiting)} "
-                             "wait in" if len(waiting) > 1 else
-                             f"rank {m} returned from {what} without entering {call} that rank {waiting[0]} waits in")
-            elif m in inside:
-                o2, g2, n2 = inside[m]
-                if frozenset({(op, group, n), inside[m]}) in crossed:  # said already, from the other side
-                    continue
+                parts.append(f"rank {m} returned from {what} without entering {call} that {who} in")
+                continue
+            here = where(m, states.get(m) or {}, stacks.get(m, ""))
+            if m not in inside:
+                parts.append(f"rank {m} never entered {call} that {who} in; {here}")
+            elif frozenset({(op, group, n), inside[m]}) not in crossed:  # once, not again from the other side
                 crossed.add(frozenset({(op, group, n), inside[m]}))
-                parts.append(f"rank {m} waits in {o2} #{n2} on {_group_name(g2)} while "
-                             f"{'ranks ' + _and(waiting) + ' wait' if len(waiting) > 1 else f'rank {waiting[0]} waits'}"
-                             f" in {call}; {where(m, states.get(m) or {}, stacks.get(m, ''))}")
-            else:
-                who = f"ranks {_and(waiting)} wait" if len(waiting) > 1 else f"rank {waiting[0]} waits"
-                parts.append(f"rank {m} never entered {call} that {who} in; "
-                             f"{where(m, states.get(m) or {}, stacks.get(m, ''))}")
+                o2, g2, n2 = inside[m]
+                parts.append(f"rank {m} waits in {o2} #{n2} on {_group_name(g2)} while {who} in {call}; {here}")
     if not parts:  # nobody in a traced collective, or all of a group inside it: say where each rank is
         parts = [(f"rank {r} waits in {inside[r][0]} #{inside[r][2]} on {_group_name(inside[r][1])}" if r in inside
                   else where(r, states.get(r) or {}, stacks.get(r, ""))) for r in sorted(pending)]
