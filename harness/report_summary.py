@@ -9,6 +9,7 @@ the report has)."""
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 _LISTED = 8  # FAIL / finding lines named one by one before "and N more"
 
@@ -127,11 +128,9 @@ def _not_judged(bench, conf, link) -> list[str]:
         rows += [(r["suite"], r["impl"], _first_line(r["detail"])) for r in c.to_dict("records")]
     if not rows:
         return ["- **Not judged**: nothing — every case this run asked for ran."]
-    by: dict[tuple, int] = {}
-    for key in rows:
-        by[key] = by.get(key, 0) + 1
+    by = Counter(rows)
     out = [f"- **Not judged** ({len(rows)} rows; each implementation's own sentence):"]
-    for i, ((suite, impl, why), k) in enumerate(sorted(by.items(), key=lambda kv: -kv[1])):
+    for i, ((suite, impl, why), k) in enumerate(by.most_common()):
         if i == _LISTED:
             out.append(f"  - … and {len(by) - _LISTED} more reasons (the sections below).")
             break
