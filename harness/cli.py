@@ -85,12 +85,16 @@ def _schedule(args) -> int:
 
 def _impls(_args) -> int:
     from .contracts import CONTRACTS
+    from .releases import TESTED, release_note
 
     for paradigm in CONTRACTS:
         for name in registry.names(paradigm):
             impl = registry.resolve(name, paradigm)
             reason = registry.skip_reason(impl)
             print(f"{paradigm:16s} {name:18s} {'skipped: ' + reason if reason else impl.description}")
+    print("\nreleases installed:")
+    for note in filter(None, map(release_note, TESTED)):
+        print(f"  {note}")
     return 0
 
 

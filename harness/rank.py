@@ -57,13 +57,23 @@ def computed_once(cache: dict, key, compute):
     return cache[key]
 
 
+def launcher_env(rank: int, size: int, port: int) -> dict[str, str]:
+    """What torchrun gives each process (one node): a library that reads its rank from the environment
+    (accelerate's ``PartialState``, DeepSpeed's ``init_distributed``) sees the World. ``MASTER_PORT``: a port
+    free when the World started; nobody listens there — the default group is already initialised (through a
+    FileStore), which such a library checks (``torch.distributed.is_initialized()``) before making its own."""
+    return {"RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(size),
+            "GROUP_RANK": "0", "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
 def _rank_main(rank: int, size: int, backend: str, store_path: str, stack_path: str, conn, timeout_s,
-               where=None):
+               where=None, port: int = 29500):
     """Body of a rank process: initialise the default group, then serve calls until told to stop."""
     import faulthandler
 
     for key, value in _RANK_ENV.items():
         os.environ.setdefault(key, value)
+    os.environ.update(launcher_env(rank, size, port))
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # ranks of a World share one machine
     stack_file = open(stack_path, "w")  # noqa: SIM115 - must outlive this frame for faulthandler
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)

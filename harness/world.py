@@ -28,6 +28,7 @@ import os
 import pickle
 import shutil
 import signal
+import socket
 import tempfile
 import time
 from multiprocessing import connection, get_context
@@ -54,6 +55,12 @@ def _death(code: int | None) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"died with exit code {code}"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _context():
@@ -185,6 +192,7 @@ class World:
         store_path = os.path.join(self._tmpdir, "store")
         self._procs, self._conns, self._where = [], [], []
         collective_timeout = max(1800.0, self.timeout)
+        port = _free_port()  # the launcher environment's MASTER_PORT (harness.rank.launcher_env)
         for rank in range(self.size):
             parent_end, child_end = ctx.Pipe(duplex=True)
             where_parent, where_child = ctx.Pipe(duplex=True)  # "where are you?", answered by a thread
@@ -192,7 +200,7 @@ class World:
             proc = ctx.Process(
                 target=_rank_main,
                 args=(rank, self.size, self.backend, store_path, stack_path, child_end,
-                      collective_timeout, where_child),
+                      collective_timeout, where_child, port),
                 name=f"paritybench-rank{rank}",
                 daemon=True,
             )

@@ -64,6 +64,7 @@ from .models.sharding import counted_here
 from .pipeline.generators import generate
 from .pipeline.runtime import PipelineRuntime
 from .tensor_parallel import tp_sharded_parameters
+from .tensor_parallel.vocab import IGNORE_INDEX
 from .topology import ParallelDims, all_reduce_over, build_groups, coordinates
 from .zero import OptimizerSpec, StepRecipe
 
@@ -154,11 +155,14 @@ class Parallel3D:
                              "replicas; pass a multiple of dp.")
         per_replica = len(tokens) // dims.dp
         mine = slice(c.dp * per_replica, (c.dp + 1) * per_replica)
+        # the loss is the mean over the global batch's counted targets (padding, IGNORE_INDEX, is not counted);
+        # the gradients are averaged over dp x cp, so each rank divides its sum by 1 / (dp x cp) of that count
+        # (a trainer given only its own rows all-reduces its count; every rank here holds the global batch)
+        count = int((targets != IGNORE_INDEX).sum()) / (dims.dp * dims.cp)
         tokens, targets = tokens[mine], targets[mine]
         if dims.cp > 1:  # this rank's zigzag shard of the sequence (a length it cannot split: one sentence)
             idx = sequence_positions(tokens.shape[1], dims.cp, c.cp, "zigzag", tokens.device)
             tokens, targets = tokens[:, idx], targets[:, idx]
-        count = targets.numel()
         last = max(self.stages) == self.schedule.num_stages - 1
         head = self.stages[max(self.stages)].head if last else None
         scale = self.loss_scaler.scale if self.loss_scaler is not None else 1.0
@@ -168,8 +172,8 @@ class Parallel3D:
         rows = per_replica // k
         self.dropout_key.step, self.last_grad_norm = self.steps_done, None
 
-        def loss_fn(hidden, target):  # every micro-step divides by the replica's whole token count
-            return head(hidden, target).sum() / count * scale  # a power of two: exact
+        def loss_fn(hidden, target):  # every micro-step divides by the rank's share of the counted targets
+            return self.normalise(head(hidden, target).sum(), target, count) * scale  # scale: a power of two
 
         for p in self.local.parameters():
             p.grad = None
@@ -217,6 +221,13 @@ class Parallel3D:
         all_reduce_over(value, self.groups, kinds=("pp", "tp", "dp", "cp"))
         balance = self.aux_coef * float(value[1]) / len(tokens) / dims.dp if self.moe else 0.0
         return float(value[0]) / (dims.dp * dims.cp) + balance
+
+    @staticmethod
+    def normalise(summed: torch.Tensor, target: torch.Tensor, share: float) -> torch.Tensor:
+        """A micro-batch's loss from its summed cross-entropy: / this rank's share of the global batch's counted
+        targets — not the micro-batch's own count (a mean per micro-batch, then averaged, weighs a short micro-
+        batch's tokens up and gives 0 / 0 for one with none), nor the rank's own."""
+        return summed / share
 
     def _reduce(self, scale: float) -> list[torch.Tensor]:
         """The DP reduction; returns the gradients the optimizer steps from, divided by ``scale``."""

@@ -8,7 +8,9 @@ gradient clipping, its activation checkpointing (``activation_checkpoint_interva
 
 The ranks are DeepSpeed's ``PipeDataParallelTopology`` (pipe outermost, data innermost; this rank's replica is
 ``grid.get_data_parallel_rank()``). The contract's accumulation (k pipeline passes of m micro-batches per step) is
-DeepSpeed's one ``train_batch`` of m x k micro-batches: the same gradient sum, the same loss mean.
+DeepSpeed's one ``train_batch`` of m x k micro-batches: the same gradient sum, the same loss mean (each micro-
+batch's summed loss divided by its share of the global batch's counted targets, ``SharedTokenLoss``: the mean
+over every counted target, padding or not).
 
 bf16: DeepSpeed's own recipe (``"bf16": {"enabled": true}``: it rounds the model, its BF16_Optimizer keeps fp32
 masters and state). Full state on every rank: each stage's parameters by identity with the one-device model's
@@ -22,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..stack.inputs import SharedTokenLoss
 from .deepspeed_resume import DeepSpeedCheckpoint
 from .dense_built import BuiltFromDense
 
@@ -43,12 +46,6 @@ def _tied_head(piece: _Piece, x):
     return torch.nn.functional.linear(x, piece.module.weight)
 
 
-def _loss(logits, targets):
-    from reference.tensor_parallel.vocab import fp32_logits  # the one-device model's loss, the same formula
-
-    return torch.nn.functional.cross_entropy(fp32_logits(logits).flatten(0, 1), targets.flatten())
-
-
 def pipeline_module(model, stages: int, checkpointing: bool):
     from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 
@@ -59,7 +56,8 @@ def pipeline_module(model, stages: int, checkpointing: bool):
         first, last = LayerSpec(_Piece, model.embed), LayerSpec(_Piece, model.head)
     layers = [first, *model.blocks, LayerSpec(_Piece, model.ln_f), last]
     blocks = sorted({type(b).__name__ for b in model.blocks})
-    return PipelineModule(layers=layers, num_stages=stages, loss_fn=_loss, partition_method="parameters",
+    # train_batch averages its micro-batches' losses: each divides its sum by its share of the counted targets
+    return PipelineModule(layers=layers, num_stages=stages, loss_fn=SharedTokenLoss(), partition_method="parameters",
                           activation_checkpoint_interval=int(checkpointing), checkpointable_layers=blocks)
 
 
@@ -106,10 +104,11 @@ class PipeState:
 def train_step(engine, tokens, targets, micro_batches: int) -> float:
     """One ``train_batch`` over this replica's rows in ``micro_batches`` micro-batches; the loss DeepSpeed
     returns (the mean over its micro-batches and replicas, on every stage)."""
-    from ..stack.inputs import replica_rows
+    from ..stack.inputs import replica_rows, token_share
 
     dp = engine.grid.get_data_parallel_world_size()
     mine, theirs, rows = replica_rows(tokens, targets, dp, engine.grid.get_data_parallel_rank(), micro_batches)
+    engine.module.loss_fn.share = token_share(targets, dp * micro_batches)
     batches = iter([(mine[i * rows:(i + 1) * rows], theirs[i * rows:(i + 1) * rows]) for i in range(micro_batches)])
     return float(engine.train_batch(data_iter=batches))
 

@@ -97,14 +97,15 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
         return engine
 
     def step(self, tokens, targets) -> float:
-        from ..stack.inputs import replica_rows
+        from ..stack.inputs import replica_rows, summed_cross_entropy, token_share
 
         engine, k, dp = self.trainer, self.recipe.accumulation, self.layout.dp
         mine, theirs, rows = replica_rows(tokens, targets, dp, dist.get_rank(), k)
+        share = token_share(targets, dp * k)  # DeepSpeed averages micro-steps and replicas: each its share
         total = 0.0
         for a in range(k):
             part = slice(a * rows, (a + 1) * rows)
-            loss = engine.module.loss(mine[part], theirs[part])  # the replica's micro-step mean
+            loss = summed_cross_entropy(engine.module(mine[part]), theirs[part]) / share
             engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
             engine.step()  # a no-op until the accumulation boundary
             total += float(loss.detach()) / k

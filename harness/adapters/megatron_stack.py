@@ -7,8 +7,12 @@ tensor and sequence parallelism, its pipeline schedules (``get_forward_backward_
 recomputation, and its optimizer (``get_megatron_optimizer``: torch's SGD / AdamW behind Megatron's
 clipping by the global 2-norm). The step is Megatron-LM's ``train_step``: zero the grad buffers, one
 ``forward_backward_func`` over every micro-batch of the step (pipeline micro-batches x accumulation), the
-loss function of ``pretrain_gpt`` (the mean over the micro-batch's tokens; the schedule divides by the
-micro-batch count, DDP averages over dp), ``optimizer.step()`` (its grad norm before clipping).
+loss function of ``pretrain_gpt`` (the sum over the micro-batch's loss mask, with its token count) under
+``calculate_per_token_loss`` — Megatron-LM's ``--calculate-per-token-loss``, its option for the mean over the
+global batch's counted tokens: ``finalize_model_grads`` divides the summed gradients by the count summed over
+dp x cp. Its default instead divides each micro-batch's sum by that micro-batch's count and averages the
+micro-batches and the replicas — another loss on a padded batch (docs/guides/stacks.md) —, then
+``optimizer.step()`` (its grad norm before clipping).
 
 On a CPU, ``megatron_cpu.on_cpu()`` redirects the CUDA device megatron-core writes into its code to the CPU
 (what and why: that module); on a CUDA machine Megatron runs as it is.
@@ -31,6 +35,7 @@ self_attention.linear_proj, pre_mlp_layernorm, mlp.linear_fc1, mlp.linear_fc2}``
 
 from __future__ import annotations
 
+import functools
 import re
 
 import torch
@@ -229,7 +234,8 @@ class MegatronStackTrainer(BuiltFromDense):
             params_dtype=self.dtype, pipeline_dtype=self.dtype, bf16=self.mixed, fp16=False,
             bias_activation_fusion=False,
             bias_dropout_fusion=False, masked_softmax_fusion=False, apply_rope_fusion=False,
-            persist_layer_norm=False, gradient_accumulation_fusion=False, **self._p2p(), **split, **recompute)
+            persist_layer_norm=False, gradient_accumulation_fusion=False, calculate_per_token_loss=True,
+            **self._p2p(), **split, **recompute)
 
     batched_p2p = False
     """Megatron-LM's p2p for the interleaved schedule (``overlap_p2p_comm``, not ``batch_p2p_comm``: its
@@ -328,7 +334,7 @@ class MegatronStackTrainer(BuiltFromDense):
         from megatron.core import parallel_state as ps
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        from ..stack.inputs import replica_rows
+        from ..stack.inputs import IGNORE, replica_rows
 
         chunks, layout, recipe = self.trainer, self.layout, self.recipe
         m = (layout.num_microbatches if layout.pp > 1 else 1) * recipe.accumulation
@@ -340,13 +346,15 @@ class MegatronStackTrainer(BuiltFromDense):
         batches = [(mine[i * rows:(i + 1) * rows], theirs[i * rows:(i + 1) * rows]) for i in range(m)]
         positions = torch.arange(tokens.shape[1]).expand(rows, -1)
 
-        def loss_func(output):  # pretrain_gpt's: the mean over the micro-batch's tokens
-            loss = output.float().mean()
-            return loss, {"lm loss": loss.detach().clone()}  # the schedule divides the loss in place
+        def loss_func(loss_mask, output):  # pretrain_gpt's: (the masked sum, its token count, what it reports)
+            loss = torch.sum(output.float().view(-1) * loss_mask.view(-1))
+            num_tokens = loss_mask.sum().to(torch.int)
+            return loss, num_tokens, {"lm loss": torch.stack([loss.detach().clone(), num_tokens.float()])}
 
-        def forward_step(data_iterator, model):
+        def forward_step(data_iterator, model):  # a padded target (IGNORE) is a 0 in the loss mask, as its datasets
             x, y = next(data_iterator)
-            return model(x, positions, None, labels=y), loss_func
+            mask = (y != IGNORE).float()
+            return model(x, positions, None, labels=y.clamp(min=0)), functools.partial(loss_func, mask)
 
         for chunk in chunks:
             chunk.zero_grad_buffer()
@@ -359,10 +367,11 @@ class MegatronStackTrainer(BuiltFromDense):
         if not success:
             raise RuntimeError("megatron-core's optimizer skipped the step (found inf / NaN gradients).")
         self.last_grad_norm = float(grad_norm) if recipe.max_grad_norm is not None else None
-        mine_sum = sum(float(d["lm loss"]) for d in losses) / m if losses and self.tp_rank == 0 else 0.0
-        total = torch.tensor([mine_sum], dtype=torch.float64)
-        dist.all_reduce(total)  # each replica's mean, from its last stage's first TP rank
-        return float(total) / layout.dp
+        last = losses and self.tp_rank == 0  # each replica's (sum, count), from its last stage's first TP rank
+        total = torch.tensor([sum(float(d["lm loss"][i]) for d in losses) if last else 0.0 for i in (0, 1)],
+                             dtype=torch.float64)
+        dist.all_reduce(total)
+        return float(total[0] / total[1])
 
     def _sharded(self, is_loading: bool) -> dict:
         """Megatron-LM's checkpoint contents (``generate_state_dict``): each model chunk's and the optimizer's

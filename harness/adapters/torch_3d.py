@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from reference.compose import Stage
 
+from ..stack.inputs import token_share
 from ..world import rank_device
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
@@ -96,12 +97,12 @@ class Torch3D:
                              f"{k} accumulation passes.")
         per = len(tokens) // dp
         mine = slice(self.dp_rank * per, (self.dp_rank + 1) * per)
+        self._count = token_share(targets, dp)  # each replica's share of the global batch's counted targets
         tokens, targets = tokens[mine], targets[mine]
-        self._count = targets.numel()
         if self._schedule is None:  # one schedule for every pass: a new one re-runs the stage's shape
             # inference, whose clean-up drops the gradients accumulated so far (PipelineStage)
 
-            def loss_fn(logits, target):  # each pass divides by the replica's whole token count
+            def loss_fn(logits, target):  # each pass divides by the replica's share (FSDP averages over dp)
                 return F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="sum") / self._count
 
             self._schedule = self.schedule_cls(self.pstage, self.microbatches, loss_fn=loss_fn, scale_grads=False)

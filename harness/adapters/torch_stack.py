@@ -55,6 +55,9 @@ def _unsupported(spec, layout, recipe) -> str | None:
                 "not what it runs.")
     if layout.schedule == "interleaved":
         return "the torch stack runs GPipe and 1F1B with one stage per rank, not the interleaved schedule."
+    if spec.dropout:
+        return ("the torch stack trains without dropout: the one-device masks are keyed by each row's global index "
+                "and the step, which its pipelining schedules do not pass to the stages.")
     if layout.checkpointing or layout.sequence_parallel:
         return "the torch stack applies neither activation checkpointing nor sequence parallelism here."
     if spec.tie_embeddings:

@@ -243,6 +243,7 @@ class TorchtitanStackTrainer(BuiltFromDense):
         """``Trainer.train_step``: the rank's rows of the global batch, the loss summed and divided by the
         global token count, forward and backward per accumulation micro-step (through the pipeline schedule
         with pp > 1, one row per micro-batch), torchtitan's clip_grad_norm_, the optimizers' step."""
+        from torchtitan.components.loss import IGNORE_INDEX
         from torchtitan.distributed import utils as dist_utils
 
         from ..stack.inputs import replica_rows
@@ -256,7 +257,10 @@ class TorchtitanStackTrainer(BuiltFromDense):
             raise ValueError(f"the torchtitan stack pipelines micro-batches of one row (its schedule is built for "
                              f"{layout.num_microbatches}); a replica's accumulation step has {rows}: pass dp x "
                              "microbatches x accumulation rows.")
-        global_tokens = torch.tensor(targets.numel(), dtype=torch.int64)
+        # Trainer.train_step's: this replica's counted targets (not IGNORE_INDEX), summed over the batch mesh
+        global_tokens = (theirs != IGNORE_INDEX).sum()
+        if dims.dp_enabled:
+            global_tokens = dist_utils.dist_sum_tensor(global_tokens, dims.get_mesh("batch"))
         self.optimizers.zero_grad()
         loss_sum = 0.0
         for a in range(k):

@@ -2,11 +2,12 @@
 against the family's one-device module, every rank's dense state compared.
 
 Inputs: the one-device model built from the spec (seed), one global batch of ``rows`` x ``SEQ`` tokens
-(the same on every rank; the stack slices it). Oracle: the one-device module trained on the whole batch
-with the same recipe — the mean cross-entropy over every token, SGD with momentum (or Adam), global-norm
+(the same on every rank; the stack slices it), full or right-padded (targets ``IGNORE``: not counted).
+Oracle: the one-device module trained on the whole batch with the same recipe — the mean cross-entropy over
+every counted target, SGD with momentum (or Adam), global-norm
 clipping at the recipe's ``max_grad_norm`` (``torch.nn.utils.clip_grad_norm_``); accumulation changes
-nothing on one device (k passes over row blocks, each divided by the whole token count, are the whole
-batch's mean-loss gradient). Trained once per World by rank 0 and broadcast (``computed_once``).
+nothing on one device (k passes over row blocks, each divided by the whole batch's counted targets, are the
+whole batch's mean-loss gradient). Trained once per World by rank 0 and broadcast (``computed_once``).
 
 Check, after step 1 and after the last: every parameter and every optimizer state tensor of the one-
 device model, under its name, on every rank, within ``bound`` x its tensor's largest magnitude; no name
@@ -107,19 +108,20 @@ def differences(got: dict, want: dict, limit: float, what: str, floor: float = 0
 
 
 def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int = 0, rows: int | None = None,
-                seq: int | None = None, **mixed) -> dict:
+                seq: int | None = None, padded: bool = False, **mixed) -> dict:
     """Rank side: ``impl_spec``'s stack on ``layout`` against one device (a bfloat16 / float16 spec:
-    ``harness.stack.mixed``, precision-matched; ``mixed``: its keywords). Returns {"refused", "unsupported",
-    "problems", "worst", "bound", "losses"}."""
+    ``harness.stack.mixed``, precision-matched; ``mixed``: its keywords); ``padded``: a right-padded batch
+    (``harness.stack.inputs.global_batch``). Returns {"refused", "unsupported", "problems", "worst", "bound",
+    "losses"}."""
     from .. import registry
 
     if spec.dtype in ("bfloat16", "float16") and rows is None and seq is None:  # fp32 masters: precision-matched
         from .mixed import train_stack_mixed
 
-        return train_stack_mixed(impl_spec, spec, layout, recipe, steps, seed, **mixed)
+        return train_stack_mixed(impl_spec, spec, layout, recipe, steps, seed, padded=padded, **mixed)
     n, r = dist.get_world_size(), dist.get_rank()
     rows = rows or layout.dp * layout.num_microbatches * recipe.accumulation
-    tokens, targets = global_batch(spec.vocab, rows, seed, seq or seq_for(layout))
+    tokens, targets = global_batch(spec.vocab, rows, seed, seq or seq_for(layout), padded)
     impl = registry.load(impl_spec, "stack")
     try:
         trainer = impl.build(spec, layout, recipe)

@@ -15,8 +15,8 @@ def judged(world, impl: str, spec, layout, recipe, one=None, **kw) -> dict:
     from . import case as ranks
     from .own_recipe import held, own_recipe
 
-    if one is not None and own_recipe(impl, spec) and not kw:
-        per_rank = held(world, one, impl, spec, layout, recipe)
+    if one is not None and own_recipe(impl, spec) and set(kw) <= {"padded"}:
+        per_rank = held(world, one, impl, spec, layout, recipe, padded=kw.get("padded", False))
     else:
         per_rank = run_or_fail(world, ranks.train_stack, impl, spec, layout, recipe, timeout=300, failed=ranks.failed,
                                **kw)
@@ -28,7 +28,8 @@ def judged(world, impl: str, spec, layout, recipe, one=None, **kw) -> dict:
                            clipped=recipe.max_grad_norm is not None) if outcome == "fail" else None
     outcome = "known-nonconformance" if known else outcome
     row = {"suite": "stack", "world_size": layout.world_size, "dtype": spec.dtype, "impl": impl,
-           "collective": f"{spec.family}/{layout.label()}/zero{layout.zero}/{layout.schedule}",
+           "collective": f"{spec.family}/{layout.label()}/zero{layout.zero}/{layout.schedule}"
+           + ("/padded" if kw.get("padded") else ""),
            "max_rel_err": max(r.get("worst", 0.0) for r in per_rank), "detail": refused or " | ".join(problems[:1])}
     return {"outcome": outcome, "problems": problems, "refused": refused, "per_rank": per_rank, "known": known,
             "row": row}

@@ -64,20 +64,20 @@ def _against(got: dict, single: dict, exact: dict, ratio: float, what: str) -> t
 
 
 def train_stack_mixed(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int = 0, single=None,
-                      batch_of=None, keep: bool = False) -> dict:
+                      batch_of=None, keep: bool = False, padded: bool = False) -> dict:
     """Rank side: ``impl_spec``'s stack on ``layout`` for a low-precision ``spec``, against one device's
     recipe. Returns what ``harness.stack.case.train_stack`` returns; ``bound`` is the ratio to E_T.
 
     ``single``: the stack's own one-device run of this batch (``harness.stack.own_recipe``: per step its
     dense state, itself held to the contract's recipe) in place of the contract's — each tensor's E_T then its
     distance from exact arithmetic. ``batch_of``: the layout whose global batch to train (default ``layout``);
-    ``keep``: return each step's dense state as "states"."""
+    ``keep``: return each step's dense state as "states"; ``padded``: a right-padded batch."""
     from .. import registry
 
     r, batch = dist.get_rank(), batch_of or layout
     rows = batch.dp * batch.num_microbatches * recipe.accumulation
-    tokens, targets = global_batch(spec.vocab, rows, seed, seq_for(batch))
-    key = (repr(spec), repr(recipe), seed, tuple(tokens.shape), steps)
+    tokens, targets = global_batch(spec.vocab, rows, seed, seq_for(batch), padded)
+    key = (repr(spec), repr(recipe), seed, tuple(tokens.shape), padded, steps)
     want = computed_once(_ORACLES, key, lambda: _oracle(spec, recipe, seed, tokens, targets, steps))
     ratio = allowed_ratio(layout.num_microbatches, recipe.accumulation, layout.dp, layout.tp)
     own_ratio = allowed_ratio(Layout().num_microbatches, recipe.accumulation, 1, 1)  # what held ``single``

@@ -30,27 +30,28 @@ def own_recipe(impl: str, spec) -> str | None:
 _ONE_RANK: dict = {}
 
 
-def held(world, one_world, impl: str, spec, layout, recipe) -> list[dict]:
+def held(world, one_world, impl: str, spec, layout, recipe, padded: bool = False) -> list[dict]:
     """Every rank's result (``harness.stack.case.train_stack``'s) of check 2, or check 1's on every rank where it
-    refused or failed; ``one_world``: a callable giving a World of 1. Each result's "own_worst": check 1's."""
+    refused or failed; ``one_world``: a callable giving a World of 1; ``padded``: the case's batch is padded. Each
+    result's "own_worst": check 1's."""
     from ..contracts.stack import Layout
     from ..world import run_or_fail
     from . import case as ranks
 
     one = Layout()
-    key = (impl, repr(spec), repr(recipe), layout.dp * layout.num_microbatches, ranks.seq_for(layout))
+    key = (impl, repr(spec), repr(recipe), layout.dp * layout.num_microbatches, ranks.seq_for(layout), padded)
     if key not in _ONE_RANK:
         _ONE_RANK[key] = run_or_fail(one_world(), ranks.train_stack, impl, spec, one, recipe, timeout=300,
-                                     failed=ranks.failed, batch_of=layout, keep=True)[0]
+                                     failed=ranks.failed, batch_of=layout, keep=True, padded=padded)[0]
     first = _ONE_RANK[key]
     if first["problems"] and layout != one:  # the case's own refusal comes first (E % ep, a layout it lacks)
         per_rank = run_or_fail(world, ranks.train_stack, impl, spec, layout, recipe, timeout=300,
-                               failed=ranks.failed)
+                               failed=ranks.failed, padded=padded)
         if any(r["refused"] for r in per_rank):
             return per_rank
     if first["refused"] or first["problems"] or layout == one:
         own = {**first, "problems": [f"on one rank, against the contract's recipe: {p}" for p in first["problems"]]}
         return [{k: v for k, v in own.items() if k != "states"}] * world.size
     per_rank = run_or_fail(world, ranks.train_stack, impl, spec, layout, recipe, timeout=300, failed=ranks.failed,
-                           single=first["states"])
+                           single=first["states"], padded=padded)
     return [{**r, "own_worst": first["worst"]} for r in per_rank]

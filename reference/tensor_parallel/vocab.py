@@ -57,6 +57,10 @@ class VocabParallelEmbedding(nn.Module):
         return reduce_from_region(out, self.group)
 
 
+IGNORE_INDEX = -100
+"""``F.cross_entropy``'s default ``ignore_index``: a padded position's target."""
+
+
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     """Cross-entropy over logits split by vocabulary: max, target logit and sum of exponentials are
     all-reduced (3 all-reduces of (tokens,) scalars); the gradient is softmax - one-hot, per shard."""
@@ -79,21 +83,23 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         if dist.get_world_size(group) > 1:
             dist.all_reduce(predicted, group=group)
             dist.all_reduce(sum_exp, group=group)
-        ctx.save_for_backward(exp / sum_exp.unsqueeze(-1), mine, local_t)
-        return sum_exp.log() - predicted
+        counted = target != IGNORE_INDEX
+        ctx.save_for_backward(exp / sum_exp.unsqueeze(-1), mine, local_t, counted)
+        return torch.where(counted, sum_exp.log() - predicted, 0.0)
 
     @staticmethod
     def backward(ctx, grad):
-        softmax, mine, local_t = ctx.saved_tensors
+        softmax, mine, local_t, counted = ctx.saved_tensors
         g = softmax.clone()
         g.scatter_add_(-1, local_t.unsqueeze(-1), -mine.to(g.dtype).unsqueeze(-1))
-        return g * grad.unsqueeze(-1), None, None, None, None
+        return g * torch.where(counted, grad, 0.0).unsqueeze(-1), None, None, None, None
 
 
 def vocab_parallel_cross_entropy(logits_shard: torch.Tensor, target: torch.Tensor, vocab_size: int,
                                  group=None) -> torch.Tensor:
     """Per-token cross-entropy (no reduction) of logits whose last dim is this rank's vocabulary shard
-    (ceil(V / n) columns, the last rank's padded beyond ``vocab_size``)."""
+    (ceil(V / n) columns, the last rank's padded beyond ``vocab_size``). A target equal to ``IGNORE_INDEX``
+    (padding) counts nothing: loss 0 and no gradient, as ``F.cross_entropy(..., reduction="none")``."""
     n, r = dist.get_world_size(group), dist.get_rank(group)
     per_rank = -(-vocab_size // n)
     if logits_shard.shape[-1] != per_rank:

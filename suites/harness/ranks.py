@@ -207,3 +207,11 @@ def functional_all_reduce_counted(hide_group_resolution: bool) -> dict:
     finally:
         c10d._resolve_process_group = saved
     return {"bytes": counter[0], "values": full.tolist(), "uncounted": list(comm_count.UNCOUNTED)}
+
+
+def launcher_env() -> dict:
+    """This rank's launcher variables, as a library reading its rank from the environment sees them."""
+    import os
+
+    return {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                                           "MASTER_PORT")}

@@ -37,6 +37,17 @@ def test_cpu_ranks_use_one_intra_op_thread(world3):
     assert world3.run(ranks.threads) == [(1, "1")] * N
 
 
+def test_ranks_see_the_environment_a_launcher_gives(world3):
+    """RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT as torchrun sets them on one
+    node: each rank its own, the address and port the same on every rank (a library reading them sees the
+    World, not one process)."""
+    got = world3.run(ranks.launcher_env)
+    assert [(e["RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"]) for e in got] == \
+        [(str(r), str(r), str(N), str(N)) for r in range(N)]
+    assert {(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in got} == {("127.0.0.1", got[0]["MASTER_PORT"])}
+    assert 0 < int(got[0]["MASTER_PORT"]) < 65536
+
+
 def test_rank_that_raises_is_named_with_its_traceback(world3):
     with pytest.raises(RankFailure) as info:
         world3.run(ranks.raise_on, 1, timeout=60)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from harness.adapters.reference_stack import ReferenceStack, ReferenceStackTrainer
+from harness.stack.inputs import IGNORE
 
 
 class _KVNotSummed(ReferenceStackTrainer):
@@ -162,3 +163,42 @@ class TitanExpertsDoubled:
 
         TorchtitanStack().build(spec, layout, recipe)  # the same refusals
         return type("Doubled", (_TitanExpertsDoubled, TorchtitanStackTrainer), {})(spec, layout, recipe)
+
+
+class _MeanPerMicroBatch(ReferenceStackTrainer):
+    def _build(self, model):
+        trainer = super()._build(model)
+        passes = trainer.schedule.num_microbatches * self.recipe.accumulation
+
+        def mean_then_averaged(summed, target, share):  # each micro-batch's own mean, averaged over them
+            return summed / (target != IGNORE).sum() / passes
+        trainer.normalise = mean_then_averaged
+        return trainer
+
+
+class MeanPerMicroBatch(ReferenceStack):
+    """Planted bug: each micro-batch's loss is the mean over its own counted targets, and the micro-batches'
+    gradients are averaged — the accumulation bug of recent years; equal to the global mean on full batches."""
+
+    def build(self, spec, layout, recipe, group=None):
+        super().build(spec, layout, recipe, group)
+        return _MeanPerMicroBatch(spec, layout, recipe)
+
+
+class _MeanPerRank(ReferenceStackTrainer):
+    def step(self, tokens, targets):
+        dp = self.layout.dp
+        per = len(targets) // dp
+        counts = [(targets[i * per:(i + 1) * per] != IGNORE).sum() for i in range(dp)]
+        mine = counts[self.trainer.coords.dp] / self.layout.cp  # this replica's own count, shared by its cp ranks
+        self.trainer.normalise = lambda summed, target, share: summed / mine
+        return super().step(tokens, targets)
+
+
+class MeanPerRank(ReferenceStack):
+    """Planted bug: each replica's loss is the mean over its own counted targets, and the replicas' gradients are
+    averaged (DDP's average of per-rank means); equal to the global mean on full batches."""
+
+    def build(self, spec, layout, recipe, group=None):
+        super().build(spec, layout, recipe, group)
+        return _MeanPerRank(spec, layout, recipe)

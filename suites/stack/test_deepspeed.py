@@ -20,7 +20,7 @@ from harness.contracts.stack import Layout, Recipe
 from reference.models import ModelSpec
 from reference.zero import OptimizerSpec
 
-from .test_equivalence import _verdict
+from .test_equivalence import _verdict, padded_at
 
 DEEPSPEED = registry.skip_reason(registry.resolve("deepspeed", "stack"))
 pytestmark = pytest.mark.skipif(bool(DEEPSPEED), reason=f"deepspeed: {DEEPSPEED}")
@@ -34,7 +34,7 @@ CASES = [  # (spec, layout, recipe, in every profile)
     # released (deepspeed_init.release_mpu), else this engine takes the pipeline for its model-parallel group
     (GPT32, Layout(1, 2, 1, zero=1), Recipe(max_grad_norm=0.05), True),  # the tied embedding across stages
     (LLAMA32, Layout(2, 1, 1, zero=0), Recipe(accumulation=2), True),
-    (LLAMA32, Layout(2, 1, 1, zero=1), Recipe(max_grad_norm=0.05), False),
+    (LLAMA32, Layout(2, 1, 1, zero=1, checkpointing=True), Recipe(max_grad_norm=0.05), True),
     (GPT32, Layout(2, 1, 1, zero=2), Recipe(max_grad_norm=0.05, accumulation=2), True),
     (LLAMA32, Layout(2, 1, 1, zero=3), Recipe(optimizer=OptimizerSpec("adam", 1e-2, eps=1e-3)), True),
     (GPT32, Layout(4, 1, 1, zero=3), Recipe(max_grad_norm=0.05), False),
@@ -52,12 +52,13 @@ CASES = [  # (spec, layout, recipe, in every profile)
 ]
 
 
-@pytest.mark.parametrize("spec, layout, recipe", [
-    pytest.param(s, lay, r, id=f"{s.family}-{lay.label()}-zero{lay.zero}" + "-ckpt" * lay.checkpointing
-                 + (f"-m{lay.microbatches}" if lay.microbatches else "") + "-clip" * (r.max_grad_norm is not None),
-                 marks=[] if every else [pytest.mark.thorough]) for s, lay, r, every in CASES])
-def test_deepspeed_equals_one_device(spec, layout, recipe, world_cache, conformance):
-    v = _verdict(world_cache, conformance, "deepspeed", layout.world_size, spec, layout, recipe)
+@pytest.mark.parametrize("spec, layout, recipe, padded", [
+    pytest.param(s, lay, r, padded_at(i), id=f"{s.family}-{lay.label()}-zero{lay.zero}" + "-ckpt" * lay.checkpointing
+                 + (f"-m{lay.microbatches}" if lay.microbatches else "") + "-clip" * (r.max_grad_norm is not None)
+                 + "-padded" * padded_at(i), marks=[] if every else [pytest.mark.thorough])
+    for i, (s, lay, r, every) in enumerate(CASES)])
+def test_deepspeed_equals_one_device(spec, layout, recipe, padded, world_cache, conformance):
+    v = _verdict(world_cache, conformance, "deepspeed", layout.world_size, spec, layout, recipe, padded=padded)
     if v["known"]:  # ZeRO 0 with clipping: the norm is not reported; under pp it is the first stage's (findings)
         assert layout.zero == 0 and recipe.max_grad_norm is not None, v["problems"][:3]
         assert layout.pp > 1 or not any(" off by " in p for p in v["problems"]), v["problems"][:3]
@@ -93,12 +94,13 @@ clipped: its norm counts every stage, unlike fp32's), against one device running
 test_equivalence.BF16). Measured: 1.2 - 3.2 E_T against allowed ratios of 5.9 - 6.7."""
 
 
-@pytest.mark.parametrize("spec, layout, recipe", [
-    pytest.param(s, lay, r, id=f"{s.family}-{lay.label()}-zero{lay.zero}" + "-clip" * (r.max_grad_norm is not None),
-                 marks=[] if every else [pytest.mark.thorough]) for s, lay, r, every in BF16])
-def test_deepspeed_bf16_with_fp32_masters_equals_one_device(spec, layout, recipe, world_cache, conformance):
+@pytest.mark.parametrize("spec, layout, recipe, padded", [
+    pytest.param(s, lay, r, padded_at(i), id=f"{s.family}-{lay.label()}-zero{lay.zero}"
+                 + "-clip" * (r.max_grad_norm is not None) + "-padded" * padded_at(i),
+                 marks=[] if every else [pytest.mark.thorough]) for i, (s, lay, r, every) in enumerate(BF16)])
+def test_deepspeed_bf16_with_fp32_masters_equals_one_device(spec, layout, recipe, padded, world_cache, conformance):
     require_dtype(world_cache.get(layout.world_size), spec.dtype, conformance, suite="stack", impl="deepspeed")
-    v = _verdict(world_cache, conformance, "deepspeed", layout.world_size, spec, layout, recipe)
+    v = _verdict(world_cache, conformance, "deepspeed", layout.world_size, spec, layout, recipe, padded=padded)
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
 
 

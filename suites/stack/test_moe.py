@@ -30,7 +30,7 @@ from harness.contracts.stack import Layout, Recipe
 from harness.stack import case as ranks
 from reference.models import ModelSpec
 
-from .test_equivalence import _verdict
+from .test_equivalence import _verdict, padded_at
 
 MOE = ModelSpec("moe", vocab=13, hidden=16, heads=4, kv_heads=2, ffn=8, layers=3, experts=4, top_k=2, aux_coef=0.1)
 TOP1 = ModelSpec(**{**MOE.as_dict(), "top_k": 1, "shared_experts": 1})
@@ -59,11 +59,11 @@ def _id(spec, layout):
     return f"{spec.router}-top{spec.top_k}{'-shared' if spec.shared_experts else ''}-{layout.label()}-zero{layout.zero}"
 
 
-@pytest.mark.parametrize("n, spec, layout, recipe", [
-    pytest.param(n, s, lay, r, id=_id(s, lay), marks=[] if every else [pytest.mark.thorough])
-    for n, s, lay, r, every in CASES])
-def test_moe_stack_equals_one_device(stack_impl, n, spec, layout, recipe, world_cache, conformance):
-    v = _verdict(world_cache, conformance, stack_impl, n, spec, layout, recipe)
+@pytest.mark.parametrize("n, spec, layout, recipe, padded", [
+    pytest.param(n, s, lay, r, padded_at(i), id=_id(s, lay) + "-padded" * padded_at(i),
+                 marks=[] if every else [pytest.mark.thorough]) for i, (n, s, lay, r, every) in enumerate(CASES)])
+def test_moe_stack_equals_one_device(stack_impl, n, spec, layout, recipe, padded, world_cache, conformance):
+    v = _verdict(world_cache, conformance, stack_impl, n, spec, layout, recipe, padded=padded)
     if v["outcome"] == "unsupported":
         pytest.skip(f"{stack_impl} does not provide this case: {v['refused']}")
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]

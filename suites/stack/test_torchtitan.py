@@ -29,7 +29,7 @@ from harness.contracts.stack import Layout, Recipe
 from reference.models import ModelSpec
 from reference.zero import OptimizerSpec
 
-from .test_equivalence import _verdict
+from .test_equivalence import _verdict, padded_at
 
 TORCHTITAN = registry.skip_reason(registry.resolve("torchtitan", "stack"))
 pytestmark = pytest.mark.skipif(bool(TORCHTITAN), reason=f"torchtitan: {TORCHTITAN}")
@@ -46,7 +46,8 @@ CLIPS = ((0.05, 2.0), (0.02, math.inf))
 LAYOUTS = [  # (layout, in every profile): each dimension once in tox (FSDP x TP: the tied watch's 4 ranks);
     # the rest thorough (FSDP x TP x AC among them: 12.6 s, the tox budget)
     (Layout(1, 1, 1), False),
-    (Layout(2, 1, 1, zero=3), True), (Layout(2, 1, 1, zero=2), False), (Layout(2, 1, 1, zero=0), True),
+    (Layout(2, 1, 1, zero=2, checkpointing=True), True), (Layout(2, 1, 1, zero=3), False),
+    (Layout(2, 1, 1, zero=0), True),
     (Layout(1, 2, 1, schedule="gpipe"), False), (Layout(1, 2, 1), False),
     (Layout(1, 2, 1, schedule="interleaved"), True),
     (Layout(1, 1, 2), False), (Layout(1, 1, 2, sequence_parallel=True), True),
@@ -67,12 +68,13 @@ def _cases():
         max_norm, norm_type = CLIPS[k % 2]
         recipe = Recipe(optimizer=ADAM, max_grad_norm=max_norm, norm_type=norm_type, accumulation=1 + (k % 3 == 2))
         label = f"{layout.label()}-zero{layout.zero}-{layout.schedule}{'-sp' if layout.sequence_parallel else ''}"
-        yield pytest.param(layout, recipe, id=label, marks=[] if every else [pytest.mark.thorough])
+        yield pytest.param(layout, recipe, padded_at(k), id=label + "-padded" * padded_at(k),
+                           marks=[] if every else [pytest.mark.thorough])
 
 
-@pytest.mark.parametrize("layout, recipe", list(_cases()))
-def test_torchtitan_equals_one_device(layout, recipe, world_cache, conformance):
-    v = _verdict(world_cache, conformance, "torchtitan", layout.world_size, LLAMA32, layout, recipe)
+@pytest.mark.parametrize("layout, recipe, padded", list(_cases()))
+def test_torchtitan_equals_one_device(layout, recipe, padded, world_cache, conformance):
+    v = _verdict(world_cache, conformance, "torchtitan", layout.world_size, LLAMA32, layout, recipe, padded=padded)
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
 
 
@@ -108,14 +110,15 @@ running the contract's recipe (harness/stack/mixed.py). Adam (torchtitan's only 
 first update off sign(g). Measured: 2.2 - 3.9 E_T against allowed ratios of 5.5 - 6.3."""
 
 
-@pytest.mark.parametrize("layout, recipe", [
-    pytest.param(lay, r, id=f"{lay.label()}-zero{lay.zero}-{lay.schedule}" + "-sp" * lay.sequence_parallel,
-                 marks=[] if every else [pytest.mark.thorough]) for lay, r, every in BF16])
-def test_torchtitan_bf16_mixed_precision_equals_one_device(layout, recipe, world_cache, conformance):
+@pytest.mark.parametrize("layout, recipe, padded", [
+    pytest.param(lay, r, padded_at(i), id=f"{lay.label()}-zero{lay.zero}-{lay.schedule}" + "-sp" * lay.sequence_parallel
+                 + "-padded" * padded_at(i), marks=[] if every else [pytest.mark.thorough])
+    for i, (lay, r, every) in enumerate(BF16)])
+def test_torchtitan_bf16_mixed_precision_equals_one_device(layout, recipe, padded, world_cache, conformance):
     from harness.capabilities import require_dtype
 
     require_dtype(world_cache.get(layout.world_size), "bfloat16", conformance, suite="stack", impl="torchtitan")
-    v = _verdict(world_cache, conformance, "torchtitan", layout.world_size, LLAMA16, layout, recipe)
+    v = _verdict(world_cache, conformance, "torchtitan", layout.world_size, LLAMA16, layout, recipe, padded=padded)
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
 
 

@@ -34,7 +34,7 @@ from harness import registry
 from harness.contracts.stack import Layout, Recipe
 from reference.models import ModelSpec
 
-from .test_equivalence import _verdict
+from .test_equivalence import _verdict, padded_at
 from .test_moe import EVERY_EXPERT
 from .test_torchtitan import ADAM  # eps 1e-3, as torchtitan's bf16 Llama is held (why: there)
 
@@ -73,14 +73,14 @@ def _id(spec, layout):
             f"{'-sp' if layout.sequence_parallel else ''}{'-ac' if layout.checkpointing else ''}")
 
 
-@pytest.mark.parametrize("spec, layout, recipe", [
-    pytest.param(s, lay, r, id=_id(s, lay), marks=[] if every else [pytest.mark.thorough])
-    for s, lay, r, every in CASES])
-def test_torchtitan_moe_stack_equals_one_device(spec, layout, recipe, world_cache, conformance):
+@pytest.mark.parametrize("spec, layout, recipe, padded", [
+    pytest.param(s, lay, r, padded_at(i), id=_id(s, lay) + "-padded" * padded_at(i),
+                 marks=[] if every else [pytest.mark.thorough]) for i, (s, lay, r, every) in enumerate(CASES)])
+def test_torchtitan_moe_stack_equals_one_device(spec, layout, recipe, padded, world_cache, conformance):
     from harness.capabilities import require_dtype
 
     require_dtype(world_cache.get(layout.world_size), "bfloat16", conformance, suite="stack", impl="torchtitan")
-    v = _verdict(world_cache, conformance, "torchtitan", layout.world_size, spec, layout, recipe)
+    v = _verdict(world_cache, conformance, "torchtitan", layout.world_size, spec, layout, recipe, padded=padded)
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
     if layout != Layout():  # held to its own one-rank run, which was held to the contract's recipe first
         assert all(r["own_worst"] > 0 for r in v["per_rank"]), v["per_rank"][0]

@@ -1,0 +1,42 @@
+"""The releases each third-party stack was measured on, and what a user on another one is told.
+
+A verdict holds the install it ran on; what this table adds is whether that release is one the suite's own runs
+cover (its adapters driven through that release's API, its findings' ranges measured there). On any other
+release ``paritybench impls`` and the conformance matrix say so: the suite still judges it — a failure is a
+failure, and a finding excuses only the releases its range names (``harness.findings``) — but nobody has looked
+at it before you. Ranges are [first, last] releases measured, inclusive; update them with the matrix env's runs
+(docs/guides/stacks.md, "Releases").
+"""
+
+from __future__ import annotations
+
+from .findings import _installed, _release
+
+TESTED: dict[str, tuple[str, str]] = {
+    "torch": ("2.12.1", "2.15.0"),
+    "deepspeed": ("0.19.8", "0.19.8"),
+    "megatron-core": ("0.16.1", "0.16.1"),
+    "torchtitan": ("0.3.0", "0.3.0"),
+    "transformers": ("5.24.0", "5.24.0"),
+}
+"""distribution -> (first, last) release the suite's runs cover (measured, docs/guides/stacks.md)."""
+
+def tested(distribution: str, version: str) -> bool:
+    """Whether ``version`` of ``distribution`` lies in the releases the suite's runs cover."""
+    lo, hi = TESTED[distribution]
+    return _release(lo) <= _release(version) <= _release(hi)
+
+
+def release_note(distribution: str) -> str | None:
+    """One line on the installed release of ``distribution``: tested or not, with the tested range; None where it
+    is not installed or the table has no range for it."""
+    version = _installed(distribution)
+    if version is None or distribution not in TESTED:
+        return None
+    lo, hi = TESTED[distribution]
+    span = lo if lo == hi else f"{lo} to {hi}"
+    if tested(distribution, version):
+        return f"{distribution} {version}: a tested release ({span})."
+    return (f"{distribution} {version}: NOT a release this suite was measured on (tested: {span}) — its verdicts "
+            "hold this install, and no finding of another release excuses a failure here.")
+

@@ -1,0 +1,41 @@
+"""``paritybench impls`` says which release of each stack is installed and whether the suite's runs cover it: a user
+on an untested release is told so in one line, never silently passed (harness/releases.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import releases
+from harness.cli import main
+
+
+@pytest.mark.parametrize("version, tested", [("0.19.8", True), ("0.18.6", False), ("0.20.0", False)])
+def test_an_installed_release_is_said_to_be_tested_or_not(monkeypatch, version, tested):
+    monkeypatch.setitem(releases.TESTED, "deepspeed", ("0.19.8", "0.19.8"))
+    monkeypatch.setattr(releases, "_installed", lambda dist: version if dist == "deepspeed" else None)
+    note = releases.release_note("deepspeed")
+    assert note.startswith(f"deepspeed {version}: ") and "\n" not in note
+    assert ("a tested release" in note) == tested and ("NOT a release" in note) == (not tested), note
+    assert "0.19.8" in note  # the tested range is named either way
+
+
+def test_a_range_is_inclusive_at_both_ends(monkeypatch):
+    monkeypatch.setitem(releases.TESTED, "torch", ("2.12.1", "2.15.0"))
+    assert [releases.tested("torch", v) for v in ("2.12.0", "2.12.1", "2.13.0+cpu", "2.15.0", "2.15.1")] == \
+        [False, True, True, True, False]
+
+
+def test_a_distribution_not_installed_gets_no_line(monkeypatch):
+    monkeypatch.setattr(releases, "_installed", lambda dist: None)
+    assert releases.release_note("megatron-core") is None
+
+
+def test_impls_lists_the_installed_releases(capsys):
+    assert main(["impls"]) == 0
+    out = capsys.readouterr().out
+    section = out.split("releases installed:\n", 1)[1].splitlines()
+    assert section[0].startswith("  torch ") and all(line.startswith("  ") for line in section), section
+    # every distribution the table lists that is installed here has its line (the minimal env: torch's alone)
+    installed = [d for d in releases.TESTED if d != "torch" and releases._installed(d)]
+    for dist in installed:
+        assert any(line.startswith(f"  {dist} ") for line in section), (dist, section)
