@@ -10,9 +10,9 @@ Fixtures: ``world_cache`` (session: one World per (size, backend), spawned on fi
 end), ``world_sizes``, ``world`` (parametrised over --world-sizes), ``collectives_impl`` and
 ``pipeline_impl`` (parametrised over the implementations of that paradigm among --impl, or every
 registered one; skipped with a reason where a package is missing), ``conformance`` (records
-rows). A test that also takes ``collective_name`` is parametrised over (implementation, collective)
-pairs, leaving out variants where they share the collective with another implementation. Worlds are
-never spawned per test or per example.
+rows), ``stack_case`` (holds a stack to one device on a case of your own). A test that also takes
+``collective_name`` is parametrised over (implementation, collective) pairs, leaving out variants where
+they share the collective with another implementation. Worlds are never spawned per test or per example.
 """
 
 from __future__ import annotations
@@ -237,3 +237,16 @@ def strict_mode(config) -> bool:
 @pytest.fixture
 def conformance(request) -> Conformance:
     return Conformance(request.config._paritybench_run, request.node.name, strict_mode(request.config))
+
+
+@pytest.fixture
+def stack_case(world_cache, conformance):
+    """Hold a stack to one device on your own case: ``stack_case(impl, spec, layout, recipe, padded=False)`` ->
+    {"outcome": pass / fail / unsupported / refused / known-nonconformance, "problems": [one line each],
+    "refused": its sentence, ...} — trained on the session's World of ``layout.world_size`` ranks (spawned once),
+    recorded as a conformance row (docs/contracts/stack.md, "Your own case")."""
+    from .stack.judge import hold
+
+    def case(impl: str, spec, layout, recipe, **kw) -> dict:
+        return hold(world_cache, conformance, impl, layout.world_size, spec, layout, recipe, **kw)
+    return case

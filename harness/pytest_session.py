@@ -108,15 +108,20 @@ def thorough_run(config) -> bool:
 def pytest_collection_modifyitems(config, items):
     """Benchmark tests (marker ``benchmark``) are opt-in: without ``-m`` naming them or ``--benchmark-only``
     they are deselected, except the smoke test (marker ``paritybench_smoke``), so the default run stays short.
-    The larger sweeps (marker ``thorough``) run under the thorough hypothesis profile or ``-m thorough``."""
+    The larger sweeps (marker ``thorough``) run under the thorough hypothesis profile or ``-m thorough``. With
+    ``--impl`` naming only implementations of your own, the suite's own checks (its planted bugs, the built-in
+    stacks' cases, the coverage of its case lists: every test that takes no ``<paradigm>_impl``) are
+    deselected: what runs is what holds yours."""
     markexpr = config.getoption("markexpr", "") or ""
     benchmarks = "benchmark" in markexpr or config.getoption("benchmark_only", False)
     thorough = thorough_run(config)
+    yours_only = yours_alone(config)
     keep, drop = [], []
     for item in items:
         opted_out = (not benchmarks and item.get_closest_marker("benchmark")
                      and not item.get_closest_marker("paritybench_smoke"))
         opted_out = opted_out or (not thorough and item.get_closest_marker("thorough"))
+        opted_out = opted_out or (yours_only and not takes_an_impl(item))
         (drop if opted_out else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
@@ -127,6 +132,20 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if item.get_closest_marker("checkout"):
                 item.add_marker(skip)
+
+
+def yours_alone(config) -> bool:
+    """Whether ``--impl`` is given and names no built-in implementation (only a user's: ``package.module:object``
+    or an entry point)."""
+    from .registry import BUILTINS
+
+    specs = config.getoption("--impl", default=[]) or []
+    return bool(specs) and not any(spec == name for spec in specs for _, name in BUILTINS)
+
+
+def takes_an_impl(item) -> bool:
+    """Whether a test is parametrised over implementations (a ``<paradigm>_impl`` fixture): the tests --impl feeds."""
+    return any(name.endswith("_impl") for name in getattr(item, "fixturenames", ()))
 
 
 def in_checkout() -> bool:

@@ -43,14 +43,18 @@ class DDPTrainer:
             raise ValueError(f"{len(tokens)} rows do not split evenly over {n} data-parallel ranks.")
         rows = len(tokens) // n
         k = self.recipe.accumulation
+        # the loss is the mean over the global batch's counted targets (-100: padding). DDP averages the n
+        # replicas, so each divides its summed loss by 1 / n of that count — never by its own count, nor each
+        # micro-step by its own (a padded batch counts differently per replica and micro-step)
+        share = int((targets != -100).sum()) / n
         mine = slice(r * rows, (r + 1) * rows)
         tokens, targets = tokens[mine], targets[mine]
         self.optimizer.zero_grad()
         total = 0.0
-        for a in range(k):  # each micro-step's mean loss / k: the replica's mean; DDP averages the replicas
+        for a in range(k):
             part = slice(a * rows // k, (a + 1) * rows // k)
             logits = self.ddp(tokens[part])  # through DDP's forward: its reducer is prepared for this backward
-            loss = F.cross_entropy(logits.flatten(0, 1), targets[part].flatten()) / k
+            loss = F.cross_entropy(logits.flatten(0, 1), targets[part].flatten(), reduction="sum") / share
             if a < k - 1:
                 with self.ddp.no_sync():
                     loss.backward()

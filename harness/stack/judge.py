@@ -5,6 +5,14 @@ failure a registry finding explains turned into ``known-nonconformance`` — and
 from __future__ import annotations
 
 
+def hold(world_cache, conformance, impl: str, n: int, spec, layout, recipe, **kw) -> dict:
+    """``judged`` on the session's World of ``n`` ranks, recorded as a conformance row (``conformance``: the
+    pytest plugin's fixture) — what the ``stack_case`` fixture and the stack suite's tests call."""
+    v = judged(world_cache.get(n), impl, spec, layout, recipe, one=lambda: world_cache.get(1), **kw)
+    conformance.record(v["outcome"], finding=v["known"], **{**v["row"], "world_size": n})
+    return v
+
+
 def judged(world, impl: str, spec, layout, recipe, one=None, **kw) -> dict:
     """{"outcome", "problems", "refused", "per_rank", "known", "row"} of ``impl`` on ``layout`` (``world``: a World
     of ``layout.world_size`` ranks). Whatever the stack does — raise, hang, die — is a verdict, not an error.

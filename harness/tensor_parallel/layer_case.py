@@ -115,17 +115,20 @@ def embedding(vocab: int, dim: int, tokens: int, seed: int) -> list[str]:
     return problems
 
 
-def cross_entropy(tokens: int, vocab: int, seed: int) -> list[str]:
+def cross_entropy(tokens: int, vocab: int, seed: int, padded: bool = False) -> list[str]:
     """vocab_parallel_cross_entropy vs F.cross_entropy in float64. Both are log(sum exp(z - max)) -
     (z_t - max); the sums of V positive terms differ in order (two levels here), each within V eps
     relative, so the logs differ by at most 2 V eps; each side rounds the log and the final difference
     of two non-negative terms no larger than |loss|: 4 eps |loss|. The gradient softmax - onehot differs
-    by 2 V eps: the bounds used."""
+    by 2 V eps: the bounds used. ``padded``: about a third of the targets are the ignore index (-100), whose
+    loss and gradient must be exactly 0, as F.cross_entropy's."""
     n, r = dist.get_world_size(), dist.get_rank()
     g = torch.Generator().manual_seed(seed)
     logits = (torch.randn(tokens, vocab, generator=g, dtype=torch.float64) * 3).requires_grad_()
     target = torch.randint(0, vocab, (tokens,), generator=g)
-    want = F.cross_entropy(logits, target, reduction="none")
+    if padded:
+        target = target.masked_fill(torch.rand(tokens, generator=g) < 1 / 3, -100)
+    want = F.cross_entropy(logits, target, reduction="none", ignore_index=-100)
     want.sum().backward()
     per = -(-vocab // n)
     shard = torch.zeros(tokens, per, dtype=torch.float64)
@@ -138,6 +141,9 @@ def cross_entropy(tokens: int, vocab: int, seed: int) -> list[str]:
     problems += _mismatch("logit grad", shard.grad[:, : max(0, hi - lo)], logits.grad[:, lo:hi], 2 * vocab * EPS64)
     if hi - lo < per and bool(shard.grad[:, max(0, hi - lo):].any()):
         problems.append("padding columns received gradient")
+    ignored = target == -100
+    if bool(got.detach()[ignored].any()) or bool(shard.grad[ignored].any()):
+        problems.append("an ignored target (-100) has a loss or a gradient")
     return problems
 
 

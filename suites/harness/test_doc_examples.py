@@ -91,8 +91,9 @@ def test_stack_example(world_cache, world_sizes):
     models = (ModelSpec("gpt", heads=4, layers=2, tie_embeddings=True), ModelSpec("llama", kv_heads=1, layers=2))
     for n in world_sizes:
         for model in models:
-            for recipe in (Recipe(max_grad_norm=0.05), Recipe(accumulation=2)):
-                r = world_cache.get(n).run(stack_case.train_stack, spec, model, Layout(dp=n), recipe)[0]
+            for recipe, padded in ((Recipe(max_grad_norm=0.05), False), (Recipe(accumulation=2), True)):
+                r = world_cache.get(n).run(stack_case.train_stack, spec, model, Layout(dp=n), recipe,
+                                           padded=padded)[0]
                 assert not r["refused"] and not r["problems"], (n, model.family, recipe, r["problems"][:3])
     r = world_cache.get(2).run(stack_case.train_stack, spec, models[0], Layout(pp=2), Recipe())[0]
     assert r["unsupported"] and "\n" not in r["refused"], r

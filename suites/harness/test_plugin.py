@@ -35,6 +35,20 @@ def test_impl_option_runs_a_users_implementation_only():
     assert all("[torch-" in i for i in pipelines)
 
 
+def test_impl_naming_only_yours_leaves_out_the_suites_own_checks():
+    """``pytest suites/stack --impl yours``: the tests that take an implementation, each with yours — not the
+    planted bugs, the built-in stacks' own cases or the case lists' coverage (which no --impl changes); with a
+    built-in name among the specs nothing is left out."""
+    yours = pytest_run("suites/stack", "--collect-only", "--impl", "docs.examples.ddp_stack:DDPStack")
+    assert yours.returncode == 0, yours.stdout + yours.stderr
+    ids = [line for line in yours.stdout.splitlines() if "::" in line]
+    assert ids and all("[docs.examples.ddp_stack:DDPStack" in i for i in ids), ids[:5]
+    assert "deselected" in yours.stdout.splitlines()[-1]
+    both = pytest_run("suites/stack/test_coverage.py", "--collect-only", "--impl", "docs.examples.ddp_stack:DDPStack",
+                      "--impl", "reference")
+    assert both.returncode == 0 and "test_a_hole_is_found" in both.stdout, both.stdout + both.stderr
+
+
 def test_impl_option_runs_and_passes_on_the_world():
     out = pytest_run("suites/collectives/test_conformance.py", "--world-sizes", "2,3", "--impl",
                      "suites.collectives.impls:ring_unpipelined", "-k", "test_collective_matches and all_gather")

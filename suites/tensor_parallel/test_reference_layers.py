@@ -50,7 +50,7 @@ def test_vocab_parallel_embedding_exact_even_when_vocab_does_not_divide(world_ca
 def test_vocab_parallel_cross_entropy_within_derived_bound(world_cache, world_sizes, data):
     n = data.draw(st.sampled_from(world_sizes), label="tp")
     _run(world_cache, n, ranks.cross_entropy, data.draw(st.integers(1, 9)), data.draw(st.integers(1, 23)),
-         data.draw(st.integers(0, 999)))
+         data.draw(st.integers(0, 999)), data.draw(st.booleans(), label="padded"))
 
 
 def test_sizes_that_do_not_divide_are_refused(world_cache, world_sizes):
