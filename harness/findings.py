@@ -228,6 +228,14 @@ FINDINGS: tuple[Finding, ...] = (
             "suites/expert_parallel/test_megatron_moe.py::test_watch_megatrons_router_needs_transformer_engine",
             handled_by_adapter="the megatron MoE adapter defines moe_utils.te_general_gemm = None where the import "
                                "failed"),
+    Finding("accelerate", "stack", "accelerate", ("1.16.0", None),
+            "accelerate applies its FSDP plugin only where its distributed type is an accelerator's: on a CPU, "
+            "Accelerator(cpu=True, fsdp_plugin=...) sets MULTI_CPU and prepare() wraps the model in DDP — the "
+            "sharding asked for is not done, and nothing says so (minimal case: 2 ranks, gloo, fsdp_version 2; "
+            "ACCELERATE_USE_FSDP is set all the same).",
+            "suites/stack/test_accelerate.py::test_watch_accelerate_ignores_its_fsdp_plugin_on_a_cpu",
+            handled_by_adapter="the accelerate adapter refuses ZeRO 2 / 3 (unsupported, with the distributed type) "
+                               "where accelerate's type is not FSDP"),
     Finding("deepspeed", "stack", "deepspeed", ("0.19", None),
             "DeepSpeed's engine at ZeRO stage 0 with a client torch optimizer clips the gradients (gradient_clipping) "
             "but get_global_grad_norm() returns None: the norm it clipped by is not reported (minimal case: 1 rank, "
@@ -297,10 +305,11 @@ def outside_range(watch: str) -> str | None:
 
 
 def _builtin(spec: str, paradigm: str) -> str | None:
-    """The built-in name ``spec`` stands for, or None for anything else (a user's implementation)."""
-    from .registry import BUILTINS
+    """The built-in name ``spec`` stands for (an option of a built-in stack: that stack's, ``registry.OPTIONS``),
+    or None for anything else (a user's implementation)."""
+    from .registry import BUILTINS, OPTIONS
 
-    return spec if (paradigm, spec) in BUILTINS else None
+    return spec if (paradigm, spec) in BUILTINS else OPTIONS.get((paradigm, spec))
 
 
 def _applicable(spec: str, paradigm: str, case: dict) -> list[Finding]:

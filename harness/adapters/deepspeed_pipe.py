@@ -119,8 +119,8 @@ class DeepSpeedPipeTrainer(DeepSpeedCheckpoint, BuiltFromDense):
 
     kind = "pipeline"
 
-    def __init__(self, spec, layout, recipe):
-        self.spec, self.layout, self.recipe = spec, layout, recipe
+    def __init__(self, spec, layout, recipe, config=None):
+        self.spec, self.layout, self.recipe, self.config = spec, layout, recipe, config or {}
         self.micro_batches = layout.num_microbatches * recipe.accumulation
         self.last_grad_norm = None
 
@@ -133,7 +133,8 @@ class DeepSpeedPipeTrainer(DeepSpeedCheckpoint, BuiltFromDense):
         import deepspeed
 
         recipe, layout = self.recipe, self.layout
-        config = {**engine_config(layout.zero, self.micro_batches, recipe.max_grad_norm), **bf16_config(self.spec)}
+        config = {**engine_config(layout.zero, self.micro_batches, recipe.max_grad_norm), **bf16_config(self.spec),
+                  **self.config}
         model = model.float()  # bf16: DeepSpeed rounds the model itself; its fp32 masters are the rounded weights
         module = pipeline_module(model, layout.pp, layout.checkpointing)
         client = recipe.optimizer.build([p for p in module.parameters()])

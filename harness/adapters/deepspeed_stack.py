@@ -4,10 +4,20 @@ its gradient accumulation (``gradient_accumulation_steps``: the engine divides e
 steps at the boundary), its gradient clipping (``gradient_clipping``: the global 2-norm), the client torch
 optimizer (SGD with momentum or Adam), float32.
 
-Each replica takes its rows of the global batch; its loss is the model's mean cross-entropy over them (equal
-rows per replica: the engine's gradient average over dp is one device's). Full state through DeepSpeed's own
-API: ``GatheredParameters`` (stage 3) and ``safe_get_full_optimizer_state`` (stage 0: the client optimizer's
-state). A tied embedding is one parameter for DeepSpeed too: reported under both names, its state once.
+Each replica takes its rows of the global batch; each micro-step's loss is its summed cross-entropy divided by
+its share of the global batch's counted targets (``token_share`` over dp x accumulation): the engine averages
+micro-steps and replicas, and a padded batch counts differently in each — how the HF Trainer weighs a DeepSpeed
+loss (``num_items_in_batch``).
+
+The options users set (docs/guides/stacks.md), each a stack of its own here (``--impl
+harness.adapters.deepspeed_stack:<name>``): ``CallerScalesLoss`` — the caller divides by the accumulation steps
+and calls ``engine.backward(loss, scale_wrt_gas=False)``, as accelerate and the HF Trainer do;
+``Fp32GradAccum`` — ``data_types.grad_accum_dtype`` fp32 (a bf16 model's gradients accumulated in fp32: its
+BF16_Optimizer at ZeRO 1; DeepSpeed refuses the mix at ZeRO 0 with NotImplementedError: unsupported).
+
+Full state through DeepSpeed's own API: ``GatheredParameters`` (stage 3) and ``safe_get_full_optimizer_state``
+(stage 0: the client optimizer's state). A tied embedding is one parameter for DeepSpeed too: reported under
+both names, its state once.
 
 bf16 is DeepSpeed's own recipe (``bf16_config``: it rounds the model; fp32 masters and state, read by
 ``MastersState``). pp > 1 and activation checkpointing are its ``PipelineModule`` (``deepspeed_pipe.py``);
@@ -55,6 +65,11 @@ def _unsupported(spec, layout, recipe) -> str | None:
 class DeepSpeedStack:
     description = "DeepSpeed's engine: deepspeed.initialize, ZeRO 0-3 over dp, accumulation, clipping (float32)"
 
+    config: dict = {}
+    """DeepSpeed config entries an option adds to the engine's (``engine_config``, ``bf16_config``)."""
+    scale_wrt_gas = True
+    """``engine.backward``'s: True, the engine divides by the accumulation steps; False, the caller does."""
+
     def build(self, spec, layout, recipe, group=None):
         why = _unsupported(spec, layout, recipe)
         if why:
@@ -62,15 +77,35 @@ class DeepSpeedStack:
         if group not in (None, dist.group.WORLD):
             raise Unsupported("DeepSpeed's data-parallel group is the world here (no group argument).")
         if layout.pp > 1 or layout.checkpointing:  # DeepSpeed's activation checkpointing is its PipelineModule's
+            if not self.scale_wrt_gas:
+                raise Unsupported("the caller's own loss scaling is engine.backward's option; the PipelineEngine's "
+                                  "train_batch runs the backward itself.")
             from .deepspeed_pipe import DeepSpeedPipeTrainer
 
-            return DeepSpeedPipeTrainer(spec, layout, recipe)
-        return DeepSpeedStackTrainer(spec, layout, recipe)
+            return DeepSpeedPipeTrainer(spec, layout, recipe, self.config)
+        return DeepSpeedStackTrainer(spec, layout, recipe, self.config, self.scale_wrt_gas)
+
+
+class CallerScalesLoss(DeepSpeedStack):
+    description = "DeepSpeed's engine, the caller dividing the loss by the accumulation steps (scale_wrt_gas=False)"
+    scale_wrt_gas = False
+
+
+class Fp32GradAccum(DeepSpeedStack):
+    description = "DeepSpeed's engine, a bf16 model's gradients accumulated in fp32 (data_types.grad_accum_dtype)"
+    config = {"data_types": {"grad_accum_dtype": "fp32"}}
+
+    def build(self, spec, layout, recipe, group=None):
+        if spec.dtype == "bfloat16" and layout.zero == 0 and layout.pp == 1 and not layout.checkpointing:
+            raise Unsupported("DeepSpeed refuses a bf16 model with fp32 gradient accumulation at ZeRO 0 "
+                              "(NotImplementedError: unsupported mix of model_dtype and grad_accum_dtype).")
+        return super().build(spec, layout, recipe, group)
 
 
 class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
-    def __init__(self, spec, layout, recipe):
+    def __init__(self, spec, layout, recipe, config=None, scale_wrt_gas: bool = True):
         self.spec, self.layout, self.recipe = spec, layout, recipe
+        self.config, self.scale_wrt_gas = config or {}, scale_wrt_gas
         self.last_grad_norm = None
 
     @property
@@ -86,7 +121,7 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
 
         recipe = self.recipe
         config = {**engine_config(self.layout.zero, recipe.accumulation, recipe.max_grad_norm),
-                  **bf16_config(self.spec)}
+                  **bf16_config(self.spec), **self.config}
         model = model.float()  # bf16: DeepSpeed rounds the model itself; its fp32 masters are the rounded weights
         client = recipe.optimizer.build(model.parameters())
         engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client, config=config)
@@ -105,8 +140,11 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
         total = 0.0
         for a in range(k):
             part = slice(a * rows, (a + 1) * rows)
-            loss = summed_cross_entropy(engine.module(mine[part]), theirs[part]) / share
-            engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
+            loss = summed_cross_entropy(engine(mine[part]), theirs[part]) / share  # through its forward
+            if self.scale_wrt_gas:
+                engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
+            else:  # the caller does (accelerate, the HF Trainer), and tells the engine not to
+                engine.backward(loss / k, scale_wrt_gas=False)
             engine.step()  # a no-op until the accumulation boundary
             total += float(loss.detach()) / k
         if self.recipe.max_grad_norm is not None:

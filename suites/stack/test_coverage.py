@@ -64,7 +64,8 @@ OPTIONS = {  # name: (what a case holds, the probe: the smallest case with it, a
 }
 
 REFUSALS = {"reference": None, "torch": "harness.adapters.torch_stack", "deepspeed": "harness.adapters.deepspeed_stack",
-            "megatron": "harness.adapters.megatron_stack", "torchtitan": "harness.adapters.torchtitan_stack"}
+            "megatron": "harness.adapters.megatron_stack", "torchtitan": "harness.adapters.torchtitan_stack",
+            "accelerate": "harness.adapters.accelerate_stack"}
 """Each stack's static refusal (its adapter's ``_unsupported(spec, layout, recipe)``), None: refuses nothing."""
 
 
@@ -97,6 +98,10 @@ def cases(stack: str) -> list[Case]:
         from . import test_megatron as mg
 
         out += [Case(s, lay, r, eq.padded_at(i), every) for i, (s, lay, r, every) in enumerate(mg.CASES)]
+    elif stack == "accelerate":
+        from . import test_accelerate as ac
+
+        out += [Case(s, lay, r, eq.padded_at(i), every) for i, (s, lay, r, every) in enumerate(ac.CASES)]
     elif stack == "torchtitan":
         from . import test_torchtitan as tt
 
