@@ -60,3 +60,19 @@ def test_the_stack_case_fixture_holds_a_stack_on_its_users_own_case(stack_case):
     assert v["outcome"] == "pass", v["problems"][:3]
     v = stack_case("docs.examples.ddp_stack:DDPStack", mine, Layout(pp=2), Recipe())
     assert v["outcome"] == "unsupported" and "data parallel only" in v["refused"], v
+
+
+def _rank0_only() -> list:
+    import torch
+    import torch.distributed as dist
+
+    from harness.stack.helpers import from_rank0
+
+    mine = {"params": {"w": torch.arange(3.0)}, "grad_norm": 1.5} if dist.get_rank() == 0 else None
+    got = from_rank0(mine)
+    return [got["params"]["w"].tolist(), got["grad_norm"]]
+
+
+def test_a_state_built_on_rank_0_only_reaches_every_rank(world_cache):
+    """``harness.stack.helpers.from_rank0``: what a library builds on rank 0 alone, as ``dense_state`` on all."""
+    assert world_cache.get(3).run(_rank0_only) == [[[0.0, 1.0, 2.0], 1.5]] * 3
