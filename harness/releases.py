@@ -21,6 +21,20 @@ TESTED: dict[str, tuple[str, str]] = {
 }
 """distribution -> (first, last) release the suite's runs cover (measured, docs/guides/stacks.md)."""
 
+STACKS = {"deepspeed": "deepspeed", "megatron": "megatron-core", "torchtitan": "torchtitan", "accelerate": "accelerate",
+          "torch": "torch"}
+"""A built-in stack -> the distribution whose release it runs."""
+
+
+def release_of(impl: str, paradigm: str = "stack") -> str:
+    """The installed release of the distribution a built-in ``impl`` (or an option of one) runs, '' for ours and
+    for anything else (a conformance row's ``release``)."""
+    from .findings import _builtin
+
+    dist = STACKS.get(_builtin(impl, paradigm) or "")
+    return (_installed(dist) or "") if dist else ""
+
+
 def tested(distribution: str, version: str) -> bool:
     """Whether ``version`` of ``distribution`` lies in the releases the suite's runs cover."""
     lo, hi = TESTED[distribution]

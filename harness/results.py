@@ -31,7 +31,7 @@ READABLE_VERSIONS = (1, 2)
 COMMON = ["schema_version", "run_id", "suite", "impl", "backend", "world_size", "dtype"]
 CONFORMANCE_COLUMNS = COMMON + [
     "property", "collective", "op", "numel", "root", "in_place", "group", "seed",
-    "outcome", "wrong", "detail", "max_rel_err",
+    "outcome", "wrong", "detail", "max_rel_err", "release",
 ]
 BENCHMARK_COLUMNS = COMMON + [
     "op", "reduce_op", "bytes", "count", "iters", "warmup",

@@ -35,7 +35,10 @@ def judged(world, impl: str, spec, layout, recipe, one=None, **kw) -> dict:
                            vocab_remainder=spec.vocab % layout.tp,
                            clipped=recipe.max_grad_norm is not None) if outcome == "fail" else None
     outcome = "known-nonconformance" if known else outcome
+    from ..releases import release_of
+
     row = {"suite": "stack", "world_size": layout.world_size, "dtype": spec.dtype, "impl": impl,
+           "release": release_of(impl),
            "collective": f"{spec.family}/{layout.label()}/zero{layout.zero}/{layout.schedule}"
            + ("/padded" if kw.get("padded") else ""),
            "max_rel_err": max(r.get("worst", 0.0) for r in per_rank), "detail": refused or " | ".join(problems[:1])}

@@ -87,6 +87,12 @@ def stack_matrix_section(conf, md) -> list[str]:
     if not len(rows):
         return []
     rows["case"] = rows["collective"].fillna("") + rows["dtype"].map(lambda d: "" if d == "float64" else f" ({d})")
+    # a run over several releases of a stack (the release matrix): one column per stack and release
+    import pandas as pd
+
+    release = rows["release"].fillna("").astype(str) if "release" in rows else pd.Series("", index=rows.index)
+    several = release.groupby(rows["impl"]).transform("nunique") > 1
+    rows["impl"] = rows["impl"].astype(str).where(~several, rows["impl"].astype(str) + " " + release)
     # the check a row comes from (the test, its parameters dropped): a refusal test's case is not an equivalence's
     rows["check"] = rows["property"].fillna("").astype(str).str.split("[").str[0].str.removeprefix("test_")
     cell = rows.groupby(["check", "case", "impl"])["outcome"].agg(

@@ -1,0 +1,125 @@
+"""The stacks' release matrix: each third-party stack's newest release and each minor release of the last 12
+months, one venv per stack (torch and the suites as the cpu env has them, the release installed in turn), the
+stack's cases of the stack, expert-parallel and context-parallel suites (tox's profile, ``-k <stack>``), every
+session's conformance rows merged into one run folder whose report holds one matrix: stack x release x case.
+
+    python -m harness.release_matrix [--stacks deepspeed,torchtitan] [--out results/stacks-matrix] [--venvs DIR]
+
+(``tox -e stacks-matrix``: nightly, outside tox's 10-minute budget; wheels come from pip's cache after the first
+run.) A release that cannot be installed here (its Python, its torch) is a row of its own, ``unsupported`` with
+pip's reason — never left out. ``MATRIX`` is the table: update it with each release (docs/guides/stacks.md,
+"Releases")."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MATRIX: dict[str, dict] = {
+    # stack: {"dist": the distribution, "releases": newest patch of each minor of the last 12 months (2025-12 to
+    # 2026-12, the index's upload dates), "key": the -k expression, "extra": what it needs beside itself}
+    "deepspeed": {"dist": "deepspeed", "releases": ["0.18.9", "0.19.8"], "key": "deepspeed", "extra": []},
+    "megatron": {"dist": "megatron-core", "key": "megatron", "extra": [],
+                 # 0.17.1, 0.18.2 and 0.19.2 require Python 3.12 (their metadata): rows of their own, unsupported
+                 "releases": ["0.15.3", "0.16.1", "0.17.1", "0.18.2", "0.19.2"]},
+    "torchtitan": {"dist": "torchtitan", "releases": ["0.2.2", "0.3.0"], "key": "torchtitan", "no_deps": True,
+                   "extra": ["spmd_types==0.2.3", "tyro==1.0.17", "docstring_parser", "einops",
+                             "torch_checkpointing==0.1.1"]},
+    "accelerate": {"dist": "accelerate", "releases": ["1.13.0", "1.14.0", "1.15.0", "1.16.0"], "key": "accelerate",
+                   "extra": []},
+}
+TORCH = "torch==2.13.0"
+SUITES = ["suites/stack", "suites/expert_parallel", "suites/context_parallel"]
+
+
+def _pip(venv: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=3600)
+
+
+def _venv(venvs: Path, stack: str) -> Path:
+    """The stack's venv (made once, reused): torch as the cpu env pins it, paritybench editable with its test
+    extra."""
+    venv = venvs / stack
+    if not (venv / "bin" / "python").exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        done = _pip(venv, TORCH, "-e", f"{ROOT}[test]")
+        if done.returncode:
+            raise RuntimeError(f"the {stack} venv could not be made: {done.stderr.strip().splitlines()[-1:]}")
+    return venv
+
+
+def _install(venv: Path, spec: dict, release: str) -> str | None:
+    """Install ``release`` in place of the one there; None, or pip's last line where it cannot."""
+    pinned = f"{spec['dist']}=={release}"
+    done = _pip(venv, *(["--no-deps"] if spec.get("no_deps") else []), pinned, *spec["extra"], TORCH)
+    if done.returncode:
+        return (done.stderr.strip().splitlines() or ["pip failed"])[-1]
+    return None
+
+
+def _session(venv: Path, spec: dict, results: Path) -> int:
+    """One pytest session of the stack's cases into ``results`` (its own run folder)."""
+    cmd = [str(venv / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider", "-q", *SUITES, "-k", spec["key"],
+           "--results-dir", str(results)]
+    env = {**os.environ, "PARITYBENCH_HYPOTHESIS_PROFILE": "ci", "DS_ACCELERATOR": "cpu"}
+    return subprocess.run(cmd, cwd=ROOT, env=env, timeout=7200).returncode
+
+
+def run(stacks: list[str], out: Path, venvs: Path) -> Path:
+    """Every (stack, release) of ``stacks``: one run folder under ``out`` holding every session's rows."""
+    import pandas as pd
+
+    from .results import RunDir, read_run
+
+    run_dir = RunDir(out, {"suite": "stacks-matrix", "matrix": {s: MATRIX[s]["releases"] for s in stacks}})
+    for stack in stacks:
+        spec = MATRIX[stack]
+        venv = _venv(venvs, stack)
+        for release in spec["releases"]:
+            why = _install(venv, spec, release)
+            if why:
+                run_dir.append("conformance.csv", {"suite": "stack", "impl": stack, "release": release,
+                                                   "property": "install", "outcome": "unsupported",
+                                                   "detail": f"{spec['dist']} {release} does not install here: {why}"})
+                continue
+            with tempfile.TemporaryDirectory() as tmp:
+                code = _session(venv, spec, Path(tmp))
+                for folder in Path(tmp).iterdir():
+                    rows = read_run(folder)[1]["conformance.csv"]
+                    for row in rows.to_dict("records"):
+                        clean = {k: v for k, v in row.items() if not pd.isna(v) and k not in ("schema_version",
+                                                                                              "run_id")}
+                        run_dir.append("conformance.csv", {**clean, "release": clean.get("release") or release})
+            print(f"{stack} {release}: pytest exit {code}", flush=True)
+    run_dir.finish("complete")
+    return run_dir.path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.release_matrix", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stacks", default=",".join(MATRIX), help=f"of {', '.join(MATRIX)}")
+    parser.add_argument("--out", default="results/stacks-matrix", help="the parent of the run folder")
+    parser.add_argument("--venvs", default=".tox/stacks-matrix-venvs", help="where each stack's venv is kept")
+    args = parser.parse_args(argv)
+    stacks = [s for s in args.stacks.split(",") if s]
+    unknown = [s for s in stacks if s not in MATRIX]
+    if unknown:
+        print(f"paritybench: error: unknown stack(s) {', '.join(unknown)}; choose from {', '.join(MATRIX)}.",
+              file=sys.stderr)
+        return 2
+    path = run(stacks, Path(args.out), Path(args.venvs))
+    from .report import write_report
+
+    print(f"wrote {write_report(str(path))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
