@@ -132,6 +132,7 @@ BUILTINS: dict[tuple[str, str], ImplSpec] = {
 OPTIONS: dict[tuple[str, str], str] = {
     ("stack", "harness.adapters.deepspeed_stack:CallerScalesLoss"): "deepspeed",
     ("stack", "harness.adapters.deepspeed_stack:Fp32GradAccum"): "deepspeed",
+    ("stack", "harness.adapters.megatron_stack:OverlapGradReduce"): "megatron",
 }
 """A built-in stack under an option its users set (docs/guides/stacks.md), by spec -> the built-in it is: the
 suite's own table (never read from the object), so that the built-in's findings explain it too. Not among the

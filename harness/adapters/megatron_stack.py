@@ -103,7 +103,21 @@ class MegatronStack:
             raise ValueError(f"pp ({layout.pp}) cannot exceed the number of layers ({spec.layers}).")
         import megatron.core  # noqa: F401 - the package under test, importable
 
-        return MegatronStackTrainer(spec, layout, recipe)
+        trainer = MegatronStackTrainer(spec, layout, recipe)
+        trainer.ddp_options = self.ddp_options
+        return trainer
+
+    ddp_options: dict = {}
+    """``DistributedDataParallelConfig`` fields an option sets (Megatron-LM's arguments)."""
+
+
+class OverlapGradReduce(MegatronStack):
+    """Megatron-LM's ``--overlap-grad-reduce`` (with its default ``--align-grad-reduce``): each bucket's reduction
+    starts in backward as its gradients are ready (``grad_sync_func``: the chunks' ``start_grad_sync``), buckets of
+    1,000 parameters so that this small model has many; with the distributed optimizer its reduce-scatters."""
+
+    description = "megatron-core with Megatron-LM's --overlap-grad-reduce (buckets of 1,000 parameters)"
+    ddp_options = {"overlap_grad_reduce": True, "bucket_size": 1000}
 
 
 def _pieces(spec, name: str, tp: int, r: int, vocab_padded: int):
@@ -195,6 +209,7 @@ def _global_names(chunk) -> dict:
 
 
 class MegatronStackTrainer(BuiltFromDense):
+    ddp_options: dict = {}
     perform_initialization = True
     """Megatron initialises its weights (then the one-device weights are loaded over them): with
     ``perform_initialization=False`` megatron-core 0.16 never marks its column / row / vocabulary-parallel weights
@@ -276,8 +291,9 @@ class MegatronStackTrainer(BuiltFromDense):
         self.tp_rank, self.vocab_padded = ps.get_tensor_model_parallel_rank(), _padded(spec.vocab, layout.tp)
         dense = {k: v.detach().to(torch.float32) for k, v in model.state_dict().items()}
         self.shapes = {k: tuple(v.shape) for k, v in dense.items()}  # dense_state's tensors, under both tied names
-        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                                   use_distributed_optimizer=layout.zero == 1)
+        ddp_config = DistributedDataParallelConfig(**{"grad_reduce_in_fp32": True, "overlap_grad_reduce": False,
+                                                      "use_distributed_optimizer": layout.zero == 1,
+                                                      **self.ddp_options})
         chunks = []
         for vp_stage in range(self.vp or 1):
             vp = vp_stage if self.vp else None
@@ -301,6 +317,9 @@ class MegatronStackTrainer(BuiltFromDense):
         self.optimizer = get_megatron_optimizer(OptimizerConfig(**kwargs), chunks)
         config.finalize_model_grads_func = finalize_model_grads  # Megatron-LM's training setup
         config.no_sync_func = [c.no_sync for c in chunks] if len(chunks) > 1 else chunks[0].no_sync
+        if ddp_config.overlap_grad_reduce:  # Megatron-LM's setup_model_and_optimizer, --align-grad-reduce
+            syncs = [c.start_grad_sync for c in chunks]
+            config.grad_sync_func = syncs if len(chunks) > 1 else syncs[0]
         return chunks
 
     def _dense_name_of(self, name: str) -> str:

@@ -83,6 +83,38 @@ def test_megatron_equals_one_device(spec, layout, recipe, padded, world_cache, c
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
 
 
+OPTION = "harness.adapters.megatron_stack:OverlapGradReduce"
+OPTIONS = [  # (spec, layout, recipe, in every profile): Megatron-LM's --overlap-grad-reduce, padded, accumulating
+    (LLAMA, Layout(2, 1, 1, zero=1), Recipe(optimizer=ADAM, max_grad_norm=CLIP, accumulation=2), True),
+    (LLAMA, Layout(2, 1, 1), Recipe(accumulation=2), False),
+    (GPT_TIED, Layout(2, 2, 1), Recipe(max_grad_norm=CLIP, accumulation=2), False),  # grad_sync_func across stages
+    (LLAMA, Layout(2, 1, 2), Recipe(accumulation=2), False),
+]
+"""Measured 2026-12-03 (megatron-core 0.16.1): all equal to one device, padded and full."""
+
+
+@pytest.mark.parametrize("spec, layout, recipe", [
+    pytest.param(s, lay, r, id=_label(s, lay), marks=[] if every else [pytest.mark.thorough])
+    for s, lay, r, every in OPTIONS])
+def test_megatron_with_its_gradient_reduce_overlapped_equals_one_device(spec, layout, recipe, world_cache, conformance):
+    v = _verdict(world_cache, conformance, OPTION, layout.world_size, spec, layout, recipe, padded=True)
+    assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
+
+
+def _overlap_engaged() -> tuple:
+    from harness.registry import load
+
+    trainer = load(OPTION, "stack").build(LLAMA, Layout(2, 1, 1), Recipe(accumulation=2))
+    chunk = trainer.trainer[0]
+    buckets = sum(len(getattr(g, "buckets", ())) for g in getattr(chunk, "bucket_groups", ()))
+    return chunk.ddp_config.overlap_grad_reduce, buckets > 1
+
+
+def test_the_overlap_option_is_really_on(world_cache):
+    """The option is what it says: megatron-core's DDP overlaps, over more than one bucket."""
+    assert world_cache.get(2).run(_overlap_engaged, timeout=120) == [(True, True)] * 2
+
+
 LLAMA16, GPT_TIED16 = (ModelSpec(**{**s.as_dict(), "dtype": "bfloat16"}) for s in (LLAMA, GPT_TIED))
 BF16 = [  # (spec, layout, recipe, in every profile)
     (LLAMA16, Layout(1, 1, 2), Recipe(max_grad_norm=CLIP), False),  # tox: its dtype check (the budget)
