@@ -72,17 +72,19 @@ def _session(venv: Path, spec: dict, results: Path) -> int:
     return subprocess.run(cmd, cwd=ROOT, env=env, timeout=7200).returncode
 
 
-def run(stacks: list[str], out: Path, venvs: Path) -> Path:
-    """Every (stack, release) of ``stacks``: one run folder under ``out`` holding every session's rows."""
+def run(stacks: list[str], out: Path, venvs: Path, releases: dict | None = None) -> Path:
+    """Every (stack, release) of ``stacks`` (``releases``: a stack's own list in place of ``MATRIX``'s, to bisect a
+    finding's range): one run folder under ``out`` holding every session's rows."""
     import pandas as pd
 
     from .results import RunDir, read_run
 
-    run_dir = RunDir(out, {"suite": "stacks-matrix", "matrix": {s: MATRIX[s]["releases"] for s in stacks}})
+    chosen = {s: (releases or {}).get(s, MATRIX[s]["releases"]) for s in stacks}
+    run_dir = RunDir(out, {"suite": "stacks-matrix", "matrix": chosen})
     for stack in stacks:
         spec = MATRIX[stack]
         venv = _venv(venvs, stack)
-        for release in spec["releases"]:
+        for release in chosen[stack]:
             why = _install(venv, spec, release)
             if why:
                 run_dir.append("conformance.csv", {"suite": "stack", "impl": stack, "release": release,
@@ -107,14 +109,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stacks", default=",".join(MATRIX), help=f"of {', '.join(MATRIX)}")
     parser.add_argument("--out", default="results/stacks-matrix", help="the parent of the run folder")
     parser.add_argument("--venvs", default=".tox/stacks-matrix-venvs", help="where each stack's venv is kept")
+    parser.add_argument("--releases", action="append", default=[], metavar="STACK=V1,V2",
+                        help="these releases of STACK in place of the table's (bisecting a finding's range)")
     args = parser.parse_args(argv)
     stacks = [s for s in args.stacks.split(",") if s]
+    chosen = {}
+    for item in args.releases:
+        stack, _, versions = item.partition("=")
+        if stack not in stacks or not versions:
+            print(f"paritybench: error: --releases takes STACK=V1,V2 for a stack of --stacks; got {item!r}.",
+                  file=sys.stderr)
+            return 2
+        chosen[stack] = versions.split(",")
     unknown = [s for s in stacks if s not in MATRIX]
     if unknown:
         print(f"paritybench: error: unknown stack(s) {', '.join(unknown)}; choose from {', '.join(MATRIX)}.",
               file=sys.stderr)
         return 2
-    path = run(stacks, Path(args.out), Path(args.venvs))
+    path = run(stacks, Path(args.out), Path(args.venvs), chosen)
     from .report import write_report
 
     print(f"wrote {write_report(str(path))}")

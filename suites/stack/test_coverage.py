@@ -32,6 +32,8 @@ class Case(NamedTuple):
 GPT32 = ModelSpec("gpt", vocab=13, hidden=16, heads=8, ffn=24, layers=5, dtype="float32")
 LLAMA32 = ModelSpec("llama", vocab=13, hidden=16, heads=8, kv_heads=2, ffn=24, layers=5, dtype="float32")
 ADAM = Recipe(optimizer=OptimizerSpec("adam", 1e-2))
+MOE16 = ModelSpec("moe", vocab=13, hidden=16, heads=4, kv_heads=2, ffn=8, layers=3, experts=4, top_k=2,
+                  dtype="bfloat16")
 
 OPTIONS = {  # name: (what a case holds, the probe: the smallest case with it, as (spec, layout, recipe))
     **{f"zero {z}": (lambda c, z=z: c.layout.dp > 1 and c.layout.zero == z, (LLAMA32, Layout(2, zero=z), ADAM))
@@ -60,6 +62,15 @@ OPTIONS = {  # name: (what a case holds, the probe: the smallest case with it, a
     "tensor parallelism": (lambda c: c.layout.tp > 1, (LLAMA32, Layout(1, 1, 2), ADAM)),
     "context parallelism": (lambda c: c.layout.cp > 1, (LLAMA32, Layout(cp=2), ADAM)),
     "the gpt family": (lambda c: c.spec.family == "gpt", (GPT32, Layout(), ADAM)),
+    "the moe family": (lambda c: c.spec.family == "moe", (MOE16, Layout(), Recipe())),
+    "expert parallelism": (lambda c: c.layout.ep > 1, (MOE16, Layout(2, ep=2), Recipe())),
+    "the sigmoid router": (lambda c: c.spec.family == "moe" and c.spec.router == "sigmoid",
+                           (ModelSpec(**{**MOE16.as_dict(), "router": "sigmoid"}), Layout(), Recipe())),
+    "top-1 with a shared expert": (lambda c: c.spec.family == "moe" and c.spec.top_k == 1 and c.spec.shared_experts,
+                                   (ModelSpec(**{**MOE16.as_dict(), "top_k": 1, "shared_experts": 1}), Layout(),
+                                    Recipe())),
+    "experts' state sharded": (lambda c: c.layout.ep > 1 and c.layout.zero in (1, 2),
+                               (MOE16, Layout(4, ep=2, zero=1), Recipe())),
     "the llama family": (lambda c: c.spec.family == "llama", (LLAMA32, Layout(), ADAM)),
 }
 
@@ -89,6 +100,11 @@ def cases(stack: str) -> list[Case]:
     out += [Case(spec, layout, recipe, False, True) for spec, layout, recipe in eq.BF16]
     out += [Case(spec, Layout(2, 1, 2, zero=1), Recipe(optimizer=OptimizerSpec("adam", 1e-2)), False, True)
             for spec in (eq.LLAMA, eq.MQA)]
+    from . import test_moe as moe
+
+    out += [Case(s, lay, r, eq.padded_at(i), every) for i, (_, s, lay, r, every) in enumerate(moe.CASES)]
+    out += [Case(s, lay, r, True, every) for _, s, lay, r, every in moe.SHARDED]
+    out += [Case(moe.MOE16, lay, r, False, every) for lay, r, every in moe.BF16]
     if stack == "deepspeed":
         from . import test_deepspeed as ds
 
@@ -106,6 +122,9 @@ def cases(stack: str) -> list[Case]:
         from . import test_torchtitan as tt
 
         out += [Case(tt.LLAMA32, *p.values, _tox(p)) for p in tt._cases()]
+        from . import test_torchtitan_moe as ttm
+
+        out += [Case(s, lay, r, eq.padded_at(i), every) for i, (s, lay, r, every) in enumerate(ttm.CASES)]
         out += [Case(tt.TIED_SPEC, lay, Recipe(optimizer=tt.ADAM), False, every) for lay, every in tt.TIED]
     return out
 
