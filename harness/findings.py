@@ -228,6 +228,35 @@ FINDINGS: tuple[Finding, ...] = (
             "suites/expert_parallel/test_megatron_moe.py::test_watch_megatrons_router_needs_transformer_engine",
             handled_by_adapter="the megatron MoE adapter defines moe_utils.te_general_gemm = None where the import "
                                "failed"),
+    # DeepSpeed's releases of the last 12 months (harness/release_matrix.py; measured 2026-12-03 at 0.18.0, 0.18.9,
+    # 0.19.0, 0.19.4 and 0.19.8 on torch 2.13's CPU build): each range [first measured bad, first measured good)
+    Finding("deepspeed", "stack", "deepspeed", ("0.18.0", "0.19.8"),
+            "DeepSpeed's activation checkpointing calls get_accelerator().Stream(...) unconditionally, and its CPU "
+            "accelerator's Stream is None: every checkpointed forward raises TypeError: 'NoneType' object is not "
+            "callable (minimal case: 1 rank, a Llama, activation_checkpoint_interval 1; fixed by 0.19.8).",
+            "suites/stack/test_deepspeed_releases.py::test_watch_checkpointing_on_a_cpu_calls_a_missing_stream",
+            {"checkpointing": True}, symptom=r"^rank \d+: TypeError: 'NoneType' object is not callable"),
+    Finding("deepspeed", "stack", "deepspeed", ("0.18.0", "0.19.4"),
+            "DeepSpeed's PipelineEngine at ZeRO 1 clips by a norm smaller than the global 2-norm (the GPT over pp 2: "
+            "7.64 against 11.55), as its ZeRO 0 does in every release — the parameters then off by the clipping "
+            "(minimal case: a tied GPT, pp 2, max norm 0.05; right from 0.19.4).",
+            "suites/stack/test_deepspeed_releases.py::test_watch_pipeline_zero1_clips_by_a_smaller_norm",
+            {"zero": 1, "clipped": True, "pp": lambda pp: pp > 1},
+            symptom=r"^rank \d+: (step \d+: (gradient norm \S+ vs one device|(parameter|optimizer state) \S+: off by)"
+                    r"|loss after step \d+:)", cause=r"gradient norm \S+ vs one device"),
+    Finding("deepspeed", "stack", "deepspeed", ("0.18.0", "0.19.0"),
+            "DeepSpeed's ZeRO 2 (and ZeRO 1 when accumulating) raises on torch 2.13 in backward: RuntimeError 'Output 0 "
+            "of Split is a view and is being modified inplace' (its gradient partitions are views of a split "
+            "modified in place; minimal case: a Llama, dp 2, ZeRO 2; fixed by 0.19.0).",
+            "suites/stack/test_deepspeed_releases.py::test_watch_zero2_modifies_a_split_view_in_place",
+            {"zero": lambda z: z in (1, 2), "pp": 1}, symptom=r"^rank \d+: RuntimeError: Output 0 of Split is a view"),
+    Finding("deepspeed", "stack", "deepspeed", ("0.18.0", "0.19.0"),
+            "DeepSpeed's BF16_Optimizer (a bf16 model, data_types.grad_accum_dtype fp32, ZeRO 1) reports a norm and "
+            "moves momenta off one device's by tens of E_T (the Llama at dp 2, accumulating 2: norm 2.03 against "
+            "1.38); right from 0.19.0.",
+            "suites/stack/test_deepspeed_releases.py::test_watch_bf16_optimizer_with_fp32_accumulation_is_off",
+            {"option": "harness.adapters.deepspeed_stack:Fp32GradAccum", "zero": 1},
+            symptom=r"^rank \d+: step \d+: (gradient norm \S+ vs one device|(master|optimizer state) \S+: off by)"),
     Finding("accelerate", "stack", "accelerate", ("1.16.0", None),
             "accelerate applies its FSDP plugin only where its distributed type is an accelerator's: on a CPU, "
             "Accelerator(cpu=True, fsdp_plugin=...) sets MULTI_CPU and prepare() wraps the model in DDP — the "
@@ -236,13 +265,13 @@ FINDINGS: tuple[Finding, ...] = (
             "suites/stack/test_accelerate.py::test_watch_accelerate_ignores_its_fsdp_plugin_on_a_cpu",
             handled_by_adapter="the accelerate adapter refuses ZeRO 2 / 3 (unsupported, with the distributed type) "
                                "where accelerate's type is not FSDP"),
-    Finding("deepspeed", "stack", "deepspeed", ("0.19", None),
+    Finding("deepspeed", "stack", "deepspeed", ("0.18.0", None),
             "DeepSpeed's engine at ZeRO stage 0 with a client torch optimizer clips the gradients (gradient_clipping) "
             "but get_global_grad_norm() returns None: the norm it clipped by is not reported (minimal case: 1 rank, "
             "a Llama, max norm 0.05; ZeRO 1-3 report it).",
             "suites/stack/test_deepspeed.py::test_watch_deepspeed_reports_no_norm_at_zero_stage_0",
             {"zero": 0, "clipped": True, "pp": 1}, symptom=r"^rank \d+: step \d+: gradient norm None vs one device"),
-    Finding("deepspeed", "stack", "deepspeed", ("0.19", None),
+    Finding("deepspeed", "stack", "deepspeed", ("0.18.0", None),
             "DeepSpeed's PipelineEngine at ZeRO stage 0 (fp32) clips by a norm of the first stage's gradients only: "
             "runtime.utils.clip_grad_norm_ counts a parameter where mpu.get_model_parallel_rank() == 0 or it is a "
             "tensor-parallel one, and the pipeline grid's model-parallel group is the pipeline itself, so every "
@@ -254,7 +283,7 @@ FINDINGS: tuple[Finding, ...] = (
             symptom=r"^rank \d+: (step \d+: (gradient norm None vs one device|(parameter|optimizer state) \S+: off by)"
                     r"|loss after step \d+:)",
             cause=r"gradient norm None vs one device"),
-    Finding("deepspeed", "stack", "deepspeed", ("0.19", None),
+    Finding("deepspeed", "stack", "deepspeed", ("0.18.0", None),
             "DeepSpeed's checkpoints move between ZeRO stages 1 and 2 only: load_checkpoint of a ZeRO 0 checkpoint "
             "into ZeRO 1-3 raises FileNotFoundError (no zero_pp_rank optimizer files), of a ZeRO 1 / 2 one into ZeRO "
             "0 AttributeError, and across stage 3 either way — natively or through its universal checkpoint — no "

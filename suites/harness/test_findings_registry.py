@@ -51,6 +51,18 @@ EXAMPLES = {
         {"optimizer": "sgd", "zero": 0}, "rank 0: TypeError: 'NoneType' object is not callable"),
     "test_watch_megatrons_distributed_optimizer_cannot_load_its_checkpoint": (
         {"optimizer": "adam", "zero": 1}, "rank 0: KeyError: 'step'"),
+    "test_watch_checkpointing_on_a_cpu_calls_a_missing_stream": (
+        {"checkpointing": True}, "rank 0: TypeError: 'NoneType' object is not callable (after 0 step(s))"),
+    "test_watch_pipeline_zero1_clips_by_a_smaller_norm": (
+        {"zero": 1, "clipped": True, "pp": 2},
+        "rank 0: step 1: gradient norm 7.642232418060303 vs one device 11.551180839538574 (off by 0.338 > 0.0102)"),
+    "test_watch_zero2_modifies_a_split_view_in_place": (
+        {"zero": 2, "pp": 1}, "rank 0: RuntimeError: Output 0 of Split is a view and is being modified inplace. "
+                              "(after 0 step(s))"),
+    "test_watch_bf16_optimizer_with_fp32_accumulation_is_off": (
+        {"option": "harness.adapters.deepspeed_stack:Fp32GradAccum", "zero": 1},
+        "rank 0: step 1: gradient norm 2.02530837059021 vs one device 1.3754749298095703 (off by 0.65 > 6.66 x "
+        "|g - g_exact| = 0.0142)"),
     "test_watch_torchtitan_moe_under_ep_and_tp_without_sp_cannot_run": (
         {"family": "moe", "ep": 2, "tp": 2, "sequence_parallel": False},
         "rank 3: RuntimeError: Can not redistribute from S(1) to P(sum), redistributing to Partial is for internal "

@@ -62,9 +62,10 @@ CASES = [  # (spec, layout, recipe, in every profile)
 def test_deepspeed_equals_one_device(spec, layout, recipe, padded, world_cache, conformance):
     v = _verdict(world_cache, conformance, "deepspeed", layout.world_size, spec, layout, recipe, padded=padded)
     if v["known"]:  # ZeRO 0 with clipping: the norm is not reported; under pp it is the first stage's (findings)
-        assert layout.zero == 0 and recipe.max_grad_norm is not None, v["problems"][:3]
-        assert layout.pp > 1 or not any(" off by " in p for p in v["problems"]), v["problems"][:3]
-        conformance.settle()
+        if v["known"].watch.endswith(("reports_no_norm_at_zero_stage_0", "clips_by_the_first_stages_norm")):
+            assert layout.zero == 0 and recipe.max_grad_norm is not None, v["problems"][:3]
+            assert layout.pp > 1 or not any(" off by " in p for p in v["problems"]), v["problems"][:3]
+        conformance.settle()  # (and an older release's findings: test_deepspeed_releases.py)
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
 
 
@@ -103,6 +104,8 @@ test_equivalence.BF16). Measured: 1.2 - 3.2 E_T against allowed ratios of 5.9 - 
 def test_deepspeed_bf16_with_fp32_masters_equals_one_device(spec, layout, recipe, padded, world_cache, conformance):
     require_dtype(world_cache.get(layout.world_size), spec.dtype, conformance, suite="stack", impl="deepspeed")
     v = _verdict(world_cache, conformance, "deepspeed", layout.world_size, spec, layout, recipe, padded=padded)
+    if v["known"]:  # an older release's finding (test_deepspeed_releases.py)
+        conformance.settle()
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
 
 
