@@ -245,9 +245,9 @@ FINDINGS: tuple[Finding, ...] = (
             symptom=r"^rank \d+: (step \d+: (gradient norm \S+ vs one device|(parameter|optimizer state) \S+: off by)"
                     r"|loss after step \d+:)", cause=r"gradient norm \S+ vs one device"),
     Finding("deepspeed", "stack", "deepspeed", ("0.18.0", "0.19.0"),
-            "DeepSpeed's ZeRO 2 (and ZeRO 1 when accumulating) raises on torch 2.13 in backward: RuntimeError 'Output 0 "
-            "of Split is a view and is being modified inplace' (its gradient partitions are views of a split "
-            "modified in place; minimal case: a Llama, dp 2, ZeRO 2; fixed by 0.19.0).",
+            "DeepSpeed's ZeRO 2 (and ZeRO 1 when accumulating) raises on torch 2.13 in backward: RuntimeError "
+            "'Output 0 of Split is a view and is being modified inplace' (its gradient partitions are views of a "
+            "split modified in place; minimal case: a Llama, dp 2, ZeRO 2; fixed by 0.19.0).",
             "suites/stack/test_deepspeed_releases.py::test_watch_zero2_modifies_a_split_view_in_place",
             {"zero": lambda z: z in (1, 2), "pp": 1}, symptom=r"^rank \d+: RuntimeError: Output 0 of Split is a view"),
     Finding("deepspeed", "stack", "deepspeed", ("0.18.0", "0.19.0"),

@@ -30,7 +30,7 @@ MATRIX: dict[str, dict] = {
                  "releases": ["0.15.3", "0.16.1", "0.17.1", "0.18.2", "0.19.2"]},
     "torchtitan": {"dist": "torchtitan", "releases": ["0.2.2", "0.3.0"], "key": "torchtitan", "no_deps": True,
                    "extra": ["spmd_types==0.2.3", "tyro==1.0.17", "docstring_parser", "einops",
-                             "torch_checkpointing==0.1.1"]},
+                             "torch_checkpointing==0.1.1", "tokenizers"]},  # 0.2's protocols import tokenizers
     "accelerate": {"dist": "accelerate", "releases": ["1.13.0", "1.14.0", "1.15.0", "1.16.0"], "key": "accelerate",
                    "extra": []},
 }
@@ -58,7 +58,10 @@ def _venv(venvs: Path, stack: str) -> Path:
 def _install(venv: Path, spec: dict, release: str) -> str | None:
     """Install ``release`` in place of the one there; None, or pip's last line where it cannot."""
     pinned = f"{spec['dist']}=={release}"
-    done = _pip(venv, *(["--no-deps"] if spec.get("no_deps") else []), pinned, *spec["extra"], TORCH)
+    # numpy and pandas resolved with the release (megatron-core 0.15 wants numpy < 2, the pandas of the first
+    # install does not): one consistent set, or pip's sentence
+    together = [] if spec.get("no_deps") else ["numpy", "pandas"]
+    done = _pip(venv, *(["--no-deps"] if spec.get("no_deps") else []), pinned, *spec["extra"], TORCH, *together)
     if done.returncode:
         return (done.stderr.strip().splitlines() or ["pip failed"])[-1]
     return None
