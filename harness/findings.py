@@ -184,7 +184,7 @@ FINDINGS: tuple[Finding, ...] = (
             "suites/stack/test_torchtitan_moe.py::test_watch_torchtitan_moe_under_ep_and_tp_without_sp_cannot_run",
             {"family": "moe", "ep": lambda e: e > 1, "tp": lambda t: t > 1, "sequence_parallel": False},
             symptom=r"Can not redistribute from S\(1\) to P\(sum\)"),
-    Finding("megatron", "stack", "megatron-core", ("0.16", None),
+    Finding("megatron", "stack", "megatron-core", ("0.15.3", None),
             "megatron-core's GPTModel trains a vocabulary padded to a multiple of tp (Megatron-LM's "
             "_vocab_size_with_padding) and its vocab_parallel_cross_entropy takes the softmax over the padding's "
             "logits too: the loss and every gradient differ from one device's (minimal case in the stack: a Llama of "

@@ -185,7 +185,9 @@ def skip_reason(impl: ImplSpec) -> str | None:
             return f"implementation {impl.name!r} needs the package {package!r}, which fails to import: {exc}"
         if not found:
             return f"implementation {impl.name!r} needs the package {package!r}, which is not installed"
-    return None
+    from .releases import not_driven
+
+    return next(filter(None, (not_driven(package) for package in impl.requires)), None)
 
 
 _LOADED: dict[tuple[str, str], object] = {}

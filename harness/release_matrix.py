@@ -67,6 +67,14 @@ def _install(venv: Path, spec: dict, release: str) -> str | None:
     return None
 
 
+def _not_driven(venv: Path, spec: dict) -> str | None:
+    """The adapters' own sentence where they do not drive the installed release (``releases.not_driven``)."""
+    code = f"from harness.releases import not_driven; print(not_driven({spec['dist']!r}) or '')"
+    done = subprocess.run([str(venv / "bin" / "python"), "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    return done.stdout.strip() or None
+
+
 def _session(venv: Path, spec: dict, results: Path) -> int:
     """One pytest session of the stack's cases into ``results`` (its own run folder)."""
     cmd = [str(venv / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider", "-q", *SUITES, "-k", spec["key"],
@@ -88,11 +96,12 @@ def run(stacks: list[str], out: Path, venvs: Path, releases: dict | None = None)
         spec = MATRIX[stack]
         venv = _venv(venvs, stack)
         for release in chosen[stack]:
-            why = _install(venv, spec, release)
+            why = _install(venv, spec, release) or _not_driven(venv, spec)
             if why:
+                detail = why if "older than the adapters drive" in why else \
+                    f"{spec['dist']} {release} does not install here: {why}"
                 run_dir.append("conformance.csv", {"suite": "stack", "impl": stack, "release": release,
-                                                   "property": "install", "outcome": "unsupported",
-                                                   "detail": f"{spec['dist']} {release} does not install here: {why}"})
+                                                   "property": "install", "outcome": "unsupported", "detail": detail})
                 continue
             with tempfile.TemporaryDirectory() as tmp:
                 code = _session(venv, spec, Path(tmp))

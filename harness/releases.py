@@ -35,6 +35,27 @@ def release_of(impl: str, paradigm: str = "stack") -> str:
     return (_installed(dist) or "") if dist else ""
 
 
+DRIVEN = {"torchtitan": ("0.3.0", "torchtitan's 0.3 API (its Decoder model configs, Trainer.train_step's "
+                                  "global_valid_tokens): 0.2.x names its models in a registry the adapters do not read "
+                                  "(KeyError 'torchtitan') and imports triton at module level — measured 2026-12-03 "
+                                  "at 0.2.2")}
+"""distribution -> (the oldest release the adapters drive, what they drive and why an older one is not)."""
+
+
+def not_driven(module: str) -> str | None:
+    """Why the installed release of the distribution behind ``module`` cannot be driven by its adapters (its
+    release older than they drive, ``DRIVEN``), or None: the registry's skip reason for every implementation
+    requiring it — unsupported with the exact reason, never a crash per case."""
+    dist = module.split(".")[0]
+    if dist not in DRIVEN:
+        return None
+    version = _installed(dist)
+    oldest, what = DRIVEN[dist]
+    if version is None or _release(version) >= _release(oldest):
+        return None
+    return f"{dist} {version} is older than the adapters drive (>= {oldest}: {what})"
+
+
 def tested(distribution: str, version: str) -> bool:
     """Whether ``version`` of ``distribution`` lies in the releases the suite's runs cover."""
     lo, hi = TESTED[distribution]

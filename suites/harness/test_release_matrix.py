@@ -45,6 +45,7 @@ def test_one_run_folder_holds_every_release_and_a_release_that_does_not_install(
 
     monkeypatch.setattr(rm, "_venv", lambda venvs, stack: tmp_path / "venv-new")
     monkeypatch.setattr(rm, "_install", install)
+    monkeypatch.setattr(rm, "_not_driven", lambda venv, spec: None)
     monkeypatch.setattr(rm, "_session", _fake_session)
     path = rm.run(["fake"], tmp_path / "out", tmp_path / "venvs")
     meta, frames = read_run(path)
