@@ -13,7 +13,9 @@ pip's reason — never left out. ``MATRIX`` is the table: update it with each re
 from __future__ import annotations
 
 import argparse
+import glob
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,8 +28,9 @@ MATRIX: dict[str, dict] = {
     # 2026-12, the index's upload dates), "key": the -k expression, "extra": what it needs beside itself}
     "deepspeed": {"dist": "deepspeed", "releases": ["0.18.9", "0.19.8"], "key": "deepspeed", "extra": []},
     "megatron": {"dist": "megatron-core", "key": "megatron", "extra": [],
-                 # 0.17.1, 0.18.2 and 0.19.2 require Python 3.12 (their metadata): rows of their own, unsupported
-                 "releases": ["0.15.3", "0.16.1", "0.17.1", "0.18.2", "0.19.2"]},
+                 "releases": ["0.15.3", "0.16.1", "0.17.1", "0.18.2", "0.19.2"],
+                 # their metadata requires Python 3.12: a venv of its own (torch's cp312 build from the index)
+                 "python": {"0.17.1": "3.12", "0.18.2": "3.12", "0.19.2": "3.12"}},
     "torchtitan": {"dist": "torchtitan", "releases": ["0.2.2", "0.3.0"], "key": "torchtitan", "no_deps": True,
                    "extra": ["spmd_types==0.2.3", "tyro==1.0.17", "docstring_parser", "einops",
                              "torch_checkpointing==0.1.1", "tokenizers"]},  # 0.2's protocols import tokenizers
@@ -43,12 +46,28 @@ def _pip(venv: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=3600)
 
 
-def _venv(venvs: Path, stack: str) -> Path:
-    """The stack's venv (made once, reused): torch as the cpu env pins it, paritybench editable with its test
-    extra."""
-    venv = venvs / stack
+def python_for(version: str | None) -> str | None:
+    """An interpreter of Python ``version`` (None: this one): ``python<version>`` on the PATH, else pyenv's."""
+    if version is None:
+        return sys.executable
+    candidates = [shutil.which(f"python{version}"), *sorted(glob.glob(os.path.expanduser(
+        f"~/.pyenv/versions/{version}*/bin/python")))]
+    for path in filter(None, candidates):
+        done = subprocess.run([path, "--version"], capture_output=True, text=True)
+        if done.returncode == 0 and done.stdout.split()[-1].startswith(version):
+            return path
+    return None
+
+
+def _venv(venvs: Path, stack: str, python: str | None = None) -> Path:
+    """The stack's venv for ``python`` (a version; None: this interpreter's), made once and reused: torch as the
+    cpu env pins it, paritybench editable with its test extra."""
+    venv = venvs / (stack + (f"-py{python}" if python else ""))
     if not (venv / "bin" / "python").exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        interpreter = python_for(python)
+        if interpreter is None:
+            raise RuntimeError(f"no Python {python} here (python{python} on the PATH, or pyenv's)")
+        subprocess.run([interpreter, "-m", "venv", str(venv)], check=True)
         done = _pip(venv, TORCH, "-e", f"{ROOT}[test]")
         if done.returncode:
             raise RuntimeError(f"the {stack} venv could not be made: {done.stderr.strip().splitlines()[-1:]}")
@@ -94,9 +113,13 @@ def run(stacks: list[str], out: Path, venvs: Path, releases: dict | None = None)
     run_dir = RunDir(out, {"suite": "stacks-matrix", "matrix": chosen})
     for stack in stacks:
         spec = MATRIX[stack]
-        venv = _venv(venvs, stack)
         for release in chosen[stack]:
-            why = _install(venv, spec, release) or _not_driven(venv, spec)
+            python = spec.get("python", {}).get(release)
+            try:
+                venv = _venv(venvs, stack, python)
+            except (RuntimeError, subprocess.CalledProcessError) as exc:
+                venv, why = None, str(exc)
+            why = why if venv is None else (_install(venv, spec, release) or _not_driven(venv, spec))
             if why:
                 detail = why if "older than the adapters drive" in why else \
                     f"{spec['dist']} {release} does not install here: {why}"

@@ -43,7 +43,7 @@ def test_one_run_folder_holds_every_release_and_a_release_that_does_not_install(
         installed["now"] = release
         return "ERROR: No matching distribution found for fake-dist==1.0.0" if release == "1.0.0" else None
 
-    monkeypatch.setattr(rm, "_venv", lambda venvs, stack: tmp_path / "venv-new")
+    monkeypatch.setattr(rm, "_venv", lambda venvs, stack, python=None: tmp_path / "venv-new")
     monkeypatch.setattr(rm, "_install", install)
     monkeypatch.setattr(rm, "_not_driven", lambda venv, spec: None)
     monkeypatch.setattr(rm, "_session", _fake_session)
