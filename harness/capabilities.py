@@ -104,8 +104,8 @@ def require_dtype(world, name: str, conformance=None, **row) -> None:
         pytest.skip(f"unsupported on this machine: {reason}")
 
 
-NO_CUDA = ("Torch not compiled with CUDA enabled", "Found no NVIDIA driver", "no CUDA GPUs are available",
-           "CUDA driver initialization failed", "CUDA driver version is insufficient")
+NO_CUDA = ("Torch not compiled with CUDA enabled", "requires CUDA support", "Found no NVIDIA driver",
+           "no CUDA GPUs are available", "CUDA driver initialization failed", "CUDA driver version is insufficient")
 """How torch says a CUDA call cannot run here: the CPU build's wording, then the CUDA build's on a machine without a
 driver or device (what `pip install torch` gives a user on a CPU machine)."""
 

@@ -221,6 +221,14 @@ FINDINGS: tuple[Finding, ...] = (
             "load).",
             "suites/stack/test_megatron.py::test_watch_megatrons_distributed_optimizer_cannot_load_its_checkpoint",
             {"zero": 1}, symptom=r"KeyError: 'step'"),
+    Finding("megatron", "stack", "megatron-core", ("0.15.3", None),
+            "megatron-core's dist_checkpointing save (torch_dist, filesystem_async) measures each writer process's "
+            "memory with psutil, which megatron-core does not declare as a dependency: without psutil every writer "
+            "raises RuntimeError and the save waits for their results forever — a deadlock, not an error (minimal "
+            "case: one rank, save; found by the release matrix's venv, which has no psutil).",
+            "suites/stack/test_megatron.py::test_watch_megatron_checkpoint_writer_needs_psutil_it_does_not_declare",
+            handled_by_adapter="the megatron adapter's save refuses (unsupported, in one sentence) where psutil is "
+                               "not installed"),
     Finding("megatron", "expert_parallel", "megatron-core", ("0.16", None),
             "megatron-core's MoE router does not run without TransformerEngine: moe_utils imports te_general_gemm in "
             "a try whose except ImportError defines nothing, and RouterGatingLinearFunction tests 'te_general_gemm "

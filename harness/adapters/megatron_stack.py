@@ -405,11 +405,17 @@ class MegatronStackTrainer(BuiltFromDense):
                                                                         metadata=metadata)}
 
     def save(self, directory) -> None:
+        import importlib.util
         import multiprocessing
         import queue
 
         from megatron.core import dist_checkpointing
         from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+        if importlib.util.find_spec("psutil") is None:  # its finding: without psutil the save never returns
+            raise Unsupported("megatron-core's checkpoint writer needs psutil, which megatron-core does not declare: "
+                              "without it each writer process raises and the save waits for them forever (pip "
+                              "install psutil).")
 
         # Its torch_dist writer forks a writer process per bucket (joined before save returns) and collects their
         # results through a queue it makes with a spawn-context Manager: a World's rank is a daemonic process

@@ -128,7 +128,8 @@ def megatron_moe_probe(dispatcher: str) -> tuple[str, str]:
         return "ran", ""
     except Exception as exc:  # noqa: BLE001 - what it raises is the observation
         frames = traceback.extract_tb(exc.__traceback__)
-        frame = ([f for f in frames if "megatron" in f.filename] or frames)[-1]  # the line of megatron's that did it
+        # the line of megatron's that did it (its package's path: a venv named after it holds torch's frames too)
+        frame = ([f for f in frames if "/megatron/core/" in f.filename.replace("\\", "/")] or frames)[-1]
         where = f"{frame.filename.split('site-packages/')[-1]}:{frame.lineno}"
         return type(exc).__name__, f"{where}: {str(exc).splitlines()[0][:160]}"
     finally:

@@ -187,7 +187,10 @@ def test_moe_planted_bugs_fail(planted, n, layout, needle, world_cache, conforma
 def test_moe_resume_across_an_ep_change_equals_one_device(stack_impl, a, b, world_cache, conformance, tmp_path):
     """One step on ``a``, saved; a new trainer on ``b`` loads it and steps: its state equals one device's after
     two — every expert found under its global number whichever EP rank wrote it."""
-    per_rank = world_cache.get(2).run(ranks.resume_stack, stack_impl, MOE, a, b, Recipe(), str(tmp_path), timeout=300)
+    from harness.world import run_or_fail
+
+    per_rank = run_or_fail(world_cache.get(2), ranks.resume_stack, stack_impl, MOE, a, b, Recipe(), str(tmp_path),
+                           timeout=300, failed=ranks.failed)
     outcome, refused, problems = ranks.verdict(per_rank)
     conformance.record(outcome, suite="stack", world_size=2, dtype="float64", impl=stack_impl,
                        collective=f"resume/moe/{a.label()}->{b.label()}", detail=refused or " | ".join(problems[:1]))

@@ -219,9 +219,10 @@ def test_torchtitan_resume_on_another_layout_equals_one_device(a, b, world_cache
     """One step on ``a``, saved with torchtitan's checkpoint contents through DCP; a new trainer on ``b`` loads
     them and steps: parameters and Adam's state equal one device's after two steps."""
     from harness.stack import case as ranks
+    from harness.world import run_or_fail
 
-    per_rank = world_cache.get(2).run(ranks.resume_stack, "torchtitan", LLAMA32, a, b, Recipe(optimizer=ADAM),
-                                      str(tmp_path), timeout=300)
+    per_rank = run_or_fail(world_cache.get(2), ranks.resume_stack, "torchtitan", LLAMA32, a, b, Recipe(optimizer=ADAM),
+                           str(tmp_path), timeout=300, failed=ranks.failed)
     outcome, refused, problems = ranks.verdict(per_rank)
     conformance.record(outcome, suite="stack", world_size=2, dtype="float32", impl="torchtitan",
                        collective=f"resume/{a.label()}->{b.label()}", detail=refused or " | ".join(problems[:1]))
