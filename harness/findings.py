@@ -192,7 +192,7 @@ FINDINGS: tuple[Finding, ...] = (
             "suites/stack/test_megatron.py::test_megatron_with_a_vocabulary_tp_does_not_divide_is_the_known_finding",
             {"vocab_remainder": lambda r: r != 0}, symptom=r"^rank \d+: (step \d+: |loss after step)",
             cause=r"^rank \d+: loss after step 1: "),
-    Finding("megatron", "stack", "megatron-core", ("0.16", None),
+    Finding("megatron", "stack", "megatron-core", ("0.15.3", "0.18.2"),
             "megatron-core with perform_initialization=False never marks its column-, row- and vocabulary-parallel "
             "weights tensor_model_parallel (set_tensor_model_parallel_attributes runs inside its initialisers only): "
             "its optimizer's grad norm then counts them on TP rank 0 alone — clipping by a wrong norm (minimal case: "
@@ -229,7 +229,7 @@ FINDINGS: tuple[Finding, ...] = (
             "suites/stack/test_megatron.py::test_watch_megatron_checkpoint_writer_needs_psutil_it_does_not_declare",
             handled_by_adapter="the megatron adapter's save refuses (unsupported, in one sentence) where psutil is "
                                "not installed"),
-    Finding("megatron", "expert_parallel", "megatron-core", ("0.16", None),
+    Finding("megatron", "expert_parallel", "megatron-core", ("0.15.3", "0.17.1"),
             "megatron-core's MoE router does not run without TransformerEngine: moe_utils imports te_general_gemm in "
             "a try whose except ImportError defines nothing, and RouterGatingLinearFunction tests 'te_general_gemm "
             "is not None' on every forward (NameError; minimal case: any MoELayer forward where TE is not installed).",

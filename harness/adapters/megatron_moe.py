@@ -104,7 +104,7 @@ class _Layer(torch.nn.Module):
             use_cpu_initialization=True, params_dtype=dtype, add_bias_linear=False, gated_linear_unit=True,
             activation_func=torch.nn.functional.silu, bias_activation_fusion=False, moe_permute_fusion=False,
             hidden_dropout=0.0, attention_dropout=0.0)
-        spec = get_gpt_layer_local_spec(num_experts=E, moe_grouped_gemm=False).submodules.mlp.submodules
+        spec = moe_submodules(get_gpt_layer_local_spec(num_experts=E, moe_grouped_gemm=False))
         self.moe = MoELayer(config, spec, layer_number=1)
         self.moe.set_layer_number(1)  # what its TransformerLayer does: the router logs its loss under it
         self.ep_group, self.edp_group = ps.get_expert_model_parallel_group(), ps.get_expert_data_parallel_group()
@@ -160,3 +160,12 @@ def _swiglu_grads(mlp) -> dict:
 
     gate, up = grad(mlp.linear_fc1.weight).chunk(2)
     return {"gate.weight": gate, "up.weight": up, "down.weight": grad(mlp.linear_fc2.weight)}
+
+
+def moe_submodules(layer_spec):
+    """The ``MoESubmodules`` of a local layer spec built with experts: its ``mlp`` is a ``ModuleSpec`` (megatron-core
+    0.15-0.17: ``.submodules``) or, from 0.18, ``functools.partial(MoELayer, submodules=...)``."""
+    import functools
+
+    mlp = layer_spec.submodules.mlp
+    return mlp.keywords["submodules"] if isinstance(mlp, functools.partial) else mlp.submodules

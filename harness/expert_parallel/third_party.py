@@ -122,7 +122,9 @@ def megatron_moe_probe(dispatcher: str) -> tuple[str, str]:
                                 num_moe_experts=4, moe_router_topk=2, moe_token_dispatcher_type=dispatcher,
                                 use_cpu_initialization=True, params_dtype=torch.float64, moe_aux_loss_coeff=0.0,
                                 add_bias_linear=False, gated_linear_unit=True)
-        layer = MoELayer(cfg, get_gpt_layer_local_spec(num_experts=4).submodules.mlp.submodules)
+        from harness.adapters.megatron_moe import moe_submodules
+
+        layer = MoELayer(cfg, moe_submodules(get_gpt_layer_local_spec(num_experts=4)))
         x = torch.randn(3, 1, 8, dtype=torch.float64, requires_grad=True)
         layer(x)[0].sum().backward()
         return "ran", ""

@@ -93,8 +93,16 @@ def test_watch_megatron_moe_layer_needs_cuda_without_the_redirect(dispatcher, wo
 def test_watch_megatrons_router_needs_transformer_engine():
     """Watch (the finding): without TransformerEngine megatron-core's ``moe_utils`` leaves ``te_general_gemm``
     undefined while its router gating reads it on every forward. Fails once the name is defined where TE is
-    missing (then the adapter's definition can go). Where TE is installed the router runs as it is: skipped."""
+    missing (then the adapter's definition can go). Where TE is installed the router runs as it is: skipped.
+    Fixed in 0.17 (its range)."""
     import importlib
+
+    from harness.findings import outside_range
+
+    why = outside_range("suites/expert_parallel/test_megatron_moe.py::"
+                        "test_watch_megatrons_router_needs_transformer_engine")
+    if why:
+        pytest.skip(why)
 
     from megatron.core.transformer.moe import moe_utils
 

@@ -202,8 +202,13 @@ def _flipped(attribute: str, spec, layout, recipe) -> dict:
 def test_watch_megatron_without_initialisation_norms_tp_rank_0_alone(world_cache):
     """Watch: ``perform_initialization=False`` leaves Megatron's TP weights unmarked, so the grad norm it clips by
     is TP rank 0's (measured 1.499 against 2.043): the gradient norm off at step 1. Fails once megatron-core marks
-    them however it is initialised (then the adapter can skip the initialisation)."""
+    them however it is initialised (then the adapter can skip the initialisation). Fixed in 0.18 (its range)."""
     from harness.stack import case as ranks
+
+    why = findings.outside_range("suites/stack/test_megatron.py::"
+                                 "test_watch_megatron_without_initialisation_norms_tp_rank_0_alone")
+    if why:
+        pytest.skip(why)
 
     per_rank = world_cache.get(2).run(_flipped, "perform_initialization", LLAMA, Layout(1, 1, 2),
                                       Recipe(max_grad_norm=CLIP), timeout=300)
