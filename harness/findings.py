@@ -265,6 +265,14 @@ FINDINGS: tuple[Finding, ...] = (
             "suites/stack/test_deepspeed_releases.py::test_watch_bf16_optimizer_with_fp32_accumulation_is_off",
             {"option": "harness.adapters.deepspeed_stack:Fp32GradAccum", "zero": 1},
             symptom=r"^rank \d+: step \d+: (gradient norm \S+ vs one device|(master|optimizer state) \S+: off by)"),
+    Finding("deepspeed-ulysses", "context_parallel", "deepspeed", ("0.18.0", "0.19.8"),
+            "DeepSpeed-Ulysses splits grouped-query heads whose KV count the sequence-parallel size does not divide "
+            "by the query heads alone: the key and value shards do not match the query's (RuntimeError: The size "
+            "of tensor a (3) must match the size of tensor b (2); minimal case: Q 6 / KV 3 heads over sp 2 — "
+            "DeepSpeed issue 8291; right at 0.19.8).",
+            "suites/context_parallel/test_third_party.py::test_watch_deepspeed_ulysses_uneven_kv_heads_before_the_fix",
+            {"kv_remainder": lambda r: r != 0},
+            symptom=r"The size of tensor a \(\d+\) must match the size of tensor b"),
     Finding("accelerate", "stack", "accelerate", ("1.16.0", None),
             "accelerate applies its FSDP plugin only where its distributed type is an accelerator's: on a CPU, "
             "Accelerator(cpu=True, fsdp_plugin=...) sets MULTI_CPU and prepare() wraps the model in DDP — the "

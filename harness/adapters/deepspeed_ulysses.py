@@ -81,7 +81,10 @@ class _Ulysses(nn.Module):
         try:
             out = self.attn(q, k, v, 0)
         except AssertionError as exc:  # its deliberate refusal of fewer KV heads than ranks (no replication)
-            if "must be at least the sequence parallel size" in str(exc):
+            # (0.19.8's words; before it, measured at 0.18.0-0.19.4: "Number of heads (1) must be larger than
+            # sequence parallel size (4)" — the same refusal, of fewer query heads too)
+            if any(w in str(exc) for w in ("must be at least the sequence parallel size",
+                                           "must be larger than sequence parallel size")):
                 why = str(exc).splitlines()[0]
                 raise Unsupported(f"DeepSpeed-Ulysses does not replicate KV heads: {why}") from None
             raise

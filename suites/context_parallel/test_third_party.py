@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness import registry
+from harness import findings, registry
 from harness.context_parallel.case import Case
 from harness.context_parallel.third_party import torch_context_parallel_probe
 
@@ -28,9 +28,27 @@ ISSUE_8291 = [(4, Case(hidden=24, heads=12, kv_heads=12, seq=16)),   # 12 heads 
 @pytest.mark.parametrize("cp, case", ISSUE_8291, ids=["h12-sp4", "h6-sp4", "q6kv3-sp2"])
 def test_deepspeed_ulysses_uneven_and_grouped_heads(cp, case, world_cache, conformance):
     outcome, refused, problems, _ = _verdict(world_cache, conformance, "deepspeed-ulysses", cp, case)
+    known = findings.match("deepspeed-ulysses", "context_parallel", problems, kv_remainder=case.kv_heads % cp) \
+        if outcome == "fail" else None
+    if known:  # an older release's (its range: harness/findings.py)
+        conformance.known.append(known)
+        conformance.settle()
     assert outcome in ("pass", "refused", "unsupported"), problems[:3]
     if outcome != "pass":
         assert "\n" not in refused, refused
+
+
+@pytest.mark.skipif(bool(DEEPSPEED), reason=f"deepspeed-ulysses: {DEEPSPEED}")
+def test_watch_deepspeed_ulysses_uneven_kv_heads_before_the_fix(world_cache, conformance):
+    """Watch, where the installed DeepSpeed is in the finding's range (0.18.0 to 0.19.4 measured): Q 6 / KV 3 over
+    sp 2 fails with the shards' size mismatch. Fails once that release range stops doing it."""
+    why = findings.outside_range("suites/context_parallel/test_third_party.py::"
+                                 "test_watch_deepspeed_ulysses_uneven_kv_heads_before_the_fix")
+    if why:
+        pytest.skip(why)
+    outcome, _, problems, _ = _verdict(world_cache, conformance, "deepspeed-ulysses", *ISSUE_8291[2])
+    assert outcome == "fail" and findings.match("deepspeed-ulysses", "context_parallel", problems, kv_remainder=1), \
+        problems[:3]
 
 
 @pytest.mark.parametrize("backend, raised, needle", [
@@ -61,7 +79,10 @@ def test_deepspeed_uneven_heads_read_the_registered_group_not_the_given_one(worl
     outcome, _, problems, _ = _verdict(world_cache, conformance,
                                        "suites.context_parallel.variants:DeepSpeedUlyssesWithoutSequenceGroup", 2, case)
     assert outcome == "fail" and any("rank 1" in p and "inLengthPerRank" in p for p in problems), problems[:2]
-    assert _verdict(world_cache, conformance, "deepspeed-ulysses", 2, case)[0] == "pass"
+    outcome, _, problems, _ = _verdict(world_cache, conformance, "deepspeed-ulysses", 2, case)
+    if outcome == "fail" and findings.match("deepspeed-ulysses", "context_parallel", problems, kv_remainder=1):
+        pytest.skip("this DeepSpeed release splits KV 3 over sp 2 wrongly even registered: its finding")
+    assert outcome == "pass", problems[:3]
 
 
 @pytest.mark.parametrize("name", ["ring-flash-attn", "yunchang"])

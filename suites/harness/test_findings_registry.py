@@ -63,6 +63,9 @@ EXAMPLES = {
         {"option": "harness.adapters.deepspeed_stack:Fp32GradAccum", "zero": 1},
         "rank 0: step 1: gradient norm 2.02530837059021 vs one device 1.3754749298095703 (off by 0.65 > 6.66 x "
         "|g - g_exact| = 0.0142)"),
+    "test_watch_deepspeed_ulysses_uneven_kv_heads_before_the_fix": (
+        {"kv_remainder": 1}, "rank 0: forward raised RuntimeError: The size of tensor a (3) must match the size of "
+                             "tensor b (2) at non-singleton dimension 2"),
     "test_watch_torchtitan_moe_under_ep_and_tp_without_sp_cannot_run": (
         {"family": "moe", "ep": 2, "tp": 2, "sequence_parallel": False},
         "rank 3: RuntimeError: Can not redistribute from S(1) to P(sum), redistributing to Partial is for internal "
