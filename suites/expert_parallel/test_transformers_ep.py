@@ -15,9 +15,12 @@ import importlib.util
 
 import pytest
 
+from harness.releases import not_driven
+
 MISSING = [m for m in ("transformers", "accelerate") if importlib.util.find_spec(m) is None]
-pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"{' and '.join(MISSING)} not installed "
-                                "(pip install transformers accelerate; the thorough env has them)")
+WHY = (f"{' and '.join(MISSING)} not installed (pip install transformers accelerate; the thorough env has them)"
+       if MISSING else not_driven("transformers"))
+pytestmark = pytest.mark.skipif(bool(WHY), reason=str(WHY))
 
 
 @pytest.mark.parametrize("n, ep", [(2, 2), (4, 2)], ids=["ep2-over-2", "ep2-over-4"])

@@ -74,5 +74,6 @@ def test_the_matrix_has_a_column_per_release_where_a_run_holds_several(tmp_path)
 def test_the_key_selects_the_stacks_own_tests(stack):
     """-k <key> must match test ids of the stack's own files (a key that matched nothing would run nothing)."""
     files = {"deepspeed": "suites/stack/test_deepspeed.py", "megatron": "suites/stack/test_megatron.py",
-             "torchtitan": "suites/stack/test_torchtitan.py", "accelerate": "suites/stack/test_accelerate.py"}
+             "torchtitan": "suites/stack/test_torchtitan.py", "accelerate": "suites/stack/test_accelerate.py",
+             "transformers": "suites/expert_parallel/test_transformers_ep.py"}
     assert rm.MATRIX[stack]["key"] in Path(rm.ROOT / files[stack]).name
