@@ -42,8 +42,10 @@ def _grads(model, tokens) -> tuple[float, dict]:
                                       for n, g in grads.items()}
 
 
-def run_case(path: str, ep: int) -> dict:
-    """Rank side: {"problems", "worst", "bound"} of transformers' EP over ``ep`` x (n / ep) ranks (FSDP over all n)."""
+def run_case(path: str, ep: int, experts: str | None = None) -> dict:
+    """Rank side: {"problems", "worst", "bound", "unsupported"} of transformers' EP over ``ep`` x (n / ep) ranks (FSDP
+    over all n), its experts computed by ``experts`` (its ``experts_implementation``; None: its default) against one
+    device's default. An implementation this machine cannot run (a CUDA kernel) is "unsupported": its error."""
     from transformers import AutoModelForCausalLM, DistributedConfig
 
     from reference.models import ModelSpec
@@ -58,9 +60,17 @@ def run_case(path: str, ep: int) -> dict:
     want_loss, want = computed_once(  # the one-device oracle: rank 0's, broadcast
         _ORACLES, path, lambda: _grads(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), tokens))
     config = DistributedConfig(ep_size=ep, tp_size=1, fsdp_size=n, ep_implementation="all_to_all")
-    model = AutoModelForCausalLM.from_pretrained(path, distributed_config=config, dtype=torch.float32)
+    chosen = {} if experts is None else {"experts_implementation": experts}
     per = ROWS // n
-    loss, got = _grads(model, tokens[r * per:(r + 1) * per])
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, distributed_config=config, dtype=torch.float32, **chosen)
+        loss, got = _grads(model, tokens[r * per:(r + 1) * per])
+    except (ImportError, ValueError, NotImplementedError, RuntimeError) as exc:
+        if experts is None:
+            raise
+        # all ranks raise alike (the kernel's own refusal, before any collective of the step)
+        return {"problems": [], "worst": 0.0, "bound": 0.0,
+                "unsupported": f"experts_implementation={experts!r}: {type(exc).__name__}: {str(exc).splitlines()[0]}"}
     total = torch.tensor([loss], dtype=torch.float64)
     dist.all_reduce(total)  # equal rows and tokens per rank: the mean of the rank means is the batch's
     spec = ModelSpec("moe", vocab=SIZES["vocab_size"], hidden=16, layers=2, heads=4, kv_heads=2, ffn=8, experts=4,
@@ -77,4 +87,4 @@ def run_case(path: str, ep: int) -> dict:
         worst = max(worst, rel)
         if not rel <= limit:
             problems.append(f"rank {r}: gradient {name}: off by {rel:.3g} of its magnitude > {limit:.3g}")
-    return {"problems": problems, "worst": worst, "bound": limit}
+    return {"problems": problems, "worst": worst, "bound": limit, "unsupported": None}

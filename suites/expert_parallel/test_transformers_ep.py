@@ -34,3 +34,28 @@ def test_transformers_expert_parallel_equals_one_device(n, ep, world_cache, conf
                        impl="transformers", collective=f"qwen3-moe/ep{ep}-fsdp{n}/all_to_all",
                        max_rel_err=max(r["worst"] for r in per_rank), detail=" | ".join(problems[:1]))
     assert not problems, problems[:4]
+
+
+EXPERTS = ("eager", "batched_mm", "grouped_mm", "deepgemm", "sonicmoe")
+"""Every ``experts_implementation`` transformers 5.x offers (its ``ExpertsInterface`` and eager): deepgemm and
+sonicmoe are CUDA kernels — unsupported here with their own error."""
+
+
+@pytest.mark.parametrize("experts", EXPERTS)
+def test_every_experts_implementation_under_expert_parallelism_equals_one_device(experts, world_cache, conformance,
+                                                                                 tmp_path):
+    """ep 2 over 2 ranks, the experts computed by ``experts``, against one device's default."""
+    from harness.expert_parallel import transformers_ep as case
+
+    case.save_model(str(tmp_path / "qwen3-moe"))
+    per_rank = world_cache.get(2).run(case.run_case, str(tmp_path / "qwen3-moe"), 2, experts, timeout=300)
+    unsupported = next((r["unsupported"] for r in per_rank if r["unsupported"]), None)
+    problems = [p for r in per_rank for p in r["problems"]]
+    outcome = "unsupported" if unsupported else ("fail" if problems else "pass")
+    conformance.record(outcome, suite="expert_parallel", world_size=2, dtype="float32", impl="transformers",
+                       collective=f"qwen3-moe/ep2-fsdp2/all_to_all/{experts}",
+                       max_rel_err=max(r["worst"] for r in per_rank), detail=unsupported or " | ".join(problems[:1]))
+    if unsupported:
+        assert experts not in ("eager", "grouped_mm"), unsupported  # the CPU's own: they must run here
+        pytest.skip(unsupported)
+    assert not problems, problems[:4]
