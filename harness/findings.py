@@ -17,7 +17,9 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from importlib import metadata
+
+from .versions import installed as _installed
+from .versions import release as _release
 
 
 @dataclass(frozen=True)
@@ -310,18 +312,6 @@ FINDINGS: tuple[Finding, ...] = (
             symptom=r"^rank \d+: (FileNotFoundError: .*zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt|AssertionError: "
                     r"|AttributeError: 'NoneType' object)"),
 )
-
-
-def _release(version: str) -> tuple[int, ...]:
-    """'2.13.0+cpu' -> (2, 13, 0); '0.16.1rc1' -> (0, 16, 1)."""
-    return tuple(int(m) for m in re.findall(r"\d+", version.split("+")[0].split("rc")[0].split("a")[0])[:3])
-
-
-def _installed(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def _in_range(finding: Finding) -> bool:

@@ -10,7 +10,8 @@ at it before you. Ranges are [first, last] releases measured, inclusive; update 
 
 from __future__ import annotations
 
-from .findings import _installed, _release
+from .versions import installed as _installed
+from .versions import release as _release
 
 TESTED: dict[str, tuple[str, str]] = {
     "torch": ("2.12.1", "2.15.0"),
@@ -28,15 +29,6 @@ for torch; transformers: the thorough env's pin (docs/guides/stacks.md, "Release
 STACKS = {"deepspeed": "deepspeed", "megatron": "megatron-core", "torchtitan": "torchtitan", "accelerate": "accelerate",
           "torch": "torch"}
 """A built-in stack -> the distribution whose release it runs."""
-
-
-def release_of(impl: str, paradigm: str = "stack") -> str:
-    """The installed release of the distribution a built-in ``impl`` (or an option of one) runs, '' for ours and
-    for anything else (a conformance row's ``release``)."""
-    from .findings import _builtin
-
-    dist = STACKS.get(_builtin(impl, paradigm) or "")
-    return (_installed(dist) or "") if dist else ""
 
 
 DRIVEN = {"torchtitan": ("0.3.0", "torchtitan's 0.3 API (its Decoder model configs, Trainer.train_step's "

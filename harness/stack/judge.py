@@ -5,6 +5,17 @@ failure a registry finding explains turned into ``known-nonconformance`` — and
 from __future__ import annotations
 
 
+def release_of(impl: str) -> str:
+    """The installed release of the distribution a built-in stack (or an option of one) runs; '' for ours and for a
+    user's (a conformance row's ``release``)."""
+    from ..findings import _builtin
+    from ..releases import STACKS
+    from ..versions import installed
+
+    dist = STACKS.get(_builtin(impl, "stack") or "")
+    return (installed(dist) or "") if dist else ""
+
+
 def hold(world_cache, conformance, impl: str, n: int, spec, layout, recipe, **kw) -> dict:
     """``judged`` on the session's World of ``n`` ranks, recorded as a conformance row (``conformance``: the
     pytest plugin's fixture) — what the ``stack_case`` fixture and the stack suite's tests call."""
@@ -36,8 +47,6 @@ def judged(world, impl: str, spec, layout, recipe, one=None, **kw) -> dict:
                            accumulation=recipe.accumulation, option=impl,
                            clipped=recipe.max_grad_norm is not None) if outcome == "fail" else None
     outcome = "known-nonconformance" if known else outcome
-    from ..releases import release_of
-
     row = {"suite": "stack", "world_size": layout.world_size, "dtype": spec.dtype, "impl": impl,
            "release": release_of(impl),
            "collective": f"{spec.family}/{layout.label()}/zero{layout.zero}/{layout.schedule}"
