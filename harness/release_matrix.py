@@ -37,7 +37,7 @@ MATRIX: dict[str, dict] = {
     "accelerate": {"dist": "accelerate", "releases": ["1.13.0", "1.14.0", "1.15.0", "1.16.0"], "key": "accelerate",
                    "extra": []},
     # its expert parallelism (suites/expert_parallel/test_transformers_ep.py): 4.57's patch of the period and every
-    # 5.x minor (DistributedConfig came with 5.16.1: the releases before are rows of their own, releases.DRIVEN)
+    # 5.x minor (DistributedConfig(ep_size=) came with 5.19: the releases before are rows of their own, releases.DRIVEN)
     "transformers": {"dist": "transformers", "key": "transformers", "extra": ["accelerate"],
                      "releases": ["4.57.6", "5.0.0", "5.1.0", "5.2.0", "5.3.0", "5.4.0", "5.5.4", "5.6.2", "5.7.0",
                                   "5.8.1", "5.9.0", "5.10.4", "5.11.0", "5.12.1", "5.13.1", "5.14.1", "5.15.1",

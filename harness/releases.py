@@ -35,8 +35,8 @@ DRIVEN = {"torchtitan": ("0.3.0", "torchtitan's 0.3 API (its Decoder model confi
                                   "global_valid_tokens): 0.2.x names its models in a registry the adapters do not read "
                                   "(KeyError 'torchtitan') and imports triton at module level — measured 2026-12-03 "
                                   "at 0.2.2"),
-          "transformers": ("5.16.1", "transformers' expert parallelism, DistributedConfig(ep_size=...), which its "
-                                     "releases export from 5.16.1 (absent at 5.16.0, measured 2026-12-03)")}
+          "transformers": ("5.19.0", "transformers' expert parallelism, DistributedConfig(ep_size=...): a field from "
+                                     "5.19.0 (the class itself from 5.16.1; measured over the wheels 2026-12-03)")}
 """distribution -> (the oldest release the adapters drive, what they drive and why an older one is not)."""
 
 

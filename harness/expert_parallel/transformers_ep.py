@@ -59,7 +59,12 @@ def run_case(path: str, ep: int, experts: str | None = None) -> dict:
     tokens = torch.randint(0, SIZES["vocab_size"], (ROWS, SEQ), generator=torch.Generator().manual_seed(1))
     want_loss, want = computed_once(  # the one-device oracle: rank 0's, broadcast
         _ORACLES, path, lambda: _grads(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), tokens))
-    config = DistributedConfig(ep_size=ep, tp_size=1, fsdp_size=n, ep_implementation="all_to_all")
+    import inspect
+
+    # each release through its own API: ep_implementation is a field from 5.23 (before it, its one dispatch)
+    fields = inspect.signature(DistributedConfig).parameters
+    config = DistributedConfig(ep_size=ep, tp_size=1, fsdp_size=n,
+                               **({"ep_implementation": "all_to_all"} if "ep_implementation" in fields else {}))
     chosen = {} if experts is None else {"experts_implementation": experts}
     per = ROWS // n
     try:
