@@ -133,10 +133,12 @@ OPTIONS: dict[tuple[str, str], str] = {
     ("stack", "harness.adapters.deepspeed_stack:CallerScalesLoss"): "deepspeed",
     ("stack", "harness.adapters.deepspeed_stack:Fp32GradAccum"): "deepspeed",
     ("stack", "harness.adapters.megatron_stack:OverlapGradReduce"): "megatron",
+    ("expert_parallel", "transformers"): "transformers",
 }
-"""A built-in stack under an option its users set (docs/guides/stacks.md), by spec -> the built-in it is: the
-suite's own table (never read from the object), so that the built-in's findings explain it too. Not among the
-names every suite parametrises over: the option's own cases name it."""
+"""A built-in stack under an option its users set (docs/guides/stacks.md), or a third party a suite holds directly
+rather than through a contract (transformers' expert parallelism, ``suites/expert_parallel/test_transformers_ep.py``),
+by spec -> the name its findings are registered under: the suite's own table (never read from the object). Not
+among the names every suite parametrises over: their own cases name them."""
 
 
 def _entry_points() -> dict[str, ImplSpec]:

@@ -66,6 +66,9 @@ EXAMPLES = {
     "test_watch_deepspeed_ulysses_uneven_kv_heads_before_the_fix": (
         {"kv_remainder": 1}, "rank 0: forward raised RuntimeError: The size of tensor a (3) must match the size of "
                              "tensor b (2) at non-singleton dimension 2"),
+    "test_watch_transformers_ep_halves_expert_gradients": (
+        {"ep": 2, "n": 2}, "rank 0: gradient model.layers.0.mlp.experts.down_proj: off by 0.5 of its magnitude > "
+                           "0.00137"),
     "test_watch_torchtitan_moe_under_ep_and_tp_without_sp_cannot_run": (
         {"family": "moe", "ep": 2, "tp": 2, "sequence_parallel": False},
         "rank 3: RuntimeError: Can not redistribute from S(1) to P(sum), redistributing to Partial is for internal "
