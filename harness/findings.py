@@ -277,12 +277,13 @@ FINDINGS: tuple[Finding, ...] = (
             symptom=r"The size of tensor a \(\d+\) must match the size of tensor b"),
     Finding("transformers", "expert_parallel", "transformers", ("5.20.2", "5.23.0"),
             "transformers' expert parallelism over FSDP with as many ranks as experts' groups (ep 2 over 2 ranks) "
-            "halves the experts' down_proj gradient (off by 0.5 of its magnitude; the loss and every other gradient "
-            "right; ep 2 over 4 ranks right) — minimal case: a Qwen3-MoE of 4 experts, top-2, float32; right at "
-            "5.23.0.",
+            "halves the experts' gradients (gate_up_proj and down_proj off by 0.5 of their magnitude; the loss and "
+            "every other gradient right; ep 2 over 4 ranks right) — minimal case: a Qwen3-MoE of 4 experts, top-2, "
+            "float32; right at 5.23.0.",
             "suites/expert_parallel/test_transformers_ep.py::test_watch_transformers_ep_halves_expert_gradients",
             {"ep": 2, "n": 2},
-            symptom=r"gradient model\.layers\.\d+\.mlp\.experts\.down_proj: off by 0\.5 of its magnitude"),
+            symptom=r"gradient model\.layers\.\d+\.mlp\.experts\.(down_proj|gate_up_proj): off by 0\.5 of its "
+                    r"magnitude"),
     Finding("accelerate", "stack", "accelerate", ("1.16.0", None),
             "accelerate applies its FSDP plugin only where its distributed type is an accelerator's: on a CPU, "
             "Accelerator(cpu=True, fsdp_plugin=...) sets MULTI_CPU and prepare() wraps the model in DDP — the "
