@@ -35,7 +35,9 @@ import torch.distributed as dist
 from ..contracts import Unsupported
 from .dense_built import BuiltFromDense
 
-_START_ENV: dict[str, str] = {}
+_PREFIXES = ("ACCELERATE_", "FSDP_")
+_START_ENV: dict[str, str] = {k: v for k, v in os.environ.items() if k.startswith(_PREFIXES)}
+"""accelerate's variables as the rank process started (imported there before any case's build)."""
 RESET_FALLBACKS: list[str] = []
 """Why accelerate's singletons could not be reset (its private ``_reset_state`` gone): a case then runs on
 whatever state an earlier case left, accelerate's own behaviour."""
@@ -67,7 +69,7 @@ def _unsupported(spec, layout, recipe) -> str | None:
 def reset_accelerate() -> None:
     """The rank's environment as it started (accelerate's plugins write ``ACCELERATE_USE_*``), accelerate's
     singletons cleared — or, where its private ``_reset_state`` is gone, left as they are (said once)."""
-    for key in [k for k in os.environ if k.startswith(("ACCELERATE_", "FSDP_")) and k not in _START_ENV]:
+    for key in [k for k in os.environ if k.startswith(_PREFIXES) and k not in _START_ENV]:
         del os.environ[key]
     os.environ.update(_START_ENV)
     from accelerate.state import AcceleratorState, GradientState
@@ -92,9 +94,6 @@ class AccelerateStack:
             raise Unsupported(why)
         if group not in (None, dist.group.WORLD):
             raise Unsupported("accelerate's data-parallel group is the world here (no group argument).")
-        if not _START_ENV:
-            _START_ENV.update({k: v for k, v in os.environ.items() if k.startswith(("ACCELERATE_", "FSDP_"))})
-            _START_ENV.setdefault("ACCELERATE_PARITYBENCH_ENV", "1")  # marks the snapshot as taken
         return AccelerateTrainer(spec, layout, recipe)
 
 
