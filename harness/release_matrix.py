@@ -124,12 +124,11 @@ def run(stacks: list[str], out: Path, venvs: Path, releases: dict | None = None)
             python = spec.get("python", {}).get(release)
             try:
                 venv = _venv(venvs, stack, python)
+                why = _install(venv, spec, release)
             except (RuntimeError, subprocess.CalledProcessError) as exc:
                 venv, why = None, str(exc)
-            why = why if venv is None else (_install(venv, spec, release) or _not_driven(venv, spec))
-            if why:
-                detail = why if "older than the adapters drive" in why else \
-                    f"{spec['dist']} {release} does not install here: {why}"
+            detail = f"{spec['dist']} {release} does not install here: {why}" if why else _not_driven(venv, spec)
+            if detail:
                 run_dir.append("conformance.csv", {"suite": "stack", "impl": stack, "release": release,
                                                    "property": "install", "outcome": "unsupported", "detail": detail})
                 continue

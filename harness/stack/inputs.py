@@ -29,7 +29,7 @@ def global_batch(vocab: int, rows: int, seed: int, seq: int = SEQ,
     """(tokens, targets), ``rows`` x ``seq`` each, drawn from ``seed`` + 1: the same on every rank.
 
     ``padded``: each row right-padded as a tokenizer pads — row i keeps its first ``valid_counts(rows, seq)[i]``
-    targets, the rest are ``IGNORE`` (``padding``: why those counts)."""
+    targets, the rest are ``IGNORE`` (``valid_counts``: why those counts)."""
     gen = torch.Generator().manual_seed(seed + 1)
     tokens, targets = (torch.randint(0, vocab, (rows, seq), generator=gen),
                        torch.randint(0, vocab, (rows, seq), generator=gen))
