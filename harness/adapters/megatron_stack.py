@@ -103,9 +103,7 @@ class MegatronStack:
             raise ValueError(f"pp ({layout.pp}) cannot exceed the number of layers ({spec.layers}).")
         import megatron.core  # noqa: F401 - the package under test, importable
 
-        trainer = MegatronStackTrainer(spec, layout, recipe)
-        trainer.ddp_options = self.ddp_options
-        return trainer
+        return MegatronStackTrainer(spec, layout, recipe, self.ddp_options)
 
     ddp_options: dict = {}
     """``DistributedDataParallelConfig`` fields an option sets (Megatron-LM's arguments)."""
@@ -209,15 +207,16 @@ def _global_names(chunk) -> dict:
 
 
 class MegatronStackTrainer(BuiltFromDense):
-    ddp_options: dict = {}
     perform_initialization = True
     """Megatron initialises its weights (then the one-device weights are loaded over them): with
     ``perform_initialization=False`` megatron-core 0.16 never marks its column / row / vocabulary-parallel weights
     ``tensor_model_parallel`` (``set_tensor_model_parallel_attributes`` runs inside its initialisers only), so its
     grad norm counts them on TP rank 0 alone (the finding; suites/stack/test_megatron.py watches it)."""
 
-    def __init__(self, spec, layout, recipe):
+    def __init__(self, spec, layout, recipe, ddp_options: dict | None = None):
         self.spec, self.layout, self.recipe = spec, layout, recipe
+        self.ddp_options = ddp_options or {}
+        """``DistributedDataParallelConfig`` fields an option sets (``OverlapGradReduce``)."""
         self.vp = 2 if layout.schedule == "interleaved" and layout.pp > 1 else None
         self.last_grad_norm = None
         self.mixed = spec.dtype == "bfloat16"
