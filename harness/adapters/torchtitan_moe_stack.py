@@ -15,8 +15,9 @@ What the adapter chooses, and why (the rest is the Llama stack's):
   it computes; a bf16 spec trains as torchtitan trains (FSDP2's bf16 parameters, fp32 masters and reduction)
   and is held precision-matched to the contract's bf16 recipe (``harness.stack.mixed``);
 - **no load-balancing loss**: torchtitan balances by the selection bias alone (auxiliary-loss-free), so a spec
-  with ``aux_coef`` > 0 is unsupported; the softmax router (Qwen3's, ``route_norm``) has no bias
-  (``load_balance_coeff=None``); the sigmoid router (DeepSeek-V3's) chooses by scores + its ``expert_bias_E``,
+  with ``aux_coef`` > 0 is unsupported; ``route_norm`` is the family's ``renormalize``; the softmax router
+  (Qwen3's) has no bias (``load_balance_coeff=None``); the sigmoid router (DeepSeek-V3's) chooses by scores + its
+  ``expert_bias_E``,
   loaded from the family's fixed bias. torchtitan's trainers move that bias between steps
   (``register_moe_load_balancing_hook``, an optimizer pre-step hook); the family defines no such rule, so the
   hook is not registered and the bias stays the family's — what the comparison cannot hold is not run;
@@ -94,7 +95,7 @@ def moe_model_config(spec, seq: int = 64):
         return make_moe_config(
             num_experts=E, shared_experts=shared,
             router=make_router_config(dim=hidden, num_experts=E, gate_param_init=keep, top_k=k,
-                                      score_func=spec.router, route_norm=True),
+                                      score_func=spec.router, route_norm=spec.renormalize),
             routed_experts=make_routed_experts_config(dim=hidden, hidden_dim=spec.ffn, num_experts=E, top_k=k,
                                                       param_init=experts_keep, comm_backend="standard"),
             load_balance_coeff=1e-3 if spec.router == "sigmoid" else None)  # a coefficient makes its bias buffer

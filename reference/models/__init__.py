@@ -55,7 +55,10 @@ class ModelSpec:
     shared_experts: int = 0
     """Shared experts, every token's (moe): one SwiGLU of shared_experts x ffn."""
     router: str = "softmax"
-    """The router's scoring (moe): "softmax" (top-k of the softmax, renormalised) or "sigmoid" (DeepSeek-V3)."""
+    """The router's scoring (moe): "softmax" (top-k of the softmax) or "sigmoid" (DeepSeek-V3)."""
+    renormalize: bool = True
+    """The top-k weights renormalised to sum to 1 (moe); False: each expert weighted by its own score
+    (DeepSpeed's and Switch's top-1, Megatron's ``moe_router_pre_softmax``)."""
     aux_coef: float = 0.01
     """The sequence-wise load-balancing loss's weight (moe)."""
     extra: dict = field(default_factory=dict, hash=False, compare=False)
@@ -80,6 +83,8 @@ class ModelSpec:
                 raise ValueError(f"top_k must be between 1 and experts ({self.experts}); got {self.top_k}.")
             if self.router not in SCORINGS:
                 raise ValueError(f"router must be one of {', '.join(SCORINGS)}; got {self.router!r}.")
+            if not isinstance(self.renormalize, bool):
+                raise ValueError(f"renormalize must be True or False; got {self.renormalize!r}.")
             if self.shared_experts < 0 or self.aux_coef < 0:
                 raise ValueError("shared_experts and aux_coef must be >= 0.")
         if self.family == "gpt" and kv != self.heads:
@@ -100,7 +105,8 @@ class ModelSpec:
         if self.family == "moe":
             return MoELlama(self.vocab, self.hidden, self.heads, self.kv, self.ffn, self.layers, self.rope_theta,
                             self.norm_eps, dtype, experts=self.experts, top_k=self.top_k, shared=self.shared_experts,
-                            scoring=self.router, aux_coef=self.aux_coef, tie_embeddings=self.tie_embeddings)
+                            scoring=self.router, renormalize=self.renormalize, aux_coef=self.aux_coef,
+                            tie_embeddings=self.tie_embeddings)
         return Llama(self.vocab, self.hidden, self.heads, self.kv, self.ffn, self.layers, self.rope_theta,
                      self.norm_eps, dtype, tie_embeddings=self.tie_embeddings)
 

@@ -34,11 +34,11 @@ class MoEBlock(nn.Module):
     balance loss, one per sequence (rows,)."""
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, ffn: int, theta: float, eps: float, dtype, *,
-                 experts: int, top_k: int, shared: int, scoring: str):
+                 experts: int, top_k: int, shared: int, scoring: str, renormalize: bool = True):
         super().__init__()
         self.attn_norm, self.mlp_norm = RMSNorm(hidden, eps, dtype), RMSNorm(hidden, eps, dtype)
         self.attn = GQAttention(hidden, heads, kv_heads, theta, dtype)
-        self.moe = MoE(hidden, ffn, experts, top_k, shared, scoring, dtype=dtype)
+        self.moe = MoE(hidden, ffn, experts, top_k, shared, scoring, renormalize, dtype=dtype)
 
     def run(self, x: torch.Tensor, positions: torch.Tensor | None = None,
             margins: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,11 +67,13 @@ class MoELlama(Llama):
 
     def __init__(self, vocab: int, hidden: int, heads: int, kv_heads: int, ffn: int, layers: int,
                  rope_theta: float, norm_eps: float, dtype, *, experts: int, top_k: int, shared: int = 0,
-                 scoring: str = "softmax", aux_coef: float = 0.01, tie_embeddings: bool = False):
+                 scoring: str = "softmax", renormalize: bool = True, aux_coef: float = 0.01,
+                 tie_embeddings: bool = False):
         super().__init__(vocab, hidden, heads, kv_heads, ffn, layers, rope_theta, norm_eps, dtype,
                          tie_embeddings=tie_embeddings,
                          block=lambda: MoEBlock(hidden, heads, kv_heads, ffn, rope_theta, norm_eps, dtype,
-                                                experts=experts, top_k=top_k, shared=shared, scoring=scoring))
+                                                experts=experts, top_k=top_k, shared=shared, scoring=scoring,
+                                                renormalize=renormalize))
         self.aux_coef = aux_coef
         if scoring == "sigmoid":  # a fixed selection bias per layer (see the module docstring)
             gen = torch.Generator().manual_seed(4242)

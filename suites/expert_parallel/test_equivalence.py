@@ -24,6 +24,7 @@ CASES = [  # (n, case)
     (2, Case(skew=True)),                                              # rank 1 receives zero tokens
     (4, Case(ep=2, shared=1)),                                         # ep 2 < n 4: replicas over 2 EP groups
     (4, Case(scoring="sigmoid", renormalize=True, experts=8)),         # DeepSeek-V3's sigmoid scores
+    (2, Case(renormalize=False)),                                      # top-2 weighted by the softmax itself
     (2, Case(skew=True, capacity_factor=1.0)),                         # capacity: half the skewed tokens dropped
     (4, Case(ep=2, shared=1, capacity_factor=1.0)),                    # capacity over EDP replicas
 ]

@@ -69,6 +69,8 @@ OPTIONS = {  # name: (what a case holds, the probe: the smallest case with it, a
     "top-1 with a shared expert": (lambda c: c.spec.family == "moe" and c.spec.top_k == 1 and c.spec.shared_experts,
                                    (ModelSpec(**{**MOE16.as_dict(), "top_k": 1, "shared_experts": 1}), Layout(),
                                     Recipe())),
+    "the top-k not renormalised": (lambda c: c.spec.family == "moe" and not c.spec.renormalize,
+                                   (ModelSpec(**{**MOE16.as_dict(), "renormalize": False}), Layout(), Recipe())),
     "experts' state sharded": (lambda c: c.layout.ep > 1 and c.layout.zero in (1, 2),
                                (MOE16, Layout(4, ep=2, zero=1), Recipe())),
     "the llama family": (lambda c: c.spec.family == "llama", (LLAMA32, Layout(), ADAM)),

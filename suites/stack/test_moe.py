@@ -13,7 +13,8 @@ resolved differently by each summation order and make no layout comparable.
 Corners in every profile: ep alone; E = ep with top-1 and a shared expert; ep with pp (checkpointed,
 accumulating 2, the inf norm clipped); ep over dp x cp (a sequence's balance sums over cp; an expert some rank
 routes no token to); ZeRO 1 over EDP 2 (the experts' state sharded); bf16 at ep 2; ep = 1 with ZeRO 1 and the
-sigmoid router (its selection bias moving choices). Thorough: ep with tp (experts replicated over tp), cp x ep
+sigmoid router (its selection bias moving choices); top-1 weighted by its probability (``renormalize=False``)
+at ep 2, accumulating. Thorough: ep with tp (experts replicated over tp), cp x ep
 alone, pp GPipe, ZeRO 2 with cp and pp,
 bf16 at ZeRO 1 / 2, 8 ranks. Refused in one sentence: E % ep != 0, ep for a family without
 experts. Planted bugs at their minimal cases: expert gradients / the EDP size (the 2x), experts reduced over
@@ -35,6 +36,7 @@ from .test_equivalence import _verdict, padded_at
 MOE = ModelSpec("moe", vocab=13, hidden=16, heads=4, kv_heads=2, ffn=8, layers=3, experts=4, top_k=2, aux_coef=0.1)
 TOP1 = ModelSpec(**{**MOE.as_dict(), "top_k": 1, "shared_experts": 1})
 SIGMOID = ModelSpec(**{**MOE.as_dict(), "router": "sigmoid"})
+TOP1N = ModelSpec(**{**MOE.as_dict(), "top_k": 1, "renormalize": False})  # DeepSpeed's and Switch's top-1
 MARGIN = 1e-6
 
 CASES = [  # (ranks, spec, layout, recipe, in every profile)
@@ -45,6 +47,7 @@ CASES = [  # (ranks, spec, layout, recipe, in every profile)
     (4, MOE, Layout(2, 1, 2, ep=2), Recipe(max_grad_norm=0.05), False),
     (4, MOE, Layout(2, 1, 1, cp=2, ep=4), Recipe(max_grad_norm=0.05), True),
     (2, SIGMOID, Layout(2, 1, 1, zero=1), Recipe(accumulation=2), True),
+    (2, TOP1N, Layout(2, 1, 1, ep=2), Recipe(accumulation=2), True),
     (2, MOE, Layout(1, 1, 1, cp=2, ep=2), Recipe(), False),
     (2, MOE, Layout(1, 2, 1, schedule="gpipe"), Recipe(max_grad_norm=0.05), False),
     (4, SIGMOID, Layout(4, 1, 1, ep=2), Recipe(max_grad_norm=0.05), False),
@@ -56,7 +59,8 @@ CASES = [  # (ranks, spec, layout, recipe, in every profile)
 
 
 def _id(spec, layout):
-    return f"{spec.router}-top{spec.top_k}{'-shared' if spec.shared_experts else ''}-{layout.label()}-zero{layout.zero}"
+    return (f"{spec.router}-top{spec.top_k}{'-shared' if spec.shared_experts else ''}"
+            f"{'' if spec.renormalize else '-norenorm'}-{layout.label()}-zero{layout.zero}")
 
 
 @pytest.mark.parametrize("n, spec, layout, recipe, padded", [
