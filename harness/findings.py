@@ -311,6 +311,26 @@ FINDINGS: tuple[Finding, ...] = (
                     r"|loss after step \d+:)",
             cause=r"gradient norm None vs one device"),
     Finding("deepspeed", "stack", "deepspeed", ("0.18.0", None),
+            "DeepSpeed's engine at ZeRO stage 0 with MoE layers over ep > 1 clips by the mean over the data-parallel "
+            "ranks of each rank's own norm (runtime.utils.clip_grad_norm_: 'average total_norm across different GPUs "
+            "due to the presence of moe params'), each over the dense gradients and that rank's experts only — not "
+            "the global norm over every expert (minimal case: the moe family, dp 2 x ep 2, max norm 0.05: it clips "
+            "by the mean of two rank norms, the global 2-norm is larger; ZeRO 1 / 2 are right).",
+            "suites/stack/test_deepspeed.py::test_watch_deepspeed_zero0_clips_moe_by_the_mean_of_rank_norms",
+            {"zero": 0, "clipped": True, "ep": lambda ep: ep > 1, "family": "moe"},
+            symptom=r"^rank \d+: (step \d+: (gradient norm None vs one device|(parameter|optimizer state) \S+: off by)"
+                    r"|loss after step \d+:)",
+            cause=r"(parameter|optimizer state) \S+: off by"),
+    Finding("deepspeed", "stack", "deepspeed", ("0.18.0", None),
+            "DeepSpeed's ZeRO 1 / 2 links the optimizer state to its parameters for the first parameter group only: "
+            "_lazy_init_hp_params_optimizer_state runs once, after the first group's optimizer step, when the later "
+            "groups (a MoE model's expert groups, which ZeRO asserts) have no state yet, so "
+            "safe_get_full_optimizer_state raises 'momentum_buffer not found in optimizer state fragment' for every "
+            "expert (minimal case: the moe family, dp 2 x ep 2, ZeRO 1, one step).",
+            "suites/stack/test_deepspeed.py::test_watch_deepspeed_links_the_optimizer_state_of_its_first_group_only",
+            handled_by_adapter="the DeepSpeed MoE stack re-links the state after each step "
+                               "(deepspeed_moe_stack.relink_optimizer_state), where DeepSpeed has the method"),
+    Finding("deepspeed", "stack", "deepspeed", ("0.18.0", None),
             "DeepSpeed's checkpoints move between ZeRO stages 1 and 2 only: load_checkpoint of a ZeRO 0 checkpoint "
             "into ZeRO 1-3 raises FileNotFoundError (no zero_pp_rank optimizer files), of a ZeRO 1 / 2 one into ZeRO "
             "0 AttributeError, and across stage 3 either way — natively or through its universal checkpoint — no "

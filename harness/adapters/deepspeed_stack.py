@@ -23,7 +23,8 @@ bf16 is DeepSpeed's own recipe (``bf16_config``: it rounds the model; fp32 maste
 ``MastersState``). pp > 1 and activation checkpointing are its ``PipelineModule`` (``deepspeed_pipe.py``);
 ``save`` / ``load`` are its checkpoints, universal across dp (``deepspeed_resume.py``). Not here: tensor
 parallelism (DeepSpeed's AutoTP is an inference / HF path), fp16 (its loss scaler's own rule:
-suites/mixed_precision), Ulysses and MoE inside the stack (their own suites)."""
+suites/mixed_precision), Ulysses inside the stack (its own suite). The moe family is its MoE layer inside this
+engine (``deepspeed_moe_stack.py``)."""
 
 from __future__ import annotations
 
@@ -37,11 +38,17 @@ from .dense_built import BuiltFromDense
 
 
 def _unsupported(spec, layout, recipe) -> str | None:
-    if layout.tp > 1 or layout.cp > 1 or layout.ep > 1 or layout.sequence_parallel:
-        return ("the DeepSpeed stack here is its engine over data parallelism (ZeRO 0-3) and its PipelineModule; its "
-                "AutoTP, Ulysses and MoE are not composed into it.")
-    if spec.family not in ("gpt", "llama"):
-        return f"the DeepSpeed stack trains the dense gpt and llama families, not {spec.family}."
+    if layout.tp > 1 or layout.cp > 1 or layout.sequence_parallel:
+        return ("the DeepSpeed stack here is its engine over data parallelism (ZeRO 0-3), its PipelineModule and its "
+                "MoE; its AutoTP and Ulysses are not composed into it.")
+    if layout.ep > 1 and spec.family != "moe":
+        return f"ep = {layout.ep} splits experts: the {spec.family} family has none."
+    if spec.family == "moe":
+        from .deepspeed_moe_stack import unsupported
+
+        why = unsupported(spec, layout, recipe)
+        if why:
+            return why
     if spec.dropout:
         return "the DeepSpeed stack trains without dropout (the one-device masks are keyed by a step it never sets)."
     if layout.pp > 1 or layout.checkpointing:
@@ -76,6 +83,9 @@ class DeepSpeedStack:
             raise Unsupported(why)
         if group not in (None, dist.group.WORLD):
             raise Unsupported("DeepSpeed's data-parallel group is the world here (no group argument).")
+        if spec.family == "moe" and spec.experts % layout.ep:
+            raise ValueError(f"the {spec.experts} experts do not split evenly over ep = {layout.ep} (DeepSpeed asserts "
+                             "num_experts % ep_size == 0).")
         if layout.pp > 1 or layout.checkpointing:  # DeepSpeed's activation checkpointing is its PipelineModule's
             if not self.scale_wrt_gas:
                 raise Unsupported("the caller's own loss scaling is engine.backward's option; the PipelineEngine's "
@@ -106,7 +116,8 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
     def __init__(self, spec, layout, recipe, config=None, scale_wrt_gas: bool = True):
         self.spec, self.layout, self.recipe = spec, layout, recipe
         self.config, self.scale_wrt_gas = config or {}, scale_wrt_gas
-        self.last_grad_norm = None
+        self.last_grad_norm, self.names, self.relink = None, {}, True
+        """{the engine's parameter name: the one-device model's} where they differ (the moe family's)."""
 
     @property
     def engine(self):
@@ -123,8 +134,16 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
         config = {**engine_config(self.layout.zero, recipe.accumulation, recipe.max_grad_norm),
                   **bf16_config(self.spec), **self.config}
         model = model.float()  # bf16: DeepSpeed rounds the model itself; its fp32 masters are the rounded weights
-        client = recipe.optimizer.build(model.parameters())
-        engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client, config=config)
+        groups = model.parameters()
+        if self.spec.family == "moe":  # every block's MoE DeepSpeed's, its optimizer groups split as ZeRO asserts
+            from .deepspeed_moe_stack import MoEModel, contract_names, optimizer_groups
+
+            model = MoEModel(model, self.layout.ep)
+            groups, self.names = optimizer_groups(model), contract_names(model)
+        engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=recipe.optimizer.build(groups),
+                                                       config=config)
+        for block in getattr(model, "blocks", ()) if self.spec.family == "moe" else ():
+            block.check()
         # the ZeRO adapter's reading of DeepSpeed's full state (GatheredParameters, safe_get_full_optimizer_state)
         names = [name for name, _ in model.named_parameters()]
         self.state = (MastersState if self.spec.dtype == "bfloat16" else _Trainer)(
@@ -140,7 +159,12 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
         total = 0.0
         for a in range(k):
             part = slice(a * rows, (a + 1) * rows)
-            loss = summed_cross_entropy(engine(mine[part]), theirs[part]) / share  # through its forward
+            out = engine(mine[part])  # through its forward
+            if self.spec.family == "moe":  # + the balance loss: the engine averages, so its share is the rows'
+                out, aux = out
+                loss = summed_cross_entropy(out, theirs[part]) / share + self.spec.aux_coef * aux / rows
+            else:
+                loss = summed_cross_entropy(out, theirs[part]) / share
             if self.scale_wrt_gas:
                 engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
             else:  # the caller does (accelerate, the HF Trainer), and tells the engine not to
@@ -160,9 +184,17 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
         return engine_memory(self.engine)
 
     def dense_state(self) -> dict:
-        params = {k: v.cpu() for k, v in self.state.full_params().items()}
-        optimizer = {k: {key: t.detach().cpu() for key, t in v.items()} for k, v in
+        if self.spec.family == "moe" and self.layout.zero in (1, 2) and self.relink:
+            from .deepspeed_moe_stack import relink_optimizer_state
+
+            relink_optimizer_state(self.engine.optimizer)
+        params = {self.names.get(k, k): v.cpu() for k, v in self.state.full_params().items()}
+        optimizer = {self.names.get(k, k): {key: t.detach().cpu() for key, t in v.items()} for k, v in
                      self.state.full_optimizer_state().items()}
+        if self.spec.family == "moe":  # every expert, on every rank
+            from .deepspeed_moe_stack import every_expert
+
+            params, optimizer = (every_expert(d, self.engine.module) for d in (params, optimizer))
         if self.spec.tie_embeddings and "head.weight" not in params:  # one parameter: both names, state once
             params["head.weight"] = params["embed.weight"]
         return {"params": params, "optimizer": optimizer, "grad_norm": self.last_grad_norm}
