@@ -308,6 +308,11 @@ def test_watch_deepspeed_links_the_optimizer_state_of_its_first_group_only(world
     """The finding's minimal case, DeepSpeed's own behaviour (the adapter's re-link off: what the adapter falls
     back to where DeepSpeed has no such method): every expert's state is 'not found'; re-linked, all of it is read.
     Fails once DeepSpeed links every group."""
+    from harness import findings
+
+    split_view = "suites/stack/test_deepspeed_releases.py::test_watch_zero2_modifies_a_split_view_in_place"
+    if not findings.outside_range(split_view):
+        pytest.skip("this release's ZeRO 1 / 2 raise in the step before any state is read (its split-view finding)")
     assert world_cache.get(2).run(_unlinked_state, False, timeout=120) == [
         "momentum_buffer not found in optimizer state fragment"] * 2
     assert world_cache.get(2).run(_unlinked_state, True, timeout=120) == [None, None]
