@@ -310,7 +310,7 @@ FINDINGS: tuple[Finding, ...] = (
             symptom=r"^rank \d+: (step \d+: (gradient norm None vs one device|(parameter|optimizer state) \S+: off by)"
                     r"|loss after step \d+:)",
             cause=r"gradient norm None vs one device"),
-    Finding("deepspeed", "stack", "deepspeed", ("0.18.0", None),
+    Finding("deepspeed", "stack", "deepspeed", ("0.18.9", None),
             "DeepSpeed's engine at ZeRO stage 0 with MoE layers over ep > 1 clips by the mean over the data-parallel "
             "ranks of each rank's own norm (runtime.utils.clip_grad_norm_: 'average total_norm across different GPUs "
             "due to the presence of moe params'), each over the dense gradients and that rank's experts only — not "
@@ -321,7 +321,29 @@ FINDINGS: tuple[Finding, ...] = (
             symptom=r"^rank \d+: (step \d+: (gradient norm None vs one device|(parameter|optimizer state) \S+: off by)"
                     r"|loss after step \d+:)",
             cause=r"(parameter|optimizer state) \S+: off by"),
-    Finding("deepspeed", "stack", "deepspeed", ("0.18.0", None),
+    Finding("deepspeed", "stack", "deepspeed", ("0.18.9", None),
+            "DeepSpeed's ZeRO 3 divides the sequence-parallel gradient by sp more than its ZeRO 0-2 do: with "
+            "Ulysses (its engine given parallel_state_sp as mpu) ZeRO 0-2 sum the gradients over data x sequence "
+            "ranks and divide by dp (each rank's loss its share), while ZeRO 3's reduce-scatter path "
+            "(__avg_scatter_grads, its default) divides by dp x sp with no sequence-parallel correction (its "
+            "contiguous all-reduce path has one) — a loss right at one stage is off by sp at the other (minimal case: "
+            "a Llama, dp 1 x cp 2, SGD, one step: ZeRO 3's gradients are ZeRO 2's / 2).",
+            "suites/stack/test_deepspeed.py::test_watch_deepspeed_zero3_divides_the_sequence_parallel_gradient_by_sp",
+            {"zero": 3, "cp": lambda cp: cp > 1},
+            symptom=r"^rank \d+: (step \d+: (gradient norm \S+ vs one device|(parameter|optimizer state) \S+: off by)"
+                    r"|loss after step \d+:)",
+            cause=r"(parameter|optimizer state) \S+: off by"),
+    Finding("deepspeed", "stack", "deepspeed", ("0.18.9", None),
+            "DeepSpeed's engine given its (data, sequence) device mesh — data_parallel_size and "
+            "sequence_parallel_size in its config, or mesh_param — reduces gradients over the data-parallel ranks "
+            "only: groups._get_sequence_data_parallel_group falls back to the mesh's data_parallel group, so each "
+            "sequence-parallel rank steps with its own shard's gradient (times sp) and the replicas drift apart "
+            "(minimal case: dp 1 x sp 2, one step: seq_dp_world_size 1, the two ranks' parameters differ). Its HF "
+            "integration's mpu (parallel_state_sp) reduces over both.",
+            "suites/stack/test_deepspeed.py::test_watch_deepspeed_sequence_parallel_mesh_never_reduces_over_sp",
+            handled_by_adapter="the DeepSpeed Ulysses stack gives the engine DeepSpeed's parallel_state_sp as mpu, as "
+                               "its HF integration does"),
+    Finding("deepspeed", "stack", "deepspeed", ("0.18.9", None),
             "DeepSpeed's ZeRO 1 / 2 links the optimizer state to its parameters for the first parameter group only: "
             "_lazy_init_hp_params_optimizer_state runs once, after the first group's optimizer step, when the later "
             "groups (a MoE model's expert groups, which ZeRO asserts) have no state yet, so "

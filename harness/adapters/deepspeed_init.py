@@ -33,13 +33,20 @@ def init() -> None:
 
 def release_mpu() -> None:
     """Unregister what an earlier call left in the module-global ``deepspeed.utils.groups.mpu`` (which
-    DeepSpeed's engines read as a Megatron mpu): the Ulysses adapter's sequence-parallel group, a
-    ``PipelineEngine``'s grid. Every DeepSpeed entry point of this harness calls it first (through ``init``)."""
+    DeepSpeed's engines read as a Megatron mpu): the Ulysses adapters' sequence-parallel group (ours, or
+    DeepSpeed's ``parallel_state_sp`` an engine registered), a ``PipelineEngine``'s grid — and the (data,
+    sequence) device mesh an engine with ``sequence_parallel_size`` leaves in ``groups.mesh_device`` (the next
+    engine would take its sequence-parallel size). Every DeepSpeed entry point of this harness calls it first
+    (through ``init``)."""
     from deepspeed.runtime.pipe.topology import PipelineParallelGrid
     from deepspeed.utils import groups
 
     if isinstance(groups.mpu, (SequenceParallelGroup, PipelineParallelGrid)):
         groups.mpu = None
+    if getattr(groups, "mesh_device", None) is not None:
+        groups.mesh_device = None
+    if getattr(groups.mpu, "__name__", "") == "deepspeed.runtime.sequence_parallel.parallel_state_sp":
+        groups.mpu = None  # the Ulysses stack's engine registered DeepSpeed's own sequence-parallel state
 
 
 class SequenceParallelGroup:

@@ -23,8 +23,8 @@ bf16 is DeepSpeed's own recipe (``bf16_config``: it rounds the model; fp32 maste
 ``MastersState``). pp > 1 and activation checkpointing are its ``PipelineModule`` (``deepspeed_pipe.py``);
 ``save`` / ``load`` are its checkpoints, universal across dp (``deepspeed_resume.py``). Not here: tensor
 parallelism (DeepSpeed's AutoTP is an inference / HF path), fp16 (its loss scaler's own rule:
-suites/mixed_precision), Ulysses inside the stack (its own suite). The moe family is its MoE layer inside this
-engine (``deepspeed_moe_stack.py``)."""
+suites/mixed_precision). The moe family is its MoE layer inside this engine (``deepspeed_moe_stack.py``), cp its
+Ulysses attention (``deepspeed_ulysses_stack.py``)."""
 
 from __future__ import annotations
 
@@ -38,9 +38,15 @@ from .dense_built import BuiltFromDense
 
 
 def _unsupported(spec, layout, recipe) -> str | None:
-    if layout.tp > 1 or layout.cp > 1 or layout.sequence_parallel:
-        return ("the DeepSpeed stack here is its engine over data parallelism (ZeRO 0-3), its PipelineModule and its "
-                "MoE; its AutoTP and Ulysses are not composed into it.")
+    if layout.tp > 1 or layout.sequence_parallel:
+        return ("the DeepSpeed stack here is its engine over data parallelism (ZeRO 0-3), its PipelineModule, its MoE "
+                "and its Ulysses; its AutoTP (an inference / HF path) is not composed into it.")
+    if layout.cp > 1:
+        from .deepspeed_ulysses_stack import unsupported as ulysses
+
+        why = ulysses(spec, layout, recipe)
+        if why:
+            return why
     if layout.ep > 1 and spec.family != "moe":
         return f"ep = {layout.ep} splits experts: the {spec.family} family has none."
     if spec.family == "moe":
@@ -133,6 +139,11 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
         recipe = self.recipe
         config = {**engine_config(self.layout.zero, recipe.accumulation, recipe.max_grad_norm),
                   **bf16_config(self.spec), **self.config}
+        mpu = None
+        if self.layout.cp > 1:  # every attention DeepSpeed-Ulysses', the engine given its sequence-parallel state
+            from .deepspeed_ulysses_stack import ulysses_model
+
+            model, mpu = ulysses_model(model, self.layout.cp)
         model = model.float()  # bf16: DeepSpeed rounds the model itself; its fp32 masters are the rounded weights
         groups = model.parameters()
         if self.spec.family == "moe":  # every block's MoE DeepSpeed's, its optimizer groups split as ZeRO asserts
@@ -141,7 +152,7 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
             model = MoEModel(model, self.layout.ep)
             groups, self.names = optimizer_groups(model), contract_names(model)
         engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=recipe.optimizer.build(groups),
-                                                       config=config)
+                                                       config=config, mpu=mpu)
         for block in getattr(model, "blocks", ()) if self.spec.family == "moe" else ():
             block.check()
         # the ZeRO adapter's reading of DeepSpeed's full state (GatheredParameters, safe_get_full_optimizer_state)
@@ -153,8 +164,12 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
     def step(self, tokens, targets) -> float:
         from ..stack.inputs import replica_rows, summed_cross_entropy, token_share
 
-        engine, k, dp = self.trainer, self.recipe.accumulation, self.layout.dp
-        mine, theirs, rows = replica_rows(tokens, targets, dp, dist.get_rank(), k)
+        engine, k, dp, cp = self.trainer, self.recipe.accumulation, self.layout.dp, self.layout.cp
+        mine, theirs, rows = replica_rows(tokens, targets, dp, dist.get_rank() // cp, k)
+        if cp > 1:  # its sequence shard: the engine sums over data x sequence ranks and divides by dp
+            from .deepspeed_ulysses_stack import shard
+
+            mine, theirs = shard(mine, theirs, cp)
         share = token_share(targets, dp * k)  # DeepSpeed averages micro-steps and replicas: each its share
         total = 0.0
         for a in range(k):

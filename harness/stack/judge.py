@@ -42,7 +42,7 @@ def judged(world, impl: str, spec, layout, recipe, one=None, **kw) -> dict:
     outcome, refused, problems = ranks.verdict(per_rank)
     known = findings.match(impl, "stack", problems, norm_type=recipe.norm_type, tp=layout.tp, dp=layout.dp,
                            pp=layout.pp, tie_embeddings=spec.tie_embeddings, zero=layout.zero, ep=layout.ep,
-                           sequence_parallel=layout.sequence_parallel, family=spec.family,
+                           cp=layout.cp, sequence_parallel=layout.sequence_parallel, family=spec.family,
                            vocab_remainder=spec.vocab % layout.tp, checkpointing=layout.checkpointing,
                            accumulation=recipe.accumulation, option=impl,
                            clipped=recipe.max_grad_norm is not None) if outcome == "fail" else None

@@ -4,9 +4,10 @@
 fp16 or bf16), within harness/stack/case.py's bound in float32 units; and its pipeline engine
 (harness/adapters/deepspeed_pipe.py: ``PipelineModule`` / ``train_batch``, pp x dp, ZeRO 0 / 1, the tied
 embedding across stages through ``TiedLayerSpec``, activation checkpointing); its MoE layer inside its engine
-(harness/adapters/deepspeed_moe_stack.py: the moe family, ep 1-4 at ZeRO 0-2, top-1 and top-2). What it does not
-compose here (tensor and context parallelism; GPipe and interleaved; ZeRO 2 / 3 with pp; the inf norm) is
-unsupported in one sentence.
+(harness/adapters/deepspeed_moe_stack.py: the moe family, ep 1-4 at ZeRO 0-2, top-1 and top-2) and its Ulysses
+attention (harness/adapters/deepspeed_ulysses_stack.py: cp 2 at ZeRO 0-3). What it does not compose here (tensor
+parallelism; GPipe and interleaved; ZeRO 2 / 3 with pp; the inf norm; fewer KV heads than cp) is unsupported in
+one sentence.
 """
 
 from __future__ import annotations
@@ -63,6 +64,12 @@ CASES = [  # (spec, layout, recipe, in every profile)
     (MOE32, Layout(2, 1, 1, zero=1), Recipe(max_grad_norm=0.05, accumulation=2), False),
     (MOE32, Layout(4, 1, 1, ep=4, zero=1), Recipe(optimizer=OptimizerSpec("adam", 1e-2, eps=1e-3)), False),
     (TOP1, Layout(4, 1, 1, ep=2, zero=0), Recipe(accumulation=2), False),
+    # its Ulysses inside its engine (harness/adapters/deepspeed_ulysses_stack.py): the engine's (data, sequence)
+    # mesh, gradients over dp x cp divided by dp, ZeRO partitioned over both
+    (LLAMA32, Layout(1, 1, 1, cp=2, zero=2), Recipe(max_grad_norm=0.05), True),
+    (LLAMA32, Layout(2, 1, 1, cp=2, zero=1), Recipe(accumulation=2), True),
+    (LLAMA32, Layout(2, 1, 1, cp=2, zero=3), Recipe(optimizer=OptimizerSpec("adam", 1e-2, eps=1e-3)), False),
+    (LLAMA32, Layout(1, 1, 1, cp=2), Recipe(accumulation=2), False),
 ]
 
 
@@ -90,7 +97,8 @@ def test_deepspeed_equals_one_device(spec, layout, recipe, padded, world_cache, 
     (Layout(2, 1, 1), Recipe(max_grad_norm=0.05, norm_type=math.inf), "clips the 2-norm"),
     (Layout(1, 2, 1, zero=2), Recipe(), "ZeRO-2 and ZeRO-3 are incompatible"),
     (Layout(1, 2, 1, schedule="gpipe"), Recipe(), "1F1B TrainSchedule"),
-], ids=["tp2", "inf-norm", "pp2-zero2", "pp2-gpipe"])
+    (Layout(1, 1, 1, cp=4), Recipe(), "does not replicate KV heads"),
+], ids=["tp2", "inf-norm", "pp2-zero2", "pp2-gpipe", "cp4-kv2"])
 def test_what_the_deepspeed_stack_does_not_compose_is_said_in_one_sentence(layout, recipe, needle, world_cache,
                                                                           conformance):
     v = _verdict(world_cache, conformance, "deepspeed", layout.world_size, LLAMA32, layout, recipe)
@@ -240,6 +248,10 @@ def test_watch_deepspeed_pipeline_clips_by_the_first_stages_norm(world_cache):
         assert abs(clipped_by - first) <= 1e-5 * first and abs(clipped_by - total) > 0.1 * total, per_rank
 
 
+SPLIT_VIEW = "suites/stack/test_deepspeed_releases.py::test_watch_zero2_modifies_a_split_view_in_place"
+"""The older releases' finding that raises in ZeRO 1 / 2's step on torch 2.13: a watch needing their step skips."""
+
+
 def _moe_trainer(layout, recipe):
     import torch
 
@@ -310,8 +322,7 @@ def test_watch_deepspeed_links_the_optimizer_state_of_its_first_group_only(world
     Fails once DeepSpeed links every group."""
     from harness import findings
 
-    split_view = "suites/stack/test_deepspeed_releases.py::test_watch_zero2_modifies_a_split_view_in_place"
-    if not findings.outside_range(split_view):
+    if not findings.outside_range(SPLIT_VIEW):
         pytest.skip("this release's ZeRO 1 / 2 raise in the step before any state is read (its split-view finding)")
     assert world_cache.get(2).run(_unlinked_state, False, timeout=120) == [
         "momentum_buffer not found in optimizer state fragment"] * 2
@@ -325,6 +336,64 @@ def test_the_relink_falls_back_to_deepspeeds_behaviour_where_it_has_no_such_meth
         pass
 
     assert relink_optimizer_state(Elsewhere()) is False
+
+
+def _sequence_parallel_momentum(zero: int) -> dict:
+    """SGD's momentum after one step (the reduced gradient) of DeepSpeed-Ulysses in its engine, dp 1 x cp 2."""
+    import torch
+
+    from harness.adapters.deepspeed_stack import DeepSpeedStack
+
+    trainer = DeepSpeedStack().build(LLAMA32, Layout(1, 1, 1, cp=2, zero=zero), Recipe())
+    trainer.load_dense(LLAMA32.build(0).state_dict())
+    tokens = torch.randint(0, LLAMA32.vocab, (2, 8), generator=torch.Generator().manual_seed(0))
+    trainer.step(tokens, tokens)
+    return {k: v["momentum_buffer"] for k, v in trainer.dense_state()["optimizer"].items()}
+
+
+def test_watch_deepspeed_zero3_divides_the_sequence_parallel_gradient_by_sp(world_cache):
+    """The finding's minimal case: one SGD step at dp 1 x cp 2 — every gradient at ZeRO 3 is ZeRO 2's / 2 (float32,
+    reduced in two orders: 1e-5 relative of the tensor's magnitude); ZeRO 2's equal one device (the cases above).
+    Fails once the stages agree."""
+    from harness import findings
+
+    if not findings.outside_range(SPLIT_VIEW):
+        pytest.skip("this release's ZeRO 2 raises in the step (its split-view finding)")
+    world = world_cache.get(2)
+    two, three = (world.run(_sequence_parallel_momentum, z, timeout=120)[0] for z in (2, 3))
+    assert two.keys() == three.keys()
+    for name, g in two.items():
+        assert (three[name] * 2 - g).abs().max() <= 1e-5 * g.abs().max(), name
+
+
+def _mesh_engine():
+    """(the engine's sequence-data-parallel size, this rank's first weight after one step) of DeepSpeed's engine
+    given its (data, sequence) mesh through its config, each sequence rank its own half of a batch."""
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+
+    from harness.adapters.deepspeed_init import init
+    from harness.adapters.deepspeed_zero import engine_config
+
+    init()
+    model = LLAMA32.build(0)
+    config = {**engine_config(0, 1, None), "data_parallel_size": 1, "sequence_parallel_size": 2}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                                      config=config)
+    tokens = torch.randint(0, LLAMA32.vocab, (2, 8), generator=torch.Generator().manual_seed(0))
+    mine = tokens[:, dist.get_rank() * 4:(dist.get_rank() + 1) * 4]
+    engine.backward(torch.nn.functional.cross_entropy(engine(mine).flatten(0, 1), mine.flatten()))
+    engine.step()
+    return engine.seq_dp_world_size, model.embed.weight.detach().clone()
+
+
+def test_watch_deepspeed_sequence_parallel_mesh_never_reduces_over_sp(world_cache):
+    """The finding's minimal case: the mesh's engine reduces over a group of one, and the two sequence ranks'
+    weights differ after one step (each stepped with its own shard's gradient). Fails once it reduces over both."""
+    (size_0, weight_0), (size_1, weight_1) = world_cache.get(2).run(_mesh_engine, timeout=120)
+    assert size_0 == size_1 == 1
+    assert (weight_0 - weight_1).abs().max() > 1e-3
 
 
 ADAM = Recipe(optimizer=OptimizerSpec("adam", 1e-2, eps=1e-3))
