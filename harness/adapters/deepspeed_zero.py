@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from reference.zero.accounting import held_bytes, optimizer_state_tensors
 
@@ -73,9 +72,9 @@ class _Trainer:
     def step(self, x, y) -> float:
         from deepspeed.utils import safe_get_full_grad
 
-        micro, total = self.recipe.split(x, y), 0.0
+        micro, total, share = self.recipe.split(x, y), 0.0, self.recipe.share(y)  # its group: the world
         for i, (xm, ym) in enumerate(micro):
-            loss = F.mse_loss(self.engine(xm), ym)
+            loss = self.recipe.micro_loss(self.engine(xm), ym, share) * len(micro)
             self.engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
             total += float(loss.detach()) / len(micro)
             if i == len(micro) - 1:

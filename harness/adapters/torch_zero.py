@@ -21,7 +21,6 @@ import contextlib
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from reference.zero.accounting import held_bytes, optimizer_state_tensors
 
@@ -88,12 +87,12 @@ class _Trainer:
 
     def step(self, x, y) -> float:
         self.optimizer.zero_grad(set_to_none=self.stage >= 2)
-        micro, total = self.recipe.split(x, y), 0.0
+        micro, total, share = self.recipe.split(x, y), 0.0, self.recipe.share(y, self.group)
         for i, (xm, ym) in enumerate(micro):
             with self._quiet(i == len(micro) - 1):
-                loss = F.mse_loss(self.model(xm), ym)
-                (loss / len(micro)).backward()
-            total += float(loss.detach()) / len(micro)
+                loss = self.recipe.micro_loss(self.model(xm), ym, share)  # / k, or masked: / its share
+                loss.backward()
+            total += float(loss.detach())
         self.grad_bytes = held_bytes(_local(p.grad) for p in self.inner.parameters())
         if self.recipe.max_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(self.inner.parameters(), self.recipe.max_grad_norm,

@@ -18,7 +18,10 @@ class Zero(Protocol):
         Optional: a keyword ``recipe`` (reference.zero.StepRecipe), passed only by the seams suite:
         ``accumulation`` k — ``step(x, y)`` runs k micro-steps on equal row blocks, each loss divided by k,
         reducing over the group once; ``max_grad_norm`` / ``norm_type`` — clip the reduced gradient's
-        global norm, and set ``trainer.last_grad_norm`` (the norm before clipping; None if not known). A
+        global norm, and set ``trainer.last_grad_norm`` (the norm before clipping; None if not known);
+        ``masked`` — target rows of NaN count nothing and the loss is the mean over the *global* batch's
+        counted rows: ``recipe.share(y, group)`` all-reduces the slice's count, ``recipe.micro_loss`` is what
+        each micro-step back-propagates (a rank or micro-step may count nothing: its loss is 0, not NaN). A
         build without the keyword is unsupported for those cases."""
 
 

@@ -52,14 +52,31 @@ def global_batch(name: str, batch: int, seed: int, dtype: str) -> tuple[torch.Te
     return torch.randn(shape_in, generator=g, dtype=dt), torch.randn(shape_out, generator=g, dtype=dt)
 
 
+def mask_rows(y: torch.Tensor, n: int, per_rank: int) -> torch.Tensor:
+    """The masked recipe's padded batch: ``y`` with each rank's slice right-padded (rows of ``IGNORED``) to
+    per_rank - 1 counted rows on rank 0 down to none on the last — so ranks, and each rank's micro-steps, count
+    differently, and the last rank's micro-steps count nothing."""
+    from reference.zero.masked import IGNORED
+
+    y = y.clone()
+    for r in range(n):
+        counted = per_rank - 1 - (round(r * (per_rank - 1) / (n - 1)) if n > 1 else 0)
+        y[r * per_rank + counted:(r + 1) * per_rank] = IGNORED
+    return y
+
+
 def _single_device(model, spec, x, y, steps: int, recipe: StepRecipe | None = None) -> list[dict]:
     """One device, whole batch, one backward (accumulation is what the parallel side does): after each
-    step the loss, params, grads, optimizer state and, with clipping, the gradient norm before clipping."""
+    step the loss, params, grads, optimizer state and, with clipping, the gradient norm before clipping.
+    The masked recipe: the mean over the counted rows (``reference.zero.masked``)."""
+    from reference.zero.masked import mean_squared_error
+
     opt = spec.build(model.parameters())
     out = []
+    masked = recipe is not None and recipe.masked
     for _ in range(steps):
         opt.zero_grad()
-        loss = F.mse_loss(model(x), y)
+        loss = mean_squared_error(model(x), y) if masked else F.mse_loss(model(x), y)
         loss.backward()
         norm = None
         if recipe is not None and recipe.max_grad_norm is not None:
@@ -91,6 +108,8 @@ def train_case(impl_spec: str, stage: int, model_name: str, opt_name: str, steps
     device = rank_device()  # cuda:<local rank> under nccl (tox -e gpu), else the CPU
     model = build_model(model_name, seed, dtype).to(device)
     x, y = (t.to(device) for t in global_batch(model_name, n * per_rank, seed, dtype))
+    if recipe is not None and recipe.masked:
+        y = mask_rows(y, n, per_rank)
     want = _single_device(copy.deepcopy(model), spec, x, y, steps, recipe)
     try:
         trainer = (impl.build(copy.deepcopy(model), spec, stage, None) if recipe is None

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 
-import torch.nn.functional as F
 from torch import nn
 
 from ..clipping import clip_grad_norm_
@@ -49,14 +48,14 @@ class _Trainer:
 
     def step(self, x, y) -> float:
         (self.ddp if self.stage == 0 else self.engine).zero_grad()
-        micro, total = self.recipe.split(x, y), 0.0
+        micro, total, share = self.recipe.split(x, y), 0.0, self.recipe.share(y, self.group)
         for i, (xm, ym) in enumerate(micro):
             last = i == len(micro) - 1
             quiet = self.ddp.no_sync() if self.stage == 0 and not last and hasattr(self.ddp, "no_sync") else None
             with quiet or contextlib.nullcontext():
-                loss = F.mse_loss(self.model(xm), ym)
-                (loss / len(micro)).backward()
-            total += float(loss.detach()) / len(micro)
+                loss = self.recipe.micro_loss(self.model(xm), ym, share)  # / k, or masked: / its share
+                loss.backward()
+            total += float(loss.detach())
         if self.stage == 0:
             self.ddp.finish()
             self.grad_bytes = held_bytes(p.grad for p in self.model.parameters())

@@ -61,6 +61,27 @@ class StepRecipe:
     """Clip the reduced gradient's global norm (over the whole model, each element once) to this."""
     norm_type: float = 2.0
     """2 or inf."""
+    masked: bool = False
+    """Target rows of NaN count nothing (``reference.zero.masked``): the loss is the mean squared error over
+    the global batch's counted rows; ``step`` all-reduces its slice's count (``share``) and back-propagates
+    each micro-step's summed squared error over its counted rows divided by that share."""
+
+    def share(self, y: torch.Tensor, group=None) -> float | None:
+        """masked: this rank's divisor (``reference.zero.masked.share``, a collective over ``group``); else None."""
+        if not self.masked:
+            return None
+        from .masked import share
+
+        return share(y, group)
+
+    def micro_loss(self, out: torch.Tensor, y: torch.Tensor, share: float | None) -> torch.Tensor:
+        """A micro-step's loss to back-propagate (its gradients sum, over micro-steps, to the slice's part of
+        the step's): ``F.mse_loss / accumulation``; masked, its counted rows' summed squared error / ``share``."""
+        if not self.masked:
+            return torch.nn.functional.mse_loss(out, y) / self.accumulation
+        from .masked import summed_squared_error
+
+        return summed_squared_error(out, y) / share
 
     def __post_init__(self):
         if not (isinstance(self.accumulation, int) and self.accumulation >= 1):

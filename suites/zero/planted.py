@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.distributed as dist
 
 from reference.data_parallel import NaiveDataParallel
 from reference.zero.adapter import ReferenceZero, _Trainer
+from reference.zero.masked import counted_elements, counted_rows
+from reference.zero.optim import StepRecipe
 from reference.zero.sharded_optimizer import ShardedOptimizer
 
 
@@ -127,3 +131,42 @@ class LastRankStepRaises(ReferenceZero):
 
             trainer.step = step
         return trainer
+
+
+@dataclasses.dataclass(frozen=True)
+class _MeanPerMicroStepRecipe(StepRecipe):
+    """Bug: each micro-step's loss is the mean over its own counted rows, averaged over the micro-steps."""
+
+    def micro_loss(self, out, y, share):
+        if not self.masked:
+            return super().micro_loss(out, y, share)
+        keep = counted_rows(y)
+        return torch.nn.functional.mse_loss(out[keep], y[keep]) / self.accumulation
+
+
+@dataclasses.dataclass(frozen=True)
+class _MeanPerRankRecipe(StepRecipe):
+    """Bug: each rank divides by its own count (never all-reduced), the group averaging the ranks' means."""
+
+    def share(self, y, group=None):
+        return float(counted_elements(y)) if self.masked else None
+
+
+class _PlantedRecipe(ReferenceZero):
+    recipe_class = StepRecipe
+
+    def build(self, model, optimizer, stage, group=None, *, recipe=None):
+        fields = dataclasses.asdict(recipe or StepRecipe())
+        return super().build(model, optimizer, stage, group, recipe=self.recipe_class(**fields))
+
+
+class MeanPerMicroStep(_PlantedRecipe):
+    """Planted bug: on a padded batch, the per-micro-step mean averaged over micro-steps (right on full ones)."""
+
+    recipe_class = _MeanPerMicroStepRecipe
+
+
+class MeanPerRank(_PlantedRecipe):
+    """Planted bug: on a padded batch, the per-rank mean averaged over ranks (right on full ones)."""
+
+    recipe_class = _MeanPerRankRecipe

@@ -7,7 +7,9 @@ included. Every stage, DP 2, the 43-parameter MLP, SGD with momentum, 2 steps, t
 (ranks.bound), every rank's state compared. Measured (torch 2.13, deepspeed 0.19.8, CPU): reference and
 torch within 1e-15 (norms bitwise but one ULP), DeepSpeed within 2.1e-7 in float32 (bound 2.5e-5); DeepSpeed
 clips only the 2-norm (the inf norm: unsupported) and reports no norm at stage 0 (its parameters are still
-held to one device)."""
+held to one device). Padded batches (``masked``: target rows of NaN count nothing, the loss the mean over the
+global batch's counted rows — rank 0 holding 3 of its 4 rows, rank 1 none, so its micro-steps count nothing)
+at every stage, unclipped and clipped; planted, the per-micro-step and the per-rank means (both caught)."""
 
 from __future__ import annotations
 
@@ -20,8 +22,12 @@ from harness.zero import case as ranks
 from reference.zero import StepRecipe
 
 RECIPES = {"accumulate-2": StepRecipe(accumulation=2), "accumulate-2+clip": StepRecipe(2, 0.05),
-           "clip-inf": StepRecipe(max_grad_norm=0.05, norm_type=math.inf)}
-SLOW = {"deepspeed": ("accumulate-2+clip", "clip-inf")}  # ~4 s a run: accumulation and clipping together
+           "clip-inf": StepRecipe(max_grad_norm=0.05, norm_type=math.inf),
+           "masked-accumulate-2": StepRecipe(2, masked=True),
+           "masked-accumulate-2+clip": StepRecipe(2, 0.05, masked=True)}
+"""The masked ones: a padded batch (``ranks.mask_rows``), the loss over its counted rows — unclipped, so a scale
+shows in the update (clipping below the norm would hide it), and clipped, so the reported norm is held."""
+SLOW = {"deepspeed": ("accumulate-2+clip", "masked-accumulate-2", "clip-inf")}  # ~4 s a run
 
 
 def _dp(world_sizes) -> int:
@@ -57,3 +63,16 @@ def test_averaging_the_micro_steps_twice_is_caught(world_cache, world_sizes):
         ranks.train_case, "suites.zero.planted:AveragesMicroStepsTwice", 0, "mlp", "sgd", 1, 4, 2, None,
         RECIPES["accumulate-2"]))
     assert any(": grads " in p for p in r["problems"]), r["problems"]
+
+
+@pytest.mark.parametrize("planted", ["MeanPerMicroStep", "MeanPerRank"])
+def test_the_per_micro_step_and_per_rank_means_are_caught_on_a_padded_batch(planted, world_cache, world_sizes):
+    """Each planted normalisation equals one device on full batches and fails on the padded one (rank 1's
+    micro-steps count nothing: 0 / 0, and rank 0's weigh its rows by how its micro-steps are padded)."""
+    def run(recipe):
+        return ranks.merge(world_cache.get(_dp(world_sizes)).run(
+            ranks.train_case, f"suites.zero.planted:{planted}", 0, "mlp", "sgd", 2, 4, 2, None, recipe))
+
+    assert not run(RECIPES["accumulate-2"])["problems"]
+    masked = run(RECIPES["masked-accumulate-2"])["problems"]
+    assert any(": params " in p for p in masked), masked  # the weights, not only the loss's 0 / 0
