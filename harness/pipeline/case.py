@@ -11,7 +11,14 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from reference.pipeline.model import batch, build_layers, split_stages, sum_squared_error
+from reference.pipeline.model import (
+    batch,
+    build_layers,
+    masked_sum_squared_error,
+    pad_rows,
+    split_stages,
+    sum_squared_error,
+)
 
 from .. import registry
 from ..errors import describe
@@ -40,6 +47,19 @@ class PipelineCase:
     steps: int = 3
     """SGD-with-momentum steps compared."""
     seed: int = 0
+    padded: bool = False
+    """The batch's last rows are padding (NaN targets, ``masked_sum_squared_error``): the last microbatch
+    counts nothing, the one before it part of its rows."""
+
+    @property
+    def loss_fn(self):
+        return masked_sum_squared_error if self.padded else sum_squared_error
+
+    def data(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets) of the global batch, padded where the case is."""
+        x, y = batch(self.batch, self.hidden, self.seed)
+        last = len(torch.tensor_split(torch.arange(self.batch), self.m)[-1])
+        return x, pad_rows(y, min(last + 1, self.batch - 1)) if self.padded else y
 
     @property
     def num_stages(self) -> int:
@@ -51,7 +71,8 @@ class PipelineCase:
 
     def line(self) -> str:
         return (f"impl={self.impl} schedule={self.schedule} p={self.p} m={self.m} v={self.v} "
-                f"batch={self.batch} hidden={self.hidden} layers={self.num_layers} seed={self.seed}")
+                f"batch={self.batch} hidden={self.hidden} layers={self.num_layers} seed={self.seed}"
+                + " padded" * self.padded)
 
     def as_row(self) -> dict:
         return asdict(self)
@@ -74,8 +95,8 @@ def single_device(case: PipelineCase) -> dict:
     """The oracle: the same layers, the whole batch, one device."""
     layers = build_layers(case.num_layers, case.hidden, case.seed)
     model = torch.nn.Sequential(*layers)
-    x, y = batch(case.batch, case.hidden, case.seed)
-    losses, grads, params = _train([model], lambda: _backward(sum_squared_error(model(x), y)), case.steps)
+    x, y = case.data()
+    losses, grads, params = _train([model], lambda: _backward(case.loss_fn(model(x), y)), case.steps)
     return {"losses": losses, "grads": grads, "params": params}
 
 
@@ -98,13 +119,13 @@ def run_rank(case: PipelineCase) -> dict:
     mine = {s: stages[s].to(device) for s in range(case.num_stages) if s % case.p == rank}
     impl = registry.load(case.impl, "pipeline")
     try:
-        trainer = impl.build(mine, case.num_stages, case.schedule, case.m, case.v, sum_squared_error,
+        trainer = impl.build(mine, case.num_stages, case.schedule, case.m, case.v, case.loss_fn,
                              case.batch, (case.hidden,))
     except NotImplementedError as exc:
         return {"unsupported": str(exc)}
     except Exception as exc:  # noqa: BLE001 - whatever the code under test raises is a verdict
         return {"failed": failed_in_implementation(f"rank {rank}: build raised {describe(exc)}")}
-    x, y = (t.to(device) for t in batch(case.batch, case.hidden, case.seed))
+    x, y = (t.to(device) for t in case.data())
     first, last = 0 in mine, case.num_stages - 1 in mine
     order = sorted(mine)
     try:

@@ -47,3 +47,18 @@ def batch(size: int, hidden: int, seed: int, dtype=torch.float64) -> tuple[torch
 def sum_squared_error(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Sum-reduced loss: microbatch losses add up to the whole batch's, with no 1/m anywhere."""
     return ((out - target) ** 2).sum()
+
+
+def masked_sum_squared_error(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``sum_squared_error`` over the rows whose target counts: a row of NaN (padding) adds nothing — a
+    microbatch of padding only has loss 0 and zero gradients, never NaN."""
+    keep = ~torch.isnan(target).any(dim=-1)
+    return ((out[keep] - target[keep]) ** 2).sum()
+
+
+def pad_rows(target: torch.Tensor, rows: int) -> torch.Tensor:
+    """``target`` with its last ``rows`` rows padding (NaN)."""
+    target = target.clone()
+    if rows:
+        target[-rows:] = float("nan")
+    return target

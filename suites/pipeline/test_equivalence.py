@@ -30,13 +30,15 @@ def pipeline_cases(draw, impl: str, schedule: str, world_sizes: list[int]) -> Pi
 
 def corner_cases(impl: str, schedule: str, world_sizes: list[int]) -> list[PipelineCase]:
     """The classic corners, run before any random draw so that every profile covers them: p = 3 (a middle
-    stage) and the largest p; m < p; m = 1; m > p with batch % m != 0; two layers per stage."""
+    stage) and the largest p; m < p; m = 1; m > p with batch % m != 0; two layers per stage; a padded batch
+    (its last microbatch only padding: loss 0, zero gradients)."""
     v = 2 if schedule == "interleaved" else 1
     out = []
     for p in sorted({s for s in world_sizes if s == 3} | {max(world_sizes)}):
         out += [PipelineCase(impl, schedule, p, max(p - 1, 1), v, batch=2 * p + 1, hidden=3, seed=p),
                 PipelineCase(impl, schedule, p, 1, v, batch=3, hidden=2, seed=p + 1),
-                PipelineCase(impl, schedule, p, p + 1, v, batch=2 * p + 3, hidden=2, layers_per_stage=2, seed=p + 2)]
+                PipelineCase(impl, schedule, p, p + 1, v, batch=2 * p + 3, hidden=2, layers_per_stage=2, seed=p + 2),
+                PipelineCase(impl, schedule, p, p + 1, v, batch=2 * p + 3, hidden=2, seed=p + 3, padded=True)]
     return out
 
 
