@@ -168,6 +168,26 @@ FINDINGS: tuple[Finding, ...] = (
             "the stack: vocabulary 13 over tp 4 x dp 2, the last TP rank's one head row split over 2).",
             "suites/stack/test_findings.py::test_inf_norm_of_an_empty_fsdp_shard_raises",
             {"norm_type": math.inf}, symptom=r"cannot compute the infinity norm on an empty tensor"),
+    Finding("torchtitan", "stack", "torchtitan", ("0.2.2", "0.3.0"),
+            "torchtitan 0.2.x under DDP (data_parallel_replicate_degree > 1, nothing sharded) divides by dp twice: "
+            "forward_backward_step divides each rank's summed loss by the batch mesh's counted targets and its "
+            "apply_ddp (torch's replicate) averages the gradients over dp as well — every gradient / dp (minimal "
+            "case: dp 2, Adam, clipped: norm 0.2527 against one device's 0.5054). 0.3 sums over replicas.",
+            "suites/stack/test_torchtitan.py::test_watch_torchtitan_02_ddp_divides_by_dp_twice",
+            {"zero": 0, "dp": lambda d: d > 1},
+            symptom=r"^rank \d+: (step \d+: (gradient norm \S+ vs one device"
+                    r"|(parameter|optimizer state|master) \S+: off by)|loss after step \d+:)",
+            cause=r"gradient norm \S+ vs one device|(parameter|optimizer state|master) \S+: off by"),
+    Finding("torchtitan", "stack", "torchtitan", ("0.2.2", "0.3.0"),
+            "torchtitan 0.2.x under pipeline parallelism back-propagates the summed loss: its schedule's loss_fn is "
+            "the sum-reduced cross-entropy (scale_grads=False) and the global count of counted targets divides only "
+            "the loss it reports — every gradient times that count (minimal case: pp 2, Adam, clipped: the reported "
+            "norm is the count times one device's). 0.3 passes the count to the schedule (loss_kwargs).",
+            "suites/stack/test_torchtitan.py::test_watch_torchtitan_02_pipeline_back_propagates_the_summed_loss",
+            {"pp": lambda p: p > 1},
+            symptom=r"^rank \d+: (step \d+: (gradient norm \S+ vs one device"
+                    r"|(parameter|optimizer state|master) \S+: off by)|loss after step \d+:)",
+            cause=r"gradient norm \S+ vs one device|(parameter|optimizer state|master) \S+: off by"),
     Finding("torchtitan", "stack", "torchtitan", ("0.3", None),
             "torchtitan's Llama3 with a tied embedding (enable_weight_tying) under FSDP2 x TP: every parameter "
             "equals one device after step 1 and is off after step 2 (minimal case: dp 2 x tp 2, Adam, float32 — "

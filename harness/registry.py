@@ -44,6 +44,10 @@ class ImplSpec:
     """Keyword arguments for the object when it is a class or factory."""
     requires: tuple[str, ...] = ()
     """Packages that must be importable; when one is missing the implementation is skipped."""
+    drives: dict = field(default_factory=dict)
+    """distribution -> (the oldest release this adapter drives, what it drives): narrower than
+    ``harness.releases.DRIVEN`` where one adapter drives fewer releases than the stack's (an older release is its
+    skip reason, in that sentence)."""
     only_ops: tuple[str, ...] = ()
     """A variant that differs from another registered implementation only in these operations (the
     suites and benchmarks exercise it there only); empty: every operation is its own."""
@@ -189,7 +193,7 @@ def skip_reason(impl: ImplSpec) -> str | None:
             return f"implementation {impl.name!r} needs the package {package!r}, which is not installed"
     from .releases import not_driven
 
-    return next(filter(None, (not_driven(package) for package in impl.requires)), None)
+    return next(filter(None, (not_driven(package, impl.drives) for package in impl.requires)), None)
 
 
 _LOADED: dict[tuple[str, str], object] = {}

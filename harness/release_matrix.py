@@ -33,7 +33,9 @@ MATRIX: dict[str, dict] = {
                  "python": {"0.17.1": "3.12", "0.18.2": "3.12", "0.19.2": "3.12"}},
     "torchtitan": {"dist": "torchtitan", "releases": ["0.2.2", "0.3.0"], "key": "torchtitan", "no_deps": True,
                    "extra": ["spmd_types==0.2.3", "tyro==1.0.17", "docstring_parser", "einops",
-                             "torch_checkpointing==0.1.1", "tokenizers"]},  # 0.2's protocols import tokenizers
+                             "torch_checkpointing==0.1.1", "tokenizers"],  # 0.2's protocols import tokenizers
+                   # 0.2's llama3 package imports its data stack and metrics: with their own dependencies
+                   "with_deps": {"0.2.2": ["datasets", "torchdata", "tensorboard", "tomli", "fsspec", "pillow"]}},
     "accelerate": {"dist": "accelerate", "releases": ["1.13.0", "1.14.0", "1.15.0", "1.16.0"], "key": "accelerate",
                    "extra": []},
     # its expert parallelism (suites/expert_parallel/test_transformers_ep.py): 4.57's patch of the period and every
@@ -88,6 +90,8 @@ def _install(venv: Path, spec: dict, release: str) -> str | None:
     # install does not): one consistent set, or pip's sentence
     together = [] if spec.get("no_deps") else ["numpy", "pandas"]
     done = _pip(venv, *(["--no-deps"] if spec.get("no_deps") else []), pinned, *spec["extra"], TORCH, *together)
+    if not done.returncode and spec.get("with_deps", {}).get(release):  # what this release imports, resolved
+        done = _pip(venv, *spec["with_deps"][release], TORCH)
     if done.returncode:
         return (done.stderr.strip().splitlines() or ["pip failed"])[-1]
     return None

@@ -31,24 +31,23 @@ STACKS = {"deepspeed": "deepspeed", "megatron": "megatron-core", "torchtitan": "
 """A built-in stack -> the distribution whose release it runs."""
 
 
-DRIVEN = {"torchtitan": ("0.3.0", "torchtitan's 0.3 API (its Decoder model configs, Trainer.train_step's "
-                                  "global_valid_tokens): 0.2.x names its models in a registry the adapters do not read "
-                                  "(KeyError 'torchtitan') and imports triton at module level — measured 2026-12-03 "
-                                  "at 0.2.2"),
+DRIVEN = {"torchtitan": ("0.2.2", "torchtitan's 0.2.2 and 0.3 APIs (torchtitan_v02.py, torchtitan_stack.py): "
+                                  "0.2.0 and 0.2.1 are not driven (the matrix holds each minor's newest patch)"),
           "transformers": ("5.19.0", "transformers' expert parallelism, DistributedConfig(ep_size=...): a field from "
                                      "5.19.0 (the class itself from 5.16.1; measured over the wheels 2026-12-03)")}
 """distribution -> (the oldest release the adapters drive, what they drive and why an older one is not)."""
 
 
-def not_driven(module: str) -> str | None:
+def not_driven(module: str, drives: dict | None = None) -> str | None:
     """Why the installed release of the distribution behind ``module`` cannot be driven by its adapters (its
-    release older than they drive, ``DRIVEN``), or None: the registry's skip reason for every implementation
-    requiring it — unsupported with the exact reason, never a crash per case."""
+    release older than they drive: ``drives``, an implementation's own, else ``DRIVEN``), or None: the registry's
+    skip reason for every implementation requiring it — unsupported with the exact reason, never a crash per case."""
     dist = module.split(".")[0]
-    if dist not in DRIVEN:
+    table = {**DRIVEN, **(drives or {})}
+    if dist not in table:
         return None
     version = _installed(dist)
-    oldest, what = DRIVEN[dist]
+    oldest, what = table[dist]
     if version is None or _release(version) >= _release(oldest):
         return None
     return f"{dist} {version} is older than the adapters drive (>= {oldest}: {what})"
@@ -73,3 +72,8 @@ def release_note(distribution: str) -> str | None:
     return (f"{distribution} {version}: NOT a release this suite was measured on (tested: {span}) — its verdicts "
             "hold this install, and no finding of another release excuses a failure here.")
 
+
+
+TORCHTITAN_03 = {"torchtitan": ("0.3.0", "torchtitan 0.3's MoE and context-parallel modules (models.common): its "
+                                         "0.2.x stack is driven for the Llama family only (torchtitan_v02.py)")}
+"""``ImplSpec.drives`` of the adapters and probes that read 0.3's module layout."""

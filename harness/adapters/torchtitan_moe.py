@@ -109,7 +109,7 @@ class _Sharded(OneDevice):
         from torchtitan.distributed import ParallelDims
         from torchtitan.distributed import utils as dist_utils
 
-        from .torchtitan_stack import SPMD_BACKEND
+        from .torchtitan_trainer import SPMD_BACKEND
 
         n = dist.get_world_size()
         dist_utils.set_spmd_backend(SPMD_BACKEND)  # as its Trainer.__init__ does

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from .. import registry
 from ..comm_count import counted_traffic
+from ..releases import TORCHTITAN_03
 from ..timing import summarize, time_iterations
 
 THIRD_PARTY = {spec.name: spec for spec in [
@@ -28,7 +29,7 @@ THIRD_PARTY = {spec.name: spec for spec in [
     registry.ImplSpec("megatron-moe", "expert_parallel", "harness.adapters.megatron_moe:MegatronMoE",
                       requires=("megatron.core",)),
     registry.ImplSpec("torchtitan-moe", "expert_parallel", "harness.adapters.torchtitan_moe:TorchtitanMoE",
-                      requires=("torchtitan", "spmd_types")),
+                      requires=("torchtitan", "spmd_types"), drives=TORCHTITAN_03),
 ]}
 """The third-party MoE layers the sweep times beside the registered implementations where installed. Their
 definitions differ from the contract's (docs/contracts/expert_parallel.md: DeepSpeed's aux, Megatron's, none in

@@ -14,6 +14,7 @@ import pytest
 from harness import findings, registry
 from harness.context_parallel.case import Case
 from harness.context_parallel.third_party import torch_context_parallel_probe
+from harness.releases import TORCHTITAN_03
 
 from .test_equivalence import _verdict
 
@@ -101,7 +102,8 @@ def test_flash_attention_stacks_are_registered_and_say_why_they_do_not_run(name)
     assert "float64" in str(err.value) and "\n" not in str(err.value)
 
 
-TORCHTITAN = registry.skip_reason(registry.resolve("torchtitan", "stack"))
+TORCHTITAN = registry.skip_reason(registry.ImplSpec("torchtitan", "stack", "x:y", requires=("torchtitan", "spmd_types"),
+                                                    drives=TORCHTITAN_03))
 
 
 @pytest.mark.skipif(bool(TORCHTITAN), reason=f"torchtitan: {TORCHTITAN}")

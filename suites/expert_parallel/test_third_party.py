@@ -18,6 +18,7 @@ from harness import registry
 from harness.expert_parallel.case import Case, as_dict
 from harness.expert_parallel.third_party import deepspeed_moe_report
 from harness.registry import ImplSpec
+from harness.releases import TORCHTITAN_03
 
 DEEPSPEED = registry.skip_reason(ImplSpec("deepspeed-moe", "expert_parallel", "x:y", requires=("deepspeed",)))
 needs_deepspeed = pytest.mark.skipif(bool(DEEPSPEED), reason=f"DeepSpeed MoE: {DEEPSPEED}")
@@ -61,7 +62,8 @@ def test_what_deepspeed_moe_does_not_compute_is_unsupported(case, needle):
     assert "\n" not in str(err.value)
 
 
-TORCHTITAN = registry.skip_reason(ImplSpec("torchtitan", "stack", "x:y", requires=("torchtitan", "spmd_types")))
+TORCHTITAN = registry.skip_reason(ImplSpec("torchtitan", "stack", "x:y", requires=("torchtitan", "spmd_types"),
+                                           drives=TORCHTITAN_03))
 
 
 @pytest.mark.skipif(bool(TORCHTITAN), reason=f"torchtitan: {TORCHTITAN}")

@@ -17,8 +17,10 @@ import pytest
 from harness import registry
 from harness.expert_parallel.case import Case, as_dict
 from harness.registry import ImplSpec
+from harness.releases import TORCHTITAN_03
 
-TORCHTITAN = registry.skip_reason(ImplSpec("torchtitan", "stack", "x:y", requires=("torchtitan", "spmd_types")))
+TORCHTITAN = registry.skip_reason(ImplSpec("torchtitan", "stack", "x:y", requires=("torchtitan", "spmd_types"),
+                                           drives=TORCHTITAN_03))
 pytestmark = pytest.mark.skipif(bool(TORCHTITAN), reason=f"torchtitan: {TORCHTITAN}")
 
 CASES = [  # (ranks, case, in every profile)

@@ -51,6 +51,12 @@ EXAMPLES = {
     "test_watch_deepspeed_zero3_divides_the_sequence_parallel_gradient_by_sp": (
         {"zero": 3, "cp": 2},
         "rank 0: step 1: parameter blocks.0.attn.o.weight: off by 0.0117 of its magnitude > 0.00278"),
+    "test_watch_torchtitan_02_ddp_divides_by_dp_twice": (
+        {"zero": 0, "dp": 2},
+        "rank 0: step 1: gradient norm 0.2526765465736389 vs one device 0.5053530931472778 (off by 0.5 > 0.0641)"),
+    "test_watch_torchtitan_02_pipeline_back_propagates_the_summed_loss": (
+        {"pp": 2},
+        "rank 0: step 1: gradient norm 20.186540603637695 vs one device 2.883791446685791 (off by 6 > 0.0117)"),
     "test_megatron_with_a_vocabulary_tp_does_not_divide_is_the_known_finding": (
         {"vocab_remainder": 1}, "rank 0: loss after step 1: 2.926025390625 vs one device 2.860689163208008"),
     "test_watch_megatron_cannot_load_a_checkpoint_of_sgd": (

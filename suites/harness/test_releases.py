@@ -42,20 +42,21 @@ def test_impls_lists_the_installed_releases(capsys):
 
 
 def test_a_release_older_than_the_adapters_drive_is_a_skip_reason_in_one_sentence(monkeypatch):
-    """torchtitan 0.2.x is not driven (the adapters drive 0.3's API): every implementation requiring it skips with
-    that sentence, as a missing package does — never a crash per case."""
+    """torchtitan 0.2.1 is not driven (the adapters drive 0.2.2's and 0.3's APIs): every implementation requiring it
+    skips with that sentence, as a missing package does — never a crash per case."""
     from harness import registry
 
-    monkeypatch.setattr(releases, "_installed", lambda dist: "0.2.2" if dist == "torchtitan" else None)
+    monkeypatch.setattr(releases, "_installed", lambda dist: "0.2.1" if dist == "torchtitan" else None)
     why = releases.not_driven("torchtitan")
-    assert why and why.startswith("torchtitan 0.2.2 is older than the adapters drive (>= 0.3.0") and "\n" not in why
+    assert why and why.startswith("torchtitan 0.2.1 is older than the adapters drive (>= 0.2.2") and "\n" not in why
     import importlib.util
 
     said = registry.skip_reason(registry.resolve("torchtitan", "stack"))
     installed = all(importlib.util.find_spec(m) for m in ("torchtitan", "spmd_types", "tyro", "einops"))
     assert said == why if installed else "not installed" in said, said  # where installed, the registry says it
-    monkeypatch.setattr(releases, "_installed", lambda dist: "0.3.0")
-    assert releases.not_driven("torchtitan") is None and releases.not_driven("deepspeed") is None
+    for driven in ("0.2.2", "0.3.0"):
+        monkeypatch.setattr(releases, "_installed", lambda dist, driven=driven: driven)
+        assert releases.not_driven("torchtitan") is None and releases.not_driven("deepspeed") is None
 
 
 @pytest.mark.checkout  # reads the clone's pyproject.toml

@@ -135,6 +135,8 @@ def cases(stack: str) -> list[Case]:
 def test_every_option_a_stack_provides_meets_it_in_tox(stack):
     if stack != "reference":
         pytest.importorskip(REFUSALS[stack])
+    if stack == "torchtitan" and importlib.import_module(REFUSALS[stack]).v02():
+        pytest.skip("tox's profile is held on the pinned torchtitan (0.3); 0.2.x refuses more, each in its sentence")
     refuses = _refusal(stack)
     provided = {name for name, (_, probe) in OPTIONS.items() if refuses(*probe) is None}
     held = [c for c in cases(stack) if c.tox and refuses(c.spec, c.layout, c.recipe) is None]

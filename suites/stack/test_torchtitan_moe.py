@@ -39,7 +39,10 @@ from .test_moe import EVERY_EXPERT
 from .test_torchtitan import ADAM  # eps 1e-3, as torchtitan's bf16 Llama is held (why: there)
 
 TORCHTITAN = registry.skip_reason(registry.resolve("torchtitan", "stack"))
-pytestmark = pytest.mark.skipif(bool(TORCHTITAN), reason=f"torchtitan: {TORCHTITAN}")
+pytestmark = [pytest.mark.skipif(bool(TORCHTITAN), reason=f"torchtitan: {TORCHTITAN}"),
+              pytest.mark.skipif(not TORCHTITAN and __import__("harness.adapters.torchtitan_stack", fromlist=["v02"])
+                                 .v02(), reason="torchtitan 0.2.x: the adapter drives its Llama3, not its MoE "
+                                                "(the moe family is unsupported there, in one sentence)")]
 
 MOE16 = EVERY_EXPERT  # bf16, top_k = experts = 4, no balance loss, ffn 16 (suites/stack/test_moe.py)
 SHARED = ModelSpec(**{**MOE16.as_dict(), "shared_experts": 1})
