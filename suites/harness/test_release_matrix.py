@@ -77,3 +77,20 @@ def test_the_key_selects_the_stacks_own_tests(stack):
              "torchtitan": "suites/stack/test_torchtitan.py", "accelerate": "suites/stack/test_accelerate.py",
              "transformers": "suites/expert_parallel/test_transformers_ep.py"}
     assert rm.MATRIX[stack]["key"] in Path(rm.ROOT / files[stack]).name
+
+
+def test_a_release_that_imports_more_gets_those_packages_with_their_dependencies(tmp_path, monkeypatch):
+    """torchtitan is installed without its dependencies (its data stack is not the trainer's), but 0.2.2's llama3
+    package imports datasets, torchdata and tensorboard: for that release alone a second pip call resolves them,
+    torch pinned."""
+    calls = []
+
+    class Done:
+        returncode, stderr = 0, ""
+
+    monkeypatch.setattr(rm, "_pip", lambda venv, *args: calls.append(args) or Done())
+    assert rm._install(tmp_path, rm.MATRIX["torchtitan"], "0.3.0") is None
+    assert len(calls) == 1 and "--no-deps" in calls[0]
+    calls.clear()
+    assert rm._install(tmp_path, rm.MATRIX["torchtitan"], "0.2.2") is None
+    assert len(calls) == 2 and "--no-deps" not in calls[1] and {"datasets", rm.TORCH} <= set(calls[1])
