@@ -67,7 +67,7 @@ def sequence_parallel_state(cp: int):
         release = getattr(mpu, "_release_sequence_parallel_groups", None)
         if release is None:
             raise Unsupported(f"DeepSpeed's sequence-parallel state holds sp = {held} from an earlier case and this "
-                              "release offers no way to release it for sp = {cp}.")
+                              f"release offers no way to release it for sp = {cp}.")
         release()
     mpu.initialize_sequence_parallel(sequence_parallel_size=cp)
     return mpu

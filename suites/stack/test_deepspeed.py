@@ -445,3 +445,17 @@ def test_deepspeed_resume_across_layouts(spec, a, b, recipe, expected, world_cac
         conformance.settle()
     if expected == "unsupported":
         assert "\n" not in refused, refused
+
+
+def test_an_earlier_cases_sequence_parallel_state_without_a_release_is_unsupported_in_one_sentence(monkeypatch):
+    """The private ``_release_sequence_parallel_groups`` is used only where DeepSpeed has it: without it, state
+    held at another sp is DeepSpeed's behaviour (it asserts on a second initialisation) — said in one sentence."""
+    from deepspeed.runtime.sequence_parallel import parallel_state_sp
+
+    from harness.adapters.deepspeed_ulysses_stack import sequence_parallel_state
+    from harness.contracts import Unsupported
+
+    monkeypatch.setattr(parallel_state_sp, "get_sequence_parallel_world_size", lambda: 4)
+    monkeypatch.delattr(parallel_state_sp, "_release_sequence_parallel_groups", raising=False)
+    with pytest.raises(Unsupported, match=r"holds sp = 4 .* for sp = 2\.$"):
+        sequence_parallel_state(2)

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from harness import registry
+from harness.adapters.torchtitan_import import v02
 from harness.contracts.stack import Layout, Recipe
 from reference.models import ModelSpec
 from reference.zero import OptimizerSpec
@@ -33,7 +34,7 @@ from .test_equivalence import _verdict, padded_at
 
 TORCHTITAN = registry.skip_reason(registry.resolve("torchtitan", "stack"))
 pytestmark = pytest.mark.skipif(bool(TORCHTITAN), reason=f"torchtitan: {TORCHTITAN}")
-V02 = not TORCHTITAN and __import__("harness.adapters.torchtitan_stack", fromlist=["v02"]).v02()
+V02 = v02()
 """torchtitan 0.2.x installed (the release matrix's venv): its adapter (torchtitan_v02.py) drives it."""
 
 LLAMA32 = ModelSpec("llama", vocab=13, hidden=16, heads=8, kv_heads=2, ffn=24, layers=5, dtype="float32")

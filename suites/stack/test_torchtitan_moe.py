@@ -31,6 +31,7 @@ import math
 import pytest
 
 from harness import registry
+from harness.adapters.torchtitan_import import v02
 from harness.contracts.stack import Layout, Recipe
 from reference.models import ModelSpec
 
@@ -40,8 +41,7 @@ from .test_torchtitan import ADAM  # eps 1e-3, as torchtitan's bf16 Llama is hel
 
 TORCHTITAN = registry.skip_reason(registry.resolve("torchtitan", "stack"))
 pytestmark = [pytest.mark.skipif(bool(TORCHTITAN), reason=f"torchtitan: {TORCHTITAN}"),
-              pytest.mark.skipif(not TORCHTITAN and __import__("harness.adapters.torchtitan_stack", fromlist=["v02"])
-                                 .v02(), reason="torchtitan 0.2.x: the adapter drives its Llama3, not its MoE "
+              pytest.mark.skipif(v02(), reason="torchtitan 0.2.x: the adapter drives its Llama3, not its MoE "
                                                 "(the moe family is unsupported there, in one sentence)")]
 
 MOE16 = EVERY_EXPERT  # bf16, top_k = experts = 4, no balance loss, ffn 16 (suites/stack/test_moe.py)
