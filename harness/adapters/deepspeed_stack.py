@@ -153,8 +153,9 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
             groups, self.names = optimizer_groups(model), contract_names(model)
         engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=recipe.optimizer.build(groups),
                                                        config=config, mpu=mpu)
-        for block in getattr(model, "blocks", ()) if self.spec.family == "moe" else ():
-            block.check()
+        if self.spec.family == "moe":  # each rank loaded the experts its EP group routes to it
+            for block in model.blocks:
+                block.check()
         # the ZeRO adapter's reading of DeepSpeed's full state (GatheredParameters, safe_get_full_optimizer_state)
         names = [name for name, _ in model.named_parameters()]
         self.state = (MastersState if self.spec.dtype == "bfloat16" else _Trainer)(

@@ -47,10 +47,7 @@ def _stub(module: str, names) -> None:
 def import_torchtitan():
     """``torchtitan.models.llama3``, with the patches above applied where this machine needs them."""
     if importlib.util.find_spec("triton") is None:
-        from ..versions import installed
-
-        version = installed("torchtitan") or ""
-        _stub(*((KERNELS_V02, _KERNEL_NAMES_V02) if version.startswith("0.2.") else (KERNELS, _KERNEL_NAMES)))
+        _stub(*((KERNELS_V02, _KERNEL_NAMES_V02) if v02() else (KERNELS, _KERNEL_NAMES)))
     importlib.import_module("torchtitan.tools.utils")
     _device_to_cpu()  # before the rest is imported: every later "from ... import device_type" binds "cpu"
     return importlib.import_module("torchtitan.models.llama3")
