@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from reference.pipeline import GENERATORS
+
 from . import bench_cli, plan, registry, suite_cli
 from .calibrate import cli as calibrate_cli
 from .errors import UsageError
@@ -44,7 +46,7 @@ def _build_parser() -> argparse.ArgumentParser:
     calibrate_cli.add_parser(sub)
     suite_cli.add_parser(sub)
     s = sub.add_parser("schedule", help="print (and draw) a pipeline schedule and its simulated metrics")
-    s.add_argument("name", choices=["gpipe", "1f1b", "interleaved", "zb-h1"])
+    s.add_argument("name", choices=list(GENERATORS))
     s.add_argument("--p", type=int, required=True, help="pipeline ranks")
     s.add_argument("--m", type=int, required=True, help="microbatches")
     s.add_argument("--v", type=int, default=2, help="model chunks per rank (interleaved)")

@@ -20,8 +20,6 @@ import inspect
 import re
 from dataclasses import dataclass, field
 
-from .contracts import CONTRACTS
-
 ENTRY_POINT_GROUP = "paritybench.implementations"
 _SPEC_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 
@@ -58,91 +56,30 @@ class ImplSpec:
         return not self.only_ops or op in self.only_ops
 
 
-BUILTINS: dict[tuple[str, str], ImplSpec] = {
-    (spec.paradigm, spec.name): spec
-    for spec in [
-        ImplSpec("reference", "collectives", "reference.collectives:ReferenceCollectives",
-                 {"all_reduce_algorithm": "ring"}, description="ours, p2p only; ring all-reduce"),
-        ImplSpec("reference-rhd", "collectives", "reference.collectives:ReferenceCollectives",
-                 {"all_reduce_algorithm": "rhd"}, only_ops=("all_reduce",),
-                 description="ours; recursive halving/doubling all-reduce"),
-        ImplSpec("reference-tree", "collectives", "reference.collectives:ReferenceCollectives",
-                 {"all_reduce_algorithm": "tree"}, only_ops=("all_reduce",),
-                 description="ours; binomial tree reduce + broadcast"),
-        ImplSpec("reference-naive", "collectives", "reference.collectives:ReferenceCollectives",
-                 {"all_reduce_algorithm": "naive"}, only_ops=("all_reduce",),
-                 description="ours; central root all-reduce"),
-        ImplSpec("torch", "collectives", "harness.adapters.torch_collectives:TorchCollectives",
-                 requires=("torch",), description="native torch.distributed on the current backend"),
-        ImplSpec("reference", "pipeline", "reference.pipeline.runtime:ReferencePipeline",
-                 description="ours: one interpreter of schedules-as-data"),
-        ImplSpec("reference", "tensor_parallel", "reference.tensor_parallel.adapter:ReferenceTensorParallel",
-                 description="ours: Megatron-style conjugate operators"),
-        ImplSpec("torch", "tensor_parallel", "harness.adapters.torch_tensor_parallel:TorchTensorParallel",
-                 requires=("torch.distributed.tensor.parallel",),
-                 description="DTensor parallelize_module: ColwiseParallel / RowwiseParallel"),
-        ImplSpec("megatron", "tensor_parallel", "harness.adapters.megatron_tensor_parallel:MegatronTensorParallel",
-                 requires=("megatron.core",), description="megatron-core tensor_parallel layers on CPU/gloo"),
-        ImplSpec("reference", "zero", "reference.zero.adapter:ReferenceZero",
-                 description="ours: bucketed DP, flat-buffer ZeRO-1/2, per-module ZeRO-3"),
-        ImplSpec("reference-naive", "zero", "reference.zero.adapter:ReferenceZero", {"bucketed": False},
-                 only_ops=("stage0",), description="ours; one all-reduce per gradient after backward"),
-        ImplSpec("torch", "zero", "harness.adapters.torch_zero:TorchZero", requires=("torch.distributed.fsdp",),
-                 description="DDP, ZeroRedundancyOptimizer, FSDP2 fully_shard"),
-        ImplSpec("deepspeed", "zero", "harness.adapters.deepspeed_zero:DeepSpeedZero", requires=("deepspeed",),
-                 description="DeepSpeed ZeRO stages 0-3 on CPU/gloo"),
-        ImplSpec("reference", "checkpoint", "reference.checkpoint:ReferenceCheckpointing",
-                 description="ours: an autograd function that restores the RNG state"),
-        ImplSpec("torch", "checkpoint", "harness.adapters.torch_checkpoint:TorchCheckpointing",
-                 description="torch.utils.checkpoint, use_reentrant=False"),
-        ImplSpec("torch-reentrant", "checkpoint", "harness.adapters.torch_checkpoint:TorchCheckpointing",
-                 {"use_reentrant": True}, description="torch.utils.checkpoint, use_reentrant=True"),
-        ImplSpec("torch", "pipeline", "harness.adapters.torch_pipeline:TorchPipeline",
-                 requires=("torch.distributed.pipelining",),
-                 description="torch.distributed.pipelining schedules with PipelineStage"),
-        ImplSpec("reference", "stack", "harness.adapters.reference_stack:ReferenceStack",
-                 description="ours: reference.compose.Parallel3D (TP, CP, pipeline, DP / ZeRO 0-2), GPT and Llama"),
-        ImplSpec("reference-ring", "context_parallel", "reference.context_parallel:ReferenceContextParallel",
-                 {"algorithm": "ring"}, description="ours: ring attention (pass-KV, online softmax, blockwise bwd)"),
-        ImplSpec("reference-ulysses", "context_parallel", "reference.context_parallel:ReferenceContextParallel",
-                 {"algorithm": "ulysses"}, description="ours: Ulysses all-to-all over heads (GQA split / replicated)"),
-        ImplSpec("deepspeed-ulysses", "context_parallel", "harness.adapters.deepspeed_ulysses:DeepSpeedUlysses",
-                 requires=("deepspeed",), description="DeepSpeed-Ulysses DistributedAttention on CPU/gloo"),
-        ImplSpec("ring-flash-attn", "context_parallel", "harness.adapters.flash_context_parallel:FlashContextParallel",
-                 {"package": "ring-flash-attn"}, requires=("ring_flash_attn", "flash_attn"),
-                 description="ring-flash-attn (zigzag ring over flash-attn; CUDA, fp16 / bf16 only)"),
-        ImplSpec("yunchang", "context_parallel", "harness.adapters.flash_context_parallel:FlashContextParallel",
-                 {"package": "yunchang"}, requires=("yunchang", "flash_attn"),
-                 description="yunchang LongContextAttention (hybrid Ulysses x ring over flash-attn; CUDA only)"),
-        ImplSpec("reference", "expert_parallel", "reference.expert_parallel:ReferenceExpertParallel",
-                 description="ours: all-to-all dispatch with variable splits, expert-data-parallel reduction"),
-        ImplSpec("deepspeed", "stack", "harness.adapters.deepspeed_stack:DeepSpeedStack", requires=("deepspeed",),
-                 description="DeepSpeed's engine: ZeRO 0-3 over dp, its accumulation and clipping (float32)"),
-        ImplSpec("torchtitan", "stack", "harness.adapters.torchtitan_stack:TorchtitanStack",
-                 requires=("torchtitan", "spmd_types", "tyro", "einops"),
-                 description="torchtitan's Llama3Model + parallelize_llama (TP/SP, FSDP2 / replicate, AC), float32"),
-        ImplSpec("megatron", "stack", "harness.adapters.megatron_stack:MegatronStack", requires=("megatron.core",),
-                 description="megatron-core's GPTModel (local spec) + TP/SP, 1F1B / interleaved, DDP / distributed "
-                             "optimizer (float32)"),
-        ImplSpec("torch", "stack", "harness.adapters.torch_stack:TorchStack",
-                 requires=("torch.distributed.pipelining", "torch.distributed.fsdp"),
-                 description="torchtitan-style: DTensor TP + pipelining + FSDP2, GPT and Llama"),
-        ImplSpec("accelerate", "stack", "harness.adapters.accelerate_stack:AccelerateStack", requires=("accelerate",),
-                 description="Hugging Face accelerate: Accelerator + DDP / its FSDP2 plugin (accelerators only), "
-                             "accumulate, backward, clip_grad_norm_"),
-    ]
-}
+def builtins() -> dict[tuple[str, str], ImplSpec]:
+    """(paradigm, name) -> the built-in implementation: every paradigm record's ``builtins``."""
+    from .paradigm import paradigms
 
-OPTIONS: dict[tuple[str, str], str] = {
-    ("stack", "harness.adapters.deepspeed_stack:CallerScalesLoss"): "deepspeed",
-    ("stack", "harness.adapters.deepspeed_stack:Fp32GradAccum"): "deepspeed",
-    ("stack", "harness.adapters.megatron_stack:OverlapGradReduce"): "megatron",
-    ("expert_parallel", "transformers"): "transformers",
-}
-"""A built-in stack under an option its users set (docs/guides/stacks.md), or a third party a suite holds directly
-rather than through a contract (transformers' expert parallelism, ``suites/expert_parallel/test_transformers_ep.py``),
-by spec -> the name its findings are registered under: the suite's own table (never read from the object). Not
-among the names every suite parametrises over: their own cases name them."""
+    return {(spec.paradigm, spec.name): spec for p in paradigms() for spec in p.builtins}
+
+
+def options() -> dict[tuple[str, str], str]:
+    """(paradigm, spec) -> the built-in name its findings are registered under: a built-in stack under an option
+    its users set (docs/guides/stacks.md), or a third party a suite holds directly rather than through a contract
+    (transformers' expert parallelism, ``suites/expert_parallel/test_transformers_ep.py``) — every paradigm
+    record's ``options``: the suite's own table (never read from the object). Not among the names every suite
+    parametrises over: their own cases name them."""
+    from .paradigm import paradigms
+
+    return {(p.name, spec): name for p in paradigms() for spec, name in p.options}
+
+
+def __getattr__(name: str):
+    if name in ("BUILTINS", "OPTIONS", "CONTRACTS"):  # read from the paradigm records when asked
+        from .paradigm import contracts
+
+        return {"BUILTINS": builtins, "OPTIONS": options, "CONTRACTS": contracts}[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _entry_points() -> dict[str, ImplSpec]:
@@ -153,17 +90,20 @@ def _entry_points() -> dict[str, ImplSpec]:
 
 def names(paradigm: str) -> list[str]:
     """Every registered implementation name for ``paradigm`` (built-ins first)."""
-    builtin = [name for (par, name) in BUILTINS if par == paradigm]
+    builtin = [name for (par, name) in builtins() if par == paradigm]
     return builtin + [n for n, s in _entry_points().items() if s.paradigm in ("", paradigm)]
 
 
 def resolve(spec: str, paradigm: str) -> ImplSpec:
     """Turn a spec string into an ``ImplSpec``, or raise ``RegistryError`` saying what is valid."""
-    if paradigm not in CONTRACTS:
-        raise RegistryError(f"unknown paradigm {paradigm!r}; known: {', '.join(CONTRACTS)}.")
-    if (paradigm, spec) in BUILTINS:
-        return BUILTINS[(paradigm, spec)]
-    other = [par for (par, name) in BUILTINS if name == spec]
+    from .paradigm import contracts
+
+    if paradigm not in contracts():
+        raise RegistryError(f"unknown paradigm {paradigm!r}; known: {', '.join(contracts())}.")
+    known = builtins()
+    if (paradigm, spec) in known:
+        return known[(paradigm, spec)]
+    other = [par for (par, name) in known if name == spec]
     if other:
         raise RegistryError(f"implementation {spec!r} is a {' and '.join(other)} implementation, not {paradigm}; "
                             f"known for {paradigm}: {', '.join(names(paradigm))}.")
@@ -228,7 +168,9 @@ def _build(impl: ImplSpec, paradigm: str):
         except Exception as exc:  # noqa: BLE001 - whatever the user's factory raises, say so in one line
             raise RegistryError(f"could not build implementation {impl.name!r} from {impl.target!r} "
                                 f"(it must be an implementation, a class or a zero-argument factory): {exc}.") from exc
-    contract = CONTRACTS[paradigm]
+    from .paradigm import contracts
+
+    contract = contracts()[paradigm]
     missing = [m for m in _methods(contract) if not callable(getattr(obj, m, None))]
     if missing:
         raise RegistryError(f"{impl.name!r} is not a {paradigm} implementation: it lacks {', '.join(missing)}.")

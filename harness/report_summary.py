@@ -26,9 +26,8 @@ def _first_line(text) -> str:
     return line if len(line) <= 200 else line[:197] + "..."
 
 
-def summary(meta: dict, bench, conf, sections: list[str], ratios=None) -> list[str]:
-    """The summary's markdown lines; ``sections`` are the report's lines already written (for the links),
-    ``ratios`` the collectives' reference-vs-native band summary (``report.ratio_summary``) where there is one."""
+def summary(meta: dict, bench, conf, sections: list[str]) -> list[str]:
+    """The summary's markdown lines; ``sections`` are the report's lines already written (for the links)."""
     headings = {line.lstrip("#").strip(): anchor(line) for line in sections if line.startswith("#")}
 
     def link(text: str, heading: str) -> str:
@@ -38,7 +37,7 @@ def summary(meta: dict, bench, conf, sections: list[str], ratios=None) -> list[s
 
     out = ["## Summary", ""]
     out += _conformance(conf, link)
-    out += _headlines(bench, ratios, link)
+    out += _headlines(bench, link)
     out += _not_judged(bench, conf, link)
     out += _time(meta, link)
     return out + [""]
@@ -73,22 +72,13 @@ def _conformance(conf, link) -> list[str]:
     return out
 
 
-def _headlines(bench, ratios, link) -> list[str]:
+def _headlines(bench, link) -> list[str]:
+    """Each paradigm's headline lines (its record's ``headlines``), then the planner's."""
     if not len(bench):
         return []
-    out = []
-    if ratios is not None and len(ratios):
-        text = "; ".join(f"{r['op']} {r['impl']} n={int(r['world_size'])} {r['mean']:.2f}x"
-                         for r in ratios.to_dict("records"))
-        where = link("busbw ratio", "Reference vs native")
-        out.append(f"- **Reference vs native collectives** ({where}, 16–64 MiB): {text}.")
-    from .stack.report import beside_ours
+    from .paradigm import load, paradigms
 
-    frame = beside_ours(bench[(bench["suite"] == "stack") & (bench["status"] == "ok")])
-    if frame is not None:  # the medians the stacks section's "Beside ours" states
-        parts = [f"{impl} {g['step_vs_ours'].median():.2f}x our step time, {g['bytes_vs_ours'].median():.2f}x our "
-                 f"bytes ({len(g)} layouts)" for impl, g in frame.groupby("impl")]
-        out.append(f"- **Stacks beside ours** ({link('medians', 'Beside ours')}): {'; '.join(parts)}.")
+    out = [line for p in paradigms() if p.headlines for line in load(p.headlines)(bench, link)]
     out += _planner(bench, link)
     return out
 

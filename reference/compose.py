@@ -61,7 +61,7 @@ from .mixed_precision.zero import LOW
 from .models import GPT
 from .models.moe import zero_missing_grads
 from .models.sharding import counted_here
-from .pipeline.generators import generate
+from .pipeline.generators import FUSED_BACKWARD, generate
 from .pipeline.runtime import PipelineRuntime
 from .tensor_parallel import tp_sharded_parameters
 from .tensor_parallel.vocab import IGNORE_INDEX
@@ -71,7 +71,7 @@ from .zero import OptimizerSpec, StepRecipe
 __all__ = ["Parallel3D", "Pieces", "SCHEDULES", "Stage", "activation_checkpointing", "data_parallel", "parallelize",
            "pieces_of", "pipeline_split", "shard_stages", "stage_bounds", "tensor_parallel"]
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = FUSED_BACKWARD  # what the composed trainer runs: a split backward (zb-h1) is the pipeline suite's
 
 
 class Parallel3D:

@@ -5,7 +5,7 @@ count, measured beside cost_model — the claims "activation memory down to abou
 from __future__ import annotations
 
 
-def checkpoint_section(ckpt, md) -> list[str]:
+def checkpoint_section(ckpt, run_dir, md) -> list[str]:
     ok = ckpt[ckpt["status"] == "ok"].copy()
     out = ["## Activation checkpointing: peak activation memory and step time", "",
            "A stack of L Linear-GELU layers (float32), one process. Peak activation memory = bytes of tensors saved "

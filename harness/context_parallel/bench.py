@@ -93,7 +93,7 @@ def run_sweep(cfg: ContextParallelSweep, get_world, run_dir, progress=sys.stderr
     return len(cases)
 
 
-def context_parallel_section(rows, md) -> list[str]:
+def context_parallel_section(rows, run_dir, md) -> list[str]:
     """The report section: per cp, each implementation's step time and bytes against the sequence."""
     ok = rows[rows["status"] == "ok"].copy()
     out = ["## Context parallelism: one attention layer, forward + backward", "",

@@ -15,9 +15,14 @@ from .stack import Stack, StackTrainer
 from .tensor_parallel import TensorParallel
 from .zero import Zero, ZeroTrainer
 
-CONTRACTS = {"checkpoint": Checkpointing, "collectives": Collectives, "pipeline": Pipeline,
-             "tensor_parallel": TensorParallel, "zero": Zero, "stack": Stack, "context_parallel": ContextParallel,
-             "expert_parallel": ExpertParallel}
+
+def __getattr__(name: str):
+    if name == "CONTRACTS":  # paradigm -> Protocol, from each paradigm's record (harness.paradigm.contracts)
+        from ..paradigm import contracts
+
+        return contracts()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["CONTRACTS", "Checkpointing", "Collectives", "ContextParallel", "ExpertParallel", "Pipeline", "Stack",
            "StackTrainer", "TensorParallel", "Unsupported", "Zero", "ZeroTrainer"]

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from reference.models import ModelSpec
+from reference.pipeline import FUSED_BACKWARD
 from reference.zero import OptimizerSpec
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = FUSED_BACKWARD
 
 
 @dataclass(frozen=True)

@@ -20,29 +20,23 @@ from dataclasses import dataclass, field
 
 from .. import registry
 from ..comm_count import counted_traffic
-from ..releases import TORCHTITAN_03
 from ..timing import summarize, time_iterations
 
-THIRD_PARTY = {spec.name: spec for spec in [
-    registry.ImplSpec("deepspeed-moe", "expert_parallel", "harness.adapters.deepspeed_moe:DeepSpeedMoE",
-                      requires=("deepspeed",)),
-    registry.ImplSpec("megatron-moe", "expert_parallel", "harness.adapters.megatron_moe:MegatronMoE",
-                      requires=("megatron.core",)),
-    registry.ImplSpec("torchtitan-moe", "expert_parallel", "harness.adapters.torchtitan_moe:TorchtitanMoE",
-                      requires=("torchtitan", "spmd_types"), drives=TORCHTITAN_03),
-]}
-"""The third-party MoE layers the sweep times beside the registered implementations where installed. Their
-definitions differ from the contract's (docs/contracts/expert_parallel.md: DeepSpeed's aux, Megatron's, none in
-torchtitan; torchtitan's experts in bf16), so they are held to one device by their own reports and the
-expert-parallel property never runs them (they are not in the registry); their bytes are counted all the same."""
+
+def third_parties() -> dict:
+    """name -> ``registry.ImplSpec`` of the third-party MoE layers the sweep times beside the registered
+    implementations where installed (``PARADIGM.third_party``: why they are not held through the contract)."""
+    from . import PARADIGM
+
+    return {spec.name: spec for spec in PARADIGM.third_party}
 
 
 def installed_third_parties() -> list[str]:
-    return [name for name, spec in THIRD_PARTY.items() if registry.skip_reason(spec) is None]
+    return [name for name, spec in third_parties().items() if registry.skip_reason(spec) is None]
 
 
 def _load(impl_spec: str):
-    spec = THIRD_PARTY.get(impl_spec)
+    spec = third_parties().get(impl_spec)
     return registry.load(spec.target if spec else impl_spec, "expert_parallel")
 
 
@@ -152,7 +146,7 @@ def run_sweep(cfg: ExpertParallelSweep, get_world, run_dir, progress=sys.stderr)
     return len(cases)
 
 
-def expert_parallel_section(rows, md) -> list[str]:
+def expert_parallel_section(rows, run_dir, md) -> list[str]:
     """The report section: per ep, each implementation's step and dispatch time and bytes against the tokens
     and the skew."""
     ok = rows[rows["status"] == "ok"].copy()

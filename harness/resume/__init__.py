@@ -1,0 +1,17 @@
+"""Resume: save and load of the 3D stack's state across layouts (``paritybench bench resume``) and its report
+section.
+
+``PARADIGM`` is all the shared tools (the CLI, the report, the registries) know of it (``harness.paradigm``)."""
+
+from __future__ import annotations
+
+from ..paradigm import Bench, Paradigm, Section
+
+PARADIGM = Paradigm(
+    "resume", 10,
+    benches=(
+        Bench("resume", "save and load time, GB/s and bytes per rank of the 3D stack's state",
+              "harness.resume.cli:plans"),
+    ),
+    sections=(Section(90, "harness.resume.bench:resume_section", suite="resume"),),
+)

@@ -111,7 +111,7 @@ def run_sweep(cfg: ResumeSweep, get_world, run_dir, progress=sys.stderr) -> int:
     return rows
 
 
-def resume_section(rows, md) -> list[str]:
+def resume_section(rows, run_dir, md) -> list[str]:
     ok = rows[rows["status"] == "ok"].copy()
     if not len(ok):
         return []

@@ -5,7 +5,7 @@ what a stack does not provide."""
 from __future__ import annotations
 
 
-def stack_section(rows, md) -> list[str]:
+def stack_section(rows, run_dir, md) -> list[str]:
     ok = rows[rows["status"] == "ok"].copy()
     out = ["## Stacks: every layout, through the stack contract", "",
            "Each stack trains the same one-device model (`reference.models`, loaded with `load_dense`) on the "
@@ -73,11 +73,21 @@ def _side_by_side(ok, md) -> list[str]:
             md(frame, ".3g", index=False), ""]
 
 
+def headlines(bench, link) -> list[str]:
+    """The summary's line: the medians the stacks section's "Beside ours" states."""
+    frame = beside_ours(bench[(bench["suite"] == "stack") & (bench["status"] == "ok")])
+    if frame is None:
+        return []
+    parts = [f"{impl} {g['step_vs_ours'].median():.2f}x our step time, {g['bytes_vs_ours'].median():.2f}x our "
+             f"bytes ({len(g)} layouts)" for impl, g in frame.groupby("impl")]
+    return [f"- **Stacks beside ours** ({link('medians', 'Beside ours')}): {'; '.join(parts)}."]
+
+
 MARKS = {"pass": "pass", "fail": "FAIL", "known-nonconformance": "finding", "unsupported": "unsupported",
          "refused": "refused"}
 
 
-def stack_matrix_section(conf, md) -> list[str]:
+def stack_matrix_section(conf, run_dir, md) -> list[str]:
     """The per-stack conformance matrix of a test run (``pytest suites/stack --results-dir``): one row per
     check and case (the test; family / layout / ZeRO / schedule), one column per stack (planted bugs left out),
     each cell the

@@ -1,0 +1,17 @@
+"""The reference stack's 3D sweep (``paritybench bench 3d``): every layout with the bf16 / clip variants and the
+measured bubble, and its report section.
+
+``PARADIGM`` is all the shared tools (the CLI, the report, the registries) know of it (``harness.paradigm``)."""
+
+from __future__ import annotations
+
+from ..paradigm import Bench, Paradigm, Section
+
+PARADIGM = Paradigm(
+    "3d", 9,
+    benches=(
+        Bench("3d", "the reference stack's GPT per layout with the bf16 / clip variants and the measured bubble",
+              "harness.threed.cli:plans", "harness.threed.cli:add_arguments", calibrated=True),
+    ),
+    sections=(Section(80, "harness.threed.report:threed_section", suite="3d"),),
+)

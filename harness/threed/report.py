@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 
-def threed_section(rows, md) -> list[str]:
+def threed_section(rows, run_dir, md) -> list[str]:
     everything = rows[rows["status"] == "ok"].copy()
     plain = (everything["dtype"] == "float32") & ~everything["op"].str.endswith("+clip")
     ok = everything[plain].copy()

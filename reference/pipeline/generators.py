@@ -118,6 +118,9 @@ def zb_h1(p: int, m: int) -> Schedule:
 
 
 GENERATORS = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved_1f1b, "zb-h1": zb_h1}
+SPLIT_BACKWARD = ("zb-h1",)
+"""The schedules whose backward is split into I and W actions (the rest run one B per micro-batch)."""
+FUSED_BACKWARD = tuple(name for name in GENERATORS if name not in SPLIT_BACKWARD)
 
 
 def generate(name: str, p: int, m: int, v: int = 1) -> Schedule:

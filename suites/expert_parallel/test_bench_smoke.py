@@ -38,14 +38,14 @@ def test_the_sweep_takes_the_installed_third_parties_and_refuses_a_missing_one(m
 
     import pytest
 
-    from harness import bench_cli
     from harness.errors import UsageError
     from harness.expert_parallel import bench
+    from harness.expert_parallel.cli import ep_impls
 
     monkeypatch.setattr(bench, "installed_third_parties", lambda: ["torchtitan-moe"])
 
     def impls(named=None):
-        return bench_cli._ep_impls(argparse.Namespace(impls=named, impl=[]))
+        return ep_impls(argparse.Namespace(impls=named, impl=[]))
     assert impls() == ["reference", "torchtitan-moe"]  # none named: ours and what is installed
     assert impls("torchtitan-moe") == ["torchtitan-moe"]
     assert impls("reference,torchtitan-moe") == ["reference", "torchtitan-moe"]

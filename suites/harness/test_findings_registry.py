@@ -15,6 +15,7 @@ from harness.pytest_plugin import Conformance
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUNDED = "output: 1 of 12 differ, first got 7.000000000000001 expected 7.0"
+ROWWISE = next(f for f in FINDINGS if f.watch.endswith("::test_dtensor_rowwise_bias_rounds_on_three_ranks"))
 
 # Per matchable finding (by its watch test): a case its condition holds, and a failure line of its own symptom —
 # as the suite's case writes it. Every other failure in that configuration must stay a failure.
@@ -112,9 +113,9 @@ def test_a_users_implementation_never_matches_a_finding():
 
 
 def test_builtin_matches_only_under_its_condition():
-    if not _installed(FINDINGS[0]):
+    if not _installed(ROWWISE):
         pytest.skip("torch outside the finding's version range")
-    assert findings.match("torch", "tensor_parallel", [ROUNDED], row_bias=True, n=3, kind="row") is FINDINGS[0]
+    assert findings.match("torch", "tensor_parallel", [ROUNDED], row_bias=True, n=3, kind="row") is ROWWISE
     assert findings.match("torch", "tensor_parallel", [ROUNDED], row_bias=True, n=4, kind="row") is None
     assert findings.match("torch", "tensor_parallel", [ROUNDED], row_bias=False, n=3, kind="row") is None
     assert findings.match("torch", "tensor_parallel", [ROUNDED], kind="row") is None  # condition keys missing
@@ -152,7 +153,7 @@ def test_no_implementation_attribute_is_read_to_excuse_or_loosen():
 
 @pytest.mark.parametrize("strict", [False, True])
 def test_known_findings_xfail_and_fail_under_strict(strict):
-    finding = FINDINGS[0]
+    finding = ROWWISE
     conformance = Conformance(None, "p", strict=strict)
     conformance.record("pass")
     conformance.settle()  # nothing known: nothing happens

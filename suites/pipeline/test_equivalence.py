@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from harness.pipeline.case import PipelineCase, compare, run_rank, single_device
 from harness.world import run_or_fail
+from reference.pipeline import GENERATORS
 
-SCHEDULES = ["gpipe", "1f1b", "interleaved", "zb-h1"]
+SCHEDULES = list(GENERATORS)
 
 
 @st.composite

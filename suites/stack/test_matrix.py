@@ -34,7 +34,7 @@ def test_the_matrix_has_a_cell_per_check_case_and_stack_and_the_reasons():
              "test_kv_replicas[x]"),
         _row("reference", "stage1", "float64", "pass", "", "test_training_equals_one_device[1]", suite="zero"),
     ])
-    lines = "\n".join(stack_matrix_section(conf, _md)).splitlines()
+    lines = "\n".join(stack_matrix_section(conf, None, _md)).splitlines()
     assert lines[0] == "## Stacks held to one device: the conformance matrix"
 
     def row(check, case):
@@ -48,7 +48,7 @@ def test_the_matrix_has_a_cell_per_check_case_and_stack_and_the_reasons():
     text = "\n".join(lines)
     assert "the torch stack shards with FSDP2" in text and "tied embedding off at step 2" in text
     assert "KVReplicasNotSummed" not in text and "stage1" not in text  # planted bugs and other suites left out
-    assert stack_matrix_section(conf[conf["suite"] == "zero"], _md) == []
+    assert stack_matrix_section(conf[conf["suite"] == "zero"], None, _md) == []
 
 
 def test_the_main_jobs_matrix_holds_each_stack_and_writes_its_rows(world_cache, tmp_path):
@@ -64,6 +64,6 @@ def test_the_main_jobs_matrix_holds_each_stack_and_writes_its_rows(world_cache, 
     assert run_sweep(MatrixSweep(impls=impls, sizes=[1]), world_cache.get, run, progress=io.StringIO()) == 1
     conf = pd.read_csv(run.path / "conformance.csv")
     assert list(conf["impl"]) == impls and set(conf["outcome"]) == {"pass"}, conf[["impl", "outcome", "detail"]]
-    lines = "\n".join(stack_matrix_section(conf, _md)).splitlines()
+    lines = "\n".join(stack_matrix_section(conf, None, _md)).splitlines()
     assert any(line.startswith("| matrix ") and "one rank" in line and line.count("| pass ") == 1
                for line in lines), lines

@@ -1,0 +1,61 @@
+"""``paritybench bench stack`` and ``bench matrix`` (and their sections of ``bench all``): options and sweeps."""
+
+from __future__ import annotations
+
+from ..contracts.stack import SCHEDULES
+from ..errors import UsageError
+from ..parsing import parse_list
+from ..sweep_args import impls, layout, own_or_every
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--families", default="gpt,llama", help="comma-separated among gpt, llama")
+    p.add_argument("--stack-world-size", dest="stack_world_size", type=int, default=8,
+                   help="ranks of the layouts (8 on 2 cores: oversubscribed, compare layouts only)")
+    p.add_argument("--stack-schedule", dest="stack_schedule", default="1f1b", choices=SCHEDULES)
+    p.add_argument("--stack-zero", dest="stack_zero", type=int, default=2, choices=[0, 1, 2, 3],
+                   help="ZeRO stage over dp (2: what every stack here shards; FSDP2 is 2 or 3)")
+    p.add_argument("--stack-optimizer", dest="stack_optimizer", default="sgd", choices=["sgd", "adam"],
+                   help="the stacks' optimizer (adam: the one every stack here trains)")
+    p.add_argument("--stack-layouts", dest="stack_layouts", default=None,
+                   help="comma-separated dpxppxtp layouts (default: every one the model allows)")
+
+
+def config(args):
+    from .bench import FAMILIES, StackSweep, valid_layouts
+
+    if args.stack_world_size < 1:
+        raise UsageError(f"--stack-world-size must be >= 1; got {args.stack_world_size}.")
+    cfg = StackSweep(impls=[], families=parse_list(args.families, FAMILIES, "famil(ies)"),
+                     world_size=args.stack_world_size, schedule=args.stack_schedule, zero_stage=args.stack_zero,
+                     optimizer=args.stack_optimizer, iters=min(args.iters, 3), warmup=min(args.warmup, 1))
+    allowed = valid_layouts(cfg)
+    if args.stack_layouts:
+        cfg.layouts = [layout(t) for t in args.stack_layouts.split(",") if t.strip()]
+        bad = [d for d in cfg.layouts if d not in allowed]
+        if bad or not cfg.layouts:
+            raise UsageError(f"--stack-layouts {args.stack_layouts!r}: each must be dpxppxtp of {cfg.world_size} ranks "
+                             f"that the model allows ({', '.join('x'.join(map(str, d)) for d in allowed)}).")
+    if not allowed:
+        raise UsageError(f"no dp x pp x tp layout of {cfg.world_size} ranks fits the model ({cfg.heads} heads, "
+                         f"{cfg.layers} layers).")
+    # the implementations last: a bad argument is the only line, not after a "skipping ..." for each missing stack
+    cfg.impls = own_or_every(args, "stack")
+    return cfg
+
+
+def plans(args) -> list:
+    """The stack sweep; under ``bench all`` the installed third parties beside ours, each at the ZeRO stage it
+    shards with."""
+    from .bench import run_sweep, third_party_sweeps
+
+    cfg = config(args)
+    extra = third_party_sweeps(cfg, cfg.impls) if args.suite == "all" else []
+    return [("stack", c, run_sweep) for c in [cfg, *extra]]
+
+
+def matrix_plans(args) -> list:
+    from .matrix import MatrixSweep, run_sweep
+
+    return [("matrix", MatrixSweep(impls=impls(args, "stack") if args.suite == "matrix" else []), run_sweep)]
+

@@ -1,0 +1,215 @@
+"""The stack findings: the known non-conformances of third-party implementations of this paradigm
+(``harness.findings``: what a finding is and how the suites consult it)."""
+
+from __future__ import annotations
+
+import math
+
+from harness.findings import Finding
+
+FINDINGS = (
+    Finding("torch", "stack", "torch", ("2.13", None),
+            "torch.distributed.pipelining over FSDP2 modules: a new schedule built on the same PipelineStage re-runs "
+            "the stage's shape inference, whose clean-up sets every FSDP parameter's grad to None — gradients "
+            "accumulated by earlier passes are dropped silently (one FSDP2 Linear, two GPipe steps without zeroing: "
+            "the gradient is the second pass's alone; the stack at accumulation 2 was off by 3-16 %).",
+            "suites/stack/test_findings.py::test_a_new_pipeline_schedule_drops_fsdp2_accumulated_gradients",
+            handled_by_adapter="the torch stack builds one schedule and reuses it for every accumulation pass"),
+    Finding("torch", "stack", "torch", ("2.13", None),
+            "torch.nn.utils.get_total_norm(..., inf) — torchtitan's clip_grad_norm_ — raises on a rank whose FSDP2 "
+            "shard of a gradient is empty ('_foreach_norm cannot compute the infinity norm on an empty tensor') "
+            "while its peers wait in the reduction; the 2-norm works (minimal case: Linear(3, 1) over 2 ranks; in "
+            "the stack: vocabulary 13 over tp 4 x dp 2, the last TP rank's one head row split over 2).",
+            "suites/stack/test_findings.py::test_inf_norm_of_an_empty_fsdp_shard_raises",
+            {"norm_type": math.inf}, symptom=r"cannot compute the infinity norm on an empty tensor"),
+    Finding("torchtitan", "stack", "torchtitan", ("0.2.2", "0.3.0"),
+            "torchtitan 0.2.x under DDP (data_parallel_replicate_degree > 1, nothing sharded) divides by dp twice: "
+            "forward_backward_step divides each rank's summed loss by the batch mesh's counted targets and its "
+            "apply_ddp (torch's replicate) averages the gradients over dp as well — every gradient / dp (minimal "
+            "case: dp 2, Adam, clipped: norm 0.2527 against one device's 0.5054). 0.3 sums over replicas.",
+            "suites/stack/test_torchtitan.py::test_watch_torchtitan_02_ddp_divides_by_dp_twice",
+            {"zero": 0, "dp": lambda d: d > 1},
+            symptom=r"^rank \d+: (step \d+: (gradient norm \S+ vs one device"
+                    r"|(parameter|optimizer state|master) \S+: off by)|loss after step \d+:)",
+            cause=r"gradient norm \S+ vs one device|(parameter|optimizer state|master) \S+: off by"),
+    Finding("torchtitan", "stack", "torchtitan", ("0.2.2", "0.3.0"),
+            "torchtitan 0.2.x under pipeline parallelism back-propagates the summed loss: its schedule's loss_fn is "
+            "the sum-reduced cross-entropy (scale_grads=False) and the global count of counted targets divides only "
+            "the loss it reports — every gradient times that count (minimal case: pp 2, Adam, clipped: the reported "
+            "norm is the count times one device's). 0.3 passes the count to the schedule (loss_kwargs).",
+            "suites/stack/test_torchtitan.py::test_watch_torchtitan_02_pipeline_back_propagates_the_summed_loss",
+            {"pp": lambda p: p > 1},
+            symptom=r"^rank \d+: (step \d+: (gradient norm \S+ vs one device"
+                    r"|(parameter|optimizer state|master) \S+: off by)|loss after step \d+:)",
+            cause=r"gradient norm \S+ vs one device|(parameter|optimizer state|master) \S+: off by"),
+    Finding("torchtitan", "stack", "torchtitan", ("0.3", None),
+            "torchtitan's Llama3 with a tied embedding (enable_weight_tying) under FSDP2 x TP: every parameter "
+            "equals one device after step 1 and is off after step 2 (minimal case: dp 2 x tp 2, Adam, float32 — "
+            "0.0076 of a tensor's magnitude against a bound of 0.0056; the reference stack on the same case "
+            "1.3e-6; FSDP alone and TP alone equal). Not isolated further; the suspect: TP distributes the tied "
+            "weight as two parameters before fully_shard groups them, and init_weights re-ties them after.",
+            "suites/stack/test_torchtitan.py::test_watch_a_tied_embedding_under_fsdp_and_tp_is_off_at_step_two",
+            {"tie_embeddings": True, "tp": lambda t: t > 1, "dp": lambda d: d > 1},
+            symptom=r"^rank \d+: (step 2: |loss after step 2)", cause=r"^rank \d+: step 2: parameter"),
+    Finding("torchtitan", "stack", "torchtitan", ("0.3", None),
+            "torchtitan's MoE under expert x tensor parallelism without sequence parallelism cannot run a forward: "
+            "set_moe_sharding_config hands the routed experts' output back sequence-sharded over tp (Shard(1), as "
+            "its EP dispatch leaves it) and asks for Partial when SP is off, which DTensor refuses (RuntimeError: "
+            "Can not redistribute from S(1) to P(sum); minimal case: the MoE family, dp 2 x tp 2, ep 2). With SP on "
+            "the same layout equals one device.",
+            "suites/stack/test_torchtitan_moe.py::test_watch_torchtitan_moe_under_ep_and_tp_without_sp_cannot_run",
+            {"family": "moe", "ep": lambda e: e > 1, "tp": lambda t: t > 1, "sequence_parallel": False},
+            symptom=r"Can not redistribute from S\(1\) to P\(sum\)"),
+    Finding("megatron", "stack", "megatron-core", ("0.15.3", None),
+            "megatron-core's GPTModel trains a vocabulary padded to a multiple of tp (Megatron-LM's "
+            "_vocab_size_with_padding) and its vocab_parallel_cross_entropy takes the softmax over the padding's "
+            "logits too: the loss and every gradient differ from one device's (minimal case in the stack: a Llama of "
+            "vocabulary 13 at tp 2, padded to 14 — loss 2.926 vs 2.861 at step 1).",
+            "suites/stack/test_megatron.py::test_megatron_with_a_vocabulary_tp_does_not_divide_is_the_known_finding",
+            {"vocab_remainder": lambda r: r != 0}, symptom=r"^rank \d+: (step \d+: |loss after step)",
+            cause=r"^rank \d+: loss after step 1: "),
+    Finding("megatron", "stack", "megatron-core", ("0.15.3", "0.18.2"),
+            "megatron-core with perform_initialization=False never marks its column-, row- and vocabulary-parallel "
+            "weights tensor_model_parallel (set_tensor_model_parallel_attributes runs inside its initialisers only): "
+            "its optimizer's grad norm then counts them on TP rank 0 alone — clipping by a wrong norm (minimal case: "
+            "a Llama at tp 2, norm 1.499 against one device's 2.043).",
+            "suites/stack/test_megatron.py::test_watch_megatron_without_initialisation_norms_tp_rank_0_alone",
+            handled_by_adapter="the megatron stack lets Megatron initialise (perform_initialization=True), then loads "
+                               "the one-device weights"),
+    Finding("megatron", "stack", "megatron-core", ("0.16", None),
+            "megatron-core's batched p2p (batch_p2p_comm=True, its config default) under the interleaved schedule at "
+            "pp = 2: each rank posts send_prev, recv_prev, send_next, recv_next to one peer, so an activation and a "
+            "gradient sent the same way in one batch land in each other's buffers — on gloo, silently (minimal case: "
+            "a 4-layer Llama, 1 x 2 x 1, 4 micro-batches: loss 2.987 vs 2.961 at step 1; 2 micro-batches equal).",
+            "suites/stack/test_megatron.py::test_watch_megatrons_batched_p2p_swaps_messages_at_pp_2_interleaved",
+            handled_by_adapter="the megatron stack runs the interleaved schedule with Megatron-LM's p2p "
+                               "(overlap_p2p_comm, not batched)"),
+    Finding("megatron", "stack", "megatron-core", ("0.16", None),
+            "megatron-core's FP32Optimizer over torch's SGD cannot load a dist_checkpointing checkpoint: its "
+            "sharded_state_dict(is_loading=True) calls init_state_fn, which get_megatron_optimizer leaves None for "
+            "SGD (TypeError: 'NoneType' object is not callable; minimal case: one rank, SGD, save then load).",
+            "suites/stack/test_megatron.py::test_watch_megatron_cannot_load_a_checkpoint_of_sgd",
+            {"optimizer": "sgd"}, symptom=r"TypeError: 'NoneType' object is not callable"),
+    Finding("megatron", "stack", "megatron-core", ("0.16", None),
+            "megatron-core's distributed optimizer over torch's Adam (no Apex / TransformerEngine) cannot load its "
+            "fully_reshardable checkpoint: the loader skips Adam's 'step' while _set_main_param_and_optimizer_states "
+            "copies every state key, 'step' included (KeyError: 'step'; minimal case: one rank, ZeRO 1, save then "
+            "load).",
+            "suites/stack/test_megatron.py::test_watch_megatrons_distributed_optimizer_cannot_load_its_checkpoint",
+            {"zero": 1}, symptom=r"KeyError: 'step'"),
+    Finding("megatron", "stack", "megatron-core", ("0.15.3", None),
+            "megatron-core's dist_checkpointing save (torch_dist, filesystem_async) measures each writer process's "
+            "memory with psutil, which megatron-core does not declare as a dependency: without psutil every writer "
+            "raises RuntimeError and the save waits for their results forever — a deadlock, not an error (minimal "
+            "case: one rank, save; found by the release matrix's venv, which has no psutil).",
+            "suites/stack/test_megatron.py::test_watch_megatron_checkpoint_writer_needs_psutil_it_does_not_declare",
+            handled_by_adapter="the megatron adapter's save refuses (unsupported, in one sentence) where psutil is "
+                               "not installed"),
+    # DeepSpeed's releases of the last 12 months (harness/release_matrix.py; measured 2026-12-03 at 0.18.0, 0.18.9,
+    # 0.19.0, 0.19.4 and 0.19.8 on torch 2.13's CPU build): each range [first measured bad, first measured good)
+    Finding("deepspeed", "stack", "deepspeed", ("0.18.0", "0.19.8"),
+            "DeepSpeed's activation checkpointing calls get_accelerator().Stream(...) unconditionally, and its CPU "
+            "accelerator's Stream is None: every checkpointed forward raises TypeError: 'NoneType' object is not "
+            "callable (minimal case: 1 rank, a Llama, activation_checkpoint_interval 1; fixed by 0.19.8).",
+            "suites/stack/test_deepspeed_releases.py::test_watch_checkpointing_on_a_cpu_calls_a_missing_stream",
+            {"checkpointing": True}, symptom=r"^rank \d+: TypeError: 'NoneType' object is not callable"),
+    Finding("deepspeed", "stack", "deepspeed", ("0.18.0", "0.19.4"),
+            "DeepSpeed's PipelineEngine at ZeRO 1 clips by a norm smaller than the global 2-norm (the GPT over pp 2: "
+            "7.64 against 11.55), as its ZeRO 0 does in every release — the parameters then off by the clipping "
+            "(minimal case: a tied GPT, pp 2, max norm 0.05; right from 0.19.4).",
+            "suites/stack/test_deepspeed_releases.py::test_watch_pipeline_zero1_clips_by_a_smaller_norm",
+            {"zero": 1, "clipped": True, "pp": lambda pp: pp > 1},
+            symptom=r"^rank \d+: (step \d+: (gradient norm \S+ vs one device|(parameter|optimizer state) \S+: off by)"
+                    r"|loss after step \d+:)", cause=r"gradient norm \S+ vs one device"),
+    Finding("deepspeed", "stack", "deepspeed", ("0.18.0", "0.19.0"),
+            "DeepSpeed's ZeRO 2 (and ZeRO 1 when accumulating) raises on torch 2.13 in backward: RuntimeError "
+            "'Output 0 of Split is a view and is being modified inplace' (its gradient partitions are views of a "
+            "split modified in place; minimal case: a Llama, dp 2, ZeRO 2; fixed by 0.19.0).",
+            "suites/stack/test_deepspeed_releases.py::test_watch_zero2_modifies_a_split_view_in_place",
+            {"zero": lambda z: z in (1, 2), "pp": 1}, symptom=r"^rank \d+: RuntimeError: Output 0 of Split is a view"),
+    Finding("deepspeed", "stack", "deepspeed", ("0.18.0", "0.19.0"),
+            "DeepSpeed's BF16_Optimizer (a bf16 model, data_types.grad_accum_dtype fp32, ZeRO 1) reports a norm and "
+            "moves momenta off one device's by tens of E_T (the Llama at dp 2, accumulating 2: norm 2.03 against "
+            "1.38); right from 0.19.0.",
+            "suites/stack/test_deepspeed_releases.py::test_watch_bf16_optimizer_with_fp32_accumulation_is_off",
+            {"option": "harness.adapters.deepspeed_stack:Fp32GradAccum", "zero": 1},
+            symptom=r"^rank \d+: step \d+: (gradient norm \S+ vs one device|(master|optimizer state) \S+: off by)"),
+    Finding("accelerate", "stack", "accelerate", ("1.16.0", None),
+            "accelerate applies its FSDP plugin only where its distributed type is an accelerator's: on a CPU, "
+            "Accelerator(cpu=True, fsdp_plugin=...) sets MULTI_CPU and prepare() wraps the model in DDP — the "
+            "sharding asked for is not done, and nothing says so (minimal case: 2 ranks, gloo, fsdp_version 2; "
+            "ACCELERATE_USE_FSDP is set all the same).",
+            "suites/stack/test_accelerate.py::test_watch_accelerate_ignores_its_fsdp_plugin_on_a_cpu",
+            handled_by_adapter="the accelerate adapter refuses ZeRO 2 / 3 (unsupported, with the distributed type) "
+                               "where accelerate's type is not FSDP"),
+    Finding("deepspeed", "stack", "deepspeed", ("0.18.0", None),
+            "DeepSpeed's engine at ZeRO stage 0 with a client torch optimizer clips the gradients (gradient_clipping) "
+            "but get_global_grad_norm() returns None: the norm it clipped by is not reported (minimal case: 1 rank, "
+            "a Llama, max norm 0.05; ZeRO 1-3 report it).",
+            "suites/stack/test_deepspeed.py::test_watch_deepspeed_reports_no_norm_at_zero_stage_0",
+            {"zero": 0, "clipped": True, "pp": 1}, symptom=r"^rank \d+: step \d+: gradient norm None vs one device"),
+    Finding("deepspeed", "stack", "deepspeed", ("0.18.0", None),
+            "DeepSpeed's PipelineEngine at ZeRO stage 0 (fp32) clips by a norm of the first stage's gradients only: "
+            "runtime.utils.clip_grad_norm_ counts a parameter where mpu.get_model_parallel_rank() == 0 or it is a "
+            "tensor-parallel one, and the pipeline grid's model-parallel group is the pipeline itself, so every "
+            "later stage's gradients are left out of the sum it all-reduces over the stages (minimal case: a "
+            "Llama over pp 2, max norm 0.05: it clips by 1.139, the global 2-norm is 1.988; ZeRO 1 and bf16 are "
+            "right).",
+            "suites/stack/test_deepspeed.py::test_watch_deepspeed_pipeline_clips_by_the_first_stages_norm",
+            {"zero": 0, "clipped": True, "pp": lambda pp: pp > 1},
+            symptom=r"^rank \d+: (step \d+: (gradient norm None vs one device|(parameter|optimizer state) \S+: off by)"
+                    r"|loss after step \d+:)",
+            cause=r"gradient norm None vs one device"),
+    Finding("deepspeed", "stack", "deepspeed", ("0.18.9", None),
+            "DeepSpeed's engine at ZeRO stage 0 with MoE layers over ep > 1 clips by the mean over the data-parallel "
+            "ranks of each rank's own norm (runtime.utils.clip_grad_norm_: 'average total_norm across different GPUs "
+            "due to the presence of moe params'), each over the dense gradients and that rank's experts only — not "
+            "the global norm over every expert (minimal case: the moe family, dp 2 x ep 2, max norm 0.05: it clips "
+            "by the mean of two rank norms, the global 2-norm is larger; ZeRO 1 / 2 are right).",
+            "suites/stack/test_deepspeed.py::test_watch_deepspeed_zero0_clips_moe_by_the_mean_of_rank_norms",
+            {"zero": 0, "clipped": True, "ep": lambda ep: ep > 1, "family": "moe"},
+            symptom=r"^rank \d+: (step \d+: (gradient norm None vs one device|(parameter|optimizer state) \S+: off by)"
+                    r"|loss after step \d+:)",
+            cause=r"(parameter|optimizer state) \S+: off by"),
+    Finding("deepspeed", "stack", "deepspeed", ("0.18.9", None),
+            "DeepSpeed's ZeRO 3 divides the sequence-parallel gradient by sp more than its ZeRO 0-2 do: with "
+            "Ulysses (its engine given parallel_state_sp as mpu) ZeRO 0-2 sum the gradients over data x sequence "
+            "ranks and divide by dp (each rank's loss its share), while ZeRO 3's reduce-scatter path "
+            "(__avg_scatter_grads, its default) divides by dp x sp with no sequence-parallel correction (its "
+            "contiguous all-reduce path has one) — a loss right at one stage is off by sp at the other (minimal case: "
+            "a Llama, dp 1 x cp 2, SGD, one step: ZeRO 3's gradients are ZeRO 2's / 2).",
+            "suites/stack/test_deepspeed.py::test_watch_deepspeed_zero3_divides_the_sequence_parallel_gradient_by_sp",
+            {"zero": 3, "cp": lambda cp: cp > 1},
+            symptom=r"^rank \d+: (step \d+: (gradient norm \S+ vs one device|(parameter|optimizer state) \S+: off by)"
+                    r"|loss after step \d+:)",
+            cause=r"(parameter|optimizer state) \S+: off by"),
+    Finding("deepspeed", "stack", "deepspeed", ("0.18.9", None),
+            "DeepSpeed's engine given its (data, sequence) device mesh — data_parallel_size and "
+            "sequence_parallel_size in its config, or mesh_param — reduces gradients over the data-parallel ranks "
+            "only: groups._get_sequence_data_parallel_group falls back to the mesh's data_parallel group, so each "
+            "sequence-parallel rank steps with its own shard's gradient (times sp) and the replicas drift apart "
+            "(minimal case: dp 1 x sp 2, one step: seq_dp_world_size 1, the two ranks' parameters differ). Its HF "
+            "integration's mpu (parallel_state_sp) reduces over both.",
+            "suites/stack/test_deepspeed.py::test_watch_deepspeed_sequence_parallel_mesh_never_reduces_over_sp",
+            handled_by_adapter="the DeepSpeed Ulysses stack gives the engine DeepSpeed's parallel_state_sp as mpu, as "
+                               "its HF integration does"),
+    Finding("deepspeed", "stack", "deepspeed", ("0.18.9", None),
+            "DeepSpeed's ZeRO 1 / 2 links the optimizer state to its parameters for the first parameter group only: "
+            "_lazy_init_hp_params_optimizer_state runs once, after the first group's optimizer step, when the later "
+            "groups (a MoE model's expert groups, which ZeRO asserts) have no state yet, so "
+            "safe_get_full_optimizer_state raises 'momentum_buffer not found in optimizer state fragment' for every "
+            "expert (minimal case: the moe family, dp 2 x ep 2, ZeRO 1, one step).",
+            "suites/stack/test_deepspeed.py::test_watch_deepspeed_links_the_optimizer_state_of_its_first_group_only",
+            handled_by_adapter="the DeepSpeed MoE stack re-links the state after each step "
+                               "(deepspeed_moe_stack.relink_optimizer_state), where DeepSpeed has the method"),
+    Finding("deepspeed", "stack", "deepspeed", ("0.18.0", None),
+            "DeepSpeed's checkpoints move between ZeRO stages 1 and 2 only: load_checkpoint of a ZeRO 0 checkpoint "
+            "into ZeRO 1-3 raises FileNotFoundError (no zero_pp_rank optimizer files), of a ZeRO 1 / 2 one into ZeRO "
+            "0 AttributeError, and across stage 3 either way — natively or through its universal checkpoint — no "
+            "model file is found (a bare AssertionError in MegatronSDLoader.check_ckpt_list); none is said in a "
+            "sentence (minimal case: a Llama, dp 2, Adam, one step at ZeRO 0, loaded at ZeRO 1).",
+            "suites/stack/test_deepspeed.py::test_deepspeed_resume_across_layouts",
+            {"zero_change": lambda z: z[0] != z[1] and not set(z) <= {1, 2}},
+            symptom=r"^rank \d+: (FileNotFoundError: .*zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt|AssertionError: "
+                    r"|AttributeError: 'NoneType' object)"),
+)
