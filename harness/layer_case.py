@@ -1,13 +1,11 @@
 """What the layer-level cases (context parallel, expert parallel) share on the rank side: one tensor held to
-one device's, and a rank's result where the code under test failed."""
+one device's (a rank's result: ``harness.verdict``)."""
 
 from __future__ import annotations
 
 import math
 
 import torch
-
-from .rank import failed_in_implementation
 
 
 def off(what: str, got, want, limit: float) -> tuple[float, list[str]]:
@@ -20,15 +18,3 @@ def off(what: str, got, want, limit: float) -> tuple[float, list[str]]:
     if rel != rel:
         return math.inf, [f"{what}: NaN or inf where one device is finite"]
     return rel, ([f"{what}: off by {rel:.3g} of its magnitude > {limit:.3g}"] if not rel <= limit else [])
-
-
-def failed(detail: str, **extra) -> dict:
-    """A rank's result where the implementation failed (its own exception, or the World's verdict)."""
-    return {"refused": None, "unsupported": False, "problems": [detail], "worst": math.inf, "bound": math.nan,
-            **extra}
-
-
-def failed_here(detail: str, **extra) -> dict:
-    """This rank caught the implementation's exception: tell the World (peers inside it are ended), fail."""
-    failed_in_implementation(detail)
-    return failed(detail, **extra)

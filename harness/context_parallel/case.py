@@ -19,8 +19,9 @@ import torch
 import torch.distributed as dist
 
 from ..errors import describe
-from ..layer_case import failed, failed_here, off  # noqa: F401 - failed: run_or_fail's verdict of a failed call
+from ..layer_case import off
 from ..rank import rank_device
+from ..verdict import attempt, checked, failed, failed_here  # noqa: F401 - failed: run_or_fail's verdict of a failed call
 
 U64 = 2.0**-53
 
@@ -105,14 +106,9 @@ def run_case(impl_spec: str, case_dict: dict) -> dict:
     y, dx, grads, s_max = _one_device(dense, x, g, case)
     limit = bound(case, cp, s_max)
     impl = registry.load(impl_spec, "context_parallel")
-    try:
-        module = impl.shard(dense, dist.group.WORLD, case.layout)
-    except NotImplementedError as exc:
-        return {"refused": str(exc), "unsupported": True, "problems": []}
-    except ValueError as exc:
-        return {"refused": str(exc), "unsupported": False, "problems": []}
-    except Exception as exc:  # noqa: BLE001 - whatever the code under test raises is a verdict
-        return failed_here(f"rank {r}: shard raised {describe(exc)}")
+    module, declined = attempt("shard", impl.shard, dense, dist.group.WORLD, case.layout, rank=r)
+    if declined:
+        return declined
     try:
         mine = layouts.chunks(case.seq, cp, r, case.layout)
     except ValueError as exc:  # the layout cannot split this sequence: the module must refuse it too
@@ -120,17 +116,12 @@ def run_case(impl_spec: str, case_dict: dict) -> dict:
         why = str(exc)
     x_local = layouts.shard(x, cp, r, case.layout) if mine else x[:, : case.seq // cp].clone()
     x_local.requires_grad_()
-    try:
-        y_local = module(x_local)
-    except NotImplementedError as exc:
-        return {"refused": str(exc), "unsupported": True, "problems": []}
-    except ValueError as exc:
-        return {"refused": str(exc), "unsupported": False, "problems": []}
-    except Exception as exc:  # noqa: BLE001
-        return failed_here(f"rank {r}: forward raised {describe(exc)}")
+    y_local, declined = attempt("forward", module, x_local, rank=r)
+    if declined:
+        return declined
     if mine is None:  # accepted a sequence the layout cannot split: a silently short rank
-        return {"refused": None, "unsupported": False, "worst": math.inf, "bound": limit,
-                "problems": [f"rank {r}: accepted a sequence of {case.seq} tokens that {why[:-1].lower()}"]}
+        return checked([f"rank {r}: accepted a sequence of {case.seq} tokens that {why[:-1].lower()}"], math.inf,
+                       limit)
     try:
         (y_local * layouts.shard(g, cp, r, case.layout)).sum().backward()
         full = impl.full_grads(module, dist.group.WORLD)
@@ -149,8 +140,7 @@ def run_case(impl_spec: str, case_dict: dict) -> dict:
     problems += [f"rank {r}: {n}: not a parameter of the dense attention" for n in sorted(set(full) - set(grads))]
     problems += [f"rank {r}: shard modified the dense module's {n}" for n, p in dense.named_parameters()
                  if not torch.equal(p.detach(), before[n])]
-    return {"refused": None, "unsupported": False, "problems": problems, "worst": worst, "bound": limit,
-            "s_max": s_max}
+    return checked(problems, worst, limit, s_max=s_max)
 
 
 def count_bytes(impl_spec: str, case_dict: dict) -> dict:

@@ -23,9 +23,10 @@ import torch.distributed as dist
 from reference.models.moe import routing_gap, selection_bias
 
 from ..errors import describe
-from ..layer_case import failed as layer_failed
-from ..layer_case import failed_here, off
+from ..layer_case import off
 from ..rank import rank_device
+from ..verdict import attempt, checked, failed_here
+from ..verdict import failed as layer_failed
 
 U64 = 2.0**-53
 
@@ -93,8 +94,8 @@ def bias_moves(dense, x) -> int:
 
 def _inputs(case: Case, n: int, dense, device):
     """(x, g): x redrawn until no token's k-th and (k+1)-th routing scores are within 1e-6."""
-    for attempt in range(1000):
-        gen = torch.Generator().manual_seed(case.seed + 1 + attempt)
+    for draw in range(1000):
+        gen = torch.Generator().manual_seed(case.seed + 1 + draw)
         x = torch.randn(n * case.tokens, case.hidden, generator=gen, dtype=torch.float64).to(device)
         if case.skew:
             x[:, 0] = 4.0
@@ -123,14 +124,9 @@ def run_case(impl_spec: str, case_dict: dict) -> dict:
     dense.zero_grad(set_to_none=True)
     limit = bound(case, n)
     impl = registry.load(impl_spec, "expert_parallel")
-    try:
-        module = impl.shard(dense, dist.group.WORLD, case.ep)
-    except NotImplementedError as exc:
-        return {"refused": str(exc), "unsupported": True, "problems": []}
-    except ValueError as exc:
-        return {"refused": str(exc), "unsupported": False, "problems": []}
-    except Exception as exc:  # noqa: BLE001 - whatever the code under test raises is a verdict
-        return _failed(f"rank {r}: shard raised {describe(exc)}")
+    module, declined = attempt("shard", impl.shard, dense, dist.group.WORLD, case.ep, rank=r, received=None)
+    if declined:
+        return declined
     rows = slice(r * case.tokens, (r + 1) * case.tokens)
     x_local = x[rows].clone().requires_grad_()
     try:
@@ -154,8 +150,8 @@ def run_case(impl_spec: str, case_dict: dict) -> dict:
                  if not torch.equal(v, before[k])]
     received = received_here(case, dense, x, module, n, r) \
         if hasattr(module, "experts") and hasattr(module, "first") else None
-    return {"refused": None, "unsupported": False, "problems": problems, "worst": worst, "bound": limit,
-            "received": received, "bias_moves": bias_moves(dense, x), "dropped": dropped(dense, x, n)}
+    return checked(problems, worst, limit, received=received, bias_moves=bias_moves(dense, x),
+                   dropped=dropped(dense, x, n))
 
 
 def received_here(case: Case, dense, x, module, n: int, r: int) -> int:

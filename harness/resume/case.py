@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from harness.threed.case import LR, SEQ, _groups, bound, differences
+from harness.verdict import refusal
 from reference.compose import parallelize, shard_stages
 from reference.mixed_precision import DynamicLossScaler
 from reference.models import GPT
@@ -123,7 +124,7 @@ def resume_and_compare(root: str, dims_t, schedule: str, zero: int, more: int, s
         model, trainer = _trainer(dims_t, schedule, zero, seed, recipe)
         meta = load_3d(latest(root), trainer)
     except ValueError as exc:  # a layout this model cannot take, a checkpoint it cannot take: one sentence
-        return {"refused": str(exc), "step": None, "worst": 0.0, "problems": []}
+        return refusal(str(exc), step=None, worst=0.0)
     done = meta["step"]
     single, scaler, gmax = continue_beside_one_device(model, trainer, done, more, seed, recipe)
     return {"step": done, **_compare(trainer, single, scaler, done + more, recipe, gmax)}

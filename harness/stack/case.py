@@ -26,6 +26,7 @@ from reference.models.moe import zero_missing_grads
 
 from ..errors import describe
 from ..rank import computed_once, rank_device
+from ..verdict import attempt, checked, refusal, refused_by
 from .inputs import SEQ, failed, failed_here, flat_state, global_batch, seq_for  # noqa: F401 - failed: the suites' verdict of a failed call
 
 U64, U32 = 2.0**-53, 2.0**-24
@@ -123,21 +124,16 @@ def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int 
     rows = rows or layout.dp * layout.num_microbatches * recipe.accumulation
     tokens, targets = global_batch(spec.vocab, rows, seed, seq or seq_for(layout), padded)
     impl = registry.load(impl_spec, "stack")
-    try:
-        trainer = impl.build(spec, layout, recipe)
-    except NotImplementedError as exc:
-        return {"refused": str(exc), "unsupported": True, "problems": []}
-    except ValueError as exc:
-        return {"refused": str(exc), "unsupported": False, "problems": []}
-    except Exception as exc:  # noqa: BLE001 - whatever the code under test raises is a verdict
-        return failed_here(f"rank {r}: build raised {describe(exc)}")
+    trainer, declined = attempt("build", impl.build, spec, layout, recipe, rank=r, losses=[])
+    if declined:
+        return declined
     want = one_device(spec, recipe, seed, tokens, targets, steps)  # after build: a refusal costs no oracle
     device = rank_device()
     problems, worst, losses = [], 0.0, []
     limit = bound(steps, tokens.numel(), spec, n)
     try:
         trainer.load_dense(spec.build(seed).state_dict())
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - after build, any exception is the stack's failure
         return failed_here(f"rank {r}: load_dense raised {describe(exc)}")
     try:
         for k in range(steps):
@@ -166,25 +162,13 @@ def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int 
     except ValueError as exc:  # the contract's refusal of a batch it cannot split (one sentence), at step 1
         if losses:
             return failed_here(f"rank {r}: step {len(losses) + 1} raised {describe(exc)}")
-        return {"refused": str(exc), "unsupported": False, "problems": []}
+        return refusal(str(exc))
     except Exception as exc:  # noqa: BLE001 - the stack's failure is a verdict; peers inside it are ended
         return failed_here(f"rank {r}: {describe(exc)} (after {len(losses)} step(s))")
     for k, (a, b) in enumerate(zip(losses, [w["loss"] for w in want], strict=False)):
         if not abs(a - b) <= bound(k + 1, tokens.numel(), spec, n) * abs(b):
             problems.append(f"rank {r}: loss after step {k + 1}: {a!r} vs one device {b!r}")
-    return {"refused": None, "unsupported": False, "problems": problems, "worst": worst, "bound": limit,
-            "losses": losses, "margin": min(w["margin"] for w in want)}
-
-
-def verdict(per_rank: list[dict]) -> tuple[str, str | None, list[str]]:
-    """(outcome, refusal sentence or None, the distinct problem lines) of every rank's result: unsupported /
-    refused (a rank refused), fail (any problem) or pass; the suite turns a fail a finding explains into
-    known-nonconformance."""
-    refused = next((r for r in per_rank if r["refused"]), None)
-    problems = sorted({p for r in per_rank for p in r["problems"]})
-    if refused:
-        return ("unsupported" if refused["unsupported"] else "refused"), refused["refused"], problems
-    return ("fail" if problems else "pass"), None, problems
+    return checked(problems, worst, limit, losses=losses, margin=min(w["margin"] for w in want))
 
 
 def resume_stack(impl_spec: str, spec, layout_a, layout_b, recipe, directory: str, seed: int = 0) -> dict:
@@ -201,8 +185,7 @@ def resume_stack(impl_spec: str, spec, layout_a, layout_b, recipe, directory: st
     try:
         first = impl.build(spec, layout_a, recipe)
         if not (callable(getattr(first, "save", None)) and callable(getattr(first, "load", None))):
-            return {"refused": f"{impl_spec} has no save / load: resume is unsupported.", "unsupported": True,
-                    "problems": []}
+            return refusal(f"{impl_spec} has no save / load: resume is unsupported.", unsupported=True)
         first.load_dense(spec.build(seed).state_dict())
         first.step(tokens.to(device), targets.to(device))
         first.save(directory)
@@ -210,14 +193,11 @@ def resume_stack(impl_spec: str, spec, layout_a, layout_b, recipe, directory: st
         second.load(directory)
         second.step(tokens.to(device), targets.to(device))
         state = second.dense_state()
-    except NotImplementedError as exc:
-        return {"refused": str(exc), "unsupported": True, "problems": []}
     except Exception as exc:  # noqa: BLE001 - the stack's failure is a verdict
-        return failed_here(f"rank {r}: {describe(exc)}")
+        return refused_by(exc, refusals=()) or failed_here(f"rank {r}: {describe(exc)}")
     limit = bound(2, tokens.numel(), spec, n)
     expected_state = flat_state(want["optimizer"])
     scale = max((float(t.abs().max()) for t in expected_state.values()), default=0.0)
     worst, problems = differences(state.get("params", {}), want["params"], limit, "parameter")
     w, off = differences(flat_state(state.get("optimizer", {})), expected_state, limit, "optimizer state", scale)
-    return {"refused": None, "unsupported": False, "worst": max(worst, w), "bound": limit,
-            "problems": [f"rank {r}: after resuming: {p}" for p in problems + off]}
+    return checked([f"rank {r}: after resuming: {p}" for p in problems + off], max(worst, w), limit)

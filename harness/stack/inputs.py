@@ -8,8 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..layer_case import failed as _failed
-from ..layer_case import failed_here as _failed_here
+from .. import verdict
 
 SEQ = 4
 
@@ -87,13 +86,13 @@ def flat_state(optimizer: dict) -> dict:
 
 def failed_here(detail: str) -> dict:
     """This rank caught the stack's exception: say so to the World (peers still inside are ended), and fail."""
-    return _failed_here(detail, losses=[])
+    return verdict.failed_here(detail, losses=[])
 
 
 def failed(detail: str) -> dict:
     """A rank's result where the stack failed (its own exception, or the World's verdict of a call that
     failed: ``harness.world.run_or_fail``)."""
-    return _failed(detail, losses=[])
+    return verdict.failed(detail, losses=[])
 
 
 def replica_rows(tokens, targets, dp: int, replica: int, accumulation: int):

@@ -30,6 +30,7 @@ def judged(world, impl: str, spec, layout, recipe, one=None, **kw) -> dict:
     ``one``: a callable giving a World of 1, for a stack whose low-precision recipe is its own
     (``harness.stack.own_recipe``); without it such a stack is held to the contract's recipe directly."""
     from .. import findings
+    from ..verdict import reduce, worst
     from ..world import run_or_fail
     from . import case as ranks
     from .own_recipe import held, own_recipe
@@ -39,7 +40,7 @@ def judged(world, impl: str, spec, layout, recipe, one=None, **kw) -> dict:
     else:
         per_rank = run_or_fail(world, ranks.train_stack, impl, spec, layout, recipe, timeout=300, failed=ranks.failed,
                                **kw)
-    outcome, refused, problems = ranks.verdict(per_rank)
+    outcome, refused, problems = reduce(per_rank)
     known = findings.match(impl, "stack", problems, norm_type=recipe.norm_type, tp=layout.tp, dp=layout.dp,
                            pp=layout.pp, tie_embeddings=spec.tie_embeddings, zero=layout.zero, ep=layout.ep,
                            cp=layout.cp, sequence_parallel=layout.sequence_parallel, family=spec.family,
@@ -51,6 +52,6 @@ def judged(world, impl: str, spec, layout, recipe, one=None, **kw) -> dict:
            "release": release_of(impl),
            "collective": f"{spec.family}/{layout.label()}/zero{layout.zero}/{layout.schedule}"
            + ("/padded" if kw.get("padded") else ""),
-           "max_rel_err": max(r.get("worst", 0.0) for r in per_rank), "detail": refused or " | ".join(problems[:1])}
+           "max_rel_err": worst(per_rank), "detail": refused or " | ".join(problems[:1])}
     return {"outcome": outcome, "problems": problems, "refused": refused, "per_rank": per_rank, "known": known,
             "row": row}

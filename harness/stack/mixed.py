@@ -21,6 +21,7 @@ from ..contracts.stack import Layout
 from ..errors import describe
 from ..rank import computed_once, rank_device
 from ..threed.mixed import OneDevice, allowed_ratio
+from ..verdict import attempt, checked
 from .inputs import failed_here, flat_state, global_batch, seq_for
 
 _ORACLES: dict = {}
@@ -81,12 +82,10 @@ def train_stack_mixed(impl_spec: str, spec, layout, recipe, steps: int = 2, seed
     want = computed_once(_ORACLES, key, lambda: _oracle(spec, recipe, seed, tokens, targets, steps))
     ratio = allowed_ratio(layout.num_microbatches, recipe.accumulation, layout.dp, layout.tp)
     own_ratio = allowed_ratio(Layout().num_microbatches, recipe.accumulation, 1, 1)  # what held ``single``
-    try:
-        trainer = registry.load(impl_spec, "stack").build(spec, layout, recipe)
-    except NotImplementedError as exc:
-        return {"refused": str(exc), "unsupported": True, "problems": []}
-    except ValueError as exc:
-        return {"refused": str(exc), "unsupported": False, "problems": []}
+    trainer, declined = attempt("build", registry.load(impl_spec, "stack").build, spec, layout, recipe, rank=r,
+                                losses=[])
+    if declined:
+        return declined
     problems, worst, losses, states, device = [], 0.0, [], [], rank_device()
     try:
         trainer.load_dense(spec.build(seed).state_dict())
@@ -109,8 +108,7 @@ def train_stack_mixed(impl_spec: str, spec, layout, recipe, steps: int = 2, seed
                                     f"{diff:.3g} > {ratio:.3g} x |g - g_exact| = {scale:.3g})")
     except Exception as exc:  # noqa: BLE001 - the stack's failure is a verdict; peers inside it are ended
         return failed_here(f"rank {r}: {describe(exc)} (after {len(losses)} step(s))")
-    return {"refused": None, "unsupported": False, "problems": problems, "worst": worst, "bound": ratio,
-            "losses": losses, **({"states": states} if keep else {})}
+    return checked(problems, worst, ratio, losses=losses, **({"states": states} if keep else {}))
 
 
 def _one_device(want: dict, own: dict, own_ratio: float) -> dict:

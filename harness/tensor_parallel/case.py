@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..rank import failed_in_implementation
+from ..verdict import attempt, checked, failed_here
 from .layer_case import EPS64, _block, _dense_linear, _ints, _mismatch, attention_against_dense
 
 
@@ -49,14 +49,10 @@ def contract_case(impl_spec: str, kind: str, dims: tuple, seed: int, sequence_pa
     n, r = dist.get_world_size(), dist.get_rank()
     impl = registry.load(impl_spec, "tensor_parallel")
     dense = _dense(kind, dims, seed)
-    try:
-        sharded = impl.shard(kind, dense, None, sequence_parallel)
-    except ValueError as exc:
-        return {"refused": str(exc), "unsupported": False, "problems": []}
-    except NotImplementedError as exc:
-        return {"refused": str(exc), "unsupported": True, "problems": []}
-    except Exception as exc:  # noqa: BLE001 - whatever the code under test raises is a verdict
-        return _failure(f"shard raised {describe(exc)}", kind, dense, n)
+    sharded, declined = attempt("shard", impl.shard, kind, dense, None, sequence_parallel,
+                                case=_conditions(kind, dense, n))
+    if declined:
+        return declined
     rows = _block(dims[0], n, r) if sequence_parallel else slice(None)
     check = {"embedding": _embedding, "lm_head": _lm_head, "attention": _attention}.get(kind, _linear)
     conditions = _conditions(kind, dense, n)
@@ -79,14 +75,14 @@ def contract_case(impl_spec: str, kind: str, dims: tuple, seed: int, sequence_pa
         problems += (_mismatch(f"{name} grad", got, g, tol(g)) if torch.is_tensor(got)
                      else [f"{name} grad: missing from full_grads (got {type(got).__name__})"])
     problems += [f"full_grads has a key the dense layer does not: {k!r}" for k in grads if k not in dense_grads]
-    return {"refused": None, "unsupported": False, "problems": problems, "case": conditions}
+    return checked(problems, case=conditions)
 
 
 def _failure(detail: str, kind: str, dense, n: int) -> dict:
     """The code under test raised (not ValueError at shard time, not Unsupported) or returned no usable
-    result: a failure with its detail."""
-    failed_in_implementation(detail)  # peers still inside the code under test are ended after the World's grace
-    return {"refused": None, "unsupported": False, "problems": [detail], "case": _conditions(kind, dense, n)}
+    result: a failure with its detail (peers still inside the code under test are ended after the World's
+    grace)."""
+    return failed_here(detail, case=_conditions(kind, dense, n))
 
 
 def _conditions(kind: str, dense, n: int) -> dict:

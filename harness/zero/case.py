@@ -11,7 +11,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from harness.errors import describe
-from harness.rank import failed_in_implementation
+from harness.verdict import checked, failed_here, refusal, refused_by
+from harness.verdict import failed as verdict_failed
 from reference.models import TransformerBlock, mlp
 from reference.zero import OptimizerSpec, StepRecipe
 
@@ -114,16 +115,10 @@ def train_case(impl_spec: str, stage: int, model_name: str, opt_name: str, steps
     try:
         trainer = (impl.build(copy.deepcopy(model), spec, stage, None) if recipe is None
                    else impl.build(copy.deepcopy(model), spec, stage, None, recipe=recipe))
-    except TypeError as exc:
-        if recipe is not None and "recipe" in str(exc):
-            return {"refused": f"its build takes no recipe ({exc}).", "unsupported": True}
-        return _raised("build", exc, model)
-    except ValueError as exc:
-        return {"refused": str(exc), "unsupported": False}
-    except NotImplementedError as exc:
-        return {"refused": str(exc), "unsupported": True}
     except Exception as exc:  # noqa: BLE001 - whatever the code under test raises is a verdict
-        return _raised("build", exc, model)
+        if isinstance(exc, TypeError) and recipe is not None and "recipe" in str(exc):
+            return refusal(f"its build takes no recipe ({exc}).", unsupported=True)
+        return refused_by(exc) or _raised("build", exc, model)
     mine = slice(r * per_rank, (r + 1) * per_rank)
     grad_scale = max(float(g.abs().max()) for w in want for g in w["grads"].values())
     checks, problems = [], []
@@ -151,17 +146,15 @@ def train_case(impl_spec: str, stage: int, model_name: str, opt_name: str, steps
         memory = trainer.memory()
     except Exception as exc:  # noqa: BLE001 - the code under test's failure is a verdict
         memory, problems = {}, problems + [f"memory() raised {describe(exc)}"]
-    return {"refused": None, "checks": checks, "problems": problems, "memory": memory,
-            "numel": sum(p.numel() for p in model.parameters()), "dtype": dtype}
+    return checked(problems, checks=checks, memory=memory, numel=sum(p.numel() for p in model.parameters()),
+                   dtype=dtype)
 
 
 def _raised(what: str, exc: Exception, model) -> dict:
     """The implementation raised (not ValueError / Unsupported at build time): a failure with its detail (its
     peers, maybe blocked inside the implementation, are ended after the World's grace)."""
-    detail = f"{what} raised {describe(exc)}"
-    failed_in_implementation(f"rank {dist.get_rank()}: {detail}")
-    return {"refused": None, "checks": [], "problems": [detail], "memory": {}, "dtype": "",
-            "numel": sum(p.numel() for p in model.parameters())}
+    return failed_here(f"rank {dist.get_rank()}: {what} raised {describe(exc)}", checks=[], memory={}, dtype="",
+                       numel=sum(p.numel() for p in model.parameters()))
 
 
 def _compare(step: int, loss: float, trainer, want: dict, grads: bool = True) -> dict:
@@ -229,8 +222,7 @@ def unit_sizes(model_name: str) -> list[int]:
 def failed(detail: str) -> dict:
     """Every rank's result where the call failed on the World (``harness.world.run_or_fail``): ``detail``
     names the failing rank and its failure."""
-    return {"refused": None, "checks": [], "problems": [detail], "memory": {}, "dtype": "", "numel": "",
-            "worst": float("nan")}
+    return verdict_failed(detail, checks=[], memory={}, dtype="", numel="", worst=float("nan"))
 
 
 def merge(per_rank: list[dict]) -> dict:

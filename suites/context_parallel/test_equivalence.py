@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.context_parallel.case import Case, as_dict, failed, run_case
-from harness.world import run_or_fail
+from harness.context_parallel.case import Case, as_dict
+from suites._support.layers import judge_context_parallel as judge
 
 CASES = [  # (cp, case)
     (2, Case()),                                                                  # zigzag, causal, GQA 4 / 2
@@ -27,21 +27,11 @@ CASES = [  # (cp, case)
 ]
 
 
-def _verdict(world_cache, conformance, impl, cp, case):
-    per_rank = run_or_fail(world_cache.get(cp), run_case, impl, as_dict(case), timeout=120, failed=failed)
-    refused = next((r for r in per_rank if r["refused"]), None)
-    problems = sorted({p for r in per_rank for p in r["problems"]})
-    outcome = ("unsupported" if refused["unsupported"] else "refused") if refused else (
-        "fail" if problems else "pass")
-    conformance.record(outcome, suite="context_parallel", world_size=cp, dtype="float64", impl=impl,
-                       collective=case.label(), max_rel_err=max(r.get("worst", 0.0) for r in per_rank),
-                       detail=(refused or {}).get("refused") or " | ".join(problems[:1]))
-    return outcome, (refused or {}).get("refused"), problems, per_rank
 
 
 @pytest.mark.parametrize("cp, case", CASES, ids=[f"cp{cp}-{c.label()}" for cp, c in CASES])
 def test_context_parallel_attention_equals_one_device(context_parallel_impl, cp, case, world_cache, conformance):
-    outcome, refused, problems, _ = _verdict(world_cache, conformance, context_parallel_impl, cp, case)
+    outcome, refused, problems, _ = judge(world_cache, conformance, context_parallel_impl, cp, case)
     if outcome == "unsupported":
         pytest.skip(f"{context_parallel_impl} does not provide this case: {refused}")
     assert outcome != "refused", f"{context_parallel_impl} refused a case that fits: {refused}"
@@ -50,13 +40,13 @@ def test_context_parallel_attention_equals_one_device(context_parallel_impl, cp,
 
 def test_large_logits_really_overflow_a_merge_without_the_maximum(world_cache, conformance):
     """The large-logit case's scores pass exp's float64 range (709.8): the corner is real."""
-    *_, per_rank = _verdict(world_cache, conformance, "reference-ring", 2, CASES[-1][1])
+    *_, per_rank = judge(world_cache, conformance, "reference-ring", 2, CASES[-1][1])
     assert per_rank[0]["s_max"] > 710, per_rank[0]["s_max"]
 
 
 def test_a_sequence_the_zigzag_cannot_split_is_refused(context_parallel_impl, world_cache, conformance):
     """6 tokens over cp 2: the zigzag needs 4 equal chunks — refused in one sentence, never a short rank."""
-    outcome, refused, problems, _ = _verdict(world_cache, conformance, context_parallel_impl, 2, Case(seq=6))
+    outcome, refused, problems, _ = judge(world_cache, conformance, context_parallel_impl, 2, Case(seq=6))
     assert outcome in ("refused", "unsupported"), problems[:3]
     assert "\n" not in refused and "6" in refused, refused
 
@@ -66,9 +56,9 @@ def test_heads_ulysses_cannot_split_are_refused_the_ring_runs(cp, heads, kv, wor
     """Never [2, 2, 2, 0] (DeepSpeed #8291): 6 heads over cp 4 are refused by Ulysses in one sentence; so are
     2 KV heads over cp 3 (neither split nor replicated evenly). The ring splits no heads: it runs."""
     case = Case(hidden=12, heads=heads, kv_heads=kv, seq=4 * cp)
-    outcome, refused, problems, _ = _verdict(world_cache, conformance, "reference-ulysses", cp, case)
+    outcome, refused, problems, _ = judge(world_cache, conformance, "reference-ulysses", cp, case)
     assert outcome == "refused" and "\n" not in refused and f"cp = {cp}" in refused, (outcome, refused, problems)
-    outcome, _, problems, _ = _verdict(world_cache, conformance, "reference-ring", cp, case)
+    outcome, _, problems, _ = judge(world_cache, conformance, "reference-ring", cp, case)
     assert outcome == "pass", problems[:3]
 
 
@@ -84,8 +74,7 @@ PLANTED = [
 
 @pytest.mark.parametrize("name, cp, case, needle", PLANTED, ids=[p[0] for p in PLANTED])
 def test_planted_bugs_fail_at_their_minimal_case(name, cp, case, needle, world_cache, conformance):
-    outcome, refused, problems, _ = _verdict(world_cache, conformance, f"suites.context_parallel.planted:{name}", cp,
-                                             case)
+    outcome, refused, problems, _ = judge(world_cache, conformance, f"suites.context_parallel.planted:{name}", cp, case)
     assert outcome == "fail", (outcome, refused)
     assert any(needle in p for p in problems), problems[:4]
 

@@ -15,8 +15,7 @@ from harness import findings, registry
 from harness.context_parallel.case import Case
 from harness.context_parallel.third_party import torch_context_parallel_probe
 from harness.releases import TORCHTITAN_03
-
-from .test_equivalence import _verdict
+from suites._support.layers import judge_context_parallel as judge
 
 DEEPSPEED = registry.skip_reason(registry.resolve("deepspeed-ulysses", "context_parallel"))
 
@@ -28,7 +27,7 @@ ISSUE_8291 = [(4, Case(hidden=24, heads=12, kv_heads=12, seq=16)),   # 12 heads 
 @pytest.mark.skipif(bool(DEEPSPEED), reason=f"deepspeed-ulysses: {DEEPSPEED}")
 @pytest.mark.parametrize("cp, case", ISSUE_8291, ids=["h12-sp4", "h6-sp4", "q6kv3-sp2"])
 def test_deepspeed_ulysses_uneven_and_grouped_heads(cp, case, world_cache, conformance):
-    outcome, refused, problems, _ = _verdict(world_cache, conformance, "deepspeed-ulysses", cp, case)
+    outcome, refused, problems, _ = judge(world_cache, conformance, "deepspeed-ulysses", cp, case)
     known = findings.match("deepspeed-ulysses", "context_parallel", problems, kv_remainder=case.kv_heads % cp) \
         if outcome == "fail" else None
     if known:  # an older release's (its range: harness/findings.py)
@@ -47,7 +46,7 @@ def test_watch_deepspeed_ulysses_uneven_kv_heads_before_the_fix(world_cache, con
                                  "test_watch_deepspeed_ulysses_uneven_kv_heads_before_the_fix")
     if why:
         pytest.skip(why)
-    outcome, _, problems, _ = _verdict(world_cache, conformance, "deepspeed-ulysses", *ISSUE_8291[2])
+    outcome, _, problems, _ = judge(world_cache, conformance, "deepspeed-ulysses", *ISSUE_8291[2])
     assert outcome == "fail" and findings.match("deepspeed-ulysses", "context_parallel", problems, kv_remainder=1), \
         problems[:3]
 
@@ -77,10 +76,10 @@ def test_deepspeed_uneven_heads_read_the_registered_group_not_the_given_one(worl
     fails on it while rank 0 waits (on NCCL nothing checks the sizes). Registered (the adapter's default,
     as Megatron-DeepSpeed's mpu does), the same case equals one device."""
     case = Case(hidden=12, heads=6, kv_heads=3, seq=8)
-    outcome, _, problems, _ = _verdict(world_cache, conformance,
+    outcome, _, problems, _ = judge(world_cache, conformance,
                                        "suites.context_parallel.variants:DeepSpeedUlyssesWithoutSequenceGroup", 2, case)
     assert outcome == "fail" and any("rank 1" in p and "inLengthPerRank" in p for p in problems), problems[:2]
-    outcome, _, problems, _ = _verdict(world_cache, conformance, "deepspeed-ulysses", 2, case)
+    outcome, _, problems, _ = judge(world_cache, conformance, "deepspeed-ulysses", 2, case)
     if outcome == "fail" and findings.match("deepspeed-ulysses", "context_parallel", problems, kv_remainder=1):
         pytest.skip("this DeepSpeed release splits KV 3 over sp 2 wrongly even registered: its finding")
     assert outcome == "pass", problems[:3]

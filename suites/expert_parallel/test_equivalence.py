@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.expert_parallel.case import Case, as_dict, failed, run_case
-from harness.world import run_or_fail
+from harness.expert_parallel.case import Case, as_dict
+from suites._support.layers import judge_expert_parallel as judge
 
 CASES = [  # (n, case)
     (2, Case()),                                                       # E 4 over ep 2, top-2, softmax
@@ -30,21 +30,11 @@ CASES = [  # (n, case)
 ]
 
 
-def _verdict(world_cache, conformance, impl, n, case):
-    per_rank = run_or_fail(world_cache.get(n), run_case, impl, as_dict(case), timeout=120, failed=failed)
-    refused = next((r for r in per_rank if r["refused"]), None)
-    problems = sorted({p for r in per_rank for p in r["problems"]})
-    outcome = ("unsupported" if refused["unsupported"] else "refused") if refused else (
-        "fail" if problems else "pass")
-    conformance.record(outcome, suite="expert_parallel", world_size=n, dtype="float64", impl=impl,
-                       collective=case.label(), max_rel_err=max(r.get("worst", 0.0) for r in per_rank),
-                       detail=(refused or {}).get("refused") or " | ".join(problems[:1]))
-    return outcome, (refused or {}).get("refused"), problems, per_rank
 
 
 @pytest.mark.parametrize("n, case", CASES, ids=[f"n{n}-{c.label()}" for n, c in CASES])
 def test_expert_parallel_moe_equals_one_device(expert_parallel_impl, n, case, world_cache, conformance):
-    outcome, refused, problems, _ = _verdict(world_cache, conformance, expert_parallel_impl, n, case)
+    outcome, refused, problems, _ = judge(world_cache, conformance, expert_parallel_impl, n, case)
     if outcome == "unsupported":
         pytest.skip(f"{expert_parallel_impl} does not provide this case: {refused}")
     assert outcome != "refused", f"{expert_parallel_impl} refused a case that fits: {refused}"
@@ -54,24 +44,24 @@ def test_expert_parallel_moe_equals_one_device(expert_parallel_impl, n, case, wo
 def test_the_selection_bias_really_moves_choices(world_cache, conformance):
     """The sigmoid corners' bias changes some token's experts — else a dropped bias would pass them."""
     for n, case in [(c[0], c[1]) for c in CASES if c[1].scoring == "sigmoid"] + [(2, Case(scoring="sigmoid"))]:
-        *_, per_rank = _verdict(world_cache, conformance, "reference", n, case)
+        *_, per_rank = judge(world_cache, conformance, "reference", n, case)
         assert per_rank[0]["bias_moves"] > 0, (n, case)
 
 
 def test_the_capacity_corners_really_drop(world_cache, conformance):
     """The capacity corners drop assignments — else a capacity never applied would pass them."""
     for n, case in [(n, c) for n, c in CASES if c.capacity_factor is not None]:
-        *_, per_rank = _verdict(world_cache, conformance, "reference", n, case)
+        *_, per_rank = judge(world_cache, conformance, "reference", n, case)
         assert per_rank[0]["dropped"] > 0, (n, case)
 
 
 def test_the_skewed_router_really_starves_a_rank(world_cache, conformance):
-    *_, per_rank = _verdict(world_cache, conformance, "reference", 2, Case(skew=True))
+    *_, per_rank = judge(world_cache, conformance, "reference", 2, Case(skew=True))
     assert [r["received"] for r in per_rank][1] == 0 and per_rank[0]["received"] > 0, per_rank
 
 
 def test_experts_that_do_not_split_over_ep_are_refused(expert_parallel_impl, world_cache, conformance):
-    outcome, refused, problems, _ = _verdict(world_cache, conformance, expert_parallel_impl, 3, Case(experts=4))
+    outcome, refused, problems, _ = judge(world_cache, conformance, expert_parallel_impl, 3, Case(experts=4))
     assert outcome in ("refused", "unsupported"), problems[:3]
     assert "\n" not in refused and "4" in refused, refused
 
@@ -91,8 +81,7 @@ PLANTED = [
 
 @pytest.mark.parametrize("name, n, case, needle", PLANTED, ids=[p[0] for p in PLANTED])
 def test_planted_bugs_fail_at_their_minimal_case(name, n, case, needle, world_cache, conformance):
-    outcome, refused, problems, _ = _verdict(world_cache, conformance, f"suites.expert_parallel.planted:{name}", n,
-                                             case)
+    outcome, refused, problems, _ = judge(world_cache, conformance, f"suites.expert_parallel.planted:{name}", n, case)
     assert outcome == "fail", (outcome, refused)
     assert any(needle in p for p in problems), problems[:4]
 

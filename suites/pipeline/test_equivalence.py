@@ -15,18 +15,9 @@ from hypothesis import strategies as st
 from harness.pipeline.case import PipelineCase, compare, run_rank, single_device
 from harness.world import run_or_fail
 from reference.pipeline import GENERATORS
+from suites._support.pipeline import pipeline_cases
 
 SCHEDULES = list(GENERATORS)
-
-
-@st.composite
-def pipeline_cases(draw, impl: str, schedule: str, world_sizes: list[int]) -> PipelineCase:
-    p = draw(st.sampled_from(sorted(world_sizes)))
-    m = draw(st.integers(1, 8))  # m < p and m not a multiple of p included
-    v = draw(st.integers(1, 2)) if schedule == "interleaved" else 1
-    return PipelineCase(impl, schedule, p, m, v, batch=draw(st.integers(m, 2 * m + 3)),
-                        hidden=draw(st.integers(1, 5)), layers_per_stage=draw(st.integers(1, 2)),
-                        seed=draw(st.integers(0, 2**16)))
 
 
 def corner_cases(impl: str, schedule: str, world_sizes: list[int]) -> list[PipelineCase]:

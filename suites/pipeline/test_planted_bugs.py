@@ -8,8 +8,7 @@ from hypothesis import find, settings
 
 from harness.pipeline.case import PipelineCase, compare, run_rank, single_device
 from harness.world import run_or_fail
-
-from .test_equivalence import pipeline_cases
+from suites._support.pipeline import pipeline_cases
 
 _SEARCH = settings(max_examples=100, database=None, deadline=None, derandomize=True)
 

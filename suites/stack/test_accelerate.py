@@ -11,10 +11,10 @@ import pytest
 
 from harness import registry
 from harness.contracts.stack import Layout, Recipe
+from harness.stack.judge import hold
 from reference.models import ModelSpec
 from reference.zero import OptimizerSpec
-
-from .test_equivalence import _verdict, padded_at
+from suites._support.stack import padded_at
 
 ACCELERATE = registry.skip_reason(registry.resolve("accelerate", "stack"))
 pytestmark = pytest.mark.skipif(bool(ACCELERATE), reason=f"accelerate: {ACCELERATE}")
@@ -37,7 +37,7 @@ CASES = [  # (spec, layout, recipe, in every profile)
     pytest.param(s, lay, r, padded_at(i), id=f"{s.family}-{lay.label()}-zero{lay.zero}" + "-padded" * padded_at(i),
                  marks=[] if every else [pytest.mark.thorough]) for i, (s, lay, r, every) in enumerate(CASES)])
 def test_accelerate_equals_one_device(spec, layout, recipe, padded, world_cache, conformance):
-    v = _verdict(world_cache, conformance, "accelerate", layout.world_size, spec, layout, recipe, padded=padded)
+    v = hold(world_cache, conformance, "accelerate", layout.world_size, spec, layout, recipe, padded=padded)
     if v["outcome"] == "unsupported" and layout.zero >= 2:  # the machine's: accelerate's FSDP wants an accelerator
         pytest.skip(v["refused"])
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
@@ -46,7 +46,7 @@ def test_accelerate_equals_one_device(spec, layout, recipe, padded, world_cache,
 @pytest.mark.parametrize("layout, needle", [(Layout(2, 1, 1, zero=1), "ZeRO 1"), (Layout(1, 1, 2), "tp_plan"),
                                             (Layout(1, 2, 1), "no pipeline")], ids=["zero1", "tp2", "pp2"])
 def test_what_the_accelerate_stack_does_not_do_is_said_in_one_sentence(layout, needle, world_cache, conformance):
-    v = _verdict(world_cache, conformance, "accelerate", layout.world_size, LLAMA32, layout, Recipe())
+    v = hold(world_cache, conformance, "accelerate", layout.world_size, LLAMA32, layout, Recipe())
     assert v["outcome"] == "unsupported" and needle in v["refused"] and "\n" not in v["refused"], v
 
 

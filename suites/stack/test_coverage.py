@@ -19,6 +19,7 @@ import pytest
 from harness.contracts.stack import Layout, Recipe
 from reference.models import ModelSpec
 from reference.zero import OptimizerSpec
+from suites._support.stack import LLAMA, MQA, padded_at
 
 
 class Case(NamedTuple):
@@ -98,36 +99,36 @@ def cases(stack: str) -> list[Case]:
     from . import test_equivalence as eq
 
     out = [Case(*p.values[1:], _tox(p)) for p in eq._cases()]
-    out += [Case(eq.LLAMA, layout, recipe, False, _tox(p)) for p in eq._cp_cases() for _, layout, recipe in [p.values]]
+    out += [Case(LLAMA, layout, recipe, False, _tox(p)) for p in eq._cp_cases() for _, layout, recipe in [p.values]]
     out += [Case(spec, layout, recipe, False, True) for spec, layout, recipe in eq.BF16]
     out += [Case(spec, Layout(2, 1, 2, zero=1), Recipe(optimizer=OptimizerSpec("adam", 1e-2)), False, True)
-            for spec in (eq.LLAMA, eq.MQA)]
+            for spec in (LLAMA, MQA)]
     from . import test_moe as moe
 
-    out += [Case(s, lay, r, eq.padded_at(i), every) for i, (_, s, lay, r, every) in enumerate(moe.CASES)]
+    out += [Case(s, lay, r, padded_at(i), every) for i, (_, s, lay, r, every) in enumerate(moe.CASES)]
     out += [Case(s, lay, r, True, every) for _, s, lay, r, every in moe.SHARDED]
     out += [Case(moe.MOE16, lay, r, False, every) for lay, r, every in moe.BF16]
     if stack == "deepspeed":
         from . import test_deepspeed as ds
 
-        out += [Case(s, lay, r, eq.padded_at(i), every) for cases in (ds.CASES, ds.BF16)
+        out += [Case(s, lay, r, padded_at(i), every) for cases in (ds.CASES, ds.BF16)
                 for i, (s, lay, r, every) in enumerate(cases)]
     elif stack == "megatron":
         from . import test_megatron as mg
 
-        out += [Case(s, lay, r, eq.padded_at(i), every) for i, (s, lay, r, every) in enumerate(mg.CASES)]
+        out += [Case(s, lay, r, padded_at(i), every) for i, (s, lay, r, every) in enumerate(mg.CASES)]
     elif stack == "accelerate":
         from . import test_accelerate as ac
 
-        out += [Case(s, lay, r, eq.padded_at(i), every) for i, (s, lay, r, every) in enumerate(ac.CASES)]
+        out += [Case(s, lay, r, padded_at(i), every) for i, (s, lay, r, every) in enumerate(ac.CASES)]
     elif stack == "torchtitan":
         from . import test_torchtitan as tt
 
         out += [Case(tt.LLAMA32, *p.values, _tox(p)) for p in tt._cases()]
         from . import test_torchtitan_moe as ttm
 
-        out += [Case(s, lay, r, eq.padded_at(i), every) for i, (s, lay, r, every) in enumerate(ttm.CASES)]
-        out += [Case(tt.TIED_SPEC, lay, Recipe(optimizer=tt.ADAM), False, every) for lay, every in tt.TIED]
+        out += [Case(s, lay, r, padded_at(i), every) for i, (s, lay, r, every) in enumerate(ttm.CASES)]
+        out += [Case(tt.TIED_SPEC, lay, Recipe(optimizer=ADAM), False, every) for lay, every in tt.TIED]
     return out
 
 

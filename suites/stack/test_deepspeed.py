@@ -19,10 +19,11 @@ import pytest
 from harness import registry
 from harness.capabilities import require_dtype
 from harness.contracts.stack import Layout, Recipe
+from harness.stack.judge import hold
+from harness.verdict import reduce
 from reference.models import ModelSpec
 from reference.zero import OptimizerSpec
-
-from .test_equivalence import _verdict, padded_at
+from suites._support.stack import padded_at
 
 DEEPSPEED = registry.skip_reason(registry.resolve("deepspeed", "stack"))
 pytestmark = pytest.mark.skipif(bool(DEEPSPEED), reason=f"deepspeed: {DEEPSPEED}")
@@ -83,7 +84,7 @@ def _name(spec, layout) -> str:
                  + "-padded" * padded_at(i), marks=[] if every else [pytest.mark.thorough])
     for i, (s, lay, r, every) in enumerate(CASES)])
 def test_deepspeed_equals_one_device(spec, layout, recipe, padded, world_cache, conformance):
-    v = _verdict(world_cache, conformance, "deepspeed", layout.world_size, spec, layout, recipe, padded=padded)
+    v = hold(world_cache, conformance, "deepspeed", layout.world_size, spec, layout, recipe, padded=padded)
     if v["known"]:  # ZeRO 0 with clipping: the norm is not reported; under pp it is the first stage's (findings)
         if v["known"].watch.endswith(("reports_no_norm_at_zero_stage_0", "clips_by_the_first_stages_norm")):
             assert layout.zero == 0 and recipe.max_grad_norm is not None, v["problems"][:3]
@@ -101,7 +102,7 @@ def test_deepspeed_equals_one_device(spec, layout, recipe, padded, world_cache, 
 ], ids=["tp2", "inf-norm", "pp2-zero2", "pp2-gpipe", "cp4-kv2"])
 def test_what_the_deepspeed_stack_does_not_compose_is_said_in_one_sentence(layout, recipe, needle, world_cache,
                                                                           conformance):
-    v = _verdict(world_cache, conformance, "deepspeed", layout.world_size, LLAMA32, layout, recipe)
+    v = hold(world_cache, conformance, "deepspeed", layout.world_size, LLAMA32, layout, recipe)
     assert v["outcome"] == "unsupported" and needle in v["refused"] and "\n" not in v["refused"], v
 
 
@@ -127,7 +128,7 @@ test_equivalence.BF16). Measured: 1.2 - 3.2 E_T against allowed ratios of 5.9 - 
                  marks=[] if every else [pytest.mark.thorough]) for i, (s, lay, r, every) in enumerate(BF16)])
 def test_deepspeed_bf16_with_fp32_masters_equals_one_device(spec, layout, recipe, padded, world_cache, conformance):
     require_dtype(world_cache.get(layout.world_size), spec.dtype, conformance, suite="stack", impl="deepspeed")
-    v = _verdict(world_cache, conformance, "deepspeed", layout.world_size, spec, layout, recipe, padded=padded)
+    v = hold(world_cache, conformance, "deepspeed", layout.world_size, spec, layout, recipe, padded=padded)
     if v["known"]:  # an older release's finding (test_deepspeed_releases.py)
         conformance.settle()
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
@@ -156,7 +157,7 @@ ZeRO 0 clipped, whose norm the engine does not report (its finding, as without t
 def test_deepspeed_under_the_options_its_users_set_equals_one_device(option, spec, layout, recipe, world_cache,
                                                                      conformance):
     require_dtype(world_cache.get(layout.world_size), spec.dtype, conformance, suite="stack", impl="deepspeed")
-    v = _verdict(world_cache, conformance, OPTION + option, layout.world_size, spec, layout, recipe, padded=True)
+    v = hold(world_cache, conformance, OPTION + option, layout.world_size, spec, layout, recipe, padded=True)
     if v["known"]:  # the engine's own findings hold under its options too (registry.OPTIONS): ZeRO 0's norm
         conformance.settle()
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
@@ -168,7 +169,7 @@ def test_deepspeed_under_the_options_its_users_set_equals_one_device(option, spe
 ], ids=["fp32-accum-zero0", "caller-scales-pp2"])
 def test_an_option_deepspeed_does_not_combine_is_said_in_one_sentence(option, spec, layout, needle, world_cache,
                                                                        conformance):
-    v = _verdict(world_cache, conformance, OPTION + option, layout.world_size, spec, layout, Recipe(accumulation=2))
+    v = hold(world_cache, conformance, OPTION + option, layout.world_size, spec, layout, Recipe(accumulation=2))
     assert v["outcome"] == "unsupported" and needle in v["refused"] and "\n" not in v["refused"], v
 
 
@@ -430,7 +431,7 @@ def test_deepspeed_resume_across_layouts(spec, a, b, recipe, expected, world_cac
 
     per_rank = run_or_fail(world_cache.get(a.world_size), ranks.resume_stack, "deepspeed", spec, a, b, recipe,
                            str(tmp_path), timeout=300, failed=ranks.failed)
-    outcome, refused, problems = ranks.verdict(per_rank)
+    outcome, refused, problems = reduce(per_rank)
     universal = a.dp != b.dp or a.pp != b.pp
     known = outcome == "fail" and (
         findings.match("deepspeed", "stack", problems, zero_change=(a.zero, b.zero))

@@ -9,9 +9,8 @@ import pytest
 
 from harness import findings, registry
 from harness.contracts.stack import Layout, Recipe
+from harness.stack.judge import hold
 from reference.models import ModelSpec
-
-from .test_equivalence import _verdict
 
 DEEPSPEED = registry.skip_reason(registry.resolve("deepspeed", "stack"))
 pytestmark = pytest.mark.skipif(bool(DEEPSPEED), reason=f"deepspeed: {DEEPSPEED}")
@@ -27,7 +26,7 @@ def _watched(name: str, world_cache, conformance, impl, spec, layout, recipe) ->
     why = findings.outside_range(HERE + name)
     if why:
         pytest.skip(why)
-    v = _verdict(world_cache, conformance, impl, layout.world_size, spec, layout, recipe)
+    v = hold(world_cache, conformance, impl, layout.world_size, spec, layout, recipe)
     watched = next(f for f in findings.FINDINGS if f.watch == HERE + name)
     assert v["known"] is watched, (v["outcome"], v["problems"][:3])
     return v

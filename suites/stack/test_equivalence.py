@@ -23,10 +23,8 @@ from harness.contracts.stack import Layout, Recipe
 from harness.stack.judge import hold
 from reference.models import ModelSpec
 from reference.zero import OptimizerSpec
+from suites._support.stack import GPT, LLAMA, MQA
 
-GPT = ModelSpec("gpt", vocab=13, hidden=16, heads=8, ffn=24, layers=5)
-LLAMA = ModelSpec("llama", vocab=13, hidden=16, heads=8, kv_heads=2, ffn=24, layers=5)
-MQA = ModelSpec("llama", vocab=13, hidden=16, heads=8, kv_heads=1, ffn=24, layers=5)
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 CORNERS = {4: {(1, 1, 4), (1, 4, 1)}, 8: {(1, 1, 8), (2, 2, 2)}}
 """The layouts of 4 and 8 ranks every profile runs (1, 2 and 3 ranks: all of them): kv_heads < tp (tp 4 over
@@ -71,20 +69,11 @@ def _cases():
                 yield pytest.param(n, spec_k, layout, recipe, padded, id=label, marks=marks)
 
 
-def padded_at(i: int) -> bool:
-    """Whether the i-th case of a stack's own case list draws a padded batch: two in three do (their counted
-    targets differ per replica, micro-batch and pass; the last micro-batch may hold none), the rest are full."""
-    return i % 3 != 2
-
-
-_verdict = hold  # (world_cache, conformance, impl, n, spec, layout, recipe, **kw): the verdict, recorded
-
-
 @pytest.mark.parametrize("n, spec, layout, recipe, padded", list(_cases()))
 def test_stack_equals_one_device(stack_impl, n, spec, layout, recipe, padded, world_cache, world_sizes, conformance):
     if n not in world_sizes and n != 8:
         pytest.skip(f"world size {n} is not in --world-sizes")
-    v = _verdict(world_cache, conformance, stack_impl, n, spec, layout, recipe, padded=padded)
+    v = hold(world_cache, conformance, stack_impl, n, spec, layout, recipe, padded=padded)
     if v["outcome"] == "unsupported":
         pytest.skip(f"{stack_impl} does not provide this case: {v['refused']}")
     assert v["outcome"] != "refused", f"{stack_impl} refused a layout that fits the model: {v['refused']}"
@@ -100,7 +89,7 @@ def test_adam_state_equals_one_device(stack_impl, spec, world_cache, conformance
     divides by eps = 1e-8 into an update of lr x 1e-9 in a direction no two summation orders agree on —
     1e-11 of the bias, above any bound derived from the sums (measured: 7e-12 against 5e-12)."""
     recipe = Recipe(optimizer=OptimizerSpec("adam", 1e-2))
-    v = _verdict(world_cache, conformance, stack_impl, 4, spec, Layout(2, 1, 2, zero=1), recipe)
+    v = hold(world_cache, conformance, stack_impl, 4, spec, Layout(2, 1, 2, zero=1), recipe)
     if v["outcome"] == "unsupported":
         pytest.skip(v["refused"])
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
@@ -109,7 +98,7 @@ def test_adam_state_equals_one_device(stack_impl, spec, world_cache, conformance
 def test_rows_that_do_not_split_over_dp_are_refused_not_dropped(stack_impl, world_cache, conformance):
     """7 rows over dp = 2: refused in one sentence (or trained equal to one device on all 7), never a
     replica silently training on 3."""
-    v = _verdict(world_cache, conformance, stack_impl, 2, GPT, Layout(2, 1, 1), Recipe(), rows=7)
+    v = hold(world_cache, conformance, stack_impl, 2, GPT, Layout(2, 1, 1), Recipe(), rows=7)
     assert v["outcome"] in ("pass", "refused", "unsupported"), v["problems"][:3]
     if v["outcome"] == "refused":
         assert "\n" not in v["refused"] and "7" in v["refused"], v["refused"]
@@ -117,14 +106,14 @@ def test_rows_that_do_not_split_over_dp_are_refused_not_dropped(stack_impl, worl
 
 def test_a_tp_that_neither_divides_nor_is_a_multiple_of_kv_heads_is_refused(stack_impl, world_cache, conformance):
     spec = ModelSpec("llama", vocab=13, hidden=24, heads=12, kv_heads=3, ffn=24, layers=2)
-    v = _verdict(world_cache, conformance, stack_impl, 2, spec, Layout(1, 1, 2), Recipe())
+    v = hold(world_cache, conformance, stack_impl, 2, spec, Layout(1, 1, 2), Recipe())
     assert v["outcome"] in ("refused", "unsupported"), v["problems"][:3]
     assert "\n" not in v["refused"], v["refused"]
 
 
 def test_kv_replicas_whose_gradients_are_not_summed_fail(world_cache, conformance):
     """The minimal case: tp 2 over one KV head (two replicas); the K and V weights' state is off."""
-    v = _verdict(world_cache, conformance, "suites.stack.planted:KVReplicasNotSummed", 2, MQA, Layout(1, 1, 2),
+    v = hold(world_cache, conformance, "suites.stack.planted:KVReplicasNotSummed", 2, MQA, Layout(1, 1, 2),
                  Recipe())
     assert v["outcome"] == "fail", v
     assert any("attn.k.weight" in p for p in v["problems"]) and any("attn.v.weight" in p for p in v["problems"])
@@ -151,7 +140,7 @@ def test_bf16_with_fp32_masters_equals_one_device(stack_impl, spec, layout, reci
     the same recipe (harness/stack/mixed.py; E_T: one device's own distance from float64), the norm
     likewise — two steps."""
     require_dtype(world_cache.get(4), spec.dtype, conformance, suite="stack", impl=stack_impl)
-    v = _verdict(world_cache, conformance, stack_impl, 4, spec, layout, recipe)
+    v = hold(world_cache, conformance, stack_impl, 4, spec, layout, recipe)
     if v["outcome"] == "unsupported":
         pytest.skip(f"{stack_impl} does not provide this case: {v['refused']}")
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
@@ -161,7 +150,7 @@ def test_bf16_replicas_summed_not_averaged_fail(world_cache, conformance):
     """The minimal case of the precision-matched check: dp 2, the DP reduction's average missing."""
     spec = ModelSpec(**{**LLAMA.as_dict(), "dtype": "bfloat16"})
     require_dtype(world_cache.get(2), spec.dtype)
-    v = _verdict(world_cache, conformance, "suites.stack.planted:MixedMissingAverage", 2, spec, Layout(2, 1, 1),
+    v = hold(world_cache, conformance, "suites.stack.planted:MixedMissingAverage", 2, spec, Layout(2, 1, 1),
                  Recipe())
     assert v["outcome"] == "fail" and any("master" in p and "E_T" in p for p in v["problems"]), v["problems"][:3]
 
@@ -195,7 +184,7 @@ def test_context_parallel_stack_equals_one_device(stack_impl, n, layout, recipe,
     reduced (and ZeRO sharded) over dp x cp; clipping counting each element once. Held as every layout is:
     every rank's dense state against one device, the bound derived in harness/stack/case.py (the sequence
     of 4 cp tokens counted in it)."""
-    v = _verdict(world_cache, conformance, stack_impl, n, LLAMA, layout, recipe)
+    v = hold(world_cache, conformance, stack_impl, n, LLAMA, layout, recipe)
     if v["outcome"] == "unsupported":
         pytest.skip(f"{stack_impl} does not provide this case: {v['refused']}")
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
@@ -206,14 +195,14 @@ def test_context_parallel_stack_equals_one_device(stack_impl, n, layout, recipe,
 def test_context_parallel_planted_bugs_fail(planted, needle, world_cache, conformance):
     """The minimal case, cp 2 alone: attention over the rank's own shard (no ring); gradients of the
     parameters replicated over cp not reduced over it."""
-    v = _verdict(world_cache, conformance, f"suites.stack.planted:{planted}", 2, LLAMA, Layout(1, 1, 1, cp=2), Recipe())
+    v = hold(world_cache, conformance, f"suites.stack.planted:{planted}", 2, LLAMA, Layout(1, 1, 1, cp=2), Recipe())
     assert v["outcome"] == "fail" and any(needle in p for p in v["problems"]), v["problems"][:3]
 
 
 def test_a_sequence_the_cp_layout_cannot_split_is_refused(stack_impl, world_cache, conformance):
     """6 tokens over cp 2: the zigzag needs 4 equal chunks — refused in one sentence (or trained equal to
     one device), never a rank silently short."""
-    v = _verdict(world_cache, conformance, stack_impl, 2, LLAMA, Layout(1, 1, 1, cp=2), Recipe(), seq=6)
+    v = hold(world_cache, conformance, stack_impl, 2, LLAMA, Layout(1, 1, 1, cp=2), Recipe(), seq=6)
     assert v["outcome"] in ("pass", "refused", "unsupported"), v["problems"][:3]
     if v["outcome"] == "refused":
         assert "\n" not in v["refused"] and "6" in v["refused"], v["refused"]

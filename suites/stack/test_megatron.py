@@ -29,10 +29,11 @@ import pytest
 from harness import findings, registry
 from harness.capabilities import require_dtype, says_no_cuda
 from harness.contracts.stack import Layout, Recipe
+from harness.stack.judge import hold
+from harness.verdict import reduce
 from reference.models import ModelSpec
 from reference.zero import OptimizerSpec
-
-from .test_equivalence import _verdict, padded_at
+from suites._support.stack import padded_at
 
 MEGATRON = registry.skip_reason(registry.resolve("megatron", "stack"))
 pytestmark = pytest.mark.skipif(bool(MEGATRON), reason=f"megatron-core: {MEGATRON}")
@@ -79,7 +80,7 @@ def _label(spec, layout) -> str:
     pytest.param(s, lay, r, padded_at(i), id=_label(s, lay) + "-padded" * padded_at(i),
                  marks=[] if every else [pytest.mark.thorough]) for i, (s, lay, r, every) in enumerate(CASES)])
 def test_megatron_equals_one_device(spec, layout, recipe, padded, world_cache, conformance):
-    v = _verdict(world_cache, conformance, "megatron", layout.world_size, spec, layout, recipe, padded=padded)
+    v = hold(world_cache, conformance, "megatron", layout.world_size, spec, layout, recipe, padded=padded)
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
 
 
@@ -97,7 +98,7 @@ OPTIONS = [  # (spec, layout, recipe, in every profile): Megatron-LM's --overlap
     pytest.param(s, lay, r, id=_label(s, lay), marks=[] if every else [pytest.mark.thorough])
     for s, lay, r, every in OPTIONS])
 def test_megatron_with_its_gradient_reduce_overlapped_equals_one_device(spec, layout, recipe, world_cache, conformance):
-    v = _verdict(world_cache, conformance, OPTION, layout.world_size, spec, layout, recipe, padded=True)
+    v = hold(world_cache, conformance, OPTION, layout.world_size, spec, layout, recipe, padded=True)
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
 
 
@@ -137,7 +138,7 @@ bf16 has no E_T bound, test_equivalence.BF16)."""
     for s, lay, r, every in BF16])
 def test_megatron_bf16_with_fp32_main_params_equals_one_device(spec, layout, recipe, world_cache, conformance):
     require_dtype(world_cache.get(layout.world_size), spec.dtype, conformance, suite="stack", impl="megatron")
-    v = _verdict(world_cache, conformance, "megatron", layout.world_size, spec, layout, recipe)
+    v = hold(world_cache, conformance, "megatron", layout.world_size, spec, layout, recipe)
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
 
 
@@ -163,7 +164,7 @@ def test_megatron_with_a_vocabulary_tp_does_not_divide_is_the_known_finding(worl
     the loss off at step 1 and every gradient with it (the finding; the tensor-parallel suite's at the layer).
     Fails once megatron-core masks the padding (then the stack trains a prime vocabulary like one device)."""
     spec = ModelSpec(**{**LLAMA.as_dict(), "vocab": 13})
-    v = _verdict(world_cache, conformance, "megatron", 2, spec, Layout(1, 1, 2), Recipe())
+    v = hold(world_cache, conformance, "megatron", 2, spec, Layout(1, 1, 2), Recipe())
     assert v["known"] is not None and v["known"].watch.endswith(
         "test_megatron_with_a_vocabulary_tp_does_not_divide_is_the_known_finding"), v["problems"][:4]
     conformance.settle()
@@ -180,7 +181,7 @@ def test_megatron_with_a_vocabulary_tp_does_not_divide_is_the_known_finding(worl
     (LLAMA, Layout(1, 2, 1, schedule="interleaved"), Recipe(), "splits the 5 layers evenly"),
 ], ids=["kv1-over-tp2", "gpipe", "inf-norm", "zero2", "zero1-sgd", "sp-local-spec", "float64", "interleaved-5-layers"])
 def test_what_megatron_does_not_run_is_said_in_one_sentence(spec, layout, recipe, needle, world_cache, conformance):
-    v = _verdict(world_cache, conformance, "megatron", layout.world_size, spec, layout, recipe)
+    v = hold(world_cache, conformance, "megatron", layout.world_size, spec, layout, recipe)
     assert v["outcome"] in ("refused", "unsupported") and needle in v["refused"], v
     assert "\n" not in v["refused"]
 
@@ -203,7 +204,6 @@ def test_watch_megatron_without_initialisation_norms_tp_rank_0_alone(world_cache
     """Watch: ``perform_initialization=False`` leaves Megatron's TP weights unmarked, so the grad norm it clips by
     is TP rank 0's (measured 1.499 against 2.043): the gradient norm off at step 1. Fails once megatron-core marks
     them however it is initialised (then the adapter can skip the initialisation). Fixed in 0.18 (its range)."""
-    from harness.stack import case as ranks
 
     why = findings.outside_range("suites/stack/test_megatron.py::"
                                  "test_watch_megatron_without_initialisation_norms_tp_rank_0_alone")
@@ -212,7 +212,7 @@ def test_watch_megatron_without_initialisation_norms_tp_rank_0_alone(world_cache
 
     per_rank = world_cache.get(2).run(_flipped, "perform_initialization", LLAMA, Layout(1, 1, 2),
                                       Recipe(max_grad_norm=CLIP), timeout=300)
-    outcome, _, problems = ranks.verdict(per_rank)
+    outcome, _, problems = reduce(per_rank)
     assert outcome == "fail" and any("step 1: gradient norm" in p for p in problems), problems[:4]
 
 
@@ -220,11 +220,10 @@ def test_watch_megatrons_batched_p2p_swaps_messages_at_pp_2_interleaved(world_ca
     """Watch: megatron-core's default batched p2p under the interleaved schedule at pp 2 (4 micro-batches: the
     steady state sends both ways at once) — the loss off at step 1. Fails once the messages land where they belong
     (on this backend: the gpu env runs it over NCCL)."""
-    from harness.stack import case as ranks
 
     per_rank = world_cache.get(2).run(_flipped, "batched_p2p", LLAMA4, Layout(1, 2, 1, schedule="interleaved"),
                                       Recipe(), timeout=300)
-    outcome, _, problems = ranks.verdict(per_rank)
+    outcome, _, problems = reduce(per_rank)
     assert outcome == "fail" and any("loss after step 1" in p for p in problems), problems[:4]
 
 
@@ -242,7 +241,7 @@ def _resume(world_cache, conformance, a, b, recipe, directory) -> tuple[str, lis
 
     per_rank = run_or_fail(world_cache.get(n), ranks.resume_stack, "megatron", LLAMA, a, b, recipe, str(directory),
                            timeout=300, failed=ranks.failed)  # a raise, a death or a hang: a verdict
-    outcome, refused, problems = ranks.verdict(per_rank)
+    outcome, refused, problems = reduce(per_rank)
     known = findings.match("megatron", "stack", problems, optimizer=recipe.optimizer.name, zero=b.zero) \
         if outcome == "fail" else None
     conformance.record("known-nonconformance" if known else outcome, finding=known, suite="stack", world_size=n,

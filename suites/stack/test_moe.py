@@ -29,11 +29,11 @@ import pytest
 
 from harness.contracts.stack import Layout, Recipe
 from harness.stack import case as ranks
+from harness.stack.judge import hold
+from harness.verdict import reduce
 from reference.models import ModelSpec
+from suites._support.stack import ADAM, EVERY_EXPERT, MOE, padded_at
 
-from .test_equivalence import _verdict, padded_at
-
-MOE = ModelSpec("moe", vocab=13, hidden=16, heads=4, kv_heads=2, ffn=8, layers=3, experts=4, top_k=2, aux_coef=0.1)
 TOP1 = ModelSpec(**{**MOE.as_dict(), "top_k": 1, "shared_experts": 1})
 SIGMOID = ModelSpec(**{**MOE.as_dict(), "router": "sigmoid"})
 TOP1N = ModelSpec(**{**MOE.as_dict(), "top_k": 1, "renormalize": False})  # DeepSpeed's and Switch's top-1
@@ -67,7 +67,7 @@ def _id(spec, layout):
     pytest.param(n, s, lay, r, padded_at(i), id=_id(s, lay) + "-padded" * padded_at(i),
                  marks=[] if every else [pytest.mark.thorough]) for i, (n, s, lay, r, every) in enumerate(CASES)])
 def test_moe_stack_equals_one_device(stack_impl, n, spec, layout, recipe, padded, world_cache, conformance):
-    v = _verdict(world_cache, conformance, stack_impl, n, spec, layout, recipe, padded=padded)
+    v = hold(world_cache, conformance, stack_impl, n, spec, layout, recipe, padded=padded)
     if v["outcome"] == "unsupported":
         pytest.skip(f"{stack_impl} does not provide this case: {v['refused']}")
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
@@ -96,7 +96,7 @@ def test_the_sigmoid_routers_selection_bias_moves_choices():
     (ModelSpec("llama", vocab=13, hidden=16, heads=4, kv_heads=2, ffn=8, layers=2), Layout(2, 1, 1, ep=2),
      "llama family has none")], ids=["E6-over-ep4", "ep-without-experts"])
 def test_a_layout_the_experts_cannot_split_over_is_refused(stack_impl, spec, layout, needle, world_cache, conformance):
-    v = _verdict(world_cache, conformance, stack_impl, layout.world_size, spec, layout, Recipe())
+    v = hold(world_cache, conformance, stack_impl, layout.world_size, spec, layout, Recipe())
     assert v["outcome"] in ("refused", "unsupported"), v["problems"][:3]
     assert "\n" not in v["refused"], v["refused"]
     if stack_impl == "reference":
@@ -121,7 +121,7 @@ already collected its tokens' gradients) — held as every layout is, float64.""
 def test_moe_stack_with_the_experts_state_sharded_equals_one_device(stack_impl, n, spec, layout, recipe, world_cache,
                                                                     conformance):
     """Every stack (``--impl`` yours too): what it does not shard this way is unsupported in its sentence."""
-    v = _verdict(world_cache, conformance, stack_impl, n, spec, layout, recipe, padded=True)
+    v = hold(world_cache, conformance, stack_impl, n, spec, layout, recipe, padded=True)
     if v["outcome"] == "unsupported":
         pytest.skip(f"{stack_impl} does not provide this case: {v['refused']}")
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
@@ -143,15 +143,11 @@ def test_moe_stack_bf16_with_fp32_masters_equals_one_device(layout, recipe, worl
     from harness.capabilities import require_dtype
 
     require_dtype(world_cache.get(layout.world_size), "bfloat16", conformance, suite="stack", impl="reference")
-    v = _verdict(world_cache, conformance, "reference", layout.world_size, MOE16, layout, recipe)
+    v = hold(world_cache, conformance, "reference", layout.world_size, MOE16, layout, recipe)
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
 
 
-EVERY_EXPERT = ModelSpec(**{**MOE.as_dict(), "top_k": 4, "ffn": 16, "aux_coef": 0.0, "dtype": "bfloat16"})
-"""The MoE case every stack here can train: bf16, every token at every expert, no balance loss, Adam (eps 1e-3:
-suites/stack/test_torchtitan.py) — what torchtitan's MoE trains (its experts compute bf16, it has no balance
-loss, its optimizers are Adam's; in bf16 a routing choice is not comparable between two implementations:
-suites/stack/test_torchtitan_moe.py). ffn 16: torch's grouped GEMM wants 16-byte rows."""
+
 
 
 def test_moe_stack_bf16_over_two_expert_data_parallel_replicas_equals_one_device(stack_impl, world_cache,
@@ -161,11 +157,10 @@ def test_moe_stack_bf16_over_two_expert_data_parallel_replicas_equals_one_device
     Measured: reference 2.6 E_T, torchtitan 3.3 (against its own one-rank run, harness/stack/own_recipe.py) of 6.7."""
     from harness.capabilities import require_dtype
 
-    from .test_torchtitan import ADAM
 
     require_dtype(world_cache.get(4), "bfloat16", conformance, suite="stack", impl=stack_impl)
     recipe = Recipe(optimizer=ADAM)
-    v = _verdict(world_cache, conformance, stack_impl, 4, EVERY_EXPERT, Layout(4, 1, 1, ep=2, zero=2), recipe)
+    v = hold(world_cache, conformance, stack_impl, 4, EVERY_EXPERT, Layout(4, 1, 1, ep=2, zero=2), recipe)
     if v["outcome"] == "unsupported":
         pytest.skip(f"{stack_impl} does not provide this case: {v['refused']}")
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
@@ -178,7 +173,7 @@ def test_moe_stack_bf16_over_two_expert_data_parallel_replicas_equals_one_device
     ("MoEAuxNotInBackward", 1, Layout(1, 1, 1), "router"),
 ])
 def test_moe_planted_bugs_fail(planted, n, layout, needle, world_cache, conformance):
-    v = _verdict(world_cache, conformance, f"suites.stack.planted:{planted}", n, MOE, layout, Recipe())
+    v = hold(world_cache, conformance, f"suites.stack.planted:{planted}", n, MOE, layout, Recipe())
     assert v["outcome"] == "fail" and any(needle in p for p in v["problems"]), v["problems"][:3]
     if planted == "MoEAuxNotInBackward":  # the loss is right, only the gradient is wrong (transformers #48687)
         assert not any("loss after step 1" in p for p in v["problems"]), v["problems"]
@@ -195,7 +190,7 @@ def test_moe_resume_across_an_ep_change_equals_one_device(stack_impl, a, b, worl
 
     per_rank = run_or_fail(world_cache.get(2), ranks.resume_stack, stack_impl, MOE, a, b, Recipe(), str(tmp_path),
                            timeout=300, failed=ranks.failed)
-    outcome, refused, problems = ranks.verdict(per_rank)
+    outcome, refused, problems = reduce(per_rank)
     conformance.record(outcome, suite="stack", world_size=2, dtype="float64", impl=stack_impl,
                        collective=f"resume/moe/{a.label()}->{b.label()}", detail=refused or " | ".join(problems[:1]))
     if outcome == "unsupported":

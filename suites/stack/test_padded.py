@@ -10,8 +10,8 @@ import torch
 
 from harness.contracts.stack import Layout, Recipe
 from harness.stack.inputs import IGNORE, global_batch, valid_counts
-
-from .test_equivalence import GPT, LLAMA, _verdict
+from harness.stack.judge import hold
+from suites._support.stack import GPT, LLAMA
 
 
 @pytest.mark.parametrize("rows, seq", [(2, 4), (4, 4), (8, 4), (16, 8), (12, 4)])
@@ -40,9 +40,9 @@ def test_a_padded_batch_counts_differently_in_every_contiguous_block(rows, seq):
 def test_a_loss_normalised_per_micro_batch_or_per_rank_passes_full_batches_and_fails_padded_ones(
         planted, n, spec, layout, recipe, world_cache, conformance):
     impl = f"suites.stack.planted:{planted}"
-    full = _verdict(world_cache, conformance, impl, n, spec, layout, recipe)
+    full = hold(world_cache, conformance, impl, n, spec, layout, recipe)
     assert full["outcome"] == "pass", full["problems"][:3]  # equal counts everywhere: the bug cannot show
-    v = _verdict(world_cache, conformance, impl, n, spec, layout, recipe, padded=True)
+    v = hold(world_cache, conformance, impl, n, spec, layout, recipe, padded=True)
     assert v["outcome"] == "fail" and any("loss after step 1" in p for p in v["problems"]), v["problems"][:3]
     assert any("parameter" in p or "optimizer state" in p for p in v["problems"]), v["problems"][:3]
     if recipe.max_grad_norm is not None:

@@ -10,10 +10,10 @@ import pytest
 
 from harness.contracts.stack import Layout, Recipe
 from harness.stack import case as ranks
+from harness.verdict import reduce
 from harness.world import run_or_fail
 from reference.zero import OptimizerSpec
-
-from .test_equivalence import GPT, LLAMA
+from suites._support.stack import GPT, LLAMA
 
 CLIPPED, ADAM = Recipe(max_grad_norm=0.05), Recipe(optimizer=OptimizerSpec("adam", 1e-2))
 PAIRS = [(GPT, Layout(2, 1, 2, zero=2), Layout(1, 2, 2, zero=0, schedule="gpipe"), CLIPPED),
@@ -44,7 +44,7 @@ def test_resume_on_another_layout_equals_one_device(stack_impl, spec, a, b, reci
         pytest.skip("a third party's pair of the thorough env (THIRD_PARTY_EVERY)")
     per_rank = run_or_fail(world_cache.get(4), ranks.resume_stack, stack_impl, spec, a, b, recipe, str(tmp_path),
                            timeout=300, failed=ranks.failed)
-    outcome, refused, problems = ranks.verdict(per_rank)
+    outcome, refused, problems = reduce(per_rank)
     conformance.record(outcome, suite="stack", world_size=4, dtype=spec.dtype, impl=stack_impl,
                        collective=f"resume {spec.family} {a.label()}/zero{a.zero} -> {b.label()}/zero{b.zero}",
                        detail=refused or " | ".join(problems[:1]))

@@ -27,10 +27,10 @@ import torch
 from harness import registry
 from harness.adapters.torchtitan_import import v02
 from harness.contracts.stack import Layout, Recipe
+from harness.stack.judge import hold
+from harness.verdict import reduce
 from reference.models import ModelSpec
-from reference.zero import OptimizerSpec
-
-from .test_equivalence import _verdict, padded_at
+from suites._support.stack import ADAM, padded_at
 
 TORCHTITAN = registry.skip_reason(registry.resolve("torchtitan", "stack"))
 pytestmark = pytest.mark.skipif(bool(TORCHTITAN), reason=f"torchtitan: {TORCHTITAN}")
@@ -38,12 +38,6 @@ V02 = v02()
 """torchtitan 0.2.x installed (the release matrix's venv): its adapter (torchtitan_v02.py) drives it."""
 
 LLAMA32 = ModelSpec("llama", vocab=13, hidden=16, heads=8, kv_heads=2, ffn=24, layers=5, dtype="float32")
-ADAM = OptimizerSpec("adam", 1e-2, eps=1e-3)
-"""Adam with eps = 1e-3: its update lr m / (sqrt(v) + eps) divides each gradient element by its own size, so
-a float32 rounding difference δg of an element whose gradient is near zero (|g| ~ δg) moves the update by up
-to a whole lr step with torch's eps = 1e-8 — a difference the bound (linear in the rounding) does not
-cover; with 1e-3 it stays below lr δg / 1e-3. Gradients here are 1e-2 to 1: Adam still normalises them. (The
-reference stack, float32, same Adam, on the finding's case: 1.3e-6 — the bound is not what fails there.)"""
 CLIPS = ((0.05, 2.0), (0.02, math.inf))
 
 LAYOUTS = [  # (layout, in every profile): each dimension once in tox (FSDP x TP: the tied watch's 4 ranks);
@@ -77,7 +71,7 @@ def _cases():
 
 @pytest.mark.parametrize("layout, recipe, padded", list(_cases()))
 def test_torchtitan_equals_one_device(layout, recipe, padded, world_cache, conformance):
-    v = _verdict(world_cache, conformance, "torchtitan", layout.world_size, LLAMA32, layout, recipe, padded=padded)
+    v = hold(world_cache, conformance, "torchtitan", layout.world_size, LLAMA32, layout, recipe, padded=padded)
     _settle_0_2(v, conformance)
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
 
@@ -101,7 +95,7 @@ def test_torchtitan_tied_embeddings_equal_one_device(layout, world_cache, confor
     apart, and its ``init_weights`` (after parallelize, as its trainer runs it) ties them again — an adapter that
     skipped it would train two parameters (measured: 0.31 of a tensor's magnitude off at tp 2). Unclipped:
     clipping to 0.05 shrinks every update below the bound and hides the FSDP x TP finding."""
-    v = _verdict(world_cache, conformance, "torchtitan", layout.world_size, TIED_SPEC, layout, Recipe(optimizer=ADAM))
+    v = hold(world_cache, conformance, "torchtitan", layout.world_size, TIED_SPEC, layout, Recipe(optimizer=ADAM))
     if v["known"]:
         assert layout.dp > 1 and layout.tp > 1, v["problems"][:3]
         conformance.settle()
@@ -131,7 +125,7 @@ def test_torchtitan_bf16_mixed_precision_equals_one_device(layout, recipe, padde
     from harness.capabilities import require_dtype
 
     require_dtype(world_cache.get(layout.world_size), "bfloat16", conformance, suite="stack", impl="torchtitan")
-    v = _verdict(world_cache, conformance, "torchtitan", layout.world_size, LLAMA16, layout, recipe, padded=padded)
+    v = hold(world_cache, conformance, "torchtitan", layout.world_size, LLAMA16, layout, recipe, padded=padded)
     _settle_0_2(v, conformance)
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
 
@@ -187,7 +181,7 @@ def test_torchtitan_bf16_computes_in_bf16_and_reports_fp32_masters(world_cache):
      "no weight tying" if V02 else "under pipeline parallelism"),  # 0.2: no tying at all
 ], ids=["kv1-over-tp2", "m1-under-1f1b-pp2", "float64", "tied-under-pp"])
 def test_what_torchtitan_does_not_run_is_said_in_one_sentence(spec, layout, needle, world_cache, conformance):
-    v = _verdict(world_cache, conformance, "torchtitan", layout.world_size, spec, layout, Recipe(optimizer=ADAM))
+    v = hold(world_cache, conformance, "torchtitan", layout.world_size, spec, layout, Recipe(optimizer=ADAM))
     assert v["outcome"] in ("refused", "unsupported") and needle in v["refused"], v
     assert "\n" not in v["refused"]
 
@@ -247,7 +241,7 @@ def test_torchtitan_resume_on_another_layout_equals_one_device(a, b, world_cache
         pytest.skip("torchtitan 0.2.x: its pipeline and DDP findings put this pair's state off before any resume")
     per_rank = run_or_fail(world_cache.get(2), ranks.resume_stack, "torchtitan", LLAMA32, a, b, Recipe(optimizer=ADAM),
                            str(tmp_path), timeout=300, failed=ranks.failed)
-    outcome, refused, problems = ranks.verdict(per_rank)
+    outcome, refused, problems = reduce(per_rank)
     conformance.record(outcome, suite="stack", world_size=2, dtype="float32", impl="torchtitan",
                        collective=f"resume/{a.label()}->{b.label()}", detail=refused or " | ".join(problems[:1]))
     assert outcome == "pass", problems[:4] or refused
@@ -269,7 +263,7 @@ def test_watch_a_tied_embedding_under_fsdp_and_tp_is_off_at_step_two(world_cache
 
     per_rank = world_cache.get(4).run(ranks.train_stack, "torchtitan", TIED_SPEC, Layout(2, 1, 2, zero=2),
                                       Recipe(optimizer=ADAM), timeout=300)
-    outcome, _, problems = ranks.verdict(per_rank)
+    outcome, _, problems = reduce(per_rank)
     assert outcome == "fail" and problems and all("step 2" in p for p in problems), problems[:4]
 
 

@@ -33,11 +33,10 @@ import pytest
 from harness import registry
 from harness.adapters.torchtitan_import import v02
 from harness.contracts.stack import Layout, Recipe
+from harness.stack.judge import hold
+from harness.verdict import reduce
 from reference.models import ModelSpec
-
-from .test_equivalence import _verdict, padded_at
-from .test_moe import EVERY_EXPERT
-from .test_torchtitan import ADAM  # eps 1e-3, as torchtitan's bf16 Llama is held (why: there)
+from suites._support.stack import ADAM, EVERY_EXPERT, padded_at
 
 TORCHTITAN = registry.skip_reason(registry.resolve("torchtitan", "stack"))
 pytestmark = [pytest.mark.skipif(bool(TORCHTITAN), reason=f"torchtitan: {TORCHTITAN}"),
@@ -83,7 +82,7 @@ def test_torchtitan_moe_stack_equals_one_device(spec, layout, recipe, padded, wo
     from harness.capabilities import require_dtype
 
     require_dtype(world_cache.get(layout.world_size), "bfloat16", conformance, suite="stack", impl="torchtitan")
-    v = _verdict(world_cache, conformance, "torchtitan", layout.world_size, spec, layout, recipe, padded=padded)
+    v = hold(world_cache, conformance, "torchtitan", layout.world_size, spec, layout, recipe, padded=padded)
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
     if layout != Layout():  # held to its own one-rank run, which was held to the contract's recipe first
         assert all(r["own_worst"] > 0 for r in v["per_rank"]), v["per_rank"][0]
@@ -99,7 +98,7 @@ def test_torchtitan_moe_stack_equals_one_device(spec, layout, recipe, padded, wo
 ], ids=["float32", "aux-loss", "E6-over-ep4", "ep-over-replicate", "grouped-gemm-alignment"])
 def test_what_torchtitans_moe_stack_does_not_run_is_said_in_one_sentence(spec, layout, needle, world_cache,
                                                                         conformance):
-    v = _verdict(world_cache, conformance, "torchtitan", layout.world_size, spec, layout, _recipe())
+    v = hold(world_cache, conformance, "torchtitan", layout.world_size, spec, layout, _recipe())
     assert v["outcome"] in ("refused", "unsupported") and needle in v["refused"], v
     assert "\n" not in v["refused"]
 
@@ -108,7 +107,7 @@ def test_watch_torchtitan_moe_under_ep_and_tp_without_sp_cannot_run(world_cache,
     """The finding's minimal case (dp 2 x tp 2, ep 2, SP off): every rank raises DTensor's refusal in the routed
     experts' output redistribution; the same layout with SP passes (CASES). Fails once torchtitan runs it."""
     layout = Layout(2, 1, 2, ep=2, zero=3)
-    v = _verdict(world_cache, conformance, "torchtitan", 4, MOE16, layout, _recipe())
+    v = hold(world_cache, conformance, "torchtitan", 4, MOE16, layout, _recipe())
     assert v["outcome"] == "known-nonconformance" and v["known"] is not None, v["problems"][:3]
     conformance.settle()
 
@@ -116,12 +115,11 @@ def test_watch_torchtitan_moe_under_ep_and_tp_without_sp_cannot_run(world_cache,
 def test_a_planted_2x_on_every_expert_gradient_is_caught(world_cache):
     """pytorch #160285's symptom at EDP 2, planted in torchtitan's own trainer: the one-rank run (no EDP) is its
     own, so check 1 passes and check 2 must fail — on the experts' Adam state, not only on what the clip moves."""
-    from harness.stack import case as ranks
     from harness.stack.own_recipe import held
 
     per_rank = held(world_cache.get(4), lambda: world_cache.get(1), "suites.stack.planted:TitanExpertsDoubled",
                     MOE16, Layout(4, 1, 1, ep=2, zero=2), _recipe())
-    outcome, _, problems = ranks.verdict(per_rank)
+    outcome, _, problems = reduce(per_rank)
     assert outcome == "fail" and any("experts." in p and "exp_avg" in p for p in problems), problems[:3]
     assert not any(p.startswith("on one rank") for p in problems), problems[:3]
 

@@ -15,6 +15,7 @@ from harness import findings
 from harness.contracts.tensor_parallel import KINDS
 from harness.tensor_parallel import case as contract_ranks
 from harness.tensor_parallel import layer_case as ranks
+from harness.verdict import failed, reduce
 from harness.world import run_or_fail
 
 
@@ -54,19 +55,19 @@ def test_sharded_layer_equals_dense(tensor_parallel_impl, kind, world_cache, wor
     def check(n: int, sp: bool, dims: tuple, divisible: bool, seed: int) -> str:
         case = (tensor_parallel_impl, kind, dims, seed, sp)
         per_rank = run_or_fail(world_cache.get(n), contract_ranks.contract_case, *case,
-                               failed=lambda detail: {"refused": None, "unsupported": False, "problems": [detail],
-                                                      "case": {}})
-        refused = {r["refused"] for r in per_rank}
-        problems = [p for r in per_rank for p in r["problems"]]
+                               failed=lambda detail: failed(detail, case={}))
+        v = reduce(per_rank)
+        problems = v.problems
         known = (findings.match(tensor_parallel_impl, "tensor_parallel", problems, **per_rank[0]["case"])
-                 if problems else None)
-        declared = all(r["unsupported"] for r in per_rank)
-        outcome = (("unsupported" if declared else "refused") if None not in refused
-                   else "known-nonconformance" if known else "fail" if problems else "pass")
+                 if v.outcome == "fail" else None)
+        declared = v.outcome == "unsupported"
+        outcome = "known-nonconformance" if known else v.outcome
         conformance.record(outcome, finding=known, suite="tensor_parallel", world_size=n, dtype="float64",
                            collective=kind, numel=math.prod(dims), impl=tensor_parallel_impl,
                            detail=" | ".join(problems[:1]))
-        if None not in refused:
+        if v.refused:
+            refused = [r["refused"] for r in per_rank]
+            assert None not in refused, f"{case}: refused on some ranks only: {refused}"
             assert declared or not divisible, f"{case} refused although every size divides by {n}: {refused}"
             assert all("\n" not in msg for msg in refused), refused
             return "declared unsupported" if declared else "refused a size that does not divide"

@@ -14,16 +14,14 @@ bugs (ranks.PLANTED) fail at their smallest layout."""
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 
 from harness.threed import case as ranks
 from harness.world import run_or_fail
 from reference.models import GPT
 from reference.topology import ParallelDims
+from suites._support.threed import COMBOS
 
-COMBOS = list(itertools.product(("gpipe", "1f1b", "interleaved"), (0, 1, 2), (False, True)))
 MODEL = GPT()
 
 

@@ -18,8 +18,7 @@ from harness.capabilities import require_dtype
 from harness.threed import case as ranks
 from harness.threed import mixed
 from reference.models import GPT
-
-from .test_equivalence import COMBOS
+from suites._support.threed import COMBOS
 
 MODEL = GPT()
 RECIPES = [("bfloat16", "float32"), ("bfloat16", "low"), ("float16", "float32")]

@@ -9,28 +9,16 @@ import itertools
 
 import pytest
 
-from harness import registry
 from harness.world import run_or_fail
 from harness.zero import case as ranks
+from suites._support.zero import THIRD_PARTY_SIZES, skip_unless_stage
 
 STEPS, PER_RANK = 5, 2
 
 
-def _skip_unless_stage(impl: str, stage: int) -> None:
-    spec = registry.resolve(impl, "zero")
-    if not spec.owns(f"stage{stage}"):
-        pytest.skip(f"{impl} is a stage-0 variant ({', '.join(spec.only_ops)})")
-
-
-THIRD_PARTY_SIZES = (2, 3)
-"""A third party's table in every profile: dp 2 and 3 — the even and the uneven shard count over the 43-element
-prime model (every shard boundary padded); dp 1 (nothing to shard) and 4 (even again) in the thorough env. Ours
-runs every size everywhere (its planted bugs are caught at these sizes: the mutation table)."""
-
-
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_training_equals_one_device(zero_impl, stage, world_cache, world_sizes, thorough, conformance):
-    _skip_unless_stage(zero_impl, stage)
+    skip_unless_stage(zero_impl, stage)
     failures = []
     sizes = world_sizes if thorough or zero_impl.startswith("reference") else \
         [n for n in world_sizes if n in THIRD_PARTY_SIZES] or world_sizes

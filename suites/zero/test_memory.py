@@ -10,6 +10,7 @@ import pytest
 from harness import registry
 from harness.zero import case as ranks
 from reference.cost_model import training_memory
+from suites._support.zero import THIRD_PARTY_SIZES
 
 ELEM = {"float64": 8, "float32": 4}
 
@@ -55,8 +56,6 @@ def test_reference_memory_is_the_model_up_to_padding(model, opt, world_cache, wo
 
 def test_third_party_memory_is_reported_and_shrinks_with_sharding(zero_impl, world_cache, world_sizes, thorough,
                                                                   conformance):
-    from .test_conformance import THIRD_PARTY_SIZES
-
     if registry.resolve(zero_impl, "zero").only_ops:
         pytest.skip(f"{zero_impl} is a variant of another implementation")
     sizes = [n for n in world_sizes if n > 1 and (thorough or n in THIRD_PARTY_SIZES)]

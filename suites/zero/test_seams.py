@@ -20,6 +20,7 @@ import pytest
 from harness.world import run_or_fail
 from harness.zero import case as ranks
 from reference.zero import StepRecipe
+from suites._support.zero import skip_unless_stage
 
 RECIPES = {"accumulate-2": StepRecipe(accumulation=2), "accumulate-2+clip": StepRecipe(2, 0.05),
            "clip-inf": StepRecipe(max_grad_norm=0.05, norm_type=math.inf),
@@ -36,9 +37,7 @@ def _dp(world_sizes) -> int:
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_accumulation_and_clipping_equal_one_device(zero_impl, stage, world_cache, world_sizes, conformance):
-    from suites.zero.test_conformance import _skip_unless_stage
-
-    _skip_unless_stage(zero_impl, stage)
+    skip_unless_stage(zero_impl, stage)
     n, failures = _dp(world_sizes), []
     for name in SLOW.get(zero_impl, RECIPES):
         recipe = RECIPES[name]
