@@ -33,6 +33,8 @@ import torch
 import torch.distributed as dist
 
 from ..contracts import Unsupported
+from ..stack.dense import tied
+from ..stack.supports import Rule, Supports
 from .dense_built import BuiltFromDense
 
 _PREFIXES = ("ACCELERATE_", "FSDP_")
@@ -43,27 +45,25 @@ RESET_FALLBACKS: list[str] = []
 whatever state an earlier case left, accelerate's own behaviour."""
 
 
-def _unsupported(spec, layout, recipe) -> str | None:
-    if spec.family not in ("gpt", "llama"):
-        return f"the accelerate stack trains the dense gpt and llama families, not {spec.family}."
-    if spec.dtype not in ("float64", "float32"):
-        return ("accelerate's mixed precision is autocast over fp32 weights (mixed_precision='bf16'), not the "
-                f"contract's {spec.dtype} model with fp32 masters.")
-    if spec.extra or layout.extra:
-        return f"the accelerate stack does not know {', '.join(sorted({**spec.extra, **layout.extra}))}."
-    if layout.pp > 1 or layout.tp > 1 or layout.cp > 1 or layout.ep > 1 or layout.sequence_parallel:
-        return ("the accelerate stack here is data parallel (DDP, FSDP2): its tensor and context parallelism need a "
-                "transformers model's tp_plan and CUDA; it has no pipeline.")
-    if layout.zero == 1 and layout.dp > 1:
-        return "accelerate shards with FSDP2 (ZeRO 2 / 3) or replicates with DDP (ZeRO 0); ZeRO 1 it does not do."
-    if layout.checkpointing and layout.zero < 2:
-        return "accelerate's activation checkpointing is its FSDP plugin's (ZeRO 2 / 3 here)."
-    if spec.dropout:
-        return ("the accelerate stack trains without dropout: the one-device masks are keyed by each row's global "
-                "index and the step, which its training loop does not pass.")
-    if recipe.loss_scale is not None:
-        return "the accelerate stack here has no loss scaler (float32 needs none)."
-    return None
+SUPPORTS = Supports("the accelerate stack", unsupported=(
+    Rule(lambda s, lay, r: s.family not in ("gpt", "llama"),
+         lambda s, lay, r: f"the accelerate stack trains the dense gpt and llama families, not {s.family}."),
+    Rule(lambda s, lay, r: s.dtype not in ("float64", "float32"),
+         lambda s, lay, r: "accelerate's mixed precision is autocast over fp32 weights (mixed_precision='bf16'), not "
+                           f"the contract's {s.dtype} model with fp32 masters."),
+    Rule(lambda s, lay, r: lay.pp > 1 or lay.tp > 1 or lay.cp > 1 or lay.ep > 1 or lay.sequence_parallel,
+         "the accelerate stack here is data parallel (DDP, FSDP2): its tensor and context parallelism need a "
+         "transformers model's tp_plan and CUDA; it has no pipeline."),
+    Rule(lambda s, lay, r: lay.zero == 1 and lay.dp > 1,
+         "accelerate shards with FSDP2 (ZeRO 2 / 3) or replicates with DDP (ZeRO 0); ZeRO 1 it does not do."),
+    Rule(lambda s, lay, r: lay.checkpointing and lay.zero < 2,
+         "accelerate's activation checkpointing is its FSDP plugin's (ZeRO 2 / 3 here)."),
+    Rule(lambda s, lay, r: bool(s.dropout),
+         "the accelerate stack trains without dropout: the one-device masks are keyed by each row's global index and "
+         "the step, which its training loop does not pass."),
+    Rule(lambda s, lay, r: r.loss_scale is not None,
+         "the accelerate stack here has no loss scaler (float32 needs none)."),
+))
 
 
 def reset_accelerate() -> None:
@@ -89,9 +89,7 @@ class AccelerateStack:
     description = "Hugging Face accelerate: Accelerator + DDP / FSDP2 plugin, accumulate, backward, clip_grad_norm_"
 
     def build(self, spec, layout, recipe, group=None):
-        why = _unsupported(spec, layout, recipe)
-        if why:
-            raise Unsupported(why)
+        SUPPORTS.check(spec, layout, recipe)
         if group not in (None, dist.group.WORLD):
             raise Unsupported("accelerate's data-parallel group is the world here (no group argument).")
         return AccelerateTrainer(spec, layout, recipe)
@@ -161,6 +159,6 @@ class AccelerateTrainer(BuiltFromDense):
         params = {n: full(p) for n, p in module.named_parameters()}
         optimizer = {n: {k: full(inner.state[p][k]) for k in keys if k in inner.state.get(p, {})}
                      for n, p in module.named_parameters()}
-        if self.spec.tie_embeddings and "head.weight" not in params:  # one parameter: both names, state once
-            params["head.weight"] = params["embed.weight"]
+        if self.spec.tie_embeddings:
+            tied(params, optimizer)
         return {"params": params, "optimizer": optimizer, "grad_norm": self.last_grad_norm}

@@ -31,6 +31,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..stack.dense import gathered
+
 
 def unsupported(spec, layout, recipe) -> str | None:
     """Why the DeepSpeed stack cannot train this moe-family case through its MoE layer, or None."""
@@ -151,12 +153,7 @@ def every_expert(entries: dict, model: MoEModel) -> dict:
     group = model.blocks[0].ep_group
     if dist.get_world_size(group) == 1:
         return entries
-    everyone = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, {k: v for k, v in entries.items() if ".moe.experts." in k}, group=group)
-    for part in everyone:
-        for k, v in part.items():
-            entries.setdefault(k, v)
-    return entries
+    return {**gathered({k: v for k, v in entries.items() if ".moe.experts." in k}, group), **entries}
 
 
 def relink_optimizer_state(optimizer) -> bool:

@@ -32,47 +32,56 @@ import torch
 import torch.distributed as dist
 
 from ..contracts import Unsupported
+from ..stack.dense import tied
+from ..stack.supports import Rule, Supports
 from .deepspeed_mixed import MastersState, bf16_config
 from .deepspeed_resume import DeepSpeedCheckpoint
 from .dense_built import BuiltFromDense
 
 
-def _unsupported(spec, layout, recipe) -> str | None:
-    if layout.tp > 1 or layout.sequence_parallel:
-        return ("the DeepSpeed stack here is its engine over data parallelism (ZeRO 0-3), its PipelineModule, its MoE "
-                "and its Ulysses; its AutoTP (an inference / HF path) is not composed into it.")
-    if layout.cp > 1:
-        from .deepspeed_ulysses_stack import unsupported as ulysses
+def _ulysses(spec, layout, recipe) -> str | None:
+    from .deepspeed_ulysses_stack import unsupported
 
-        why = ulysses(spec, layout, recipe)
-        if why:
-            return why
-    if layout.ep > 1 and spec.family != "moe":
-        return f"ep = {layout.ep} splits experts: the {spec.family} family has none."
-    if spec.family == "moe":
-        from .deepspeed_moe_stack import unsupported
+    return unsupported(spec, layout, recipe)
 
-        why = unsupported(spec, layout, recipe)
-        if why:
-            return why
-    if spec.dropout:
-        return "the DeepSpeed stack trains without dropout (the one-device masks are keyed by a step it never sets)."
-    if layout.pp > 1 or layout.checkpointing:
-        if layout.zero > 1:
-            return (f"DeepSpeed's PipelineEngine asserts ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism "
-                    f"(asked: ZeRO {layout.zero}).")
-        if layout.schedule != "1f1b":
-            return f"DeepSpeed's PipelineEngine runs its 1F1B TrainSchedule only, not {layout.schedule}."
-    if spec.dtype not in ("float32", "bfloat16"):
-        return (f"the DeepSpeed stack here trains float32 and bf16 (fp16's loss scaler is its own rule: "
-                f"suites/mixed_precision); not {spec.dtype}.")
-    if spec.extra or layout.extra:
-        return f"the DeepSpeed stack does not know {', '.join(sorted({**spec.extra, **layout.extra}))}."
-    if recipe.max_grad_norm is not None and recipe.norm_type != 2.0:
-        return f"DeepSpeed's gradient_clipping clips the 2-norm, not the {recipe.norm_type} norm."
-    if recipe.loss_scale is not None:
-        return "the DeepSpeed stack here has no loss scaler (float32 needs none)."
-    return None
+
+def _moe(spec, layout, recipe) -> str | None:
+    from .deepspeed_moe_stack import unsupported
+
+    return unsupported(spec, layout, recipe)
+
+
+def _piped(spec, layout, recipe) -> bool:
+    return layout.pp > 1 or layout.checkpointing  # DeepSpeed's activation checkpointing is its PipelineModule's
+
+
+SUPPORTS = Supports("the DeepSpeed stack", unsupported=(
+    Rule(lambda s, lay, r: lay.tp > 1 or lay.sequence_parallel,
+         "the DeepSpeed stack here is its engine over data parallelism (ZeRO 0-3), its PipelineModule, its MoE and its "
+         "Ulysses; its AutoTP (an inference / HF path) is not composed into it."),
+    Rule(lambda s, lay, r: lay.cp > 1, _ulysses),
+    Rule(lambda s, lay, r: lay.ep > 1 and s.family != "moe",
+         lambda s, lay, r: f"ep = {lay.ep} splits experts: the {s.family} family has none."),
+    Rule(lambda s, lay, r: s.family == "moe", _moe),
+    Rule(lambda s, lay, r: bool(s.dropout),
+         "the DeepSpeed stack trains without dropout (the one-device masks are keyed by a step it never sets)."),
+    Rule(lambda s, lay, r: _piped(s, lay, r) and lay.zero > 1,
+         lambda s, lay, r: "DeepSpeed's PipelineEngine asserts ZeRO-2 and ZeRO-3 are incompatible with pipeline "
+                           f"parallelism (asked: ZeRO {lay.zero})."),
+    Rule(lambda s, lay, r: _piped(s, lay, r) and lay.schedule != "1f1b",
+         lambda s, lay, r: f"DeepSpeed's PipelineEngine runs its 1F1B TrainSchedule only, not {lay.schedule}."),
+    Rule(lambda s, lay, r: s.dtype not in ("float32", "bfloat16"),
+         lambda s, lay, r: "the DeepSpeed stack here trains float32 and bf16 (fp16's loss scaler is its own rule: "
+                           f"suites/mixed_precision); not {s.dtype}."),
+    Rule(lambda s, lay, r: r.max_grad_norm is not None and r.norm_type != 2.0,
+         lambda s, lay, r: f"DeepSpeed's gradient_clipping clips the 2-norm, not the {r.norm_type} norm."),
+    Rule(lambda s, lay, r: r.loss_scale is not None,
+         "the DeepSpeed stack here has no loss scaler (float32 needs none)."),
+), refused=(
+    Rule(lambda s, lay, r: s.family == "moe" and s.experts % lay.ep,
+         lambda s, lay, r: f"the {s.experts} experts do not split evenly over ep = {lay.ep} (DeepSpeed asserts "
+                           "num_experts % ep_size == 0)."),
+))
 
 
 class DeepSpeedStack:
@@ -84,15 +93,10 @@ class DeepSpeedStack:
     """``engine.backward``'s: True, the engine divides by the accumulation steps; False, the caller does."""
 
     def build(self, spec, layout, recipe, group=None):
-        why = _unsupported(spec, layout, recipe)
-        if why:
-            raise Unsupported(why)
         if group not in (None, dist.group.WORLD):
             raise Unsupported("DeepSpeed's data-parallel group is the world here (no group argument).")
-        if spec.family == "moe" and spec.experts % layout.ep:
-            raise ValueError(f"the {spec.experts} experts do not split evenly over ep = {layout.ep} (DeepSpeed asserts "
-                             "num_experts % ep_size == 0).")
-        if layout.pp > 1 or layout.checkpointing:  # DeepSpeed's activation checkpointing is its PipelineModule's
+        SUPPORTS.check(spec, layout, recipe)
+        if _piped(spec, layout, recipe):
             if not self.scale_wrt_gas:
                 raise Unsupported("the caller's own loss scaling is engine.backward's option; the PipelineEngine's "
                                   "train_batch runs the backward itself.")
@@ -211,6 +215,6 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
             from .deepspeed_moe_stack import every_expert
 
             params, optimizer = (every_expert(d, self.engine.module) for d in (params, optimizer))
-        if self.spec.tie_embeddings and "head.weight" not in params:  # one parameter: both names, state once
-            params["head.weight"] = params["embed.weight"]
+        if self.spec.tie_embeddings:
+            tied(params, optimizer)
         return {"params": params, "optimizer": optimizer, "grad_norm": self.last_grad_norm}

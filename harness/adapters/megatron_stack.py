@@ -42,65 +42,67 @@ import torch
 import torch.distributed as dist
 
 from ..contracts import Unsupported
+from ..stack.supports import Rule, Supports
 from .dense_built import BuiltFromDense
 from .megatron_cpu import on_cpu
 from .megatron_tensor_parallel import _padded
 
 
-def _unsupported(spec, layout, recipe) -> str | None:
-    if spec.family not in ("gpt", "llama"):
-        return f"the Megatron stack here trains GPTModel as the gpt and llama families, not the {spec.family} family."
-    if spec.dtype not in ("float32", "bfloat16"):
-        return ("megatron-core clips float32 gradients (clip_grads asserts 'torch.cuda.FloatTensor'): it trains "
-                f"float32, or bf16 with fp32 main params; not {spec.dtype} here (fp16's loss scaler is not driven).")
-    if spec.extra or layout.extra:
-        return f"the Megatron stack does not know {', '.join(sorted({**spec.extra, **layout.extra}))}."
-    if layout.sequence_parallel:
-        return ("megatron-core's local layer spec (torch norms, WrappedTorchNorm) refuses sequence parallelism "
-                "(its own assertion); it needs TransformerEngine's or Apex's norms.")
-    if spec.dropout:
-        return "the Megatron stack here trains without dropout (its masks come from its own CUDA RNG tracker)."
-    if layout.cp > 1 or layout.ep > 1:
-        return "the Megatron stack here has no context or expert parallelism yet."
-    if layout.zero > 1:
-        return ("Megatron's distributed optimizer shards optimizer state and fp32 master weights over dp, its "
-                "gradients reduce-scattered into a whole buffer (ZeRO 1); ZeRO 2 / 3 is megatron_fsdp, not driven "
-                "here.")
-    if layout.zero == 1 and recipe.optimizer.name != "adam":
-        return "megatron-core's distributed optimizer (ZeRO 1) takes Adam only (its own assertion)."
-    if layout.pp > 1 and layout.schedule == "gpipe":
-        return "megatron-core's pipeline schedules are 1F1B and interleaved 1F1B; it has no GPipe."
-    if recipe.max_grad_norm is not None and recipe.norm_type != 2.0:
-        return f"megatron-core's optimizer clips the global 2-norm (clip_grad), not the {recipe.norm_type} norm."
-    if recipe.loss_scale is not None:
-        return "the Megatron stack here has no loss scaler (float32 and bf16 need none)."
-    return None
+def _chunks(spec, layout) -> int:
+    return 2 * layout.pp if layout.schedule == "interleaved" and layout.pp > 1 else layout.pp
+
+
+SUPPORTS = Supports("the Megatron stack", unsupported=(
+    Rule(lambda s, lay, r: s.family not in ("gpt", "llama"),
+         lambda s, lay, r: f"the Megatron stack here trains GPTModel as the gpt and llama families, not the {s.family} "
+                           "family."),
+    Rule(lambda s, lay, r: s.dtype not in ("float32", "bfloat16"),
+         lambda s, lay, r: "megatron-core clips float32 gradients (clip_grads asserts 'torch.cuda.FloatTensor'): it "
+                           f"trains float32, or bf16 with fp32 main params; not {s.dtype} here (fp16's loss scaler is "
+                           "not driven)."),
+    Rule(lambda s, lay, r: lay.sequence_parallel,
+         "megatron-core's local layer spec (torch norms, WrappedTorchNorm) refuses sequence parallelism (its own "
+         "assertion); it needs TransformerEngine's or Apex's norms."),
+    Rule(lambda s, lay, r: bool(s.dropout),
+         "the Megatron stack here trains without dropout (its masks come from its own CUDA RNG tracker)."),
+    Rule(lambda s, lay, r: lay.cp > 1 or lay.ep > 1,
+         "the Megatron stack here has no context or expert parallelism yet."),
+    Rule(lambda s, lay, r: lay.zero > 1,
+         "Megatron's distributed optimizer shards optimizer state and fp32 master weights over dp, its gradients "
+         "reduce-scattered into a whole buffer (ZeRO 1); ZeRO 2 / 3 is megatron_fsdp, not driven here."),
+    Rule(lambda s, lay, r: lay.zero == 1 and r.optimizer.name != "adam",
+         "megatron-core's distributed optimizer (ZeRO 1) takes Adam only (its own assertion)."),
+    Rule(lambda s, lay, r: lay.pp > 1 and lay.schedule == "gpipe",
+         "megatron-core's pipeline schedules are 1F1B and interleaved 1F1B; it has no GPipe."),
+    Rule(lambda s, lay, r: r.max_grad_norm is not None and r.norm_type != 2.0,
+         lambda s, lay, r: f"megatron-core's optimizer clips the global 2-norm (clip_grad), not the {r.norm_type} "
+                           "norm."),
+    Rule(lambda s, lay, r: r.loss_scale is not None,
+         "the Megatron stack here has no loss scaler (float32 and bf16 need none)."),
+), refused=(
+    Rule(lambda s, lay, r: s.heads % lay.tp or s.kv % lay.tp,
+         lambda s, lay, r: f"tp ({lay.tp}) must divide the attention heads ({s.heads}) and the KV heads ({s.kv}): "
+                           "megatron-core splits query groups, it does not replicate them."),
+    Rule(lambda s, lay, r: s.ffn % lay.tp,
+         lambda s, lay, r: f"tp ({lay.tp}) must divide the feed-forward size ({s.ffn}) for megatron-core."),
+    Rule(lambda s, lay, r: lay.schedule == "interleaved" and lay.pp > 1 and s.layers % _chunks(s, lay),
+         lambda s, lay, r: f"megatron-core's interleaved schedule splits the {s.layers} layers evenly over its 2 x pp "
+                           f"= {_chunks(s, lay)} model chunks."),
+    Rule(lambda s, lay, r: lay.schedule == "interleaved" and lay.pp > 1 and lay.num_microbatches % lay.pp,
+         lambda s, lay, r: f"megatron-core's interleaved schedule needs micro-batches ({lay.num_microbatches}) "
+                           f"divisible by pp ({lay.pp})."),
+    Rule(lambda s, lay, r: not (lay.schedule == "interleaved" and lay.pp > 1) and s.layers < lay.pp,
+         lambda s, lay, r: f"pp ({lay.pp}) cannot exceed the number of layers ({s.layers})."),
+))
 
 
 class MegatronStack:
     description = "megatron-core: GPTModel (local spec) + its TP, 1F1B / interleaved, DDP / distributed optimizer"
 
     def build(self, spec, layout, recipe, group=None):
-        why = _unsupported(spec, layout, recipe)
-        if why:
-            raise Unsupported(why)
         if group is not None and group is not dist.group.WORLD and dist.get_world_size(group) != dist.get_world_size():
             raise Unsupported("megatron-core lays its parallel groups over the whole world (parallel_state).")
-        if spec.heads % layout.tp or spec.kv % layout.tp:
-            raise ValueError(f"tp ({layout.tp}) must divide the attention heads ({spec.heads}) and the KV heads "
-                             f"({spec.kv}): megatron-core splits query groups, it does not replicate them.")
-        if spec.ffn % layout.tp:
-            raise ValueError(f"tp ({layout.tp}) must divide the feed-forward size ({spec.ffn}) for megatron-core.")
-        chunks = 2 * layout.pp if layout.schedule == "interleaved" and layout.pp > 1 else layout.pp
-        if layout.schedule == "interleaved" and layout.pp > 1:
-            if spec.layers % chunks:
-                raise ValueError(f"megatron-core's interleaved schedule splits the {spec.layers} layers evenly over "
-                                 f"its 2 x pp = {chunks} model chunks.")
-            if layout.num_microbatches % layout.pp:
-                raise ValueError(f"megatron-core's interleaved schedule needs micro-batches "
-                                 f"({layout.num_microbatches}) divisible by pp ({layout.pp}).")
-        elif spec.layers < layout.pp:
-            raise ValueError(f"pp ({layout.pp}) cannot exceed the number of layers ({spec.layers}).")
+        SUPPORTS.check(spec, layout, recipe)
         import megatron.core  # noqa: F401 - the package under test, importable
 
         return MegatronStackTrainer(spec, layout, recipe, self.ddp_options)

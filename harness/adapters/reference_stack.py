@@ -16,9 +16,59 @@ import torch
 import torch.distributed as dist
 
 from ..contracts import Unsupported
+from ..stack.dense import others_then_mine
+from ..stack.supports import Rule, Supports, always
 from .dense_built import BuiltFromDense
 
 _GROUPS: dict = {}
+
+
+def _raised(check):
+    """The sentence a reference check raises (its ValueError) for the case, or None."""
+    def why(spec, layout, recipe):
+        try:
+            check(spec, layout)
+        except ValueError as exc:
+            return str(exc)
+        return None
+    return why
+
+
+def _experts_split(spec, layout) -> None:
+    from reference.expert_parallel.moe import check_split
+
+    check_split(spec.experts, layout.ep)  # what StackMoE would refuse at load_dense, refused here
+
+
+def _heads_split(spec, layout) -> None:
+    from reference.models.sharding import check_heads
+
+    check_heads(spec.heads, spec.kv, layout.tp)  # what the split would refuse, refused here
+
+
+def _chunks(layout) -> int:
+    return layout.pp * (2 if layout.schedule == "interleaved" else 1)
+
+
+SUPPORTS = Supports("the reference stack", unsupported=(
+    Rule(lambda s, lay, r: lay.sequence_parallel,
+         "the reference stack has no sequence parallelism (Megatron's split of the activations inside a TP group)."),
+    Rule(lambda s, lay, r: lay.zero == 3,
+         "the reference stack shards up to ZeRO 2 (optimizer state and gradients) with pipeline parallelism; ZeRO 3 "
+         "is not composed."),
+    Rule(lambda s, lay, r: lay.cp > 1 and s.family not in ("llama", "moe"),
+         lambda s, lay, r: "the reference stack's context parallelism splits the Llama family's attention (grouped-"
+                           f"query heads, rotary positions), not the {s.family} family's."),
+), refused=(
+    Rule(lambda s, lay, r: lay.ep > 1 and s.family != "moe",
+         lambda s, lay, r: f"ep ({lay.ep}) splits experts: the {s.family} family has none (the moe family has)."),
+    Rule(lambda s, lay, r: lay.ep > 1, _raised(_experts_split)),
+    Rule(lambda s, lay, r: s.dtype == "float16" and r.loss_scale is None,
+         "a float16 model needs a loss scale (Recipe.loss_scale): its gradients underflow."),
+    Rule(always, _raised(_heads_split)),
+    Rule(lambda s, lay, r: _chunks(lay) > s.layers,
+         lambda s, lay, r: f"pp x virtual stages = {_chunks(lay)} cannot exceed the number of layers ({s.layers})."),
+))
 
 
 class ReferenceStack:
@@ -27,33 +77,7 @@ class ReferenceStack:
     def build(self, spec, layout, recipe, group=None):
         if group is not None and group is not dist.group.WORLD and dist.get_world_size(group) != dist.get_world_size():
             raise Unsupported("the reference stack runs on the default group only.")
-        for what, extra in (("spec", spec.extra), ("layout", layout.extra)):
-            if extra:
-                raise Unsupported(f"the reference stack does not know the {what} field(s) {', '.join(sorted(extra))}.")
-        if layout.sequence_parallel:
-            raise Unsupported("the reference stack has no sequence parallelism (Megatron's split of the "
-                              "activations inside a TP group).")
-        if layout.zero == 3:
-            raise Unsupported("the reference stack shards up to ZeRO 2 (optimizer state and gradients) with "
-                              "pipeline parallelism; ZeRO 3 is not composed.")
-        if layout.ep > 1 and spec.family != "moe":
-            raise ValueError(f"ep ({layout.ep}) splits experts: the {spec.family} family has none (the moe family "
-                             "has).")
-        if layout.ep > 1:  # what StackMoE would refuse at load_dense, refused here
-            from reference.expert_parallel.moe import check_split
-
-            check_split(spec.experts, layout.ep)
-        if layout.cp > 1 and spec.family not in ("llama", "moe"):
-            raise Unsupported("the reference stack's context parallelism splits the Llama family's attention "
-                              f"(grouped-query heads, rotary positions), not the {spec.family} family's.")
-        if spec.dtype == "float16" and recipe.loss_scale is None:
-            raise ValueError("a float16 model needs a loss scale (Recipe.loss_scale): its gradients underflow.")
-        from reference.models.sharding import check_heads
-
-        check_heads(spec.heads, spec.kv, layout.tp)  # what the split would refuse, refused here
-        if layout.pp * (2 if layout.schedule == "interleaved" else 1) > spec.layers:
-            raise ValueError(f"pp x virtual stages = {layout.pp * (2 if layout.schedule == 'interleaved' else 1)} "
-                             f"cannot exceed the number of layers ({spec.layers}).")
+        SUPPORTS.check(spec, layout, recipe)
         return ReferenceStackTrainer(spec, layout, recipe)
 
 
@@ -91,8 +115,7 @@ class ReferenceStackTrainer(BuiltFromDense):
         everyone = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)
         dense: dict[str, torch.Tensor] = {}
-        me = dist.get_rank()  # this rank's own boxes last: its view of what it holds is what it reports
-        for shards in everyone[:me] + everyone[me + 1:] + [everyone[me]]:
+        for shards in others_then_mine(everyone, dist.get_rank()):  # its own boxes last (harness.stack.dense)
             for name, tensor, offsets, shape in shards:
                 full = dense.setdefault(name, torch.zeros(shape, dtype=tensor.dtype))
                 full[tuple(slice(o, o + n) for o, n in zip(offsets, tensor.shape, strict=True))] = tensor

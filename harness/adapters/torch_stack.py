@@ -19,56 +19,52 @@ state tensor, each the rank's DTensor — DCP reshards between placements, world
 
 from __future__ import annotations
 
-import torch.distributed as dist
-
-from ..contracts import Unsupported
+from ..stack.dense import gathered
+from ..stack.supports import Rule, Supports
 from .dense_built import BuiltFromDense
 
 _MESHES: dict = {}
+
+
+SUPPORTS = Supports("the torch stack", unsupported=(
+    Rule(lambda s, lay, r: s.family == "moe" or lay.ep > 1,
+         "the torch stack here trains the gpt and llama families (torch has no mixture-of-experts layer of its own; "
+         "torchtitan's is the torchtitan stack's)."),
+    Rule(lambda s, lay, r: lay.cp > 1,
+         "the torch stack has no context parallelism here (torch's context_parallel cannot run on a CPU: "
+         "suites/context_parallel/test_third_party.py)."),
+    Rule(lambda s, lay, r: lay.dp > 1 and lay.zero < 2,
+         "the torch stack shards with FSDP2 (ZeRO 2 or 3 over dp); ZeRO 0 / 1 over more than one replica is not what "
+         "it runs."),
+    Rule(lambda s, lay, r: lay.schedule == "interleaved",
+         "the torch stack runs GPipe and 1F1B with one stage per rank, not the interleaved schedule."),
+    Rule(lambda s, lay, r: bool(s.dropout),
+         "the torch stack trains without dropout: the one-device masks are keyed by each row's global index and the "
+         "step, which its pipelining schedules do not pass to the stages."),
+    Rule(lambda s, lay, r: lay.checkpointing or lay.sequence_parallel,
+         "the torch stack applies neither activation checkpointing nor sequence parallelism here."),
+    Rule(lambda s, lay, r: s.tie_embeddings,
+         "the torch stack cannot tie the embedding to the LM head: torch.distributed.pipelining has no parameter "
+         "shared across stages."),
+    Rule(lambda s, lay, r: s.kv % lay.tp,
+         lambda s, lay, r: f"the torch stack splits the {s.kv} KV heads over tp = {lay.tp} with ColwiseParallel; fewer "
+                           "KV heads than ranks would have to be replicated, which its plan does not do."),
+    Rule(lambda s, lay, r: s.dtype not in ("float64", "float32"),
+         "the torch stack's low-precision recipe is FSDP2's MixedPrecisionPolicy, held in suites/mixed_precision."),
+), refused=(
+    Rule(lambda s, lay, r: s.heads % lay.tp,
+         lambda s, lay, r: f"tp ({lay.tp}) must divide the attention heads ({s.heads})."),
+    Rule(lambda s, lay, r: lay.pp > s.layers,
+         lambda s, lay, r: f"pp ({lay.pp}) cannot exceed the number of layers ({s.layers})."),
+))
 
 
 class TorchStack:
     description = "torchtitan-style: DTensor TP + pipelining (GPipe, 1F1B) + FSDP2, GPT and Llama"
 
     def build(self, spec, layout, recipe, group=None):
-        why = _unsupported(spec, layout, recipe)
-        if why:
-            raise Unsupported(why)
-        if spec.heads % layout.tp:
-            raise ValueError(f"tp ({layout.tp}) must divide the attention heads ({spec.heads}).")
-        if layout.pp > spec.layers:
-            raise ValueError(f"pp ({layout.pp}) cannot exceed the number of layers ({spec.layers}).")
+        SUPPORTS.check(spec, layout, recipe)
         return TorchStackTrainer(spec, layout, recipe)
-
-
-def _unsupported(spec, layout, recipe) -> str | None:
-    if spec.extra or layout.extra:
-        return f"the torch stack does not know {', '.join(sorted({**spec.extra, **layout.extra}))}."
-    if spec.family == "moe" or layout.ep > 1:
-        return ("the torch stack here trains the gpt and llama families (torch has no mixture-of-experts layer of "
-                "its own; torchtitan's is the torchtitan stack's).")
-    if layout.cp > 1:
-        return ("the torch stack has no context parallelism here (torch's context_parallel cannot run on a CPU: "
-                "suites/context_parallel/test_third_party.py).")
-    if layout.dp > 1 and layout.zero < 2:
-        return ("the torch stack shards with FSDP2 (ZeRO 2 or 3 over dp); ZeRO 0 / 1 over more than one replica is "
-                "not what it runs.")
-    if layout.schedule == "interleaved":
-        return "the torch stack runs GPipe and 1F1B with one stage per rank, not the interleaved schedule."
-    if spec.dropout:
-        return ("the torch stack trains without dropout: the one-device masks are keyed by each row's global index "
-                "and the step, which its pipelining schedules do not pass to the stages.")
-    if layout.checkpointing or layout.sequence_parallel:
-        return "the torch stack applies neither activation checkpointing nor sequence parallelism here."
-    if spec.tie_embeddings:
-        return ("the torch stack cannot tie the embedding to the LM head: torch.distributed.pipelining has no "
-                "parameter shared across stages.")
-    if spec.kv % layout.tp:
-        return (f"the torch stack splits the {spec.kv} KV heads over tp = {layout.tp} with ColwiseParallel; fewer "
-                "KV heads than ranks would have to be replicated, which its plan does not do.")
-    if spec.dtype not in ("float64", "float32"):
-        return "the torch stack's low-precision recipe is FSDP2's MixedPrecisionPolicy, held in suites/mixed_precision."
-    return None
 
 
 class TorchStackTrainer(BuiltFromDense):
@@ -107,13 +103,8 @@ class TorchStackTrainer(BuiltFromDense):
                 "optimizer": {t.names[n]: {k: _full(t.optimizer.state[p][k]).cpu().clone() for k in keys
                                            if k in t.optimizer.state.get(p, {})}
                               for n, p in t.stage.named_parameters()}}
-        everyone = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, mine)  # every stage's tensors, on every rank
-        params, optimizer = {}, {}
-        me = dist.get_rank()  # this rank's own tensors last: its view of its stage is what it reports
-        for part in everyone[:me] + everyone[me + 1:] + [everyone[me]]:
-            params.update(part["params"])
-            optimizer.update(part["optimizer"])
+        # every stage's tensors, on every rank (harness.stack.dense: its own as it holds them)
+        params, optimizer = gathered(mine["params"]), gathered(mine["optimizer"])
         return {"params": params, "optimizer": optimizer, "grad_norm": t.last_grad_norm}
 
     def memory(self) -> dict:

@@ -27,69 +27,67 @@ FQN-keyed) through DCP, so any layout reads what any other wrote."""
 
 from __future__ import annotations
 
-from ..contracts import Unsupported
+from ..stack.supports import Rule, Supports, always
 from .torchtitan_import import v02
 from .torchtitan_trainer import SCHEDULES, SPMD_BACKEND, TorchtitanStackTrainer, model_config
 
 __all__ = ["SPMD_BACKEND", "TorchtitanStack", "TorchtitanStackTrainer", "model_config", "v02"]
 
 
-def _unsupported(spec, layout, recipe) -> str | None:
-    if v02():
-        from .torchtitan_v02 import unsupported
+def _v02(spec, layout, recipe) -> str | None:
+    from .torchtitan_v02 import unsupported
 
-        why = unsupported(spec, layout, recipe)
-        if why:
-            return why
-    if spec.family == "moe":
-        from .torchtitan_moe_stack import unsupported
+    return unsupported(spec, layout, recipe) if v02() else None
 
-        why = unsupported(spec, layout)
-        if why:
-            return why
-    elif spec.family != "llama":
-        return (f"the torchtitan stack here trains its Llama3 (the llama family) and its Qwen3 MoE (the moe family), "
-                f"not the {spec.family} family.")
-    elif spec.dtype not in ("float32", "bfloat16"):
-        return ("torchtitan computes the rotary embedding in float32 whatever the parameters' dtype "
-                f"(CosSinRoPE.apply_rotary_emb casts q, k and its cache): it trains float32, or bf16 through FSDP2's "
-                f"mixed precision; a {spec.dtype} spec is not what it computes.")
-    if spec.extra or layout.extra:
-        return f"the torchtitan stack does not know {', '.join(sorted({**spec.extra, **layout.extra}))}."
-    if recipe.optimizer.name != "adam":
-        return (f"torchtitan's optimizers are Adam, AdamW and Muon; {recipe.optimizer.name} is not one of them.")
-    if layout.dp > 1 and layout.zero == 1:
-        return "torchtitan replicates (ZeRO 0) or shards with FSDP2 (ZeRO 2 / 3) over dp; ZeRO 1 it does not do."
-    if layout.cp > 1:
-        return "the torchtitan stack here has no context parallelism yet."
-    if layout.ep > 1 and spec.family != "moe":
-        return f"ep = {layout.ep} splits experts: the {spec.family} family has none."
-    if spec.tie_embeddings and layout.pp > 1:
-        return "torchtitan does not tie the embedding to the LM head under pipeline parallelism (its own refusal)."
-    if recipe.loss_scale is not None:
-        return "the torchtitan stack here has no loss scaler (float32 needs none)."
-    return None
+
+def _moe(spec, layout, recipe) -> str | None:
+    from .torchtitan_moe_stack import unsupported
+
+    return unsupported(spec, layout)
+
+
+SUPPORTS = Supports("the torchtitan stack", unsupported=(
+    Rule(always, _v02),
+    Rule(lambda s, lay, r: s.family == "moe", _moe),
+    Rule(lambda s, lay, r: s.family not in ("llama", "moe"),
+         lambda s, lay, r: "the torchtitan stack here trains its Llama3 (the llama family) and its Qwen3 MoE (the moe "
+                           f"family), not the {s.family} family."),
+    Rule(lambda s, lay, r: s.family == "llama" and s.dtype not in ("float32", "bfloat16"),
+         lambda s, lay, r: "torchtitan computes the rotary embedding in float32 whatever the parameters' dtype "
+                           "(CosSinRoPE.apply_rotary_emb casts q, k and its cache): it trains float32, or bf16 through "
+                           f"FSDP2's mixed precision; a {s.dtype} spec is not what it computes."),
+    Rule(lambda s, lay, r: r.optimizer.name != "adam",
+         lambda s, lay, r: f"torchtitan's optimizers are Adam, AdamW and Muon; {r.optimizer.name} is not one of them."),
+    Rule(lambda s, lay, r: lay.dp > 1 and lay.zero == 1,
+         "torchtitan replicates (ZeRO 0) or shards with FSDP2 (ZeRO 2 / 3) over dp; ZeRO 1 it does not do."),
+    Rule(lambda s, lay, r: lay.cp > 1, "the torchtitan stack here has no context parallelism yet."),
+    Rule(lambda s, lay, r: lay.ep > 1 and s.family != "moe",
+         lambda s, lay, r: f"ep = {lay.ep} splits experts: the {s.family} family has none."),
+    Rule(lambda s, lay, r: s.tie_embeddings and lay.pp > 1,
+         "torchtitan does not tie the embedding to the LM head under pipeline parallelism (its own refusal)."),
+    Rule(lambda s, lay, r: r.loss_scale is not None,
+         "the torchtitan stack here has no loss scaler (float32 needs none)."),
+), refused=(
+    Rule(lambda s, lay, r: lay.schedule == "interleaved" and 2 * lay.pp > s.layers,
+         lambda s, lay, r: f"the interleaved schedule's 2 x pp = {2 * lay.pp} model chunks need as many layers; the "
+                           f"model has {s.layers}."),
+    Rule(lambda s, lay, r: lay.pp > 1 and lay.schedule != "gpipe" and lay.num_microbatches < lay.pp,
+         lambda s, lay, r: f"torch's {SCHEDULES[lay.schedule]} schedule (torchtitan's pipeline) needs at least as many "
+                           f"micro-batches as stages: {lay.num_microbatches} < pp = {lay.pp}."),
+    Rule(lambda s, lay, r: s.heads % lay.tp or s.kv % lay.tp,
+         lambda s, lay, r: f"tp ({lay.tp}) must divide the attention heads ({s.heads}) and the KV heads ({s.kv}): "
+                           "torchtitan splits both, it does not replicate KV heads."),
+    Rule(lambda s, lay, r: s.family == "moe" and s.experts % lay.ep,
+         lambda s, lay, r: f"the {s.experts} experts do not split evenly over ep = {lay.ep} (torchtitan shards its "
+                           "grouped experts' first dimension over the EP mesh)."),
+))
 
 
 class TorchtitanStack:
     description = "torchtitan: its Llama3Model + parallelize_llama (TP/SP/loss parallel, FSDP2 / replicate, AC)"
 
     def build(self, spec, layout, recipe, group=None):
-        why = _unsupported(spec, layout, recipe)
-        if why:
-            raise Unsupported(why)
-        if layout.schedule == "interleaved" and 2 * layout.pp > spec.layers:
-            raise ValueError(f"the interleaved schedule's 2 x pp = {2 * layout.pp} model chunks need as many layers; "
-                             f"the model has {spec.layers}.")
-        if layout.pp > 1 and layout.schedule != "gpipe" and layout.num_microbatches < layout.pp:
-            raise ValueError(f"torch's {SCHEDULES[layout.schedule]} schedule (torchtitan's pipeline) needs at least as "
-                             f"many micro-batches as stages: {layout.num_microbatches} < pp = {layout.pp}.")
-        if spec.heads % layout.tp or spec.kv % layout.tp:
-            raise ValueError(f"tp ({layout.tp}) must divide the attention heads ({spec.heads}) and the KV heads "
-                             f"({spec.kv}): torchtitan splits both, it does not replicate KV heads.")
-        if spec.family == "moe" and spec.experts % layout.ep:
-            raise ValueError(f"the {spec.experts} experts do not split evenly over ep = {layout.ep} (torchtitan shards "
-                             "its grouped experts' first dimension over the EP mesh).")
+        SUPPORTS.check(spec, layout, recipe)
         from .torchtitan_import import import_torchtitan
 
         import_torchtitan()

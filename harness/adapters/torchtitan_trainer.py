@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..stack.dense import gathered, tied
 from .dense_built import BuiltFromDense
 from .torchtitan_import import v02
 from .torchtitan_names import contract_name, torchtitan_name
@@ -244,21 +245,11 @@ class TorchtitanStackTrainer(BuiltFromDense):
             for dense, value, state in self._dense_entries(name, _full(p), {key: _full(st[key]) for key in keys
                                                                               if key in st}):
                 mine[dense] = (value, state)
-        everyone = [None] * dist.get_world_size()  # pipeline ranks hold different layers: every rank's, merged
-        dist.all_gather_object(everyone, mine)
-        params, optimizer = {}, {}
-        for held in everyone:
-            for name, (value, state) in held.items():
-                params.setdefault(name, value)
-                optimizer.setdefault(name, state)
-        if self.spec.tie_embeddings:  # one parameter (named once): under both names, its state once (the
-            for a, b in (("embed.weight", "head.weight"), ("head.weight", "embed.weight")):  # embedding's)
-                if a not in params:  # two parameters where the tie broke: each reported as it is
-                    params[a] = params[b]
-            if "embed.weight" not in optimizer:
-                optimizer["embed.weight"] = optimizer.pop("head.weight")
-            elif params["embed.weight"] is params["head.weight"]:
-                optimizer.pop("head.weight", None)
+        every = gathered(mine)  # pipeline ranks hold different layers: every rank's (harness.stack.dense)
+        params = {name: value for name, (value, _) in every.items()}
+        optimizer = {name: state for name, (_, state) in every.items()}
+        if self.spec.tie_embeddings:
+            tied(params, optimizer)
         return {"params": params, "optimizer": optimizer, "grad_norm": self.last_grad_norm}
 
 

@@ -4,7 +4,7 @@ suites' own case lists — the main property's rotation (``test_equivalence``), 
 cases every stack meets, and each third-party stack's own file (DeepSpeed, Megatron and torchtitan train float32,
 which the main property's float64 cases leave out).
 
-"Provides": the stack's own refusal (its adapter's ``_unsupported``) of a probe — the smallest case with the
+"Provides": the stack's own refusal (its adapter's ``SUPPORTS.why_unsupported``) of a probe — the smallest case with the
 option — is None; the reference provides every option. A hole is a stack that provides an option that none of
 its tox cases exercises (or exercises only where the stack refuses the rest of the case)."""
 
@@ -19,6 +19,7 @@ import pytest
 from harness.contracts.stack import Layout, Recipe
 from reference.models import ModelSpec
 from reference.zero import OptimizerSpec
+from suites._support.stack import ADAM as TITAN_ADAM
 from suites._support.stack import LLAMA, MQA, padded_at
 
 
@@ -80,14 +81,15 @@ OPTIONS = {  # name: (what a case holds, the probe: the smallest case with it, a
 REFUSALS = {"reference": None, "torch": "harness.adapters.torch_stack", "deepspeed": "harness.adapters.deepspeed_stack",
             "megatron": "harness.adapters.megatron_stack", "torchtitan": "harness.adapters.torchtitan_stack",
             "accelerate": "harness.adapters.accelerate_stack"}
-"""Each stack's static refusal (its adapter's ``_unsupported(spec, layout, recipe)``), None: refuses nothing."""
+"""Each stack's static refusal (its adapter's ``SUPPORTS.why_unsupported(spec, layout, recipe)``), None: refuses
+nothing."""
 
 
 def _refusal(stack: str):
     module = REFUSALS[stack]
     if module is None:
         return lambda spec, layout, recipe: None
-    return importlib.import_module(module)._unsupported
+    return importlib.import_module(module).SUPPORTS.why_unsupported
 
 
 def _tox(param) -> bool:
@@ -128,7 +130,7 @@ def cases(stack: str) -> list[Case]:
         from . import test_torchtitan_moe as ttm
 
         out += [Case(s, lay, r, padded_at(i), every) for i, (s, lay, r, every) in enumerate(ttm.CASES)]
-        out += [Case(tt.TIED_SPEC, lay, Recipe(optimizer=ADAM), False, every) for lay, every in tt.TIED]
+        out += [Case(tt.TIED_SPEC, lay, Recipe(optimizer=TITAN_ADAM), False, every) for lay, every in tt.TIED]
     return out
 
 

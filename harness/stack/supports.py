@@ -1,0 +1,62 @@
+"""What a stack trains, declared once: the cases it does not provide and the sizes it cannot split, each with the
+one sentence the verdict shows.
+
+An adapter declares ``SUPPORTS = Supports("the torch stack", unsupported=(...), refused=(...))`` — each rule a
+``Rule(when, why)`` of the case (``spec, layout, recipe``): ``why`` a sentence, or a function of the case giving
+one (None: no objection after all, for a rule that asks another module). Its ``build`` calls
+``SUPPORTS.check(spec, layout, recipe)`` first: the first unsupported rule that holds raises ``Unsupported``
+(outcome ``unsupported``: not the stack's), else the first refused rule raises ``ValueError`` (``refused``: a size
+the stack cannot split, which the contract lets it refuse). A spec or layout field the stack does not know is
+unsupported before any rule. The coverage check (suites/stack/test_coverage.py) reads the same declaration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from ..contracts import Unsupported
+
+
+class Rule(NamedTuple):
+    when: Callable
+    """(spec, layout, recipe) -> bool."""
+    why: str | Callable
+    """The sentence, or (spec, layout, recipe) -> the sentence or None."""
+
+
+def always(spec, layout, recipe) -> bool:
+    return True
+
+
+def _first(rules, spec, layout, recipe) -> str | None:
+    for when, why in rules:
+        if when(spec, layout, recipe):
+            text = why(spec, layout, recipe) if callable(why) else why
+            if text:
+                return text
+    return None
+
+
+class Supports(NamedTuple):
+    stack: str
+    """How its sentences name it: "the torch stack"."""
+    unsupported: tuple = ()
+    refused: tuple = ()
+
+    def why_unsupported(self, spec, layout, recipe) -> str | None:
+        unknown = sorted({**spec.extra, **layout.extra})
+        if unknown:
+            return f"{self.stack} does not know {', '.join(unknown)}."
+        return _first(self.unsupported, spec, layout, recipe)
+
+    def why_refused(self, spec, layout, recipe) -> str | None:
+        return _first(self.refused, spec, layout, recipe)
+
+    def check(self, spec, layout, recipe) -> None:
+        why = self.why_unsupported(spec, layout, recipe)
+        if why:
+            raise Unsupported(why)
+        why = self.why_refused(spec, layout, recipe)
+        if why:
+            raise ValueError(why)
