@@ -10,7 +10,7 @@ The ladder from an exception to a verdict (``attempt``): ``NotImplementedError``
 unsupported, with its sentence; ``ValueError`` (or the case's own refusals) — refused, with its sentence; anything
 else — this rank's own failure, the World told at once so that peers still inside the implementation are ended.
 The driver's side: ``reduce`` the ranks' results to (outcome, refusal, problems); the suite then turns a failure
-a registry finding explains into ``known-nonconformance`` (``harness.findings.match``).
+a registry finding explains into ``known-nonconformance`` (``harness.records.findings.match``).
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from __future__ import annotations
 import math
 from typing import NamedTuple, TypedDict
 
+from harness.runtime.rank import failed_in_implementation
+
 from .errors import describe
-from .rank import failed_in_implementation
 
 
 class RankResult(TypedDict, total=False):
@@ -42,7 +43,7 @@ def checked(problems: list[str], worst: float = 0.0, bound: float = math.nan, **
 
 def failed(detail: str, worst: float = math.inf, **extra) -> RankResult:
     """A rank's result where the implementation failed (its own exception, or the World's verdict of a call that
-    failed: ``harness.world.run_or_fail``'s ``failed``)."""
+    failed: ``harness.runtime.world.run_or_fail``'s ``failed``)."""
     return checked([detail], worst=worst, **extra)
 
 

@@ -22,7 +22,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from .topology import all_reduce_over
+from reference.stack.topology import all_reduce_over
 
 
 def _rank(groups: dict, kind: str) -> int:

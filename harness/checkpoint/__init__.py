@@ -4,8 +4,9 @@
 
 from __future__ import annotations
 
+from harness.records.registry import ImplSpec
+
 from ..paradigm import Bench, Paradigm, Section
-from ..registry import ImplSpec
 from .findings import FINDINGS
 
 PARADIGM = Paradigm(
@@ -13,9 +14,9 @@ PARADIGM = Paradigm(
     builtins=(
         ImplSpec("reference", "checkpoint", "reference.checkpoint:ReferenceCheckpointing",
                  description="ours: an autograd function that restores the RNG state"),
-        ImplSpec("torch", "checkpoint", "harness.adapters.torch_checkpoint:TorchCheckpointing",
+        ImplSpec("torch", "checkpoint", "harness.adapters.torch.checkpoint:TorchCheckpointing",
                  description="torch.utils.checkpoint, use_reentrant=False"),
-        ImplSpec("torch-reentrant", "checkpoint", "harness.adapters.torch_checkpoint:TorchCheckpointing",
+        ImplSpec("torch-reentrant", "checkpoint", "harness.adapters.torch.checkpoint:TorchCheckpointing",
                  {"use_reentrant": True}, description="torch.utils.checkpoint, use_reentrant=True"),
     ),
     findings=FINDINGS,

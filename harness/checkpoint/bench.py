@@ -13,10 +13,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from harness.records import registry
+from harness.runtime.timing import summarize
 from reference.cost_model import recompute_overhead, sqrt_checkpoint_memory
-
-from .. import registry
-from ..timing import summarize
 
 
 @dataclass

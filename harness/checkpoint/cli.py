@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..parsing import parse_list
-from ..sweep_args import own_or_every, whole_numbers
+from harness.cli.parsing import parse_list
+from harness.cli.sweep_args import own_or_every, whole_numbers
 
 
 def add_arguments(p) -> None:

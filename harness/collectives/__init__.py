@@ -4,8 +4,9 @@
 
 from __future__ import annotations
 
+from harness.records.registry import ImplSpec
+
 from ..paradigm import Bench, Paradigm, Section
-from ..registry import ImplSpec
 from .findings import FINDINGS
 
 PARADIGM = Paradigm(
@@ -22,7 +23,7 @@ PARADIGM = Paradigm(
         ImplSpec("reference-naive", "collectives", "reference.collectives:ReferenceCollectives",
                  {"all_reduce_algorithm": "naive"}, only_ops=("all_reduce",),
                  description="ours; central root all-reduce"),
-        ImplSpec("torch", "collectives", "harness.adapters.torch_collectives:TorchCollectives",
+        ImplSpec("torch", "collectives", "harness.adapters.torch.collectives:TorchCollectives",
                  requires=("torch",), description="native torch.distributed on the current backend"),
     ),
     findings=FINDINGS,

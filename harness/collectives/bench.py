@@ -14,10 +14,10 @@ import itertools
 import sys
 from dataclasses import dataclass, field
 
+from harness.records import registry
+from harness.runtime.timing import summarize, time_iterations
 from reference.cost_model import busbw_factor
 
-from .. import registry
-from ..timing import summarize, time_iterations
 from .case import COLLECTIVES, REDUCING, Case, call, make_buffers, merge, run_case
 
 ELEMENT_BYTES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8}
@@ -67,7 +67,7 @@ def bench_rank(impl_spec: str, collective: str, dtype: str, numel: int, reduce_o
     """Rank side: exact check once, then time ``iters`` calls on zero-filled buffers."""
     import torch
 
-    from ..world import rank_device
+    from harness.runtime.world import rank_device
 
     check = run_case(Case(impl_spec, collective, dtype, numel, reduce_op, seed=1))
     if check["outcome"] == "unsupported":

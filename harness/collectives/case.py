@@ -14,9 +14,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .. import registry
+from harness.records import registry
+from harness.runtime.rank import failed_in_implementation
+
 from ..errors import describe
-from ..rank import failed_in_implementation
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
 REDUCING = ("all_reduce", "reduce_scatter", "reduce")
@@ -229,7 +230,7 @@ def run_case(case: Case) -> dict:
     whatever the implementation does is pass / fail / unsupported; "error" is a failure of the oracle itself."""
     import torch.distributed as dist
 
-    from ..world import rank_device
+    from harness.runtime.world import rank_device
 
     group = _group(case.group)
     me = dist.get_rank()

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from harness.cli.parsing import parse_bytes, parse_list
+from harness.cli.sweep_args import impls, sizes
+
 from ..errors import UsageError
-from ..parsing import parse_bytes, parse_list
-from ..sweep_args import impls, sizes
 from .case import COLLECTIVES, DTYPES, OPS
 
 

@@ -62,7 +62,7 @@ def plot_busbw(bench, op: str, path: Path) -> bool:
     rows = bench[(bench["suite"] == "collectives") & (bench["op"] == op) & (bench["status"] == "ok")]
     if rows.empty:
         return False
-    from ..scaling import impl_colors
+    from harness.records.scaling import impl_colors
 
     colors = impl_colors(bench["impl"])  # the report-wide colours
     sizes = sorted(rows["world_size"].unique())

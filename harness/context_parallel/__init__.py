@@ -4,8 +4,9 @@
 
 from __future__ import annotations
 
+from harness.records.registry import ImplSpec
+
 from ..paradigm import Bench, Paradigm, Section
-from ..registry import ImplSpec
 from .findings import FINDINGS
 
 PARADIGM = Paradigm(
@@ -15,12 +16,13 @@ PARADIGM = Paradigm(
                  {"algorithm": "ring"}, description="ours: ring attention (pass-KV, online softmax, blockwise bwd)"),
         ImplSpec("reference-ulysses", "context_parallel", "reference.context_parallel:ReferenceContextParallel",
                  {"algorithm": "ulysses"}, description="ours: Ulysses all-to-all over heads (GQA split / replicated)"),
-        ImplSpec("deepspeed-ulysses", "context_parallel", "harness.adapters.deepspeed_ulysses:DeepSpeedUlysses",
+        ImplSpec("deepspeed-ulysses", "context_parallel", "harness.adapters.deepspeed.ulysses:DeepSpeedUlysses",
                  requires=("deepspeed",), description="DeepSpeed-Ulysses DistributedAttention on CPU/gloo"),
-        ImplSpec("ring-flash-attn", "context_parallel", "harness.adapters.flash_context_parallel:FlashContextParallel",
+        ImplSpec("ring-flash-attn", "context_parallel",
+                 "harness.adapters.flash_attn.context_parallel:FlashContextParallel",
                  {"package": "ring-flash-attn"}, requires=("ring_flash_attn", "flash_attn"),
                  description="ring-flash-attn (zigzag ring over flash-attn; CUDA, fp16 / bf16 only)"),
-        ImplSpec("yunchang", "context_parallel", "harness.adapters.flash_context_parallel:FlashContextParallel",
+        ImplSpec("yunchang", "context_parallel", "harness.adapters.flash_attn.context_parallel:FlashContextParallel",
                  {"package": "yunchang"}, requires=("yunchang", "flash_attn"),
                  description="yunchang LongContextAttention (hybrid Ulysses x ring over flash-attn; CUDA only)"),
     ),

@@ -14,9 +14,9 @@ import itertools
 import sys
 from dataclasses import dataclass, field
 
-from .. import registry
-from ..comm_count import counted_traffic
-from ..timing import summarize, time_iterations
+from harness.records import registry
+from harness.runtime.comm_count import counted_traffic
+from harness.runtime.timing import summarize, time_iterations
 
 
 @dataclass
@@ -37,10 +37,9 @@ def bench_rank(impl_spec: str, cfg: ContextParallelSweep, seq: int) -> dict:
     import torch
     import torch.distributed as dist
 
+    from harness.runtime.rank import rank_device
     from reference.context_parallel import layout as layouts
     from reference.models import GQAttention
-
-    from ..rank import rank_device
 
     cp, r, device = dist.get_world_size(), dist.get_rank(), rank_device()
     torch.manual_seed(0)

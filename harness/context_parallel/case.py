@@ -18,9 +18,10 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
+from harness.runtime.rank import rank_device
+
 from ..errors import describe
 from ..layer_case import off
-from ..rank import rank_device
 from ..verdict import attempt, checked, failed, failed_here  # noqa: F401 - failed: run_or_fail's verdict of a failed call
 
 U64 = 2.0**-53
@@ -95,9 +96,8 @@ def _one_device(dense, x, g, case: Case):
 
 def run_case(impl_spec: str, case_dict: dict) -> dict:
     """Rank side. Returns {"refused", "unsupported", "problems", "worst", "bound"}."""
+    from harness.records import registry
     from reference.context_parallel import layout as layouts
-
-    from .. import registry
 
     case = Case(**case_dict)
     cp, r, device = dist.get_world_size(), dist.get_rank(), rank_device()
@@ -145,11 +145,10 @@ def run_case(impl_spec: str, case_dict: dict) -> dict:
 
 def count_bytes(impl_spec: str, case_dict: dict) -> dict:
     """Rank side: {"forward", "backward"} bytes this rank sends in one forward and one backward of the
-    implementation (``harness.comm_count.counted_traffic``)."""
+    implementation (``harness.runtime.comm_count.counted_traffic``)."""
+    from harness.records import registry
+    from harness.runtime.comm_count import counted_traffic
     from reference.context_parallel import layout as layouts
-
-    from .. import registry
-    from ..comm_count import counted_traffic
 
     case = Case(**case_dict)
     cp, r = dist.get_world_size(), dist.get_rank()

@@ -14,7 +14,7 @@ def torch_context_parallel_probe(backend: str) -> tuple[str, str]:
     from torch.distributed.tensor.experimental import context_parallel
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from ..rank import rank_device
+    from harness.runtime.rank import rank_device
 
     mesh = init_device_mesh(rank_device().type, (dist.get_world_size(),))
     torch.manual_seed(0)

@@ -4,9 +4,10 @@
 
 from __future__ import annotations
 
+from harness.records.registry import ImplSpec
+from harness.records.releases import TORCHTITAN_03
+
 from ..paradigm import Bench, Paradigm, Section
-from ..registry import ImplSpec
-from ..releases import TORCHTITAN_03
 from .findings import FINDINGS
 
 PARADIGM = Paradigm(
@@ -17,11 +18,11 @@ PARADIGM = Paradigm(
     ),
     options=(("transformers", "transformers"),),
     third_party=(  # timed by its bench beside the registered ones; held to one device by their own reports
-        ImplSpec("deepspeed-moe", "expert_parallel", "harness.adapters.deepspeed_moe:DeepSpeedMoE",
+        ImplSpec("deepspeed-moe", "expert_parallel", "harness.adapters.deepspeed.moe:DeepSpeedMoE",
                  requires=("deepspeed",)),
-        ImplSpec("megatron-moe", "expert_parallel", "harness.adapters.megatron_moe:MegatronMoE",
+        ImplSpec("megatron-moe", "expert_parallel", "harness.adapters.megatron.moe:MegatronMoE",
                  requires=("megatron.core",)),
-        ImplSpec("torchtitan-moe", "expert_parallel", "harness.adapters.torchtitan_moe:TorchtitanMoE",
+        ImplSpec("torchtitan-moe", "expert_parallel", "harness.adapters.torchtitan.moe:TorchtitanMoE",
                  requires=("torchtitan", "spmd_types"), drives=TORCHTITAN_03),
     ),
     findings=FINDINGS,

@@ -18,9 +18,9 @@ import itertools
 import sys
 from dataclasses import dataclass, field
 
-from .. import registry
-from ..comm_count import counted_traffic
-from ..timing import summarize, time_iterations
+from harness.records import registry
+from harness.runtime.comm_count import counted_traffic
+from harness.runtime.timing import summarize, time_iterations
 
 
 def third_parties() -> dict:
@@ -58,7 +58,8 @@ def bench_rank(impl_spec: str, cfg: ExpertParallelSweep, tokens: int, skew: bool
     import torch
     import torch.distributed as dist
 
-    from ..rank import rank_device
+    from harness.runtime.rank import rank_device
+
     from .case import Case, _dense
 
     n, r, device = dist.get_world_size(), dist.get_rank(), rank_device()

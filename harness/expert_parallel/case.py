@@ -20,11 +20,11 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
+from harness.runtime.rank import rank_device
 from reference.models.moe import routing_gap, selection_bias
 
 from ..errors import describe
 from ..layer_case import off
-from ..rank import rank_device
 from ..verdict import attempt, checked, failed_here
 from ..verdict import failed as layer_failed
 
@@ -109,7 +109,7 @@ def _inputs(case: Case, n: int, dense, device):
 
 def run_case(impl_spec: str, case_dict: dict) -> dict:
     """Rank side. Returns {"refused", "unsupported", "problems", "worst", "bound", "received"}."""
-    from .. import registry
+    from harness.records import registry
 
     case = Case(**case_dict)
     n, r, device = dist.get_world_size(), dist.get_rank(), rank_device()
@@ -191,9 +191,9 @@ def dropped(dense, x, n: int) -> int:
 
 def count_bytes(impl_spec: str, case_dict: dict) -> dict:
     """Rank side: {"forward", "backward", "counts", "ep_rank"}: the bytes this rank sends in one forward and
-    one backward (``harness.comm_count.counted_traffic``) and the routing counts the layer reports."""
-    from .. import registry
-    from ..comm_count import counted_traffic
+    one backward (``harness.runtime.comm_count.counted_traffic``) and the routing counts the layer reports."""
+    from harness.records import registry
+    from harness.runtime.comm_count import counted_traffic
 
     case = Case(**case_dict)
     n, r, device = dist.get_world_size(), dist.get_rank(), rank_device()
@@ -215,7 +215,7 @@ def _failed(detail: str) -> dict:
 
 
 def failed(detail: str) -> dict:
-    """A rank's result where the implementation failed (``harness.world.run_or_fail``'s ``failed``)."""
+    """A rank's result where the implementation failed (``harness.runtime.world.run_or_fail``'s ``failed``)."""
     return layer_failed(detail, received=None)
 
 

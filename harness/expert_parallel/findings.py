@@ -1,9 +1,9 @@
 """The expert parallel findings: the known non-conformances of third-party implementations of this paradigm
-(``harness.findings``: what a finding is and how the suites consult it)."""
+(``harness.records.findings``: what a finding is and how the suites consult it)."""
 
 from __future__ import annotations
 
-from harness.findings import Finding
+from harness.records.findings import Finding
 
 FINDINGS = (
     Finding("megatron", "expert_parallel", "megatron-core", ("0.15.3", "0.17.1"),

@@ -1,13 +1,14 @@
 """Rank side of the third-party reports: DeepSpeed's MoE layer against one device, part by part
-(``harness.adapters.deepspeed_moe`` says what it defines differently and why the comparison is float32)."""
+(``harness.adapters.deepspeed.moe`` says what it defines differently and why the comparison is float32)."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
+from harness.runtime.rank import rank_device
+
 from ..layer_case import off
-from ..rank import rank_device
 from .case import U64, Case, _dense, _inputs, bound
 
 U32 = 2.0**-24
@@ -28,7 +29,7 @@ def deepspeed_moe_report(case_dict: dict) -> dict:
     gradient, the router's and every expert's gradient of sum(y g) + aux — held to one device computing the aux
     as DeepSpeed defines it (each rank's own tokens: ``deepspeed_aux``, summed over the ranks) — and how far
     its aux is from the contract's (the group's tokens, every assignment counted)."""
-    from ..adapters.deepspeed_moe import DeepSpeedMoE
+    from harness.adapters.deepspeed.moe import DeepSpeedMoE
 
     case = Case(**case_dict)
     return _report(case, lambda dense: DeepSpeedMoE().shard(dense, dist.group.WORLD, case.ep), deepspeed_aux,
@@ -55,7 +56,7 @@ def megatron_moe_report(case_dict: dict, dispatcher: str) -> dict:
     computes in float32 (``moe_utils.topk_softmax_with_capacity``): its aux is ``megatron_aux``
     over each rank's own tokens (its gradient injected by Megatron in backward, its value the one the layer
     logs); shared experts included."""
-    from ..adapters.megatron_moe import MegatronMoE
+    from harness.adapters.megatron.moe import MegatronMoE
 
     case = Case(**case_dict)
     impl = MegatronMoE(dispatcher)
@@ -122,7 +123,7 @@ def megatron_moe_probe(dispatcher: str) -> tuple[str, str]:
                                 num_moe_experts=4, moe_router_topk=2, moe_token_dispatcher_type=dispatcher,
                                 use_cpu_initialization=True, params_dtype=torch.float64, moe_aux_loss_coeff=0.0,
                                 add_bias_linear=False, gated_linear_unit=True)
-        from harness.adapters.megatron_moe import moe_submodules
+        from harness.adapters.megatron.moe import moe_submodules
 
         layer = MoELayer(cfg, moe_submodules(get_gpt_layer_local_spec(num_experts=4)))
         x = torch.randn(3, 1, 8, dtype=torch.float64, requires_grad=True)

@@ -1,4 +1,4 @@
-"""Rank side of torchtitan's MoE against one device (``harness.adapters.torchtitan_moe`` says what it defines).
+"""Rank side of torchtitan's MoE against one device (``harness.adapters.torchtitan.moe`` says what it defines).
 
 torchtitan's experts compute in bfloat16 whatever the weights' dtype, so no float32 or float64 bound can hold
 them. Precision-matched, as the mixed-precision suites hold a bf16 run: three runs of the same batch —
@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..rank import rank_device
+from harness.runtime.rank import rank_device
+
 from ..threed.mixed import allowed_ratio
 from .case import U64, Case, _dense, _inputs, bound, received_here
 
@@ -31,7 +32,7 @@ magnitude: 18 u. The backward runs the chain again through the same roundings: 3
 
 def torchtitan_moe_report(case_dict: dict) -> dict:
     """{"parts": {part: (|parallel - single| / E_T, E_T / magnitude)}, "problems", "ratio", "received"}."""
-    from ..adapters.torchtitan_moe import OneDevice, TorchtitanMoE, titan_grads
+    from harness.adapters.torchtitan.moe import OneDevice, TorchtitanMoE, titan_grads
 
     case = Case(**case_dict)
     n, r, device = dist.get_world_size(), dist.get_rank(), rank_device()

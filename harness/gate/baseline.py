@@ -17,8 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from .. import placement
-from ..results import FILES, SCHEMA_VERSION, atomic_write_text
+from harness.records.results import FILES, SCHEMA_VERSION, atomic_write_text
+from harness.runtime import placement
+
 from .inputs import GateError, environment_differences, load
 
 RUN_FIELDS = ("run_id", "git_revision", "started", "finished", "torch", "command", "suite")

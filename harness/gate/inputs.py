@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..results import ResultsError, read_run
+from harness.records.results import ResultsError, read_run
 
 EXTENT_FIELDS = {"impls", "ops", "world_sizes", "min_bytes", "max_bytes", "factor", "iters", "warmup",
                  "dispatch_iters", "stages", "schedules", "microbatches", "layers", "policies", "layouts", "profile"}

@@ -20,7 +20,8 @@ from __future__ import annotations
 import math
 from statistics import median
 
-from ..results import BENCHMARK_KEY, CONFORMANCE_KEY
+from harness.records.results import BENCHMARK_KEY, CONFORMANCE_KEY
+
 from .stats import mean_shift_interval, ratio_interval, run_interval, verdict
 
 EXACT_COLUMNS = {

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from ..adapters.torch_collectives import TorchCollectives
+from harness.adapters.torch.collectives import TorchCollectives
 
 
 class SlowedCollectives(TorchCollectives):

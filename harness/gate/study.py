@@ -42,7 +42,7 @@ def collect(out: Path, runs: int, power_runs: int) -> None:
              if i < (runs if kind == "same" else power_runs)]
     for i, kind in enumerate(order, 1):
         start = time.perf_counter()
-        cmd = [sys.executable, "-m", "harness.cli", "bench", "collectives", "--impl",
+        cmd = [sys.executable, "-m", "harness.cli.main", "bench", "collectives", "--impl",
                f"harness.gate.planted:{SLOWDOWNS[kind]}", *SWEEP, "--results-dir", str(out / kind), "--no-report"]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         print(f"[{i}/{len(order)}] {kind}: {time.perf_counter() - start:.1f} s", flush=True)

@@ -24,10 +24,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from harness import capabilities
 from harness.contracts import Unsupported
 from harness.errors import describe
-from harness.rank import rank_device
+from harness.runtime import capabilities
+from harness.runtime.rank import rank_device
 from reference.mixed_precision import DynamicLossScaler
 from reference.zero import OptimizerSpec
 
@@ -130,7 +130,7 @@ def _ddp_bf16(model, stage: int):
 
 
 def _deepspeed(model, stage: int, fp16: bool = False, init_power: int = 18):
-    from harness.adapters.deepspeed_zero import _init
+    from harness.adapters.deepspeed.zero import _init
 
     _init()
     import deepspeed
@@ -193,7 +193,7 @@ class DeepSpeedRule(DynamicLossScaler):
 def deepspeed_capability_and_engine(dtype_name: str) -> tuple[str | None, str | None]:
     """Rank side, the capability's watch: (our capability check's reason, the error DeepSpeed's engine raises
     when it is initialised in ``dtype_name`` at ZeRO 1 anyway) — both None where the machine runs it."""
-    from harness.adapters.deepspeed_zero import _init
+    from harness.adapters.deepspeed.zero import _init
 
     _init()
     import deepspeed

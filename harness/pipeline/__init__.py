@@ -4,8 +4,9 @@
 
 from __future__ import annotations
 
+from harness.records.registry import ImplSpec
+
 from ..paradigm import Bench, Paradigm, Section
-from ..registry import ImplSpec
 from .findings import FINDINGS
 
 PARADIGM = Paradigm(
@@ -13,7 +14,7 @@ PARADIGM = Paradigm(
     builtins=(
         ImplSpec("reference", "pipeline", "reference.pipeline.runtime:ReferencePipeline",
                  description="ours: one interpreter of schedules-as-data"),
-        ImplSpec("torch", "pipeline", "harness.adapters.torch_pipeline:TorchPipeline",
+        ImplSpec("torch", "pipeline", "harness.adapters.torch.pipeline:TorchPipeline",
                  requires=("torch.distributed.pipelining",),
                  description="torch.distributed.pipelining schedules with PipelineStage"),
     ),

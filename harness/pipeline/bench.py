@@ -17,8 +17,8 @@ import statistics
 import sys
 from dataclasses import dataclass, field
 
-from .. import registry
-from ..timing import median_interval, summarize
+from harness.records import registry
+from harness.runtime.timing import median_interval, summarize
 
 COMPUTE = ("F", "B", "I", "W")
 
@@ -56,7 +56,7 @@ def bench_rank(impl_spec: str, schedule: str, p: int, m: int, v: int, hidden: in
     num_stages = p * v
     rank = dist.get_rank()
     stages = split_stages(build_layers(num_stages * layers_per_stage, hidden, 0, torch.float32), num_stages)
-    from ..world import rank_device
+    from harness.runtime.world import rank_device
 
     device = rank_device()
     mine = {s: stages[s].to(device) for s in range(num_stages) if s % p == rank}
@@ -148,9 +148,8 @@ def predicted_timeline(schedule: str, p: int, m: int, v: int, measured):
 
 def run_sweep(cfg: PipelineSweep, get_world, run_dir, progress=sys.stderr) -> int:
     """Append one benchmark row per case; draw measured and simulated Gantt charts for ours."""
+    from harness.cost_model.predict import load_profile, mlp_workload, planned_columns, predict_step
     from reference.pipeline.draw import gantt_png
-
-    from ..calibrate.predict import load_profile, mlp_workload, planned_columns, predict_step
 
     profile = load_profile(cfg.profile)
     cases = list(itertools.product(cfg.world_sizes, cfg.impls, cfg.schedules, cfg.microbatches))

@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from harness.records import registry
+from harness.runtime.rank import failed_in_implementation
 from reference.pipeline.model import (
     batch,
     build_layers,
@@ -20,9 +22,7 @@ from reference.pipeline.model import (
     sum_squared_error,
 )
 
-from .. import registry
 from ..errors import describe
-from ..rank import failed_in_implementation
 
 LR, MOMENTUM = 2.0**-10, 0.5
 EPS = 2.0**-53  # float64 unit roundoff
@@ -113,7 +113,7 @@ def run_rank(case: PipelineCase) -> dict:
 
     rank = dist.get_rank()
     stages = split_stages(build_layers(case.num_layers, case.hidden, case.seed), case.num_stages)
-    from ..world import rank_device
+    from harness.runtime.world import rank_device
 
     device = rank_device()
     mine = {s: stages[s].to(device) for s in range(case.num_stages) if s % case.p == rank}

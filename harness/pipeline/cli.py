@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from harness.cli.parsing import parse_list
+from harness.cli.sweep_args import own_or_every, sizes, whole_numbers
 from reference.pipeline import GENERATORS
 
 from ..errors import UsageError
-from ..parsing import parse_list
-from ..sweep_args import own_or_every, sizes, whole_numbers
 
 SCHEDULES = tuple(GENERATORS)
 

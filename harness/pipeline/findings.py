@@ -1,9 +1,9 @@
 """The pipeline findings: the known non-conformances of third-party implementations of this paradigm
-(``harness.findings``: what a finding is and how the suites consult it)."""
+(``harness.records.findings``: what a finding is and how the suites consult it)."""
 
 from __future__ import annotations
 
-from harness.findings import Finding
+from harness.records.findings import Finding
 
 FINDINGS = (
     Finding("torch", "pipeline", "torch", ("2.13", None),

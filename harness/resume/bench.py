@@ -40,11 +40,11 @@ def bench_rank(cfg: ResumeSweep, dims_t, root: str) -> dict:
     import torch.distributed as dist
 
     from harness.threed.case import _groups
-    from reference.compose import parallelize
     from reference.models import GPT
-    from reference.state import latest
-    from reference.state.threed import load_3d, save_3d
-    from reference.topology import ParallelDims
+    from reference.resume import latest
+    from reference.resume.threed import load_3d, save_3d
+    from reference.stack.compose import parallelize
+    from reference.stack.topology import ParallelDims
     from reference.zero import OptimizerSpec
 
     dims = ParallelDims(*dims_t)
@@ -78,9 +78,8 @@ def bench_rank(cfg: ResumeSweep, dims_t, root: str) -> dict:
 
 
 def run_sweep(cfg: ResumeSweep, get_world, run_dir, progress=sys.stderr) -> int:
+    from harness.runtime.timing import summarize
     from reference.cost_model import training_memory
-
-    from ..timing import summarize
 
     rows = 0
     for n in cfg.world_sizes:

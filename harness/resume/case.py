@@ -12,12 +12,12 @@ import torch.distributed as dist
 
 from harness.threed.case import LR, SEQ, _groups, bound, differences
 from harness.verdict import refusal
-from reference.compose import parallelize, shard_stages
 from reference.mixed_precision import DynamicLossScaler
 from reference.models import GPT
-from reference.state import latest
-from reference.state.threed import load_3d, save_3d
-from reference.topology import ParallelDims
+from reference.resume import latest
+from reference.resume.threed import load_3d, save_3d
+from reference.stack.compose import parallelize, shard_stages
+from reference.stack.topology import ParallelDims
 from reference.zero import OptimizerSpec
 
 BATCH = 8

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..sweep_args import sizes
+from harness.cli.sweep_args import sizes
 
 
 def plans(args) -> list:

@@ -16,7 +16,7 @@ BATCH, SEED = 8, 0
 
 
 def _build(stage: int, opt: str = "sgd"):
-    from harness.adapters.deepspeed_zero import DeepSpeedZero
+    from harness.adapters.deepspeed.zero import DeepSpeedZero
 
     model = build_model("mlp", SEED, "float32")
     return model, DeepSpeedZero().build(copy.deepcopy(model), spec_for(opt), stage)

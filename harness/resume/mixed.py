@@ -1,5 +1,5 @@
 """Resuming a mixed-precision 3D trainer (rank side): its fp32 masters and their optimizer state are what
-the checkpoint holds (``reference.state.threed``), so a bf16 run saved on layout A resumes exactly —
+the checkpoint holds (``reference.resume.threed``), so a bf16 run saved on layout A resumes exactly —
 on A itself bitwise as if never stopped, on another layout B with B's masters equal to the saved ones."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ import torch
 import torch.distributed as dist
 
 from harness.resume.case import batch
+from harness.runtime.world import rank_device
 from harness.threed.case import LR, _groups
-from harness.world import rank_device
-from reference.compose import parallelize
 from reference.models import GPT
-from reference.state import latest
-from reference.state.store import ResumeError, read_box, read_metadata
-from reference.state.threed import load_3d, save_3d, tensor_map
-from reference.topology import ParallelDims
+from reference.resume import latest
+from reference.resume.store import ResumeError, read_box, read_metadata
+from reference.resume.threed import load_3d, save_3d, tensor_map
+from reference.stack.compose import parallelize
+from reference.stack.topology import ParallelDims
 from reference.zero import OptimizerSpec
 
 

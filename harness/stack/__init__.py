@@ -5,33 +5,35 @@ layout sweep, the conformance matrix and their report sections.
 
 from __future__ import annotations
 
+from harness.records.registry import ImplSpec
+
 from ..paradigm import Bench, Paradigm, Section
-from ..registry import ImplSpec
 from .findings import FINDINGS
 
 PARADIGM = Paradigm(
     "stack", 6, contract="harness.contracts.stack:Stack",
     builtins=(
-        ImplSpec("reference", "stack", "harness.adapters.reference_stack:ReferenceStack",
-                 description="ours: reference.compose.Parallel3D (TP, CP, pipeline, DP / ZeRO 0-2), GPT and Llama"),
-        ImplSpec("deepspeed", "stack", "harness.adapters.deepspeed_stack:DeepSpeedStack", requires=("deepspeed",),
+        ImplSpec("reference", "stack", "harness.adapters.reference.stack:ReferenceStack",
+                 description="ours: reference.stack.compose.Parallel3D (TP, CP, pipeline, DP / ZeRO 0-2), GPT and "
+                             "Llama"),
+        ImplSpec("deepspeed", "stack", "harness.adapters.deepspeed.stack:DeepSpeedStack", requires=("deepspeed",),
                  description="DeepSpeed's engine: ZeRO 0-3 over dp, its accumulation and clipping (float32)"),
-        ImplSpec("torchtitan", "stack", "harness.adapters.torchtitan_stack:TorchtitanStack",
+        ImplSpec("torchtitan", "stack", "harness.adapters.torchtitan.stack:TorchtitanStack",
                  requires=("torchtitan", "spmd_types", "tyro", "einops"),
                  description="torchtitan's Llama3Model + parallelize_llama (TP/SP, FSDP2 / replicate, AC), float32"),
-        ImplSpec("megatron", "stack", "harness.adapters.megatron_stack:MegatronStack", requires=("megatron.core",),
+        ImplSpec("megatron", "stack", "harness.adapters.megatron.stack:MegatronStack", requires=("megatron.core",),
                  description="megatron-core's GPTModel (local spec) + TP/SP, 1F1B / interleaved, DDP / distributed "
                              "optimizer (float32)"),
-        ImplSpec("torch", "stack", "harness.adapters.torch_stack:TorchStack",
+        ImplSpec("torch", "stack", "harness.adapters.torch.stack:TorchStack",
                  requires=("torch.distributed.pipelining", "torch.distributed.fsdp"),
                  description="torchtitan-style: DTensor TP + pipelining + FSDP2, GPT and Llama"),
-        ImplSpec("accelerate", "stack", "harness.adapters.accelerate_stack:AccelerateStack", requires=("accelerate",),
+        ImplSpec("accelerate", "stack", "harness.adapters.accelerate.stack:AccelerateStack", requires=("accelerate",),
                  description="Hugging Face accelerate: Accelerator + DDP / its FSDP2 plugin (accelerators only), "
                              "accumulate, backward, clip_grad_norm_"),
     ),
-    options=(("harness.adapters.deepspeed_stack:CallerScalesLoss", "deepspeed"),
-             ("harness.adapters.deepspeed_stack:Fp32GradAccum", "deepspeed"),
-             ("harness.adapters.megatron_stack:OverlapGradReduce", "megatron")),
+    options=(("harness.adapters.deepspeed.stack:CallerScalesLoss", "deepspeed"),
+             ("harness.adapters.deepspeed.stack:Fp32GradAccum", "deepspeed"),
+             ("harness.adapters.megatron.stack:OverlapGradReduce", "megatron")),
     findings=FINDINGS,
     benches=(
         Bench("stack", "every dp x pp x tp layout of one world size per stack and family (through the stack "

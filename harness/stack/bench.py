@@ -6,7 +6,7 @@ is held to one device. Per (stack, family, layout) one row, suite ``stack``, ``o
 - step time: every case timed in ``iters`` interleaved rounds (round 1 steps every case once, then round 2,
   ...; each rank keeps its trainers between rounds, the first round warms each up), so a drift of the
   machine lands on every case alike; the median over rounds of the max over ranks, with its distribution-
-  free confidence interval (``harness.timing.median_interval``); ``tokens_per_s`` = the global batch's
+  free confidence interval (``harness.runtime.timing.median_interval``); ``tokens_per_s`` = the global batch's
   tokens / that median;
 - model state per rank: the largest rank's parameters, gradients and optimizer state, measured from its
   live tensors (the trainer's optional ``memory()``; blank without it), beside ``training_memory`` for the
@@ -130,8 +130,8 @@ def bench_rank(cfg: StackSweep, impl: str, family: str, dims: tuple[int, int, in
     rank's model state. {"unsupported": sentence} where the stack does not provide the case."""
     import torch.distributed as dist
 
-    from ..comm_count import counted_traffic
-    from ..rank import rank_device
+    from harness.runtime.comm_count import counted_traffic
+    from harness.runtime.rank import rank_device
 
     key = (repr(cfg), impl, family, tuple(dims))
     if key not in _TRAINERS:
@@ -173,9 +173,9 @@ def bench_rank(cfg: StackSweep, impl: str, family: str, dims: tuple[int, int, in
 def _build(cfg: StackSweep, impl: str, family: str, dims):
     import torch
 
+    from harness.records import registry
     from reference.zero import OptimizerSpec
 
-    from .. import registry
     from ..contracts.stack import Layout, Recipe
 
     spec, (dp, pp, tp) = spec_of(cfg, family), dims
@@ -237,10 +237,9 @@ def run_sweep(cfg: StackSweep, get_world, run_dir, progress=sys.stderr) -> int:
 
 
 def _row(cfg: StackSweep, case, rounds: list, backend: str) -> dict:
+    from harness.cost_model.predict import gpt_workload, llama_workload, load_profile, planned_columns, predict_step
+    from harness.runtime.timing import median_interval, summarize
     from reference.cost_model import bubble_fraction, training_memory
-
-    from ..calibrate.predict import gpt_workload, llama_workload, load_profile, planned_columns, predict_step
-    from ..timing import median_interval, summarize
 
     impl, family, (dp, pp, tp) = case
     spec = spec_of(cfg, family)

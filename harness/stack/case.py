@@ -22,10 +22,10 @@ import math
 import torch
 import torch.distributed as dist
 
+from harness.runtime.rank import computed_once, rank_device
 from reference.models.moe import zero_missing_grads
 
 from ..errors import describe
-from ..rank import computed_once, rank_device
 from ..verdict import attempt, checked, refusal, refused_by
 from .inputs import SEQ, failed, failed_here, flat_state, global_batch, seq_for  # noqa: F401 - failed: the suites' verdict of a failed call
 
@@ -114,7 +114,7 @@ def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int 
     ``harness.stack.mixed``, precision-matched; ``mixed``: its keywords); ``padded``: a right-padded batch
     (``harness.stack.inputs.global_batch``). Returns {"refused", "unsupported", "problems", "worst", "bound",
     "losses"}."""
-    from .. import registry
+    from harness.records import registry
 
     if spec.dtype in ("bfloat16", "float16") and rows is None and seq is None:  # fp32 masters: precision-matched
         from .mixed import train_stack_mixed
@@ -175,7 +175,7 @@ def resume_stack(impl_spec: str, spec, layout_a, layout_b, recipe, directory: st
     """Rank side: one step on ``layout_a``, ``save(directory)``; a new trainer on ``layout_b``,
     ``load(directory)``, one more step: its dense state against one device after two steps. A stack without
     ``save`` / ``load`` is unsupported for resume."""
-    from .. import registry
+    from harness.records import registry
 
     r, n = dist.get_rank(), dist.get_world_size()
     rows = math.lcm(*(lay.dp * lay.num_microbatches * recipe.accumulation for lay in (layout_a, layout_b)))

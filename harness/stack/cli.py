@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from harness.cli.parsing import parse_list
+from harness.cli.sweep_args import impls, layout, own_or_every
+
 from ..contracts.stack import SCHEDULES
 from ..errors import UsageError
-from ..parsing import parse_list
-from ..sweep_args import impls, layout, own_or_every
 
 
 def add_arguments(p) -> None:

@@ -1,11 +1,11 @@
 """The stack findings: the known non-conformances of third-party implementations of this paradigm
-(``harness.findings``: what a finding is and how the suites consult it)."""
+(``harness.records.findings``: what a finding is and how the suites consult it)."""
 
 from __future__ import annotations
 
 import math
 
-from harness.findings import Finding
+from harness.records.findings import Finding
 
 FINDINGS = (
     Finding("torch", "stack", "torch", ("2.13", None),
@@ -105,8 +105,8 @@ FINDINGS = (
             "suites/stack/test_megatron.py::test_watch_megatron_checkpoint_writer_needs_psutil_it_does_not_declare",
             handled_by_adapter="the megatron adapter's save refuses (unsupported, in one sentence) where psutil is "
                                "not installed"),
-    # DeepSpeed's releases of the last 12 months (harness/release_matrix.py; measured 2026-12-03 at 0.18.0, 0.18.9,
-    # 0.19.0, 0.19.4 and 0.19.8 on torch 2.13's CPU build): each range [first measured bad, first measured good)
+    # DeepSpeed's releases of the last 12 months (harness/records/release_matrix.py; measured 2026-12-03 at 0.18.0,
+    # 0.18.9, 0.19.0, 0.19.4 and 0.19.8 on torch 2.13's CPU build): each range [first measured bad, first measured good)
     Finding("deepspeed", "stack", "deepspeed", ("0.18.0", "0.19.8"),
             "DeepSpeed's activation checkpointing calls get_accelerator().Stream(...) unconditionally, and its CPU "
             "accelerator's Stream is None: every checkpointed forward raises TypeError: 'NoneType' object is not "
@@ -132,7 +132,7 @@ FINDINGS = (
             "moves momenta off one device's by tens of E_T (the Llama at dp 2, accumulating 2: norm 2.03 against "
             "1.38); right from 0.19.0.",
             "suites/stack/test_deepspeed_releases.py::test_watch_bf16_optimizer_with_fp32_accumulation_is_off",
-            {"option": "harness.adapters.deepspeed_stack:Fp32GradAccum", "zero": 1},
+            {"option": "harness.adapters.deepspeed.stack:Fp32GradAccum", "zero": 1},
             symptom=r"^rank \d+: step \d+: (gradient norm \S+ vs one device|(master|optimizer state) \S+: off by)"),
     Finding("accelerate", "stack", "accelerate", ("1.16.0", None),
             "accelerate applies its FSDP plugin only where its distributed type is an accelerator's: on a CPU, "

@@ -91,7 +91,7 @@ def failed_here(detail: str) -> dict:
 
 def failed(detail: str) -> dict:
     """A rank's result where the stack failed (its own exception, or the World's verdict of a call that
-    failed: ``harness.world.run_or_fail``)."""
+    failed: ``harness.runtime.world.run_or_fail``)."""
     return verdict.failed(detail, losses=[])
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 def release_of(impl: str) -> str:
     """The installed release of the distribution a built-in stack (or an option of one) runs; '' for ours and for a
     user's (a conformance row's ``release``)."""
-    from ..findings import _builtin
-    from ..releases import STACKS
-    from ..versions import installed
+    from harness.records.findings import _builtin
+    from harness.records.releases import STACKS
+    from harness.records.versions import installed
 
     dist = STACKS.get(_builtin(impl, "stack") or "")
     return (installed(dist) or "") if dist else ""
@@ -29,9 +29,10 @@ def judged(world, impl: str, spec, layout, recipe, one=None, **kw) -> dict:
     of ``layout.world_size`` ranks). Whatever the stack does — raise, hang, die — is a verdict, not an error.
     ``one``: a callable giving a World of 1, for a stack whose low-precision recipe is its own
     (``harness.stack.own_recipe``); without it such a stack is held to the contract's recipe directly."""
-    from .. import findings
+    from harness.records import findings
+    from harness.runtime.world import run_or_fail
+
     from ..verdict import reduce, worst
-    from ..world import run_or_fail
     from . import case as ranks
     from .own_recipe import held, own_recipe
 

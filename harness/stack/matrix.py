@@ -62,7 +62,8 @@ class MatrixSweep:
 
 def run_sweep(cfg: MatrixSweep, get_world, run_dir, progress=sys.stderr) -> int:
     """Every case for every stack, grouped by world size (one World each), each verdict a conformance row."""
-    from .. import findings, registry
+    from harness.records import findings, registry
+
     from .judge import judged
 
     impls = cfg.impls or [s for s in registry.names("stack") if registry.skip_reason(registry.resolve(s, "stack"))

@@ -17,9 +17,10 @@ import math
 import torch
 import torch.distributed as dist
 
+from harness.runtime.rank import computed_once, rank_device
+
 from ..contracts.stack import Layout
 from ..errors import describe
-from ..rank import computed_once, rank_device
 from ..threed.mixed import OneDevice, allowed_ratio
 from ..verdict import attempt, checked
 from .inputs import failed_here, flat_state, global_batch, seq_for
@@ -73,7 +74,7 @@ def train_stack_mixed(impl_spec: str, spec, layout, recipe, steps: int = 2, seed
     dense state, itself held to the contract's recipe) in place of the contract's — each tensor's E_T then its
     distance from exact arithmetic. ``batch_of``: the layout whose global batch to train (default ``layout``);
     ``keep``: return each step's dense state as "states"; ``padded``: a right-padded batch."""
-    from .. import registry
+    from harness.records import registry
 
     r, batch = dist.get_rank(), batch_of or layout
     rows = batch.dp * batch.num_microbatches * recipe.accumulation

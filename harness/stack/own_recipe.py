@@ -34,8 +34,9 @@ def held(world, one_world, impl: str, spec, layout, recipe, padded: bool = False
     """Every rank's result (``harness.stack.case.train_stack``'s) of check 2, or check 1's on every rank where it
     refused or failed; ``one_world``: a callable giving a World of 1; ``padded``: the case's batch is padded. Each
     result's "own_worst": check 1's."""
+    from harness.runtime.world import run_or_fail
+
     from ..contracts.stack import Layout
-    from ..world import run_or_fail
     from . import case as ranks
 
     one = Layout()

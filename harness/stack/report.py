@@ -112,7 +112,8 @@ def stack_matrix_section(conf, run_dir, md) -> list[str]:
            "Every case run (the stack suite's, `suites/stack`; the main job's: the fixed matrix of "
            "`harness/stack/matrix.py`, check `matrix`), per stack: the check (the test) and the family / "
            "layout (dp x pp x tp, -cp, -ep) / ZeRO stage / schedule. finding: a known non-conformance "
-           "(`harness/findings.py`, with its watch test); unsupported / refused: the stack's own sentence, below.", "",
+           "(`harness/records/findings.py`, with its watch test); unsupported / refused: the stack's own sentence, "
+           "below.", "",
            md(cell.reset_index(), "g", index=False), ""]
     why = rows[rows["outcome"].isin(["fail", "known-nonconformance", "unsupported", "refused"])]
     if len(why):

@@ -4,8 +4,9 @@
 
 from __future__ import annotations
 
+from harness.records.registry import ImplSpec
+
 from ..paradigm import Bench, Paradigm, Section
-from ..registry import ImplSpec
 from .findings import FINDINGS
 
 PARADIGM = Paradigm(
@@ -13,10 +14,10 @@ PARADIGM = Paradigm(
     builtins=(
         ImplSpec("reference", "tensor_parallel", "reference.tensor_parallel.adapter:ReferenceTensorParallel",
                  description="ours: Megatron-style conjugate operators"),
-        ImplSpec("torch", "tensor_parallel", "harness.adapters.torch_tensor_parallel:TorchTensorParallel",
+        ImplSpec("torch", "tensor_parallel", "harness.adapters.torch.tensor_parallel:TorchTensorParallel",
                  requires=("torch.distributed.tensor.parallel",),
                  description="DTensor parallelize_module: ColwiseParallel / RowwiseParallel"),
-        ImplSpec("megatron", "tensor_parallel", "harness.adapters.megatron_tensor_parallel:MegatronTensorParallel",
+        ImplSpec("megatron", "tensor_parallel", "harness.adapters.megatron.tensor_parallel:MegatronTensorParallel",
                  requires=("megatron.core",), description="megatron-core tensor_parallel layers on CPU/gloo"),
     ),
     findings=FINDINGS,

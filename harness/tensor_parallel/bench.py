@@ -15,11 +15,10 @@ import itertools
 import sys
 from dataclasses import dataclass, field
 
+from harness.records import registry
+from harness.runtime.comm_count import counted_collectives
+from harness.runtime.timing import summarize, time_iterations
 from reference.cost_model import collective_bytes, tp_layer_comm_bytes
-
-from .. import registry
-from ..comm_count import counted_collectives
-from ..timing import summarize, time_iterations
 
 
 @dataclass
@@ -42,7 +41,7 @@ def bench_rank(impl_spec: str, kind: str, seq: int, batch: int, hidden: int, ffn
     import torch
     import torch.distributed as dist
 
-    from ..world import rank_device
+    from harness.runtime.world import rank_device
 
     n, device = dist.get_world_size(), rank_device()
     torch.manual_seed(0)

@@ -43,8 +43,8 @@ def _dense(kind: str, dims: tuple, seed: int) -> torch.nn.Module:
 
 
 def contract_case(impl_spec: str, kind: str, dims: tuple, seed: int, sequence_parallel: bool) -> dict:
-    from harness import findings, registry
     from harness.errors import describe
+    from harness.records import findings, registry
 
     n, r = dist.get_world_size(), dist.get_rank()
     impl = registry.load(impl_spec, "tensor_parallel")
@@ -86,7 +86,7 @@ def _failure(detail: str, kind: str, dense, n: int) -> dict:
 
 
 def _conditions(kind: str, dense, n: int) -> dict:
-    """The case's parameters that findings' conditions read (harness/findings.py)."""
+    """The case's parameters that findings' conditions read (harness/records/findings.py)."""
     row = {"row": dense, "mlp": dense[-1] if kind == "mlp" else None, "attention": getattr(dense, "o", None)}.get(kind)
     vocab = {"lm_head": getattr(dense, "out_features", 0),
              "embedding": getattr(dense, "num_embeddings", 0)}.get(kind, 0)

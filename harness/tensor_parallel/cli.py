@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from harness.cli.sweep_args import impls, sizes
+
 from ..errors import UsageError
-from ..sweep_args import impls, sizes
 
 
 def add_arguments(p) -> None:

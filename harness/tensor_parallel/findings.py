@@ -1,9 +1,9 @@
 """The tensor parallel findings: the known non-conformances of third-party implementations of this paradigm
-(``harness.findings``: what a finding is and how the suites consult it)."""
+(``harness.records.findings``: what a finding is and how the suites consult it)."""
 
 from __future__ import annotations
 
-from harness.findings import Finding, not_power_of_two
+from harness.records.findings import Finding, not_power_of_two
 
 FINDINGS = (
     Finding("torch", "tensor_parallel", "torch", ("2.6", None),

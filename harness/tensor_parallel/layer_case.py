@@ -243,7 +243,7 @@ def train_block(impl_spec: str, seq: int, batch: int, hidden: int, ffn: int, see
     each step's output differs by at most the MLP bound b = (ffn + n) eps sum|products| (see ``mlp``);
     gradients inherit at most (seq * batch) times that relative error, and with lr * |grad| << |weight|
     the trained weights differ by at most steps * (2 lr) of it; we allow 8 (steps + 1) b."""
-    from harness import registry
+    from harness.records import registry
 
     n = dist.get_world_size()
     impl = registry.load(impl_spec, "tensor_parallel")

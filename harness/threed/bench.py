@@ -2,11 +2,11 @@
 with the reference composition — step time, model-state memory per rank (measured from live tensors,
 the largest rank), and the pipeline bubble measured from the runtime's per-action timestamps (the median
 over the timed steps) — beside
-``paritybench plan``'s prediction for the same layout (``harness.plan.estimate``: its 1F1B bubble and
+``paritybench plan``'s prediction for the same layout (``harness.cost_model.plan.estimate``: its 1F1B bubble and
 communication; model-state bytes from ``training_memory`` in this run's float32 / SGD-momentum terms).
 
 Variants (``ThreeDSweep.variants``, opt-in beyond ``plain``): ``bf16`` — the GPT in bfloat16 with fp32
-masters and the DP reduction in bfloat16 too (``reference.compose`` mixed precision; model state against
+masters and the DP reduction in bfloat16 too (``reference.stack.compose`` mixed precision; model state against
 ``training_memory`` with 2-byte weights and gradients and K = 8: the fp32 master + SGD's fp32 momentum;
 every message — TP activations, pipeline sends, DP gradients — in 2 bytes, the terms ``plan`` counts
 ``comm_bytes_predicted`` in); ``clip`` — global gradient-norm
@@ -17,7 +17,7 @@ Timing: every layout is timed in ``iters`` interleaved rounds — round 1 steps 
 round 2, ... (each rank keeps its trainers between rounds; the first round warms each up) — so that a
 drift of the machine (another job, a thermal step) lands on every layout alike rather than on the ones
 that happened to run late. Every round's step is kept (``samples_us``, the max over ranks); a row carries
-their median and its distribution-free confidence interval (``harness.timing.median_interval``).
+their median and its distribution-free confidence interval (``harness.runtime.timing.median_interval``).
 
 On 2 CPU cores 8 ranks are oversubscribed: compare layouts with each other, not with a machine.
 """
@@ -120,9 +120,9 @@ def _build(cfg: ThreeDSweep, dims_t: tuple[int, int, int], variant: str):
     import torch
     import torch.distributed as dist
 
-    from reference.compose import parallelize
     from reference.models import GPT
-    from reference.topology import ParallelDims, build_groups
+    from reference.stack.compose import parallelize
+    from reference.stack.topology import ParallelDims, build_groups
     from reference.zero import OptimizerSpec
 
     dims = ParallelDims(*dims_t)
@@ -143,11 +143,10 @@ def _build(cfg: ThreeDSweep, dims_t: tuple[int, int, int], variant: str):
 
 
 def run_sweep(cfg: ThreeDSweep, get_world, run_dir, progress=sys.stderr) -> int:
+    from harness.cost_model.plan import Layout, Model, estimate
+    from harness.cost_model.predict import gpt_workload, load_profile, planned_columns, predict_step
+    from harness.runtime.timing import median_interval, summarize
     from reference.cost_model import training_memory
-
-    from ..calibrate.predict import gpt_workload, load_profile, planned_columns, predict_step
-    from ..plan import Layout, Model, estimate
-    from ..timing import median_interval, summarize
 
     profile = load_profile(cfg.profile)
     work = gpt_workload(cfg.vocab, cfg.hidden, cfg.heads, cfg.ffn, cfg.layers, cfg.seq, cfg.rows)

@@ -10,10 +10,10 @@ import torch
 import torch.distributed as dist
 
 from harness.errors import describe
-from harness.rank import computed_once, failed_in_implementation, rank_device
-from reference.compose import parallelize, shard_stages
+from harness.runtime.rank import computed_once, failed_in_implementation, rank_device
 from reference.models import GPT
-from reference.topology import ParallelDims, build_groups
+from reference.stack.compose import parallelize, shard_stages
+from reference.stack.topology import ParallelDims, build_groups
 from reference.zero import OptimizerSpec
 
 _GROUPS: dict[ParallelDims, dict] = {}  # process groups per layout, created once per rank process
@@ -185,7 +185,7 @@ def _train_one_device(model: GPT, tokens, targets, steps: int, clip) -> dict:
 
 def failed(detail: str) -> dict:
     """A rank's result where the trainer failed (its own exception, or the World's verdict of a call that
-    failed: ``harness.world.run_or_fail``)."""
+    failed: ``harness.runtime.world.run_or_fail``)."""
     return {"refused": None, "error": detail, "worst": math.inf, "bound": math.nan, "problems": [detail], "losses": [],
             "want": [], "norms": []}
 
@@ -229,10 +229,10 @@ def against_one_device(model: GPT, trainer, batch: int, world: int, steps: int, 
 def train_torch_3d(dp: int, pp: int, tp: int, schedule: str, steps: int = 3, seed: int = 0,
                    clip: list[tuple[float, float]] | None = None, clip_recipe: str = "per-mesh",
                    tie: bool = False, split_tied: bool = False) -> dict:
-    """The torchtitan-style torch stack (harness.adapters.torch_3d) against one device; ``clip`` as in
+    """The torchtitan-style torch stack (harness.adapters.torch.stack_trainer) against one device; ``clip`` as in
     ``train_3d`` (an exception from the stack's clipping is this rank's ``error``). ``tie``: the tied GPT
     (the stack refuses it); ``split_tied``: split it anyway, as a user would, to measure what that does."""
-    from harness.adapters.torch_3d import Torch3D
+    from harness.adapters.torch.stack_trainer import Torch3D
 
     torch.manual_seed(seed)
     model = GPT(tie_embeddings=tie).to(rank_device())

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from harness.cli.sweep_args import variants
+
 from ..contracts.stack import SCHEDULES
 from ..errors import UsageError
-from ..sweep_args import variants
 
 
 def add_arguments(p) -> None:

@@ -1,6 +1,6 @@
 """The 3D mixed-precision conformance case (rank side): a bfloat16 / float16 GPT (tied, keyed dropout,
 clipped, accumulating — the 3D suite's recipe) trained over (dp, pp, tp) with fp32 masters
-(``reference.compose.Parallel3D`` in mixed precision) against one device running the same recipe on the
+(``reference.stack.compose.Parallel3D`` in mixed precision) against one device running the same recipe on the
 whole batch, every rank's fp32 masters compared; the bound is ``allowed_ratio`` x the one-device recipe's
 own distance from exact arithmetic (the same recipe in float64)."""
 
@@ -12,15 +12,15 @@ import math
 import torch
 import torch.distributed as dist
 
-from harness.rank import computed_once
+from harness.runtime.rank import computed_once
+from harness.runtime.world import rank_device
 from harness.threed.case import CLIP, LR, _groups, global_batch
-from harness.world import rank_device
-from reference.compose import parallelize, shard_stages
 from reference.mixed_precision import DynamicLossScaler
 from reference.models import GPT
 from reference.models.moe import zero_missing_grads
-from reference.state.threed import tensor_map
-from reference.topology import ParallelDims
+from reference.resume.threed import tensor_map
+from reference.stack.compose import parallelize, shard_stages
+from reference.stack.topology import ParallelDims
 from reference.zero import OptimizerSpec
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}

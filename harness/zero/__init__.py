@@ -4,8 +4,9 @@
 
 from __future__ import annotations
 
+from harness.records.registry import ImplSpec
+
 from ..paradigm import Bench, Paradigm, Section
-from ..registry import ImplSpec
 from .findings import FINDINGS
 
 PARADIGM = Paradigm(
@@ -15,9 +16,9 @@ PARADIGM = Paradigm(
                  description="ours: bucketed DP, flat-buffer ZeRO-1/2, per-module ZeRO-3"),
         ImplSpec("reference-naive", "zero", "reference.zero.adapter:ReferenceZero", {"bucketed": False},
                  only_ops=("stage0",), description="ours; one all-reduce per gradient after backward"),
-        ImplSpec("torch", "zero", "harness.adapters.torch_zero:TorchZero", requires=("torch.distributed.fsdp",),
+        ImplSpec("torch", "zero", "harness.adapters.torch.zero:TorchZero", requires=("torch.distributed.fsdp",),
                  description="DDP, ZeroRedundancyOptimizer, FSDP2 fully_shard"),
-        ImplSpec("deepspeed", "zero", "harness.adapters.deepspeed_zero:DeepSpeedZero", requires=("deepspeed",),
+        ImplSpec("deepspeed", "zero", "harness.adapters.deepspeed.zero:DeepSpeedZero", requires=("deepspeed",),
                  description="DeepSpeed ZeRO stages 0-3 on CPU/gloo"),
     ),
     findings=FINDINGS,

@@ -18,12 +18,11 @@ import itertools
 import sys
 from dataclasses import dataclass, field
 
+from harness.records import registry
+from harness.runtime.comm_count import counted_collectives
+from harness.runtime.timing import summarize, time_iterations
 from reference.cost_model import dp_step_comm_bytes, training_memory
 from reference.zero.accounting import held_bytes
-
-from .. import registry
-from ..comm_count import counted_collectives
-from ..timing import summarize, time_iterations
 
 
 @dataclass
@@ -54,10 +53,9 @@ def bench_rank(impl_spec: str, stage: int, hidden: int, seq: int, batch: int, it
                variant: str = "plain") -> dict:
     import torch
 
+    from harness.runtime.world import rank_device
     from reference.models import TransformerBlock
     from reference.zero import OptimizerSpec, StepRecipe
-
-    from ..world import rank_device
 
     device = rank_device()
     torch.manual_seed(0)

@@ -98,13 +98,13 @@ def train_case(impl_spec: str, stage: int, model_name: str, opt_name: str, steps
     whose build takes no recipe is unsupported for it). With clipping, the trainer's ``last_grad_norm``,
     where it reports one (not None), is held to one device's norm, and the gradients are not compared
     (some read them before clipping, some after: the contract leaves it open)."""
-    from harness import registry
+    from harness.records import registry
 
     n, r = dist.get_world_size(), dist.get_rank()
     impl = registry.load(impl_spec, "zero")
     dtype = dtype or ("float64" if "float64" in getattr(impl, "dtypes", ("float64",)) else impl.dtypes[0])
     spec = spec_for(opt_name)
-    from harness.world import rank_device
+    from harness.runtime.world import rank_device
 
     device = rank_device()  # cuda:<local rank> under nccl (tox -e gpu), else the CPU
     model = build_model(model_name, seed, dtype).to(device)
@@ -220,7 +220,7 @@ def unit_sizes(model_name: str) -> list[int]:
 
 
 def failed(detail: str) -> dict:
-    """Every rank's result where the call failed on the World (``harness.world.run_or_fail``): ``detail``
+    """Every rank's result where the call failed on the World (``harness.runtime.world.run_or_fail``): ``detail``
     names the failing rank and its failure."""
     return verdict_failed(detail, checks=[], memory={}, dtype="", numel="", worst=float("nan"))
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from harness.cli.sweep_args import own_or_every, sizes, variants
+
 from ..errors import UsageError
-from ..sweep_args import own_or_every, sizes, variants
 
 
 def add_arguments(p) -> None:

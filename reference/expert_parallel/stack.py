@@ -1,7 +1,7 @@
-"""The MoE family's feed-forward inside the reference stack (``reference.dimensions.expert_parallel``): one
+"""The MoE family's feed-forward inside the reference stack (``reference.stack.dimensions.expert_parallel``): one
 module per block, on every rank of a (pp, tp) coordinate, its experts split over the EP group — EP groups of
 ``ep`` consecutive ranks of each data x context parallel group, the expert-data-parallel group one EP rank
-across them (``reference.topology.layout``) — or, without EP, all of them.
+across them (``reference.stack.topology.layout``) — or, without EP, all of them.
 
 The sequence-wise balance loss (``reference.models.moe_llama``) enters the backward where it is computed
 (``AttachAux``, Megatron's MoEAuxLossAutoScaler): a pipeline stage's layers add their own terms, whatever the

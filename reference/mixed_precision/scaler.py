@@ -15,7 +15,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from ..topology import all_reduce_over
+from reference.stack.topology import all_reduce_over
 
 
 class DynamicLossScaler:

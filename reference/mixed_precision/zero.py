@@ -37,7 +37,7 @@ class MixedPrecisionZero:
                  reduce_dtype: torch.dtype = torch.float32, loss_scaler: DynamicLossScaler | None = None,
                  max_grad_norm: float | None = None, divisor: int | None = None):
         """``divisor``: the reduction's (default the group's size: the average; stages 0-2) — an expert's, whose
-        EP group already collected its tokens' gradients, is the whole dp x cp (``reference.compose``)."""
+        EP group already collected its tokens' gradients, is the whole dp x cp (``reference.stack.compose``)."""
         dtype = next(module.parameters()).dtype
         if divisor is not None and stage == 3:
             raise ValueError("a reduction divisor applies to ZeRO stages 0-2.")

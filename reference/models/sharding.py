@@ -1,5 +1,5 @@
 """How each family's block splits over a tensor-parallel group — beside the families, not inside the stack
-(``reference.compose`` asks ``tp_block`` for the block of whichever family it trains).
+(``reference.stack.compose`` asks ``tp_block`` for the block of whichever family it trains).
 
 - GPT: attention heads and the GELU MLP split (``ParallelAttention``, ``ParallelMLP``), LayerNorms and
   dropout replicated.
@@ -141,7 +141,7 @@ class ParallelLlamaBlock(nn.Module):
 class ParallelMoEBlock(nn.Module):
     """The MoE family's block over a TP group: the attention split as the Llama family's, the norms and the
     mixture of experts replicated over TP (every TP rank routes and computes the same tokens; expert
-    parallelism splits the experts over the data x context parallel ranks: ``reference.dimensions.
+    parallelism splits the experts over the data x context parallel ranks: ``reference.stack.dimensions.
     expert_parallel``)."""
 
     def __init__(self, block, tp_group):

@@ -29,7 +29,7 @@ class ShardedOptimizer:
         self.module, self.spec, self.stage, self.group = module, spec, stage, group
         self.divisor = divisor
         """The reduction's divisor (default the group's size: the average) — an expert's, whose EP group already
-        collected its tokens' gradients, is the whole dp x cp (``reference.compose``)."""
+        collected its tokens' gradients, is the whole dp x cp (``reference.stack.compose``)."""
         self.flat = FlatParams([p for p in module.parameters()], group)
         # The master shard is a view of this rank's range: stepping it updates the flat buffer in place.
         self.master = nn.Parameter(self.flat.buffer[self.flat.shard])

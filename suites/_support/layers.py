@@ -3,8 +3,8 @@ ranks, its ranks reduced to one outcome (``harness.verdict.reduce``), recorded a
 
 from __future__ import annotations
 
+from harness.runtime.world import run_or_fail
 from harness.verdict import reduce, worst
-from harness.world import run_or_fail
 
 
 def judge_layer(world_cache, conformance, suite: str, run_case, failed, impl: str, n: int, case):

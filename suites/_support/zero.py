@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness import registry
+from harness.records import registry
 
 
 def skip_unless_stage(impl: str, stage: int) -> None:

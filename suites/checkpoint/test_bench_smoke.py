@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from harness.checkpoint.bench import CheckpointSweep, run_sweep
-from harness.report import write_report
-from harness.results import RunDir, read_run
+from harness.cli.report import write_report
+from harness.records.results import RunDir, read_run
 
 
 def test_checkpoint_sweep_memory_and_report(tmp_path):

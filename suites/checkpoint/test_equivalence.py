@@ -11,9 +11,9 @@ import torch
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from harness import findings, registry
 from harness.checkpoint import case as cases
 from harness.contracts.checkpoint import POLICIES
+from harness.records import findings, registry
 
 
 def test_checkpointed_gradients_are_bitwise_identical(checkpoint_impl, conformance):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.adapters.torch_checkpoint import TorchCheckpointing
+from harness.adapters.torch.checkpoint import TorchCheckpointing
 from harness.checkpoint import case as cases
 from reference.checkpoint import ReferenceCheckpointing
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from harness.collectives.case import IN_PLACE_OPTIONAL, REDUCING, ROOTED, Case, merge, run_case
 from harness.errors import HarnessError
-from harness.world import run_or_fail
+from harness.runtime.world import run_or_fail
 
 from .strategies import NUMELS, cases
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from harness.cli.report import write_report
 from harness.collectives.bench import SweepConfig, busbw_factor, case_numel, run_sweep, sweep_sizes
-from harness.report import write_report
-from harness.results import RunDir, read_run
+from harness.records.results import RunDir, read_run
 
 
 def test_sizes_and_factors_follow_nccl_tests():

@@ -2,7 +2,7 @@
 
 Each case times ``ITERS`` calls inside the ranks (``harness.collectives.bench.bench_rank``: an exact
 check first, then barrier + call per iteration) and hands the per-iteration max over ranks to
-pytest-benchmark (``harness.pytest_benchmark_bridge``): its statistics are in-rank times, not the
+pytest-benchmark (``harness.pytest.benchmark_bridge``): its statistics are in-rank times, not the
 driver's dispatch. Without ``-m benchmark`` / ``--benchmark-only`` only the smoke test runs.
 """
 
@@ -12,8 +12,8 @@ import pytest
 
 from harness.collectives.bench import ELEMENT_BYTES, bench_rank, case_numel
 from harness.collectives.case import merge
-from harness.pytest_benchmark_bridge import REPLAY_CLOCK, feed
-from harness.timing import summarize
+from harness.pytest.benchmark_bridge import REPLAY_CLOCK, feed
+from harness.runtime.timing import summarize
 
 pytest.importorskip("pytest_benchmark", reason="pytest-benchmark is not installed (it comes with the test extra)")
 

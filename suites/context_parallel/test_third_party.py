@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness import findings, registry
 from harness.context_parallel.case import Case
 from harness.context_parallel.third_party import torch_context_parallel_probe
-from harness.releases import TORCHTITAN_03
+from harness.records import findings, registry
+from harness.records.releases import TORCHTITAN_03
 from suites._support.layers import judge_context_parallel as judge
 
 DEEPSPEED = registry.skip_reason(registry.resolve("deepspeed-ulysses", "context_parallel"))
@@ -30,7 +30,7 @@ def test_deepspeed_ulysses_uneven_and_grouped_heads(cp, case, world_cache, confo
     outcome, refused, problems, _ = judge(world_cache, conformance, "deepspeed-ulysses", cp, case)
     known = findings.match("deepspeed-ulysses", "context_parallel", problems, kv_remainder=case.kv_heads % cp) \
         if outcome == "fail" else None
-    if known:  # an older release's (its range: harness/findings.py)
+    if known:  # an older release's (its range: harness/records/findings.py)
         conformance.known.append(known)
         conformance.settle()
     assert outcome in ("pass", "refused", "unsupported"), problems[:3]
@@ -89,7 +89,7 @@ def test_deepspeed_uneven_heads_read_the_registered_group_not_the_given_one(worl
 def test_flash_attention_stacks_are_registered_and_say_why_they_do_not_run(name):
     """ring-flash-attn and yunchang run flash-attn's fp16 / bf16 CUDA kernels: registered (a run names them),
     skipped where the packages are missing, and unsupported in one sentence at the property's float64."""
-    from harness.adapters.flash_context_parallel import FlashContextParallel
+    from harness.adapters.flash_attn.context_parallel import FlashContextParallel
     from harness.contracts import Unsupported
     from reference.models import GQAttention
 
@@ -110,7 +110,7 @@ def test_torchtitans_context_parallelism_does_not_run_on_cpu(world_cache, confor
     """Watch: torchtitan's context parallelism (``apply_cp_to_forward`` on its SDPA core) wraps q, k, v as
     sequence-sharded DTensors for torch's context-parallel dispatcher — on CPU the same wall as torch's own:
     the CPU flash kernel has no sharding strategy. Fails once it runs (then the torchtitan stack takes cp)."""
-    from harness.adapters.torchtitan_probes import torchtitan_cp_probe
+    from suites.stack.torchtitan_ranks import torchtitan_cp_probe
 
     if world_cache.get(2).backend != "gloo":
         pytest.skip("a watch of the CPU path")

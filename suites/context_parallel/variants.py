@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.adapters.deepspeed_ulysses import DeepSpeedUlysses
+from harness.adapters.deepspeed.ulysses import DeepSpeedUlysses
 
 
 class DeepSpeedUlyssesWithoutSequenceGroup(DeepSpeedUlysses):

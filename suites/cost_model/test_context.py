@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from harness.cli import main
+from harness.cli.main import main
 from reference.cost_model import activation_memory, cp_activation_memory, cp_layer_comm_bytes, training_memory
 
 

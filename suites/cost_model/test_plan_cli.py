@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from harness.cli import main
-from harness.plan import parse_count, parse_memory
+from harness.cli.main import main
+from harness.cost_model.plan import parse_count, parse_memory
 
 SEED = ["plan", "--params", "70B", "--zero", "1", "--dp", "64", "--tp", "8", "--pp", "4", "--seq", "4096",
         "--batch", "1", "--hidden", "8192", "--heads", "64", "--layers", "80"]

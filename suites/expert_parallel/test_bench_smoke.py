@@ -5,10 +5,10 @@ report's section."""
 
 from __future__ import annotations
 
-from harness import registry
+from harness.cli.report import write_report
 from harness.expert_parallel.bench import ExpertParallelSweep, installed_third_parties, run_sweep
-from harness.report import write_report
-from harness.results import RunDir, read_run
+from harness.records import registry
+from harness.records.results import RunDir, read_run
 
 
 def test_expert_parallel_sweep_and_report(world_cache, tmp_path):

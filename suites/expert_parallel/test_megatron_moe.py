@@ -1,9 +1,9 @@
 """megatron-core's MoE layer (``MoELayer``: its router, its alltoall and allgather token dispatchers,
 ``SequentialMLP`` experts, shared experts) against one device, part by part — on a CPU through the named
-device redirect (harness/adapters/megatron_cpu.py), in float32: its router's weight is float32 whatever the
+device redirect (harness/adapters/megatron/cpu.py), in float32: its router's weight is float32 whatever the
 dtype and its routing softmax computes in float32, so a float64 comparison could not pass for no bug.
 
-Its load-balancing loss is its own (harness/adapters/megatron_moe.py): the Switch form over each rank's own
+Its load-balancing loss is its own (harness/adapters/megatron/moe.py): the Switch form over each rank's own
 tokens, its gradient injected by Megatron in backward. So every part is held to one device computing that
 loss per rank and summing — the output, the loss each rank logs, the input gradient, the router's, every
 expert's and the shared expert's gradient — within harness/expert_parallel/case.py's bound; a watch holds that
@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness import registry
-from harness.capabilities import says_no_cuda
 from harness.expert_parallel.case import Case, as_dict
-from harness.registry import ImplSpec
+from harness.records import registry
+from harness.records.registry import ImplSpec
+from harness.runtime.capabilities import says_no_cuda
 
 MEGATRON = registry.skip_reason(ImplSpec("megatron-moe", "expert_parallel", "x:y", requires=("megatron.core",)))
 pytestmark = pytest.mark.skipif(bool(MEGATRON), reason=f"megatron-core: {MEGATRON}")
@@ -59,7 +59,7 @@ def test_megatron_moe_equals_one_device_under_its_own_aux(n, case, dispatcher, w
 
 
 def test_what_the_megatron_moe_adapter_does_not_drive_is_unsupported():
-    from harness.adapters.megatron_moe import MegatronMoE
+    from harness.adapters.megatron.moe import MegatronMoE
     from harness.contracts import Unsupported
     from reference.models.moe import MoE
 
@@ -97,7 +97,7 @@ def test_watch_megatrons_router_needs_transformer_engine():
     Fixed in 0.17 (its range)."""
     import importlib
 
-    from harness.findings import outside_range
+    from harness.records.findings import outside_range
 
     why = outside_range("suites/expert_parallel/test_megatron_moe.py::"
                         "test_watch_megatrons_router_needs_transformer_engine")

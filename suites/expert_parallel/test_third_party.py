@@ -1,7 +1,7 @@
 """DeepSpeed's MoE layer (``deepspeed.moe.layer.MoE``) against one device, part by part.
 
 DeepSpeed computes its gate in float32 whatever the model's dtype, and its auxiliary loss is its own: over
-each rank's tokens, and for top-2 over first choices only (harness/adapters/deepspeed_moe.py). So it is not
+each rank's tokens, and for top-2 over first choices only (harness/adapters/deepspeed/moe.py). So it is not
 run under the contract's float64 property (it could not pass, and no bug would be the reason); here, in
 float32, dropless, without the Gumbel-sampled second expert, every part is held to one device computing the
 aux as DeepSpeed defines it — the output, the aux, the input gradient, the router's and every expert's
@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import pytest
 
-from harness import registry
 from harness.expert_parallel.case import Case, as_dict
 from harness.expert_parallel.third_party import deepspeed_moe_report
-from harness.registry import ImplSpec
-from harness.releases import TORCHTITAN_03
+from harness.records import registry
+from harness.records.registry import ImplSpec
+from harness.records.releases import TORCHTITAN_03
 
 DEEPSPEED = registry.skip_reason(ImplSpec("deepspeed-moe", "expert_parallel", "x:y", requires=("deepspeed",)))
 needs_deepspeed = pytest.mark.skipif(bool(DEEPSPEED), reason=f"DeepSpeed MoE: {DEEPSPEED}")
@@ -52,7 +52,7 @@ def test_deepspeed_moe_equals_one_device_under_its_own_aux(n, case, world_cache,
     (Case(scoring="sigmoid", top_k=2), "softmax only"),
     (Case(top_k=1), "weights a top-1 expert by its probability")], ids=["shared", "sigmoid", "top1-renormalised"])
 def test_what_deepspeed_moe_does_not_compute_is_unsupported(case, needle):
-    from harness.adapters.deepspeed_moe import DeepSpeedMoE
+    from harness.adapters.deepspeed.moe import DeepSpeedMoE
     from harness.contracts import Unsupported
     from reference.models.moe import MoE
 
@@ -72,7 +72,7 @@ def test_torchtitans_experts_compute_in_bfloat16(world_cache):
     their dtype (the output is cast back): float64 experts come out 5e-3 of their magnitude from float64 — bf16
     rounding, so its MoE cannot be held to this contract's float64 (or float32) property: the precision-matched
     property of test_torchtitan_moe.py holds it. Fails once it computes in the tokens' dtype."""
-    from harness.adapters.torchtitan_probes import torchtitan_experts_error
+    from suites.stack.torchtitan_ranks import torchtitan_experts_error
 
     got = world_cache.get(1).run(torchtitan_experts_error, timeout=120)[0]
     assert "raised" not in got, got

@@ -2,7 +2,7 @@
 own sharding code over an EP mesh) against one device, part by part — on a CPU with gloo.
 
 Its grouped experts compute in bfloat16 whatever the weights' dtype, and it has no load-balancing loss
-(harness/adapters/torchtitan_moe.py). So every part is held precision-matched
+(harness/adapters/torchtitan/moe.py). So every part is held precision-matched
 (harness/expert_parallel/torchtitan_report.py): within allowed_ratio x E_T of torchtitan's own layer on one
 device, E_T being that layer's distance from our float64 layer — which is itself held within its bf16 recipe's
 bound, so a wrong one-device run cannot widen the bound. Cases: top-2 over ep 2; top-1 with every token routed to
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness import registry
 from harness.expert_parallel.case import Case, as_dict
-from harness.registry import ImplSpec
-from harness.releases import TORCHTITAN_03
+from harness.records import registry
+from harness.records.registry import ImplSpec
+from harness.records.releases import TORCHTITAN_03
 
 TORCHTITAN = registry.skip_reason(ImplSpec("torchtitan", "stack", "x:y", requires=("torchtitan", "spmd_types"),
                                            drives=TORCHTITAN_03))
@@ -52,7 +52,7 @@ def test_torchtitan_moe_equals_one_device_precision_matched(n, case, world_cache
 
 
 def test_experts_that_do_not_split_over_ep_are_refused_in_one_sentence():
-    from harness.adapters.torchtitan_moe import TorchtitanMoE
+    from harness.adapters.torchtitan.moe import TorchtitanMoE
     from reference.models.moe import MoE
 
     with pytest.raises(ValueError, match="4 experts do not split evenly over ep = 3") as err:

@@ -15,7 +15,7 @@ import importlib.util
 
 import pytest
 
-from harness.releases import not_driven
+from harness.records.releases import not_driven
 
 MISSING = [m for m in ("transformers", "accelerate") if importlib.util.find_spec(m) is None]
 WHY = (f"{' and '.join(MISSING)} not installed (pip install transformers accelerate; the thorough env has them)"
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(bool(WHY), reason=str(WHY))
 
 @pytest.mark.parametrize("n, ep", [(2, 2), (4, 2)], ids=["ep2-over-2", "ep2-over-4"])
 def test_transformers_expert_parallel_equals_one_device(n, ep, world_cache, conformance, tmp_path):
-    from harness.expert_parallel import transformers_ep as case
+    from harness.adapters.transformers import expert_parallel as case
 
     case.save_model(str(tmp_path / "qwen3-moe"))
     _held(world_cache, conformance, n, ep, None, tmp_path)
@@ -34,8 +34,8 @@ def test_transformers_expert_parallel_equals_one_device(n, ep, world_cache, conf
 def _held(world_cache, conformance, n: int, ep: int, experts, tmp_path) -> dict:
     """The case's verdict, recorded; unsupported: skipped with transformers' sentence; a failure its finding
     explains (its release range): xfail."""
-    from harness import findings
-    from harness.expert_parallel import transformers_ep as case
+    from harness.adapters.transformers import expert_parallel as case
+    from harness.records import findings
 
     case.save_model(str(tmp_path / "qwen3-moe"))
     per_rank = world_cache.get(n).run(case.run_case, str(tmp_path / "qwen3-moe"), ep, experts, timeout=300)
@@ -71,7 +71,7 @@ def test_every_experts_implementation_under_expert_parallelism_equals_one_device
 def test_watch_transformers_ep_halves_expert_gradients(world_cache, conformance, tmp_path):
     """Watch, where the installed transformers is in the finding's range (5.20.2 to 5.22.2 measured): ep 2 over 2
     ranks halves the experts' down_proj gradient. Fails once those releases stop doing it."""
-    from harness import findings
+    from harness.records import findings
 
     why = findings.outside_range("suites/expert_parallel/test_transformers_ep.py::"
                                  "test_watch_transformers_ep_halves_expert_gradients")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from harness.adapters.torch_collectives import TorchCollectives
+from harness.adapters.torch.collectives import TorchCollectives
 
 
 class _Planted(TorchCollectives):

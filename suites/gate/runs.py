@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from harness.results import RunDir
+from harness.records.results import RunDir
 
 META = {"suite": "collectives", "backend": "gloo", "backends": ["gloo"], "placement": {"2": {}, "4": {}},
         "config": {"collectives": {"hidden": 512, "iters": 20, "impls": ["torch"]}}}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.cli import main
-from harness.results import read_run
+from harness.cli.main import main
+from harness.records.results import read_run
 
 from .runs import bench_row, conf_row, standard, write_run
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from harness.cli import main
+from harness.cli.main import main
 
 from .runs import bench_row, conf_row, standard, write_run
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
+from harness.cli.main import main
 
 pytestmark = pytest.mark.checkout  # reads the clone's files or runs its tools
 
@@ -22,7 +22,7 @@ SWEEP = ["--ops", "all_reduce,all_gather", "--min-bytes", "1K", "--max-bytes", "
 
 def bench(results: Path, planted: bool) -> str:
     env = {**os.environ, "PARITYBENCH_GATE_PLANT": "1" if planted else ""}
-    out = subprocess.run([sys.executable, "-m", "harness.cli", "bench", "collectives", "--impl",
+    out = subprocess.run([sys.executable, "-m", "harness.cli.main", "bench", "collectives", "--impl",
                           "suites.gate.planted_impl:impl", *SWEEP, "--results-dir", str(results)], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from harness.report import write_report
+from harness.cli.report import write_report
 
 from .runs import bench_row, write_run
 
@@ -46,8 +46,8 @@ def test_scaling_plot_is_small_multiples_with_report_wide_colours():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from harness.results import BENCHMARK_KEY
-    from harness.scaling import impl_colors, scaling_figure, scaling_table
+    from harness.records.results import BENCHMARK_KEY
+    from harness.records.scaling import impl_colors, scaling_figure, scaling_table
 
     rows = [{**bench_row(n=n, busbw_gbps=b, time_p50_us=100.0 * n), "op": op, "impl": impl}
             for op in ("all_reduce", "all_gather", "broadcast") for impl in ("reference", "torch", "my.pkg:Impl")

@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.cli import main
-from harness.results import read_run
+from harness.cli.main import main
+from harness.records.results import read_run
 
 pytestmark = pytest.mark.checkout  # reads the clone's files or runs its tools
 

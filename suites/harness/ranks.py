@@ -56,7 +56,7 @@ def unpicklable_result():
 def verdict_on(rank: int, peers_join: bool = False) -> dict:
     """``rank`` catches the code under test's failure (its verdict) and returns; the others block in a
     barrier it never joins — unless ``peers_join``: then it joins late and everyone returns."""
-    from harness.rank import failed_in_implementation
+    from harness.runtime.rank import failed_in_implementation
 
     if dist.get_rank() == rank:
         detail = failed_in_implementation(f"rank {rank}: raised ValueError: odd length 1")
@@ -104,7 +104,7 @@ def all_to_all_counted(how: str) -> float:
     (megatron-core's), or by position."""
     import numpy as np
 
-    from harness.comm_count import counted_traffic
+    from harness.runtime.comm_count import counted_traffic
 
     n, r = dist.get_world_size(), dist.get_rank()
     send = [r + 1 + p for p in range(n)]  # uneven: equal splits would count the same bytes either way
@@ -129,7 +129,7 @@ def gloo_fallback_matches_torch(keyword: str) -> dict:
 
     import torch.distributed.distributed_c10d as c10d
 
-    from harness import gloo_device
+    from harness.runtime import gloo_device
 
     shared = c10d.ProcessGroupGloo
     base = shared.__mro__[1] if getattr(shared, "_paritybench_shared", False) else shared
@@ -181,8 +181,8 @@ def wait_in_a_subgroup(rank: int) -> None:
 
 
 def world_collectives() -> int:
-    """How many collectives this rank has entered on the world group (``harness.collective_trace``)."""
-    from harness import collective_trace
+    """How many collectives this rank has entered on the world group (``harness.runtime.collective_trace``)."""
+    from harness.runtime import collective_trace
 
     return collective_trace.snapshot()["counts"].get(None, 0)
 
@@ -194,7 +194,7 @@ def functional_all_reduce_counted(hide_group_resolution: bool) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Partial, Replicate
 
-    from harness import comm_count
+    from harness.runtime import comm_count
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     partial = DTensor.from_local(torch.full((4,), float(dist.get_rank() + 1)), mesh, [Partial()])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.cli import main, parse_bytes
+from harness.cli.main import main, parse_bytes
 
 
 def run_cli(capsys, *argv) -> tuple[int, str]:
@@ -17,8 +17,8 @@ def run_cli(capsys, *argv) -> tuple[int, str]:
     (["bench", "collectives", "--impls", "nccl-magic"], "unknown implementation 'nccl-magic'"),
     (["bench", "collectives", "--impl", "my pkg:obj"], "malformed implementation 'my pkg:obj'"),
     (["bench", "collectives", "--impl", "no_such_module_xyz:Impl"], "cannot import module 'no_such_module_xyz'"),
-    (["bench", "collectives", "--impl", "harness.cli:NotThere"], "has no attribute 'NotThere'"),
-    (["bench", "collectives", "--impl", "harness.world:rank_device"], "lacks all_gather"),
+    (["bench", "collectives", "--impl", "harness.cli.main:NotThere"], "has no attribute 'NotThere'"),
+    (["bench", "collectives", "--impl", "harness.runtime.world:rank_device"], "lacks all_gather"),
     (["bench", "collectives", "--impls", "reference", "--world-sizes", "0"], "at least 1"),
     (["bench", "collectives", "--impls", "reference", "--world-sizes", "two"], "whole numbers"),
     (["bench", "collectives", "--impls", "reference", "--min-bytes", "64M", "--max-bytes", "1M"],
@@ -91,7 +91,7 @@ def test_impls_lists_every_builtin(capsys):
 
 
 def test_paritybench_test_maps_paradigms_to_the_installed_suites(capsys):
-    from harness.suite_cli import PARADIGMS, pytest_args
+    from harness.cli.test import PARADIGMS, pytest_args
 
     assert pytest_args(["collectives", "zero", "--impl", "m:o", "-x"]) == [
         "--pyargs", "suites.collectives", "suites.zero", "--impl", "m:o", "-x"]

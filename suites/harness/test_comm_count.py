@@ -1,4 +1,4 @@
-"""harness.comm_count counts an all-to-all's variable splits however the caller passes them (megatron-core's
+"""harness.runtime.comm_count counts an all-to-all's variable splits however the caller passes them (megatron-core's
 dispatcher passes a numpy array: counting it raised, and the benchmark row read "unsupported")."""
 
 from __future__ import annotations

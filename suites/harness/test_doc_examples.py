@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import registry
 from harness.checkpoint import case as checkpoint_case
 from harness.collectives.case import COLLECTIVES, Case
 from harness.pipeline.case import PipelineCase, compare, run_rank, single_device
+from harness.records import registry
 from harness.tensor_parallel import case as tp_case
 from harness.zero import case as zero_case
 

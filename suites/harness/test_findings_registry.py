@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import findings
-from harness.findings import FINDINGS, Finding
-from harness.pytest_plugin import Conformance
+from harness.pytest.plugin import Conformance
+from harness.records import findings
+from harness.records.findings import FINDINGS, Finding
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUNDED = "output: 1 of 12 differ, first got 7.000000000000001 expected 7.0"
@@ -73,7 +73,7 @@ EXAMPLES = {
         {"zero": 2, "pp": 1}, "rank 0: RuntimeError: Output 0 of Split is a view and is being modified inplace. "
                               "(after 0 step(s))"),
     "test_watch_bf16_optimizer_with_fp32_accumulation_is_off": (
-        {"option": "harness.adapters.deepspeed_stack:Fp32GradAccum", "zero": 1},
+        {"option": "harness.adapters.deepspeed.stack:Fp32GradAccum", "zero": 1},
         "rank 0: step 1: gradient norm 2.02530837059021 vs one device 1.3754749298095703 (off by 0.65 > 6.66 x "
         "|g - g_exact| = 0.0142)"),
     "test_watch_deepspeed_ulysses_uneven_kv_heads_before_the_fix": (
@@ -107,7 +107,7 @@ def test_each_finding_has_a_watch_test_that_exists():
 
 def test_a_users_implementation_never_matches_a_finding():
     """A user's object is matched by nothing, whatever it is called or declares."""
-    for spec in ("mypkg.tp:Torch", "harness.adapters.torch_tensor_parallel:TorchTensorParallel", "reference"):
+    for spec in ("mypkg.tp:Torch", "harness.adapters.torch.tensor_parallel:TorchTensorParallel", "reference"):
         assert findings.match(spec, "tensor_parallel", [ROUNDED], row_bias=True, n=3, kind="row") is None
         assert findings.precision(spec, "tensor_parallel", kind="lm_head") is None
 

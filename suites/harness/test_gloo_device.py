@@ -1,4 +1,4 @@
-"""harness.gloo_device: a World's ranks build every gloo group on one transport device, so the groups a
+"""harness.runtime.gloo_device: a World's ranks build every gloo group on one transport device, so the groups a
 session leaves behind cost no CPU while idle (each device's loop thread wakes every 10 ms), and the
 groups compute what they computed before."""
 
@@ -8,7 +8,7 @@ import types
 
 import torch.distributed.distributed_c10d as c10d
 
-from harness import gloo_device
+from harness.runtime import gloo_device
 
 from . import ranks
 

@@ -1,4 +1,4 @@
-"""harness.hang's verdict line from the ranks' answers and stacks (the World's own hang tests drive it live)."""
+"""harness.runtime.hang's verdict line from the ranks' answers and stacks (the World's own hang tests drive it live)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sysconfig
 
 import torch
 
-from harness.hang import describe, innermost_frame
+from harness.runtime.hang import describe, innermost_frame
 
 STD, TORCH = sysconfig.get_paths()["stdlib"], os.path.dirname(torch.__file__)
 
@@ -16,14 +16,14 @@ def _stack(*frames: str) -> str:
     lines = [f'  File "{path}", line {line} in {fn}' for path, line, fn in (f.split("|") for f in frames)]
     return "\n".join(["Thread 0x1 (most recent call first):", f'  File "{STD}/threading.py", line 327 in wait',
                       "", "Current thread 0x2 (most recent call first):", *lines,
-                      '  File "/x/harness/rank.py", line 100 in _rank_main'])
+                      '  File "/x/harness/runtime/rank.py", line 100 in _rank_main'])
 
 
 def test_the_frame_named_is_the_code_under_tests_not_torch_s_nor_the_standard_library_s():
     stack = _stack(f"{STD}/multiprocessing/synchronize.py|268|wait", f"{TORCH}/distributed/c10d.py|5|barrier",
                    "/venv/lib/python3.11/site-packages/megatron/core/writer.py|40|write", "/u/mystack.py|31|step")
     assert innermost_frame(stack) == "write at writer.py:40"
-    assert innermost_frame(_stack("/x/harness/collective_trace.py|80|traced", "/u/mystack.py|31|step")) == \
+    assert innermost_frame(_stack("/x/harness/runtime/collective_trace.py|80|traced", "/u/mystack.py|31|step")) == \
         "step at mystack.py:31"
 
 
@@ -48,7 +48,7 @@ def test_no_rank_in_a_collective_says_where_each_is_and_an_unanswered_rank_still
 def test_a_window_of_no_progress_restarts_when_a_rank_answers(monkeypatch):
     """Found in tox: a rank that returned, then its peers' answers still in their pipes, read as a stall. An
     answer is progress: after ``reset`` a whole window must pass again before a call is hung."""
-    from harness import hang
+    from harness.runtime import hang
 
     clock = [100.0]
     monkeypatch.setattr(hang.time, "monotonic", lambda: clock[0])

@@ -1,5 +1,5 @@
 """Data flows one way: no module of ``harness`` or ``reference`` imports — at module level or lazily inside a
-function — a module that imports it back (the torchrun entry point ``harness.spmd`` is apart from the
+function — a module that imports it back (the torchrun entry point ``harness.runtime.spmd`` is apart from the
 runtime ``World`` uses, so the World never reaches the CLI)."""
 
 from __future__ import annotations
@@ -70,10 +70,10 @@ def test_the_detector_finds_a_cycle():
 
 
 def test_the_world_does_not_reach_the_cli():
-    graph, seen, todo = _graph(), set(), ["harness.world"]
+    graph, seen, todo = _graph(), set(), ["harness.runtime.world"]
     while todo:
         node = todo.pop()
         if node not in seen:
             seen.add(node)
             todo += graph[node]
-    assert not {"harness.cli", "harness.bench_cli", "harness.spmd"} & seen, sorted(seen)
+    assert not {"harness.cli.main", "harness.cli.bench", "harness.runtime.spmd"} & seen, sorted(seen)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness import spmd_runtime as spmd
-from harness.report import write_report
+from harness.cli.report import write_report
+from harness.runtime import spmd_runtime as spmd
 
 pytestmark = pytest.mark.checkout  # reads the clone's files or runs its tools
 
@@ -42,7 +42,7 @@ def test_two_nodes_write_one_run_folder_with_placement(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     values = ("2", "2", "c10d", f"127.0.0.1:{port}", f"pb{port}")
     launch = [a for flag, value in zip(FLAGS, values, strict=True) for a in (flag, value)]
-    cmd = [sys.executable, "-m", "torch.distributed.run", *launch, "-m", "harness.spmd", *sweep]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *launch, "-m", "harness.runtime.spmd", *sweep]
     nodes = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for _ in range(2)]
     logs = []
@@ -78,9 +78,9 @@ def test_documented_launch_lines_are_the_tested_form():
         lines = [line for line in text.splitlines() if "torchrun --" in line]
         assert lines, f"{path} has no torchrun command line"
         for line in lines:
-            launch = line[line.index("torchrun"):line.index(" -m harness.spmd")]
+            launch = line[line.index("torchrun"):line.index(" -m harness.runtime.spmd")]
             flags = tuple(t for t in launch.split() if t.startswith("--"))
             assert flags == FLAGS, f"{path}: {launch}"
             assert "--rdzv-backend c10d" in launch
     job = (ROOT / "docs/multinode/pytorchjob.yaml").read_text()
-    assert '"-m", "harness.spmd"' in job and "rdzvBackend: c10d" in job
+    assert '"-m", "harness.runtime.spmd"' in job and "rdzvBackend: c10d" in job

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import registry
-from harness.registry import ImplSpec
+from harness.records import registry
+from harness.records.registry import ImplSpec
 
 pytestmark = pytest.mark.checkout  # reads the clone's files or runs its tools
 
@@ -31,7 +31,7 @@ cmd, args = sys.argv[1], sys.argv[2:]
 if cmd == "pytest":
     import pytest
     sys.exit(pytest.main(args))
-from harness.cli import main
+from harness.cli.main import main
 sys.exit(main(args))
 """
 

@@ -79,7 +79,7 @@ def test_a_harness_error_is_named_as_ours_in_the_summary(tmp_path):
     test.write_text("from harness.errors import HarnessError\n\n"
                     "def test_oracle():\n    raise HarnessError('expected() has no float8 branch')\n\n"
                     "def test_implementation():\n    assert 1 == 2, 'the implementation got it wrong'\n")
-    out = pytest_run(str(test), "--rootdir", str(ROOT), "-p", "harness.pytest_plugin")
+    out = pytest_run(str(test), "--rootdir", str(ROOT), "-p", "harness.pytest.plugin")
     assert out.returncode == 1
     summary = [line for line in out.stdout.splitlines() if "harness error(s)" in line]
     assert len(summary) == 1 and summary[0].startswith(  # the implementation's plain failure is not listed
@@ -91,6 +91,6 @@ def test_thorough_sweeps_run_only_in_the_thorough_env(tmp_path):
     test = tmp_path / "test_sweep.py"
     test.write_text("import pytest\n\ndef test_tox():\n    pass\n\n"
                     "@pytest.mark.thorough\ndef test_larger_sweep():\n    pass\n")
-    args = (str(test), "--rootdir", str(ROOT), "-p", "harness.pytest_plugin", "--collect-only")
+    args = (str(test), "--rootdir", str(ROOT), "-p", "harness.pytest.plugin", "--collect-only")
     assert "test_larger_sweep" not in pytest_run(*args).stdout
     assert "test_larger_sweep" in pytest_run(*args, "-m", "thorough").stdout

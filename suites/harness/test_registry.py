@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from harness import registry
-from harness.registry import ImplSpec, RegistryError
+from harness.records import registry
+from harness.records.registry import ImplSpec, RegistryError
 
 
 def test_builtins_resolve_and_load_as_collectives():
@@ -27,9 +27,9 @@ def test_user_spec_loads_a_factory_and_checks_the_contract():
     impl = registry.load("suites.collectives.impls:ring_small_pieces", "collectives")
     assert impl.piece_bytes == 12
     with pytest.raises(RegistryError, match="is not a collectives implementation: it lacks all_gather"):
-        registry.load("harness.world:rank_device", "collectives")
+        registry.load("harness.runtime.world:rank_device", "collectives")
     with pytest.raises(RegistryError, match="a zero-argument factory.*missing 1 required positional argument"):
-        registry.load("harness.timing:summarize", "collectives")
+        registry.load("harness.runtime.timing:summarize", "collectives")
 
 
 def test_missing_package_is_a_skip_reason_not_a_silent_drop():

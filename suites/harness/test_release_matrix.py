@@ -1,4 +1,4 @@
-"""The stacks' release matrix (harness/release_matrix.py): its table, one run folder of every (stack, release),
+"""The stacks' release matrix (harness/records/release_matrix.py): its table, one run folder of every (stack, release),
 a release that cannot install a row of its own, and a report whose matrix has a column per stack and release.
 The venvs and pytest sessions themselves are the nightly env's (``tox -e stacks-matrix``); here they are stubbed."""
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import release_matrix as rm
-from harness.results import RunDir, read_run
+from harness.records import release_matrix as rm
+from harness.records.results import RunDir, read_run
 
 
 def test_every_stack_has_its_newest_release_last_and_a_distribution():
@@ -57,7 +57,7 @@ def test_one_run_folder_holds_every_release_and_a_release_that_does_not_install(
 
 
 def test_the_matrix_has_a_column_per_release_where_a_run_holds_several(tmp_path):
-    from harness.report import write_report
+    from harness.cli.report import write_report
 
     run = RunDir(tmp_path, {"suite": "stacks-matrix"})
     for release, outcome in (("0.18.9", "fail"), ("0.19.8", "pass")):

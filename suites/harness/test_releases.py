@@ -1,12 +1,12 @@
 """``paritybench impls`` says which release of each stack is installed and whether the suite's runs cover it: a user
-on an untested release is told so in one line, never silently passed (harness/releases.py)."""
+on an untested release is told so in one line, never silently passed (harness/records/releases.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from harness import releases
-from harness.cli import main
+from harness.cli.main import main
+from harness.records import releases
 
 
 @pytest.mark.parametrize("version, tested", [("0.19.8", True), ("0.18.6", False), ("0.20.0", False)])
@@ -44,7 +44,7 @@ def test_impls_lists_the_installed_releases(capsys):
 def test_a_release_older_than_the_adapters_drive_is_a_skip_reason_in_one_sentence(monkeypatch):
     """torchtitan 0.2.1 is not driven (the adapters drive 0.2.2's and 0.3's APIs): every implementation requiring it
     skips with that sentence, as a missing package does — never a crash per case."""
-    from harness import registry
+    from harness.records import registry
 
     monkeypatch.setattr(releases, "_installed", lambda dist: "0.2.1" if dist == "torchtitan" else None)
     why = releases.not_driven("torchtitan")
@@ -68,7 +68,7 @@ def test_each_stacks_declared_floor_is_the_oldest_release_the_matrix_holds(extra
     import re
     from pathlib import Path
 
-    from harness.release_matrix import MATRIX
+    from harness.records.release_matrix import MATRIX
 
     text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
     floor = re.findall(rf'^{extra} = \["{re.escape(dist)}>=([0-9.]+)"\]', text, re.M)

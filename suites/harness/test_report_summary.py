@@ -1,13 +1,13 @@
 """report.md opens with its summary: the conformance counts and every failure's cause, what was not judged,
-the time — each line linking a section the report has (``harness.report_summary``)."""
+the time — each line linking a section the report has (``harness.cli.summary``)."""
 
 from __future__ import annotations
 
 import re
 
-from harness.report import write_report
-from harness.report_summary import anchor
-from harness.results import RunDir
+from harness.cli.report import write_report
+from harness.cli.summary import anchor
+from harness.records.results import RunDir
 
 ROWS = [
     {"suite": "stack", "property": "test_stack_equals_one_device", "impl": "mystack", "collective": "gpt/2x1x1",

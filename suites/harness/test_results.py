@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.results import BENCHMARK_COLUMNS, CsvAppender, ResultsError, RunDir, read_run
+from harness.records.results import BENCHMARK_COLUMNS, CsvAppender, ResultsError, RunDir, read_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,7 +65,7 @@ def test_a_folder_without_run_json_is_not_a_run(tmp_path):
 
 def test_killed_sweep_keeps_every_finished_row(tmp_path):
     """SIGKILL the whole process group mid-sweep: the CSVs parse and hold only complete rows."""
-    cmd = [sys.executable, "-m", "harness.cli", "bench", "collectives", "--impls", "reference",
+    cmd = [sys.executable, "-m", "harness.cli.main", "bench", "collectives", "--impls", "reference",
            "--ops", "all_reduce", "--world-sizes", "2", "--min-bytes", "4", "--max-bytes", "1G",
            "--factor", "2", "--iters", "2", "--warmup", "0", "--results-dir", str(tmp_path), "--no-report"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -97,8 +97,8 @@ def test_killed_sweep_keeps_every_finished_row(tmp_path):
 
 
 def test_run_json_records_where_each_rank_ran(world_cache, world_sizes, tmp_path):
-    from harness import placement
-    from harness import spmd_runtime as spmd
+    from harness.runtime import placement
+    from harness.runtime import spmd_runtime as spmd
 
     if spmd.active():
         pytest.skip("under torchrun placement is tested by test_multinode (nodes, GROUP_RANK)")
@@ -114,7 +114,7 @@ def test_run_json_records_where_each_rank_ran(world_cache, world_sizes, tmp_path
 
 
 def test_hashed_host_names(monkeypatch):
-    from harness import placement
+    from harness.runtime import placement
 
     monkeypatch.setenv("PARITYBENCH_HASH_HOSTS", "1")
     name = placement._host()

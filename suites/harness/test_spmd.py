@@ -1,4 +1,4 @@
-"""Under torchrun the same suites run unchanged: rank 0 drives, the others follow (harness.spmd)."""
+"""Under torchrun the same suites run unchanged: rank 0 drives, the others follow (harness.runtime.spmd)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness import spmd_runtime as spmd
+from harness.runtime import spmd_runtime as spmd
 
 from .ranks import pid
 
@@ -23,7 +23,7 @@ def test_suite_runs_under_torchrun_with_rank_zero_driving(tmp_path):
     if spmd.under_torchrun():
         return  # already inside a torchrun job: this test launches its own
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "harness.spmd", "pytest", "-q", "-p", "no:cacheprovider", "--world-sizes", "2",
+           "-m", "harness.runtime.spmd", "pytest", "-q", "-p", "no:cacheprovider", "--world-sizes", "2",
            "suites/collectives/test_conformance.py::test_collective_matches_exact_oracle[reference-all_reduce]",
            "suites/harness/test_world.py::test_run_returns_results_indexed_by_rank",
            "suites/harness/test_spmd.py::test_rank_zero_is_the_driver_only_under_torchrun",

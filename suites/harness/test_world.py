@@ -12,8 +12,16 @@ import time
 
 import pytest
 
-from harness import spmd_runtime as spmd
-from harness.world import ImplementationFailure, RankFailure, World, WorldHang, WorldTimeout, run_or_fail, verdict_of
+from harness.runtime import spmd_runtime as spmd
+from harness.runtime.world import (
+    ImplementationFailure,
+    RankFailure,
+    World,
+    WorldHang,
+    WorldTimeout,
+    run_or_fail,
+    verdict_of,
+)
 
 from . import ranks
 

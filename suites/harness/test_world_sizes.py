@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.cli.parsing import auto_world_sizes, device_world_sizes, parse_world_sizes
 from harness.errors import UsageError
-from harness.parsing import auto_world_sizes, device_world_sizes, parse_world_sizes
 
 
 @pytest.mark.parametrize("devices, sizes", [(1, [1]), (2, [1, 2]), (3, [1, 2, 3]), (4, [1, 2, 3, 4]),

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.capabilities import require_dtype
 from harness.mixed_precision import case
+from harness.runtime.capabilities import require_dtype
 from reference.cost_model import training_memory
 
 GRID = [(stage, dtype, reduce) for stage in (0, 1, 2, 3)

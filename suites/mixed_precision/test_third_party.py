@@ -5,14 +5,14 @@ FSDP2 and over DDP + autocast, DeepSpeed bf16 at ZeRO 0-3 and fp16 (its own dyna
 reproduced on one device: DeepSpeedRule) at DP 2 — every rank's fp32 masters (or bf16 parameters) within
 harness/mixed_precision/case.py's bound. Measured (torch 2.13, deepspeed 0.19.8, CPU): FSDP2 5.7e-5,
 DeepSpeed bf16 5.6e-5 (the reference's own figure), DDP bf16 4.9e-4 (bound 7.2e-3), torch fp16 2.9e-6
-(bound 4.4e-4). DeepSpeed fp16 disagrees twice — both findings with watch tests (harness/findings.py)."""
+(bound 4.4e-4). DeepSpeed fp16 disagrees twice — both findings with watch tests (harness/records/findings.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from harness import findings
 from harness.mixed_precision import third_party as tp
+from harness.records import findings
 
 CASES = [("fsdp2", 2), ("fsdp2", 3), ("ddp-bf16", 0), ("ddp-bf16", 1), ("deepspeed", 0), ("deepspeed", 2),
          ("deepspeed", 3)]
@@ -98,7 +98,7 @@ def test_deepspeed_fp16_on_a_machine_without_fp16_is_unsupported_not_a_finding(w
     configuration — including those two findings' own (stage 0; stage 1 where the scale grows) — is
     unsupported with DeepSpeed's reason, and a finding explains no such failure."""
     pytest.importorskip("deepspeed", reason="deepspeed is not installed (extra paritybench[deepspeed])")
-    from harness.capabilities import deny_on_rank
+    from harness.runtime.capabilities import deny_on_rank
 
     for stage, steps in ((0, 3), (1, 3)):
         per_rank = world_cache.get(2).run(deny_on_rank, "deepspeed-float16", tp.train_stack, "deepspeed-fp16",
@@ -113,7 +113,7 @@ def test_deepspeed_fp16_on_a_machine_without_fp16_is_unsupported_not_a_finding(w
 
 def test_a_cpu_without_a_dtype_is_unsupported(world_cache):
     """The torch stacks' dtype check made to answer no: unsupported with the reason, no problems."""
-    from harness.capabilities import deny_on_rank
+    from harness.runtime.capabilities import deny_on_rank
 
     per_rank = world_cache.get(2).run(deny_on_rank, "float16", tp.train_stack, "ddp-amp-fp16", 0, 2, timeout=300)
     assert all("cannot compute in float16" in (r.get("unsupported") or "") and not r["problems"] for r in per_rank)

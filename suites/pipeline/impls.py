@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.adapters.torch_pipeline import TorchPipeline
+from harness.adapters.torch.pipeline import TorchPipeline
 from reference.pipeline.runtime import ReferencePipeline
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from harness.cli.report import write_report
 from harness.pipeline.bench import PipelineSweep, run_sweep
-from harness.report import write_report
-from harness.results import RunDir, read_run
+from harness.records.results import RunDir, read_run
 
 
 def test_pipeline_sweep_rows_plots_and_report(world_cache, world_sizes, tmp_path):

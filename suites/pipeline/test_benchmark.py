@@ -1,7 +1,7 @@
 """The pipeline benchmark as pytest-benchmark tests (opt in: ``pytest -m benchmark --benchmark-only``).
 
 A training step of each schedule at p = 2, timed inside the ranks (``harness.pipeline.bench.bench_rank``)
-and handed to pytest-benchmark as in-rank times (``harness.pytest_benchmark_bridge``).
+and handed to pytest-benchmark as in-rank times (``harness.pytest.benchmark_bridge``).
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from harness.pipeline.bench import bench_rank
-from harness.pytest_benchmark_bridge import REPLAY_CLOCK, feed
-from harness.timing import summarize
+from harness.pytest.benchmark_bridge import REPLAY_CLOCK, feed
+from harness.runtime.timing import summarize
 
 pytest.importorskip("pytest_benchmark", reason="pytest-benchmark is not installed (it comes with the test extra)")
 

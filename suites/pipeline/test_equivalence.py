@@ -13,7 +13,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from harness.pipeline.case import PipelineCase, compare, run_rank, single_device
-from harness.world import run_or_fail
+from harness.runtime.world import run_or_fail
 from reference.pipeline import GENERATORS
 from suites._support.pipeline import pipeline_cases
 

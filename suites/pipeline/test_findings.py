@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.world import RankFailure
+from harness.runtime.world import RankFailure
 
 from .ranks import torch_uneven_microbatches
 

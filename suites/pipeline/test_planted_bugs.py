@@ -7,7 +7,7 @@ import pytest
 from hypothesis import find, settings
 
 from harness.pipeline.case import PipelineCase, compare, run_rank, single_device
-from harness.world import run_or_fail
+from harness.runtime.world import run_or_fail
 from suites._support.pipeline import pipeline_cases
 
 _SEARCH = settings(max_examples=100, database=None, deadline=None, derandomize=True)

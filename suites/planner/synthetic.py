@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from harness.calibrate.fit import collective_terms
-from harness.calibrate.profile import Profile
-from harness.calibrate.sweep import OPS
+from harness.cost_model.fit import collective_terms
+from harness.cost_model.profile import Profile
+from harness.cost_model.sweep import OPS
 
 SIZES = [1 << 10, 1 << 14, 1 << 18, 1 << 22]
 

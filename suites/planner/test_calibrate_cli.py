@@ -8,15 +8,15 @@ import json
 
 import pytest
 
-from harness.calibrate.build import profile_from_run
-from harness.calibrate.predict import PARTS
-from harness.calibrate.report import planner_summary
-from harness.calibrate.sweep import CalibrationSweep, run_sweep
-from harness.cli import main
+from harness.cli.main import main
+from harness.cli.report import write_report
+from harness.cost_model.build import profile_from_run
+from harness.cost_model.predict import PARTS
+from harness.cost_model.report import planner_summary
+from harness.cost_model.sweep import CalibrationSweep, run_sweep
 from harness.pipeline.bench import PipelineSweep
 from harness.pipeline.bench import run_sweep as pipeline_sweep
-from harness.report import write_report
-from harness.results import RunDir, read_run
+from harness.records.results import RunDir, read_run
 
 from .synthetic import profile
 
@@ -103,7 +103,7 @@ def test_resolved_pairs_judge_only_what_the_measurement_orders():
     although its median is not the best."""
     import pandas as pd
 
-    from harness.calibrate.report import resolved_summary
+    from harness.cost_model.report import resolved_summary
 
     rows = pd.DataFrame({"op": ["a", "b", "c"], "time_p50_us": [100.0, 105.0, 300.0],
                          "time_ci_lo_us": [90.0, 95.0, 280.0], "time_ci_hi_us": [110.0, 120.0, 320.0],
@@ -118,7 +118,7 @@ def test_resolved_pairs_judge_only_what_the_measurement_orders():
 
 
 def test_bubble_judgement():
-    from harness.calibrate.report import bubble_judgement
+    from harness.cost_model.report import bubble_judgement
 
     row = {"bubble_measured": 0.40, "bubble_ci_lo": 0.30, "bubble_ci_hi": 0.55}
     assert bubble_judgement({**row, "bubble_planned": 0.45}) == "within"  # 12.5 % off
@@ -128,7 +128,7 @@ def test_bubble_judgement():
 
 
 def test_median_interval_coverage():
-    from harness.timing import median_interval
+    from harness.runtime.timing import median_interval
 
     assert median_interval([5.0, 1.0, 3.0, 2.0, 4.0]) == (1.0, 5.0, 0.9375)
     assert median_interval([float(i) for i in range(10)]) == (1.0, 8.0, pytest.approx(0.978515625))

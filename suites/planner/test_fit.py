@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from harness.calibrate.build import profile_from_frames
-from harness.calibrate.fit import fit_collective, fit_linear, fit_message
-from harness.calibrate.profile import Profile, ProfileError
-from harness.calibrate.sweep import OPS
+from harness.cost_model.build import profile_from_frames
+from harness.cost_model.fit import fit_collective, fit_linear, fit_message
+from harness.cost_model.profile import Profile, ProfileError
+from harness.cost_model.sweep import OPS
 
 from .synthetic import SIZES, alpha_beta, calibration_rows
 
@@ -20,7 +20,7 @@ EXACT = 1e-9  # the synthetic times follow the model exactly: only float roundin
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("g", [2, 3, 4, 8])
 def test_fit_recovers_alpha_beta(op, g):
-    from harness.calibrate.fit import collective_terms
+    from harness.cost_model.fit import collective_terms
 
     a, b = alpha_beta(op, g)
     times = [collective_terms(op, g, s)[0] * a + collective_terms(op, g, s)[1] * b for s in SIZES]

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from harness.calibrate.predict import PARTS, gpt_workload, mlp_workload, predict_step
+from harness.cost_model.predict import PARTS, gpt_workload, mlp_workload, predict_step
 from reference.pipeline import generate, simulate
 
 from .synthetic import profile
@@ -149,7 +149,7 @@ def test_expert_parallel_step_by_hand():
     """dp 2 x ep 2, ZeRO 0, no pipeline or TP: each layer's dispatch and combine all-to-alls (tokens x top_k rows)
     forward and backward, priced as all-gathers of those bytes; the experts' gradients sync over their expert-
     data-parallel group of 1 (nothing), the rest over dp."""
-    from harness.calibrate.predict import moe_workload
+    from harness.cost_model.predict import moe_workload
 
     m, prof = 2, profile(2)
     work = moe_workload(gpt_workload(512, 128, 8, 512, 4, 64, 2), 128, 512, 4, 2, 64)

@@ -3,8 +3,8 @@ layout, the busiest rank's bytes against the cost model, the report's section.""
 
 from __future__ import annotations
 
-from harness.report import write_report
-from harness.results import RunDir, read_run
+from harness.cli.report import write_report
+from harness.records.results import RunDir, read_run
 from harness.resume.bench import ResumeSweep, run_sweep
 
 

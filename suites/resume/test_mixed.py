@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.capabilities import require_dtype
 from harness.resume import mixed
+from harness.runtime.capabilities import require_dtype
 
 
 @pytest.mark.parametrize("a, zero_a, b, zero_b", [((2, 1, 2), 2, (1, 2, 2), 1), ((1, 2, 2), 0, (4, 1, 1), 2)],

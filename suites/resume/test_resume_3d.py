@@ -15,7 +15,7 @@ import pytest
 
 from harness.resume import case
 from harness.resume.case import Recipe
-from harness.world import RankFailure
+from harness.runtime.world import RankFailure
 
 DROP, ADAM, SCALED = Recipe(0.1), Recipe(0.1, "adam"), Recipe(0.1, "adam", growth_interval=3)
 PAIRS = [  # (A dims, schedule, zero) -> (B dims, schedule, zero), recipe

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reference.state import ResumeError, Shard, finalize, latest, publish, read_box, read_metadata, write_rank
+from reference.resume import ResumeError, Shard, finalize, latest, publish, read_box, read_metadata, write_rank
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.int64]
 

@@ -43,7 +43,7 @@ def inf_norm_of_an_empty_fsdp_shard() -> str | None:
     lin = torch.nn.Linear(3, 1, bias=False, dtype=torch.float64)
     fully_shard(lin, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
     lin(torch.ones(2, 3, dtype=torch.float64)).sum().backward()
-    from harness.rank import failed_in_implementation
+    from harness.runtime.rank import failed_in_implementation
 
     try:
         torch.nn.utils.get_total_norm([lin.weight.grad], float("inf")).full_tensor()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.adapters.reference_stack import ReferenceStack, ReferenceStackTrainer
+from harness.adapters.reference.stack import ReferenceStack, ReferenceStackTrainer
 from harness.stack.inputs import IGNORE
 
 
@@ -159,7 +159,7 @@ class TitanExpertsDoubled:
     ("loss curves are equivalent even with the doubled gradients")."""
 
     def build(self, spec, layout, recipe, group=None):
-        from harness.adapters.torchtitan_stack import TorchtitanStack, TorchtitanStackTrainer
+        from harness.adapters.torchtitan.stack import TorchtitanStack, TorchtitanStackTrainer
 
         TorchtitanStack().build(spec, layout, recipe)  # the same refusals
         return type("Doubled", (_TitanExpertsDoubled, TorchtitanStackTrainer), {})(spec, layout, recipe)

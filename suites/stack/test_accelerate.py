@@ -1,4 +1,4 @@
-"""Hugging Face accelerate held to one device through the stack contract (harness/adapters/accelerate_stack.py):
+"""Hugging Face accelerate held to one device through the stack contract (harness/adapters/accelerate/stack.py):
 ``Accelerator.prepare``, ``accumulate`` / ``backward``, ``clip_grad_norm_``, DDP at ZeRO 0 and its FSDP2 plugin at
 ZeRO 2 / 3 (on an accelerator: on a CPU accelerate ignores the plugin — its finding, refused here), padded
 batches, float32; and its process-global state, reset between the cases a long-lived rank runs."""
@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from harness import registry
 from harness.contracts.stack import Layout, Recipe
+from harness.records import registry
 from harness.stack.judge import hold
 from reference.models import ModelSpec
 from reference.zero import OptimizerSpec
@@ -56,7 +56,7 @@ def _fsdp_then_ddp() -> tuple:
     import contextlib
     import os
 
-    from harness.adapters.accelerate_stack import AccelerateStack
+    from harness.adapters.accelerate.stack import AccelerateStack
     from harness.contracts import Unsupported
 
     with contextlib.suppress(Unsupported):  # a CPU: refused after accelerate saw the plugin (and wrote its variable)
@@ -82,7 +82,7 @@ def _without_reset() -> tuple:
 
     from accelerate.state import AcceleratorState
 
-    from harness.adapters import accelerate_stack as a
+    from harness.adapters.accelerate import stack as a
 
     a.RESET_FALLBACKS.clear()
     with mock.patch.object(AcceleratorState, "_reset_state", None):
@@ -99,7 +99,7 @@ def _fsdp_plugin_on_a_cpu() -> tuple:
     from accelerate import Accelerator
     from accelerate.utils import FullyShardedDataParallelPlugin
 
-    from harness.adapters.accelerate_stack import reset_accelerate
+    from harness.adapters.accelerate.stack import reset_accelerate
 
     reset_accelerate()
     acc = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
@@ -110,9 +110,9 @@ def _fsdp_plugin_on_a_cpu() -> tuple:
 
 
 def test_watch_accelerate_ignores_its_fsdp_plugin_on_a_cpu(world_cache):
-    """The finding (harness/findings.py): on a CPU the FSDP plugin leaves the type MULTI_CPU and the model in DDP.
-    Fails when accelerate shards there (then the adapter's refusal goes) or says no."""
-    from harness.findings import outside_range
+    """The finding (harness/records/findings.py): on a CPU the FSDP plugin leaves the type MULTI_CPU and the model in
+    DDP. Fails when accelerate shards there (then the adapter's refusal goes) or says no."""
+    from harness.records.findings import outside_range
 
     why = outside_range("suites/stack/test_accelerate.py::test_watch_accelerate_ignores_its_fsdp_plugin_on_a_cpu")
     if why:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.report import write_report
-from harness.results import RunDir, read_run
+from harness.cli.report import write_report
+from harness.records.results import RunDir, read_run
 from harness.stack.bench import StackSweep, predicted_bytes, run_sweep, spec_of
 
 from ..planner.synthetic import profile
@@ -107,7 +107,7 @@ def _aliased_all_reduce_counted() -> float:
     import torch
     import torch.distributed as dist
 
-    from harness.comm_count import counted_collectives
+    from harness.runtime.comm_count import counted_collectives
 
     module = types.ModuleType("a_third_party")  # what megatron-core does: a collective taken by value at import
     module.reduce = dist.all_reduce

@@ -78,9 +78,9 @@ OPTIONS = {  # name: (what a case holds, the probe: the smallest case with it, a
     "the llama family": (lambda c: c.spec.family == "llama", (LLAMA32, Layout(), ADAM)),
 }
 
-REFUSALS = {"reference": None, "torch": "harness.adapters.torch_stack", "deepspeed": "harness.adapters.deepspeed_stack",
-            "megatron": "harness.adapters.megatron_stack", "torchtitan": "harness.adapters.torchtitan_stack",
-            "accelerate": "harness.adapters.accelerate_stack"}
+REFUSALS = {"reference": None, "torch": "harness.adapters.torch.stack", "deepspeed": "harness.adapters.deepspeed.stack",
+            "megatron": "harness.adapters.megatron.stack", "torchtitan": "harness.adapters.torchtitan.stack",
+            "accelerate": "harness.adapters.accelerate.stack"}
 """Each stack's static refusal (its adapter's ``SUPPORTS.why_unsupported(spec, layout, recipe)``), None: refuses
 nothing."""
 

@@ -1,11 +1,11 @@
-"""DeepSpeed's engine held to one device through the stack contract (harness/adapters/deepspeed_stack.py):
+"""DeepSpeed's engine held to one device through the stack contract (harness/adapters/deepspeed/stack.py):
 ``deepspeed.initialize`` over the one-device model, ZeRO 0-3 over dp, its gradient accumulation and its
 2-norm clipping, SGD with momentum and Adam, both families (the GPT tied), float32 (DeepSpeed trains fp32,
 fp16 or bf16), within harness/stack/case.py's bound in float32 units; and its pipeline engine
-(harness/adapters/deepspeed_pipe.py: ``PipelineModule`` / ``train_batch``, pp x dp, ZeRO 0 / 1, the tied
+(harness/adapters/deepspeed/stack_pipe.py: ``PipelineModule`` / ``train_batch``, pp x dp, ZeRO 0 / 1, the tied
 embedding across stages through ``TiedLayerSpec``, activation checkpointing); its MoE layer inside its engine
-(harness/adapters/deepspeed_moe_stack.py: the moe family, ep 1-4 at ZeRO 0-2, top-1 and top-2) and its Ulysses
-attention (harness/adapters/deepspeed_ulysses_stack.py: cp 2 at ZeRO 0-3). What it does not compose here (tensor
+(harness/adapters/deepspeed/moe_stack.py: the moe family, ep 1-4 at ZeRO 0-2, top-1 and top-2) and its Ulysses
+attention (harness/adapters/deepspeed/ulysses_stack.py: cp 2 at ZeRO 0-3). What it does not compose here (tensor
 parallelism; GPipe and interleaved; ZeRO 2 / 3 with pp; the inf norm; fewer KV heads than cp) is unsupported in
 one sentence.
 """
@@ -16,9 +16,9 @@ import math
 
 import pytest
 
-from harness import registry
-from harness.capabilities import require_dtype
 from harness.contracts.stack import Layout, Recipe
+from harness.records import registry
+from harness.runtime.capabilities import require_dtype
 from harness.stack.judge import hold
 from harness.verdict import reduce
 from reference.models import ModelSpec
@@ -57,7 +57,7 @@ CASES = [  # (spec, layout, recipe, in every profile)
     (GPT32, Layout(4, 2, 1, zero=1), Recipe(max_grad_norm=0.05), False),
     (LLAMA32, Layout(2, 4, 1), Recipe(), False),
     (LLAMA32, Layout(1, 2, 1), Recipe(max_grad_norm=0.05), False),  # the pipeline's clipping finding (watched)
-    # its MoE inside its engine (harness/adapters/deepspeed_moe_stack.py): the experts reduced over its
+    # its MoE inside its engine (harness/adapters/deepspeed/moe_stack.py): the experts reduced over its
     # expert-data-parallel group, their ZeRO 1 / 2 state partitioned over it
     (MOE32, Layout(2, 1, 1, ep=2), Recipe(max_grad_norm=0.05), True),
     (MOE32, Layout(2, 1, 1, ep=2, zero=1), Recipe(accumulation=2), True),
@@ -65,7 +65,7 @@ CASES = [  # (spec, layout, recipe, in every profile)
     (MOE32, Layout(2, 1, 1, zero=1), Recipe(max_grad_norm=0.05, accumulation=2), False),
     (MOE32, Layout(4, 1, 1, ep=4, zero=1), Recipe(optimizer=OptimizerSpec("adam", 1e-2, eps=1e-3)), False),
     (TOP1, Layout(4, 1, 1, ep=2, zero=0), Recipe(accumulation=2), False),
-    # its Ulysses inside its engine (harness/adapters/deepspeed_ulysses_stack.py): the engine's (data, sequence)
+    # its Ulysses inside its engine (harness/adapters/deepspeed/ulysses_stack.py): the engine's (data, sequence)
     # mesh, gradients over dp x cp divided by dp, ZeRO partitioned over both
     (LLAMA32, Layout(1, 1, 1, cp=2, zero=2), Recipe(max_grad_norm=0.05), True),
     (LLAMA32, Layout(2, 1, 1, cp=2, zero=1), Recipe(accumulation=2), True),
@@ -134,7 +134,7 @@ def test_deepspeed_bf16_with_fp32_masters_equals_one_device(spec, layout, recipe
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
 
 
-OPTION = "harness.adapters.deepspeed_stack:"
+OPTION = "harness.adapters.deepspeed.stack:"
 OPTIONS = [  # (option, spec, layout, recipe, in every profile): the options its users set, each a stack of its own
     ("CallerScalesLoss", LLAMA32, Layout(2, 1, 1, zero=1), Recipe(max_grad_norm=0.05, accumulation=2), True),
     ("CallerScalesLoss", LLAMA32, Layout(2, 1, 1, zero=3), Recipe(accumulation=2), True),  # unclipped SGD
@@ -174,7 +174,7 @@ def test_an_option_deepspeed_does_not_combine_is_said_in_one_sentence(option, sp
 
 
 def _bf16_engine(zero: int):
-    from harness.adapters.deepspeed_stack import DeepSpeedStack
+    from harness.adapters.deepspeed.stack import DeepSpeedStack
 
     from .mixed_ranks import bf16_report
 
@@ -195,7 +195,7 @@ def test_deepspeed_bf16_trains_a_bf16_model_and_reports_its_fp32_masters(zero, w
 def _norm_at_stage_0():
     import torch
 
-    from harness.adapters.deepspeed_stack import DeepSpeedStack
+    from harness.adapters.deepspeed.stack import DeepSpeedStack
 
     trainer = DeepSpeedStack().build(LLAMA32, Layout(1, 1, 1, zero=0), Recipe(max_grad_norm=0.05))
     trainer.load_dense(LLAMA32.build(0).state_dict())
@@ -217,7 +217,7 @@ def _pipeline_norms():
     import torch.distributed as dist
     from deepspeed.runtime import engine as ds_engine
 
-    from harness.adapters.deepspeed_stack import DeepSpeedStack
+    from harness.adapters.deepspeed.stack import DeepSpeedStack
 
     seen, clip = [], ds_engine.clip_grad_norm_
 
@@ -256,7 +256,7 @@ SPLIT_VIEW = "suites/stack/test_deepspeed_releases.py::test_watch_zero2_modifies
 def _moe_trainer(layout, recipe):
     import torch
 
-    from harness.adapters.deepspeed_stack import DeepSpeedStack
+    from harness.adapters.deepspeed.stack import DeepSpeedStack
 
     trainer = DeepSpeedStack().build(MOE32, layout, recipe)
     trainer.load_dense(MOE32.build(0).state_dict())
@@ -321,7 +321,7 @@ def test_watch_deepspeed_links_the_optimizer_state_of_its_first_group_only(world
     """The finding's minimal case, DeepSpeed's own behaviour (the adapter's re-link off: what the adapter falls
     back to where DeepSpeed has no such method): every expert's state is 'not found'; re-linked, all of it is read.
     Fails once DeepSpeed links every group."""
-    from harness import findings
+    from harness.records import findings
 
     if not findings.outside_range(SPLIT_VIEW):
         pytest.skip("this release's ZeRO 1 / 2 raise in the step before any state is read (its split-view finding)")
@@ -331,7 +331,7 @@ def test_watch_deepspeed_links_the_optimizer_state_of_its_first_group_only(world
 
 
 def test_the_relink_falls_back_to_deepspeeds_behaviour_where_it_has_no_such_method():
-    from harness.adapters.deepspeed_moe_stack import relink_optimizer_state
+    from harness.adapters.deepspeed.moe_stack import relink_optimizer_state
 
     class Elsewhere:  # another release's optimizer: neither private name
         pass
@@ -343,7 +343,7 @@ def _sequence_parallel_momentum(zero: int) -> dict:
     """SGD's momentum after one step (the reduced gradient) of DeepSpeed-Ulysses in its engine, dp 1 x cp 2."""
     import torch
 
-    from harness.adapters.deepspeed_stack import DeepSpeedStack
+    from harness.adapters.deepspeed.stack import DeepSpeedStack
 
     trainer = DeepSpeedStack().build(LLAMA32, Layout(1, 1, 1, cp=2, zero=zero), Recipe())
     trainer.load_dense(LLAMA32.build(0).state_dict())
@@ -356,7 +356,7 @@ def test_watch_deepspeed_zero3_divides_the_sequence_parallel_gradient_by_sp(worl
     """The finding's minimal case: one SGD step at dp 1 x cp 2 — every gradient at ZeRO 3 is ZeRO 2's / 2 (float32,
     reduced in two orders: 1e-5 relative of the tensor's magnitude); ZeRO 2's equal one device (the cases above).
     Fails once the stages agree."""
-    from harness import findings
+    from harness.records import findings
 
     if not findings.outside_range(SPLIT_VIEW):
         pytest.skip("this release's ZeRO 2 raises in the step (its split-view finding)")
@@ -374,8 +374,8 @@ def _mesh_engine():
     import torch
     import torch.distributed as dist
 
-    from harness.adapters.deepspeed_init import init
-    from harness.adapters.deepspeed_zero import engine_config
+    from harness.adapters.deepspeed.init import init
+    from harness.adapters.deepspeed.zero import engine_config
 
     init()
     model = LLAMA32.build(0)
@@ -410,7 +410,7 @@ RESUME = [  # (spec, saved on, loaded on, recipe, expected, in every profile) �
     (LLAMA32, Layout(2, 2, 1, zero=0), Layout(4, 1, 1, checkpointing=True), Recipe(), "unsupported", False),
     (LLAMA32, Layout(2, 1, 1, zero=1), Layout(1, 2, 1, zero=1), ADAM, "unsupported", False),  # engine -> pipeline
 ]
-"""DeepSpeed's save_checkpoint / load_checkpoint (harness/adapters/deepspeed_resume.py): natively at one dp x pp,
+"""DeepSpeed's save_checkpoint / load_checkpoint (harness/adapters/deepspeed/resume.py): natively at one dp x pp,
 its universal checkpoint across them (at one world size the plain engine's dp is fixed: across layouts is its
 pipeline's pp x dp). Measured: both universal pairs and the 1 -> 2 stage change equal one device (worst 2.4e-6
 against 6.8e-3); ZeRO 0 <-> 1-3 and 3 <-> 1 / 2 raise (the finding), SGD does not convert (the zero suite's
@@ -425,9 +425,9 @@ def test_deepspeed_resume_across_layouts(spec, a, b, recipe, expected, world_cac
     """Saved after one step on ``a``, loaded on ``b``, one more step: every rank's dense state against one device
     after two. Where DeepSpeed raises, the registry's finding (the stage boundary; SGD's universal conversion)
     must be what explains it — a watch: the pair fails here once DeepSpeed loads it."""
-    from harness import findings
+    from harness.records import findings
+    from harness.runtime.world import run_or_fail
     from harness.stack import case as ranks
-    from harness.world import run_or_fail
 
     per_rank = run_or_fail(world_cache.get(a.world_size), ranks.resume_stack, "deepspeed", spec, a, b, recipe,
                            str(tmp_path), timeout=300, failed=ranks.failed)
@@ -453,7 +453,7 @@ def test_an_earlier_cases_sequence_parallel_state_without_a_release_is_unsupport
     held at another sp is DeepSpeed's behaviour (it asserts on a second initialisation) — said in one sentence."""
     from deepspeed.runtime.sequence_parallel import parallel_state_sp
 
-    from harness.adapters.deepspeed_ulysses_stack import sequence_parallel_state
+    from harness.adapters.deepspeed.ulysses_stack import sequence_parallel_state
     from harness.contracts import Unsupported
 
     monkeypatch.setattr(parallel_state_sp, "get_sequence_parallel_world_size", lambda: 4)

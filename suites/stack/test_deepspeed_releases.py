@@ -1,5 +1,5 @@
-"""Watches of DeepSpeed's findings that hold on its older releases only (harness/findings.py: each with its range,
-measured by the release matrix, ``tox -e stacks-matrix``). Each runs where the installed release is inside its
+"""Watches of DeepSpeed's findings that hold on its older releases only (harness/records/findings.py: each with its
+range, measured by the release matrix, ``tox -e stacks-matrix``). Each runs where the installed release is inside its
 finding's range — the matrix's venvs — and skips elsewhere, saying so: on the release tox pins they are fixed.
 Each fails when DeepSpeed changes what it watches (then the finding's range is updated)."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness import findings, registry
 from harness.contracts.stack import Layout, Recipe
+from harness.records import findings, registry
 from harness.stack.judge import hold
 from reference.models import ModelSpec
 
@@ -53,9 +53,9 @@ def test_watch_zero2_modifies_a_split_view_in_place(world_cache, conformance):
 
 
 def test_watch_bf16_optimizer_with_fp32_accumulation_is_off(world_cache, conformance):
-    from harness.capabilities import require_dtype
+    from harness.runtime.capabilities import require_dtype
 
     require_dtype(world_cache.get(2), "bfloat16")
     _watched("test_watch_bf16_optimizer_with_fp32_accumulation_is_off", world_cache, conformance,
-             "harness.adapters.deepspeed_stack:Fp32GradAccum", ModelSpec(**{**LLAMA32.as_dict(), "dtype": "bfloat16"}),
+             "harness.adapters.deepspeed.stack:Fp32GradAccum", ModelSpec(**{**LLAMA32.as_dict(), "dtype": "bfloat16"}),
              Layout(2, 1, 1, zero=1), Recipe(max_grad_norm=0.05, accumulation=2))

@@ -18,8 +18,8 @@ import math
 
 import pytest
 
-from harness.capabilities import require_dtype
 from harness.contracts.stack import Layout, Recipe
+from harness.runtime.capabilities import require_dtype
 from harness.stack.judge import hold
 from reference.models import ModelSpec
 from reference.zero import OptimizerSpec

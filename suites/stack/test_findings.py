@@ -1,10 +1,10 @@
-"""Watch tests of the stack suite's third-party findings (harness/findings.py)."""
+"""Watch tests of the stack suite's third-party findings (harness/records/findings.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from harness.world import ImplementationFailure, verdict_of
+from harness.runtime.world import ImplementationFailure, verdict_of
 
 from . import findings_ranks as ranks
 

@@ -8,7 +8,7 @@ import io
 
 import pandas as pd
 
-from harness.report import _md
+from harness.cli.report import _md
 from harness.stack.report import stack_matrix_section
 
 
@@ -54,7 +54,7 @@ def test_the_matrix_has_a_cell_per_check_case_and_stack_and_the_reasons():
 def test_the_main_jobs_matrix_holds_each_stack_and_writes_its_rows(world_cache, tmp_path):
     """``bench matrix`` (the last stage of ``bench all``) on its 1-rank case, for our stack: a conformance row per
     stack and case, check ``matrix``, in the run folder the report draws the matrix from."""
-    from harness.results import RunDir
+    from harness.records.results import RunDir
     from harness.stack.matrix import MatrixSweep, cases, run_sweep
 
     assert len(cases()) == 16 and {layout.world_size for _, _, layout, _ in cases()} == {1, 2, 4}

@@ -2,7 +2,7 @@
 megatron_stack.py: its GPTModel with the local layer spec, its tensor parallelism, its 1F1B and interleaved
 schedules, its DistributedDataParallel and distributed optimizer, finalize_model_grads, full recomputation,
 its optimizer and clipping; dist_checkpointing for resume) — on a CPU through the named device redirect
-(harness/adapters/megatron_cpu.py).
+(harness/adapters/megatron/cpu.py).
 
 float32, within harness/stack/case.py's bound in float32 units; and bf16 with fp32 main params (Megatron-LM's
 Float16Module + its Float16 / distributed optimizers), precision-matched (harness/stack/mixed.py). The specs are the
@@ -26,9 +26,9 @@ import math
 
 import pytest
 
-from harness import findings, registry
-from harness.capabilities import require_dtype, says_no_cuda
 from harness.contracts.stack import Layout, Recipe
+from harness.records import findings, registry
+from harness.runtime.capabilities import require_dtype, says_no_cuda
 from harness.stack.judge import hold
 from harness.verdict import reduce
 from reference.models import ModelSpec
@@ -84,7 +84,7 @@ def test_megatron_equals_one_device(spec, layout, recipe, padded, world_cache, c
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
 
 
-OPTION = "harness.adapters.megatron_stack:OverlapGradReduce"
+OPTION = "harness.adapters.megatron.stack:OverlapGradReduce"
 OPTIONS = [  # (spec, layout, recipe, in every profile): Megatron-LM's --overlap-grad-reduce, padded, accumulating
     (LLAMA, Layout(2, 1, 1, zero=1), Recipe(optimizer=ADAM, max_grad_norm=CLIP, accumulation=2), True),
     (LLAMA, Layout(2, 1, 1), Recipe(accumulation=2), False),
@@ -103,7 +103,7 @@ def test_megatron_with_its_gradient_reduce_overlapped_equals_one_device(spec, la
 
 
 def _overlap_engaged() -> tuple:
-    from harness.registry import load
+    from harness.records.registry import load
 
     trainer = load(OPTION, "stack").build(LLAMA, Layout(2, 1, 1), Recipe(accumulation=2))
     chunk = trainer.trainer[0]
@@ -143,7 +143,7 @@ def test_megatron_bf16_with_fp32_main_params_equals_one_device(spec, layout, rec
 
 
 def _bf16_megatron():
-    from harness.adapters.megatron_stack import MegatronStack
+    from harness.adapters.megatron.stack import MegatronStack
 
     from .mixed_ranks import bf16_report
 
@@ -189,7 +189,7 @@ def test_what_megatron_does_not_run_is_said_in_one_sentence(spec, layout, recipe
 def _flipped(attribute: str, spec, layout, recipe) -> dict:
     """Rank side: the stack with one of the adapter's choices (a ``MegatronStackTrainer`` class attribute) set the
     other way — Megatron's default — trained against one device."""
-    from harness.adapters.megatron_stack import MegatronStackTrainer
+    from harness.adapters.megatron.stack import MegatronStackTrainer
     from harness.stack import case as ranks
 
     held = getattr(MegatronStackTrainer, attribute)
@@ -237,7 +237,7 @@ def _resume(world_cache, conformance, a, b, recipe, directory) -> tuple[str, lis
     from harness.stack import case as ranks
 
     n = a.world_size
-    from harness.world import run_or_fail
+    from harness.runtime.world import run_or_fail
 
     per_rank = run_or_fail(world_cache.get(n), ranks.resume_stack, "megatron", LLAMA, a, b, recipe, str(directory),
                            timeout=300, failed=ranks.failed)  # a raise, a death or a hang: a verdict

@@ -110,7 +110,7 @@ SHARDED = [  # (ranks, spec, layout, recipe, in every profile): the experts' sta
     (2, MOE, Layout(2, 1, 1, ep=2, zero=1), Recipe(), False),  # EDP 1: the experts' flat unsharded
     (8, MOE, Layout(4, 1, 2, ep=2, zero=1), Recipe(max_grad_norm=0.05), False),
 ]
-"""ZeRO 1 / 2 with ep > 1 (``reference.compose.DataPart``): the dense parameters' flat sharded over dp x cp, the
+"""ZeRO 1 / 2 with ep > 1 (``reference.stack.compose.DataPart``): the dense parameters' flat sharded over dp x cp, the
 experts' over their expert-data-parallel group, its reduction divided by dp x cp (one device's: each EP group
 already collected its tokens' gradients) — held as every layout is, float64."""
 
@@ -140,7 +140,7 @@ bf16 has no E_T bound: test_equivalence.BF16)."""
     pytest.param(lay, r, id=f"{lay.label()}-zero{lay.zero}", marks=[] if every else [pytest.mark.thorough])
     for lay, r, every in BF16])
 def test_moe_stack_bf16_with_fp32_masters_equals_one_device(layout, recipe, world_cache, conformance):
-    from harness.capabilities import require_dtype
+    from harness.runtime.capabilities import require_dtype
 
     require_dtype(world_cache.get(layout.world_size), "bfloat16", conformance, suite="stack", impl="reference")
     v = hold(world_cache, conformance, "reference", layout.world_size, MOE16, layout, recipe)
@@ -155,7 +155,7 @@ def test_moe_stack_bf16_over_two_expert_data_parallel_replicas_equals_one_device
     """dp 4, ep 2, ZeRO 2: each expert on 2 ranks (its expert-data-parallel group), its gradient reduced over them
     with one device's scale — where pytorch #160285's 2x lives — precision-matched, every rank, two steps.
     Measured: reference 2.6 E_T, torchtitan 3.3 (against its own one-rank run, harness/stack/own_recipe.py) of 6.7."""
-    from harness.capabilities import require_dtype
+    from harness.runtime.capabilities import require_dtype
 
 
     require_dtype(world_cache.get(4), "bfloat16", conformance, suite="stack", impl=stack_impl)
@@ -186,7 +186,7 @@ def test_moe_planted_bugs_fail(planted, n, layout, needle, world_cache, conforma
 def test_moe_resume_across_an_ep_change_equals_one_device(stack_impl, a, b, world_cache, conformance, tmp_path):
     """One step on ``a``, saved; a new trainer on ``b`` loads it and steps: its state equals one device's after
     two — every expert found under its global number whichever EP rank wrote it."""
-    from harness.world import run_or_fail
+    from harness.runtime.world import run_or_fail
 
     per_rank = run_or_fail(world_cache.get(2), ranks.resume_stack, stack_impl, MOE, a, b, Recipe(), str(tmp_path),
                            timeout=300, failed=ranks.failed)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from harness.contracts.stack import Layout, Recipe
+from harness.runtime.world import run_or_fail
 from harness.stack import case as ranks
 from harness.verdict import reduce
-from harness.world import run_or_fail
 from reference.zero import OptimizerSpec
 from suites._support.stack import GPT, LLAMA
 

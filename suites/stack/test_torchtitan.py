@@ -24,9 +24,9 @@ import math
 import pytest
 import torch
 
-from harness import registry
-from harness.adapters.torchtitan_import import v02
+from harness.adapters.torchtitan.imports import v02
 from harness.contracts.stack import Layout, Recipe
+from harness.records import registry
 from harness.stack.judge import hold
 from harness.verdict import reduce
 from reference.models import ModelSpec
@@ -122,7 +122,7 @@ first update off sign(g). Measured: 2.2 - 3.9 E_T against allowed ratios of 5.5 
                  + "-padded" * padded_at(i), marks=[] if every else [pytest.mark.thorough])
     for i, (lay, r, every) in enumerate(BF16)])
 def test_torchtitan_bf16_mixed_precision_equals_one_device(layout, recipe, padded, world_cache, conformance):
-    from harness.capabilities import require_dtype
+    from harness.runtime.capabilities import require_dtype
 
     require_dtype(world_cache.get(layout.world_size), "bfloat16", conformance, suite="stack", impl="torchtitan")
     v = hold(world_cache, conformance, "torchtitan", layout.world_size, LLAMA16, layout, recipe, padded=padded)
@@ -135,7 +135,7 @@ class _Watched:
     unsharded copy, in the policy's dtype)."""
 
     def build(self, spec, layout, recipe):
-        from harness.adapters.torchtitan_stack import TorchtitanStack
+        from harness.adapters.torchtitan.stack import TorchtitanStack
 
         trainer, self.seen = TorchtitanStack().build(spec, layout, Recipe(optimizer=ADAM)), []
         load = trainer.load_dense
@@ -164,7 +164,7 @@ def test_torchtitan_bf16_computes_in_bf16_and_reports_fp32_masters(world_cache):
     if V02:
         pytest.skip("torchtitan 0.2.x trains bf16 on one rank through torch.autocast (its maybe_enable_amp): the "
                     "weights a Linear holds stay fp32, cast inside the op — this watches 0.3's FSDP2 path")
-    from harness.capabilities import require_dtype
+    from harness.runtime.capabilities import require_dtype
 
     from .mixed_ranks import EXPECTED
 
@@ -190,8 +190,8 @@ def _spmd_types_probe():
     """torchtitan's default spmd_backend ("spmd_types") over dp = 2: what parallelize_llama raises, or "ran"."""
     import torch.distributed as dist
 
-    from harness.adapters import torchtitan_stack as tt
-    from harness.adapters import torchtitan_trainer
+    from harness.adapters.torchtitan import stack as tt
+    from harness.adapters.torchtitan import trainer as torchtitan_trainer
 
     tt.TorchtitanStack().build(LLAMA32, Layout(2, 1, 1, zero=3), Recipe(optimizer=ADAM))
     trainer = tt.TorchtitanStackTrainer(LLAMA32, Layout(2, 1, 1, zero=3), Recipe(optimizer=ADAM))
@@ -234,8 +234,8 @@ def test_watch_torch_schedules_do_not_take_torchtitans_micro_batch_keywords():
 def test_torchtitan_resume_on_another_layout_equals_one_device(a, b, world_cache, conformance, tmp_path):
     """One step on ``a``, saved with torchtitan's checkpoint contents through DCP; a new trainer on ``b`` loads
     them and steps: parameters and Adam's state equal one device's after two steps."""
+    from harness.runtime.world import run_or_fail
     from harness.stack import case as ranks
-    from harness.world import run_or_fail
 
     if V02 and any(lay.pp > 1 or (lay.zero == 0 and lay.dp > 1) for lay in (a, b)):
         pytest.skip("torchtitan 0.2.x: its pipeline and DDP findings put this pair's state off before any resume")
@@ -253,7 +253,7 @@ def test_watch_a_tied_embedding_under_fsdp_and_tp_is_off_at_step_two(world_cache
     """The finding's minimal case, dp 2 x tp 2 (FSDP alone and TP alone are equal): parameters right after step
     1, off after step 2 (only step-2 lines). Fails once torchtitan trains it as one device does (then the tied
     cases pass and this watch says so)."""
-    from harness import findings
+    from harness.records import findings
 
     why = findings.outside_range("suites/stack/test_torchtitan.py::"
                                  "test_watch_a_tied_embedding_under_fsdp_and_tp_is_off_at_step_two")
@@ -270,7 +270,7 @@ def test_watch_a_tied_embedding_under_fsdp_and_tp_is_off_at_step_two(world_cache
 def _norm_ratio(layout) -> tuple[float, int]:
     """(torchtitan's reported pre-clip norm / one device's, the global batch's counted targets) of one clipped
     step on ``layout``."""
-    from harness import registry as reg
+    from harness.records import registry as reg
     from harness.stack.case import one_device
     from harness.stack.inputs import global_batch, valid_tokens
 
@@ -284,7 +284,7 @@ def _norm_ratio(layout) -> tuple[float, int]:
 
 
 def _watched_range(name: str) -> None:
-    from harness import findings
+    from harness.records import findings
 
     why = findings.outside_range(f"suites/stack/test_torchtitan.py::{name}")
     if why:

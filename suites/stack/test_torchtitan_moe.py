@@ -1,4 +1,4 @@
-"""torchtitan's MoE inside its own stack, held to one device (harness/adapters/torchtitan_moe_stack.py: the MoE
+"""torchtitan's MoE inside its own stack, held to one device (harness/adapters/torchtitan/moe_stack.py: the MoE
 family as torchtitan's Qwen3 model code — its router, all-to-all dispatcher, grouped experts, shared expert —
 parallelized by its parallelize_qwen3 with EP over ParallelDims, its loss, clipping, optimizers).
 
@@ -30,9 +30,9 @@ import math
 
 import pytest
 
-from harness import registry
-from harness.adapters.torchtitan_import import v02
+from harness.adapters.torchtitan.imports import v02
 from harness.contracts.stack import Layout, Recipe
+from harness.records import registry
 from harness.stack.judge import hold
 from harness.verdict import reduce
 from reference.models import ModelSpec
@@ -79,7 +79,7 @@ def _id(spec, layout):
     pytest.param(s, lay, r, padded_at(i), id=_id(s, lay) + "-padded" * padded_at(i),
                  marks=[] if every else [pytest.mark.thorough]) for i, (s, lay, r, every) in enumerate(CASES)])
 def test_torchtitan_moe_stack_equals_one_device(spec, layout, recipe, padded, world_cache, conformance):
-    from harness.capabilities import require_dtype
+    from harness.runtime.capabilities import require_dtype
 
     require_dtype(world_cache.get(layout.world_size), "bfloat16", conformance, suite="stack", impl="torchtitan")
     v = hold(world_cache, conformance, "torchtitan", layout.world_size, spec, layout, recipe, padded=padded)

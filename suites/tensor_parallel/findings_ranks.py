@@ -54,7 +54,7 @@ def megatron_cross_entropy(vocab: int) -> dict:
     its training pads the output layer), for one token whose logits are 0..V-1."""
     from megatron.core import tensor_parallel
 
-    from harness.adapters.megatron_tensor_parallel import _config, _padded
+    from harness.adapters.megatron.tensor_parallel import _config, _padded
 
     n, r = dist.get_world_size(), dist.get_rank()
     _config(n, torch.float64, False)

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from harness import registry
-from harness.report import write_report
-from harness.results import RunDir, read_run
+from harness.cli.report import write_report
+from harness.records import registry
+from harness.records.results import RunDir, read_run
 from harness.tensor_parallel.bench import TensorParallelSweep, run_sweep
 
 

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from harness import findings
 from harness.contracts.tensor_parallel import KINDS
+from harness.records import findings
+from harness.runtime.world import run_or_fail
 from harness.tensor_parallel import case as contract_ranks
 from harness.tensor_parallel import layer_case as ranks
 from harness.verdict import failed, reduce
-from harness.world import run_or_fail
 
 
 def _dims(data, kind: str, n: int, sp: bool) -> tuple[tuple, bool]:

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness import findings
-from harness.world import RankFailure
+from harness.records import findings
+from harness.runtime.world import RankFailure
 
 from . import findings_ranks
 

@@ -4,8 +4,8 @@ model-state memory of the pure data-parallel layout is the cost model's up to th
 
 from __future__ import annotations
 
-from harness.report import write_report
-from harness.results import RunDir, read_run
+from harness.cli.report import write_report
+from harness.records.results import RunDir, read_run
 from harness.threed.bench import ThreeDSweep, run_sweep
 
 from ..planner.synthetic import profile
@@ -68,7 +68,7 @@ def test_3d_variants_rows_and_memory(world_cache, tmp_path):
 
 
 def test_bad_3d_variants_are_one_sentence(capsys):
-    from harness.cli import main
+    from harness.cli.main import main
 
     assert main(["bench", "3d", "--3d-variants", "bf16,fp8"]) == 2
     assert "--3d-variants 'bf16,fp8' must be comma-separated among plain, bf16, clip." in capsys.readouterr().err

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import pytest
 
+from harness.runtime.world import run_or_fail
 from harness.threed import case as ranks
-from harness.world import run_or_fail
 from reference.models import GPT
-from reference.topology import ParallelDims
+from reference.stack.topology import ParallelDims
 from suites._support.threed import COMBOS
 
 MODEL = GPT()

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from harness.capabilities import says_no_cuda
+from harness.runtime.capabilities import says_no_cuda
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed (extra paritybench[megatron])")
 

@@ -1,6 +1,6 @@
 """Mixed precision over every 3D layout: the 3D suite's recipe (tied GPT, keyed dropout 0.1, global-norm
 clipping per ranks.CLIP, 2 accumulation passes) with bfloat16 / float16 parameters, activations and
-gradients and fp32 masters and optimizer state (reference.compose.Parallel3D on a low-precision GPT), over
+gradients and fp32 masters and optimizer state (reference.stack.compose.Parallel3D on a low-precision GPT), over
 every (dp, pp, tp) layout of world sizes 1, 2, 4 and 8, against one device running the same recipe on the
 whole batch: every rank's fp32 masters within mixed.allowed_ratio x E_T (one device's own distance from
 exact arithmetic, per dense tensor; derivation there), each step's gradient norm likewise, float16's loss
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.capabilities import require_dtype
+from harness.runtime.capabilities import require_dtype
 from harness.threed import case as ranks
 from harness.threed import mixed
 from reference.models import GPT

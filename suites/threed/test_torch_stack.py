@@ -1,5 +1,5 @@
 """The third-party comparison: the torchtitan-style torch stack (DTensor TP + pipelining + FSDP2,
-harness.adapters.torch_3d) trains the same GPT on 2 x 2 x 2 (dp x pp x tp) like one device — loss and
+harness.adapters.torch.stack_trainer) trains the same GPT on 2 x 2 x 2 (dp x pp x tp) like one device — loss and
 every parameter within ranks.bound after 3 steps. It runs on CPU/gloo with GPipe and 1F1B; the
 interleaved schedule (two FSDP-wrapped stages per rank) is not wired up in the adapter and is refused."""
 
@@ -39,7 +39,7 @@ def test_torch_stack_clips_like_one_device(world_cache, conformance):
 
 
 def test_torchtitan_clip_recipe_cannot_mix_meshes(world_cache):
-    """Watch test of the finding (harness/findings.py): torchtitan's clip_grad_norm_ (one get_total_norm
+    """Watch test of the finding (harness/records/findings.py): torchtitan's clip_grad_norm_ (one get_total_norm
     over every gradient) raises when the TP layers' gradients are on the (dp, tp) mesh and a LayerNorm's
     on the dp mesh only (FSDP2 without TP on the norms, as torchtune's TP plans leave them); fails once
     torch mixes meshes in the norm."""

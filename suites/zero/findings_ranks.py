@@ -8,7 +8,7 @@ import torch
 def deepspeed_default_clipping(scale: float) -> dict:
     """One SGD step (momentum buffer = the gradient) of DeepSpeed stage 0 with the default config on a
     Linear(4, 1, bias=False) whose gradient is ``scale`` * (1, 1, 1, 1) (norm 2 * scale)."""
-    from harness.adapters.deepspeed_zero import _init
+    from harness.adapters.deepspeed.zero import _init
 
     _init()
     import deepspeed

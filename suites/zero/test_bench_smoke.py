@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from harness.report import write_report
-from harness.results import RunDir, read_run
+from harness.cli.report import write_report
+from harness.records.results import RunDir, read_run
 from harness.zero.bench import ZeroSweep, run_sweep
 
 
@@ -41,7 +41,7 @@ def test_zero_sweep_memory_bytes_and_report(world_cache, world_sizes, tmp_path):
 
 
 def test_bad_zero_variants_are_one_sentence(capsys):
-    from harness.cli import main
+    from harness.cli.main import main
 
     assert main(["bench", "zero", "--zero-variants", "plain,fp8"]) == 2
     assert "--zero-variants 'plain,fp8' must be comma-separated among plain, bf16, clip." in capsys.readouterr().err

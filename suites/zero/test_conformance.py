@@ -9,7 +9,7 @@ import itertools
 
 import pytest
 
-from harness.world import run_or_fail
+from harness.runtime.world import run_or_fail
 from harness.zero import case as ranks
 from suites._support.zero import THIRD_PARTY_SIZES, skip_unless_stage
 

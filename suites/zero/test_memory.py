@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness import registry
+from harness.records import registry
 from harness.zero import case as ranks
 from reference.cost_model import training_memory
 from suites._support.zero import THIRD_PARTY_SIZES

@@ -17,7 +17,7 @@ import math
 
 import pytest
 
-from harness.world import run_or_fail
+from harness.runtime.world import run_or_fail
 from harness.zero import case as ranks
 from reference.zero import StepRecipe
 from suites._support.zero import skip_unless_stage

@@ -1,0 +1,220 @@
+"""DeepSpeed's engine under the stack contract: ``deepspeed.initialize`` over the one-device model of the
+spec (DeepSpeed has no model classes of its own: the engine is its training code) — ZeRO stage 0-3 over dp,
+its gradient accumulation (``gradient_accumulation_steps``: the engine divides each micro-step's loss and
+steps at the boundary), its gradient clipping (``gradient_clipping``: the global 2-norm), the client torch
+optimizer (SGD with momentum or Adam), float32.
+
+Each replica takes its rows of the global batch; each micro-step's loss is its summed cross-entropy divided by
+its share of the global batch's counted targets (``token_share`` over dp x accumulation): the engine averages
+micro-steps and replicas, and a padded batch counts differently in each — how the HF Trainer weighs a DeepSpeed
+loss (``num_items_in_batch``).
+
+The options users set (docs/guides/stacks.md), each a stack of its own here (``--impl
+harness.adapters.deepspeed.stack:<name>``): ``CallerScalesLoss`` — the caller divides by the accumulation steps
+and calls ``engine.backward(loss, scale_wrt_gas=False)``, as accelerate and the HF Trainer do;
+``Fp32GradAccum`` — ``data_types.grad_accum_dtype`` fp32 (a bf16 model's gradients accumulated in fp32: its
+BF16_Optimizer at ZeRO 1; DeepSpeed refuses the mix at ZeRO 0 with NotImplementedError: unsupported).
+
+Full state through DeepSpeed's own API: ``GatheredParameters`` (stage 3) and ``safe_get_full_optimizer_state``
+(stage 0: the client optimizer's state). A tied embedding is one parameter for DeepSpeed too: reported under
+both names, its state once.
+
+bf16 is DeepSpeed's own recipe (``bf16_config``: it rounds the model; fp32 masters and state, read by
+``MastersState``). pp > 1 and activation checkpointing are its ``PipelineModule`` (``deepspeed_pipe.py``);
+``save`` / ``load`` are its checkpoints, universal across dp (``deepspeed_resume.py``). Not here: tensor
+parallelism (DeepSpeed's AutoTP is an inference / HF path), fp16 (its loss scaler's own rule:
+suites/mixed_precision). The moe family is its MoE layer inside this engine (``deepspeed_moe_stack.py``), cp its
+Ulysses attention (``deepspeed_ulysses_stack.py``)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from harness.adapters.deepspeed.mixed import MastersState, bf16_config
+from harness.adapters.deepspeed.resume import DeepSpeedCheckpoint
+from harness.contracts import Unsupported
+from harness.stack.built import BuiltFromDense
+from harness.stack.dense import tied
+from harness.stack.supports import Rule, Supports
+
+
+def _ulysses(spec, layout, recipe) -> str | None:
+    from harness.adapters.deepspeed.ulysses_stack import unsupported
+
+    return unsupported(spec, layout, recipe)
+
+
+def _moe(spec, layout, recipe) -> str | None:
+    from harness.adapters.deepspeed.moe_stack import unsupported
+
+    return unsupported(spec, layout, recipe)
+
+
+def _piped(spec, layout, recipe) -> bool:
+    return layout.pp > 1 or layout.checkpointing  # DeepSpeed's activation checkpointing is its PipelineModule's
+
+
+SUPPORTS = Supports("the DeepSpeed stack", unsupported=(
+    Rule(lambda s, lay, r: lay.tp > 1 or lay.sequence_parallel,
+         "the DeepSpeed stack here is its engine over data parallelism (ZeRO 0-3), its PipelineModule, its MoE and its "
+         "Ulysses; its AutoTP (an inference / HF path) is not composed into it."),
+    Rule(lambda s, lay, r: lay.cp > 1, _ulysses),
+    Rule(lambda s, lay, r: lay.ep > 1 and s.family != "moe",
+         lambda s, lay, r: f"ep = {lay.ep} splits experts: the {s.family} family has none."),
+    Rule(lambda s, lay, r: s.family == "moe", _moe),
+    Rule(lambda s, lay, r: bool(s.dropout),
+         "the DeepSpeed stack trains without dropout (the one-device masks are keyed by a step it never sets)."),
+    Rule(lambda s, lay, r: _piped(s, lay, r) and lay.zero > 1,
+         lambda s, lay, r: "DeepSpeed's PipelineEngine asserts ZeRO-2 and ZeRO-3 are incompatible with pipeline "
+                           f"parallelism (asked: ZeRO {lay.zero})."),
+    Rule(lambda s, lay, r: _piped(s, lay, r) and lay.schedule != "1f1b",
+         lambda s, lay, r: f"DeepSpeed's PipelineEngine runs its 1F1B TrainSchedule only, not {lay.schedule}."),
+    Rule(lambda s, lay, r: s.dtype not in ("float32", "bfloat16"),
+         lambda s, lay, r: "the DeepSpeed stack here trains float32 and bf16 (fp16's loss scaler is its own rule: "
+                           f"suites/mixed_precision); not {s.dtype}."),
+    Rule(lambda s, lay, r: r.max_grad_norm is not None and r.norm_type != 2.0,
+         lambda s, lay, r: f"DeepSpeed's gradient_clipping clips the 2-norm, not the {r.norm_type} norm."),
+    Rule(lambda s, lay, r: r.loss_scale is not None,
+         "the DeepSpeed stack here has no loss scaler (float32 needs none)."),
+), refused=(
+    Rule(lambda s, lay, r: s.family == "moe" and s.experts % lay.ep,
+         lambda s, lay, r: f"the {s.experts} experts do not split evenly over ep = {lay.ep} (DeepSpeed asserts "
+                           "num_experts % ep_size == 0)."),
+))
+
+
+class DeepSpeedStack:
+    description = "DeepSpeed's engine: deepspeed.initialize, ZeRO 0-3 over dp, accumulation, clipping (float32)"
+
+    config: dict = {}
+    """DeepSpeed config entries an option adds to the engine's (``engine_config``, ``bf16_config``)."""
+    scale_wrt_gas = True
+    """``engine.backward``'s: True, the engine divides by the accumulation steps; False, the caller does."""
+
+    def build(self, spec, layout, recipe, group=None):
+        if group not in (None, dist.group.WORLD):
+            raise Unsupported("DeepSpeed's data-parallel group is the world here (no group argument).")
+        SUPPORTS.check(spec, layout, recipe)
+        if _piped(spec, layout, recipe):
+            if not self.scale_wrt_gas:
+                raise Unsupported("the caller's own loss scaling is engine.backward's option; the PipelineEngine's "
+                                  "train_batch runs the backward itself.")
+            from harness.adapters.deepspeed.stack_pipe import DeepSpeedPipeTrainer
+
+            return DeepSpeedPipeTrainer(spec, layout, recipe, self.config)
+        return DeepSpeedStackTrainer(spec, layout, recipe, self.config, self.scale_wrt_gas)
+
+
+class CallerScalesLoss(DeepSpeedStack):
+    description = "DeepSpeed's engine, the caller dividing the loss by the accumulation steps (scale_wrt_gas=False)"
+    scale_wrt_gas = False
+
+
+class Fp32GradAccum(DeepSpeedStack):
+    description = "DeepSpeed's engine, a bf16 model's gradients accumulated in fp32 (data_types.grad_accum_dtype)"
+    config = {"data_types": {"grad_accum_dtype": "fp32"}}
+
+    def build(self, spec, layout, recipe, group=None):
+        if spec.dtype == "bfloat16" and layout.zero == 0 and layout.pp == 1 and not layout.checkpointing:
+            raise Unsupported("DeepSpeed refuses a bf16 model with fp32 gradient accumulation at ZeRO 0 "
+                              "(NotImplementedError: unsupported mix of model_dtype and grad_accum_dtype).")
+        return super().build(spec, layout, recipe, group)
+
+
+class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
+    def __init__(self, spec, layout, recipe, config=None, scale_wrt_gas: bool = True):
+        self.spec, self.layout, self.recipe = spec, layout, recipe
+        self.config, self.scale_wrt_gas = config or {}, scale_wrt_gas
+        self.last_grad_norm, self.names, self.relink = None, {}, True
+        """{the engine's parameter name: the one-device model's} where they differ (the moe family's)."""
+
+    @property
+    def engine(self):
+        return self.trainer
+
+    def _build(self, model):
+        from harness.adapters.deepspeed.init import init
+        from harness.adapters.deepspeed.zero import _Trainer, engine_config
+
+        init()
+        import deepspeed
+
+        recipe = self.recipe
+        config = {**engine_config(self.layout.zero, recipe.accumulation, recipe.max_grad_norm),
+                  **bf16_config(self.spec), **self.config}
+        mpu = None
+        if self.layout.cp > 1:  # every attention DeepSpeed-Ulysses', the engine given its sequence-parallel state
+            from harness.adapters.deepspeed.ulysses_stack import ulysses_model
+
+            model, mpu = ulysses_model(model, self.layout.cp)
+        model = model.float()  # bf16: DeepSpeed rounds the model itself; its fp32 masters are the rounded weights
+        groups = model.parameters()
+        if self.spec.family == "moe":  # every block's MoE DeepSpeed's, its optimizer groups split as ZeRO asserts
+            from harness.adapters.deepspeed.moe_stack import MoEModel, contract_names, optimizer_groups
+
+            model = MoEModel(model, self.layout.ep)
+            groups, self.names = optimizer_groups(model), contract_names(model)
+        engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=recipe.optimizer.build(groups),
+                                                       config=config, mpu=mpu)
+        if self.spec.family == "moe":  # each rank loaded the experts its EP group routes to it
+            for block in model.blocks:
+                block.check()
+        # the ZeRO adapter's reading of DeepSpeed's full state (GatheredParameters, safe_get_full_optimizer_state)
+        names = [name for name, _ in model.named_parameters()]
+        self.state = (MastersState if self.spec.dtype == "bfloat16" else _Trainer)(
+            engine, optimizer, recipe.optimizer, self.layout.zero, names, None)
+        return engine
+
+    def step(self, tokens, targets) -> float:
+        from harness.stack.inputs import replica_rows, summed_cross_entropy, token_share
+
+        engine, k, dp, cp = self.trainer, self.recipe.accumulation, self.layout.dp, self.layout.cp
+        mine, theirs, rows = replica_rows(tokens, targets, dp, dist.get_rank() // cp, k)
+        if cp > 1:  # its sequence shard: the engine sums over data x sequence ranks and divides by dp
+            from harness.adapters.deepspeed.ulysses_stack import shard
+
+            mine, theirs = shard(mine, theirs, cp)
+        share = token_share(targets, dp * k)  # DeepSpeed averages micro-steps and replicas: each its share
+        total = 0.0
+        for a in range(k):
+            part = slice(a * rows, (a + 1) * rows)
+            out = engine(mine[part])  # through its forward
+            if self.spec.family == "moe":  # + the balance loss: the engine averages, so its share is the rows'
+                out, aux = out
+                loss = summed_cross_entropy(out, theirs[part]) / share + self.spec.aux_coef * aux / rows
+            else:
+                loss = summed_cross_entropy(out, theirs[part]) / share
+            if self.scale_wrt_gas:
+                engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
+            else:  # the caller does (accelerate, the HF Trainer), and tells the engine not to
+                engine.backward(loss / k, scale_wrt_gas=False)
+            engine.step()  # a no-op until the accumulation boundary
+            total += float(loss.detach()) / k
+        if self.recipe.max_grad_norm is not None:
+            norm = engine.get_global_grad_norm()
+            self.last_grad_norm = None if norm is None else float(norm)
+        value = torch.tensor([total / dp], dtype=torch.float64)
+        dist.all_reduce(value)
+        return float(value)
+
+    def memory(self) -> dict:
+        from harness.adapters.deepspeed.zero import engine_memory
+
+        return engine_memory(self.engine)
+
+    def dense_state(self) -> dict:
+        if self.spec.family == "moe" and self.layout.zero in (1, 2) and self.relink:
+            from harness.adapters.deepspeed.moe_stack import relink_optimizer_state
+
+            relink_optimizer_state(self.engine.optimizer)
+        params = {self.names.get(k, k): v.cpu() for k, v in self.state.full_params().items()}
+        optimizer = {self.names.get(k, k): {key: t.detach().cpu() for key, t in v.items()} for k, v in
+                     self.state.full_optimizer_state().items()}
+        if self.spec.family == "moe":  # every expert, on every rank
+            from harness.adapters.deepspeed.moe_stack import every_expert
+
+            params, optimizer = (every_expert(d, self.engine.module) for d in (params, optimizer))
+        if self.spec.tie_embeddings:
+            tied(params, optimizer)
+        return {"params": params, "optimizer": optimizer, "grad_norm": self.last_grad_norm}

@@ -1,0 +1,1 @@
+"""The adapter that holds our own composed trainer (reference.stack.compose) to the stack contract."""

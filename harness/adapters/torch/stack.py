@@ -1,0 +1,161 @@
+"""The ``torch`` stack: the torchtitan-style torch 3D stack (``harness.adapters.torch.stack_trainer.Torch3D``: DTensor
+TP with torchtitan's plan per family, torch.distributed.pipelining GPipe / 1F1B, FSDP2 over dp) under the
+stack contract, for the GPT and the Llama family (grouped-query attention through the same
+ColwiseParallel plan: the KV heads split over tp).
+
+What it does not provide is ``Unsupported`` in one sentence: ZeRO 0 / 1 with dp > 1 (FSDP2 shards the
+parameters: ZeRO 2 is ``reshard_after_forward=False``, 3 is True; over one replica nothing is sharded and
+any stage is the same), the interleaved schedule, activation checkpointing, sequence parallelism, tied
+embeddings (pipelining shares no parameter across stages), kv_heads < tp (ColwiseParallel cannot split
+fewer heads than ranks: they would have to be replicated, which the plan does not do — torchtitan
+requires the KV heads to divide by tp too) and low precision (its mixed-precision recipe is FSDP2's
+``MixedPrecisionPolicy``, held separately in suites/mixed_precision).
+
+``save`` / ``load`` go through ``torch.distributed.checkpoint`` (DCP), keyed by the one-device names (each
+stage's local names renamed, as torchtitan's pipeline split keeps global FQNs) so that a split that changes
+with pp finds its tensors: ``model.<name>`` for a parameter, ``optim.<name>.<key>`` for each optimizer
+state tensor, each the rank's DTensor — DCP reshards between placements, world sizes and stage splits.
+"""
+
+from __future__ import annotations
+
+from harness.stack.built import BuiltFromDense
+from harness.stack.dense import gathered
+from harness.stack.supports import Rule, Supports
+
+_MESHES: dict = {}
+
+
+SUPPORTS = Supports("the torch stack", unsupported=(
+    Rule(lambda s, lay, r: s.family == "moe" or lay.ep > 1,
+         "the torch stack here trains the gpt and llama families (torch has no mixture-of-experts layer of its own; "
+         "torchtitan's is the torchtitan stack's)."),
+    Rule(lambda s, lay, r: lay.cp > 1,
+         "the torch stack has no context parallelism here (torch's context_parallel cannot run on a CPU: "
+         "suites/context_parallel/test_third_party.py)."),
+    Rule(lambda s, lay, r: lay.dp > 1 and lay.zero < 2,
+         "the torch stack shards with FSDP2 (ZeRO 2 or 3 over dp); ZeRO 0 / 1 over more than one replica is not what "
+         "it runs."),
+    Rule(lambda s, lay, r: lay.schedule == "interleaved",
+         "the torch stack runs GPipe and 1F1B with one stage per rank, not the interleaved schedule."),
+    Rule(lambda s, lay, r: bool(s.dropout),
+         "the torch stack trains without dropout: the one-device masks are keyed by each row's global index and the "
+         "step, which its pipelining schedules do not pass to the stages."),
+    Rule(lambda s, lay, r: lay.checkpointing or lay.sequence_parallel,
+         "the torch stack applies neither activation checkpointing nor sequence parallelism here."),
+    Rule(lambda s, lay, r: s.tie_embeddings,
+         "the torch stack cannot tie the embedding to the LM head: torch.distributed.pipelining has no parameter "
+         "shared across stages."),
+    Rule(lambda s, lay, r: s.kv % lay.tp,
+         lambda s, lay, r: f"the torch stack splits the {s.kv} KV heads over tp = {lay.tp} with ColwiseParallel; fewer "
+                           "KV heads than ranks would have to be replicated, which its plan does not do."),
+    Rule(lambda s, lay, r: s.dtype not in ("float64", "float32"),
+         "the torch stack's low-precision recipe is FSDP2's MixedPrecisionPolicy, held in suites/mixed_precision."),
+), refused=(
+    Rule(lambda s, lay, r: s.heads % lay.tp,
+         lambda s, lay, r: f"tp ({lay.tp}) must divide the attention heads ({s.heads})."),
+    Rule(lambda s, lay, r: lay.pp > s.layers,
+         lambda s, lay, r: f"pp ({lay.pp}) cannot exceed the number of layers ({s.layers})."),
+))
+
+
+class TorchStack:
+    description = "torchtitan-style: DTensor TP + pipelining (GPipe, 1F1B) + FSDP2, GPT and Llama"
+
+    def build(self, spec, layout, recipe, group=None):
+        SUPPORTS.check(spec, layout, recipe)
+        return TorchStackTrainer(spec, layout, recipe)
+
+
+class TorchStackTrainer(BuiltFromDense):
+    def __init__(self, spec, layout, recipe):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from harness.runtime.rank import rank_device
+
+        self.spec, self.layout, self.recipe = spec, layout, recipe
+        dims = (layout.dp, layout.pp, layout.tp)
+        if dims not in _MESHES:  # process groups are created once per layout and rank process
+            _MESHES[dims] = init_device_mesh(rank_device().type, dims, mesh_dim_names=("dp", "pp", "tp"))
+        self.mesh = _MESHES[dims]
+
+    def _build(self, model):
+        from harness.adapters.torch.stack_trainer import Torch3D
+
+        layout, recipe = self.layout, self.recipe
+        trainer = Torch3D(model, layout.dp, layout.pp, layout.tp, layout.schedule, layout.num_microbatches,
+                          recipe.optimizer.lr, mesh=self.mesh, optimizer=recipe.optimizer,
+                          reshard_after_forward=layout.zero == 3, accumulation=recipe.accumulation)
+        trainer.max_grad_norm, trainer.norm_type = recipe.max_grad_norm, recipe.norm_type
+        return trainer
+
+    def step(self, tokens, targets) -> float:
+        from harness.runtime.rank import rank_device
+
+        return self.trainer.step(tokens.to(rank_device()), targets.to(rank_device()))
+
+    def dense_state(self) -> dict:
+        from harness.adapters.torch.stack_trainer import _full
+
+        t = self.trainer
+        keys = self.recipe.optimizer.state_keys
+        mine = {"params": {t.names[n]: _full(p.detach()).cpu().clone() for n, p in t.stage.named_parameters()},
+                "optimizer": {t.names[n]: {k: _full(t.optimizer.state[p][k]).cpu().clone() for k in keys
+                                           if k in t.optimizer.state.get(p, {})}
+                              for n, p in t.stage.named_parameters()}}
+        # every stage's tensors, on every rank (harness.stack.dense: its own as it holds them)
+        params, optimizer = gathered(mine["params"]), gathered(mine["optimizer"])
+        return {"params": params, "optimizer": optimizer, "grad_norm": t.last_grad_norm}
+
+    def memory(self) -> dict:
+        """Bytes of model state this rank holds between steps: its local shards (FSDP2 keeps parameters
+        sharded between steps at ZeRO 2 and 3 alike: reshard_after_forward only decides whether backward
+        gathers them again), their gradients and the optimizer state."""
+        import torch
+
+        def held(tensors) -> int:
+            local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors if t is not None]
+            return sum(t.numel() * t.element_size() for t in local)
+
+        t = self.trainer
+        params = list(t.stage.parameters())
+        state = [v for st in t.optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
+        return {"params": held(params), "grads": held(p.grad for p in params), "optimizer": held(state)}
+
+    def _dcp_state(self) -> dict:
+        """This rank's tensors under DCP keys; the optimizer state of a parameter not stepped yet as zeros
+        (Adam's ``step`` a scalar), to be filled in place by ``dcp.load``."""
+        import torch
+
+        t, spec, out = self.trainer, self.recipe.optimizer, {}
+        for local, p in t.stage.named_parameters():
+            name, state = t.names[local], t.optimizer.state.get(p, {})
+            out[f"model.{name}"] = p.data
+            for key in spec.state_keys:
+                out[f"optim.{name}.{key}"] = state.get(key, torch.zeros_like(p.data))
+            for key in spec.extra_state:
+                out[f"optim.{name}.{key}"] = state.get(key, torch.tensor(0.0))
+        return out
+
+    def save(self, directory) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._dcp_state(), checkpoint_id=_dcp_dir(directory))
+
+    def load(self, directory) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        state, t = self._dcp_state(), self.trainer
+        dcp.load(state, checkpoint_id=_dcp_dir(directory))  # in place: the parameters' own storage, the state's
+        keys = self.recipe.optimizer.state_keys + self.recipe.optimizer.extra_state
+        for local, p in t.stage.named_parameters():
+            t.optimizer.state[p] = {key: state[f"optim.{t.names[local]}.{key}"] for key in keys}
+
+
+def _dcp_dir(directory) -> str:
+    from pathlib import Path
+
+    return str(Path(directory) / "dcp")
+
+
+__all__ = ["TorchStack"]

@@ -1,0 +1,173 @@
+"""The torchtitan-style torch stack for the 3D comparison: the same GPT (reference.models) with DTensor
+tensor parallelism (ColwiseParallel / RowwiseParallel per block, RowwiseParallel embedding, a
+vocabulary-sharded head under ``loss_parallel``), torch.distributed.pipelining (PipelineStage and its
+GPipe / 1F1B schedules), and FSDP2 ``fully_shard`` over the DP mesh dimension — applied in torchtitan's
+order (TP, then the pipeline split, then FSDP) on one ``init_device_mesh`` (dp, pp, tp), TP innermost.
+With ``max_grad_norm`` set, the gradients are clipped as torchtitan's ``dist_utils.clip_grad_norm_`` does:
+``torch.nn.utils.get_total_norm`` over the stage's (DTensor) gradients, ``full_tensor()``, the PP
+reduction (sum of norm^p, or max) over the PP group, ``clip_grads_with_norm_``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from harness.runtime.world import rank_device
+from harness.stack.inputs import token_share
+from reference.stack.compose import Stage
+
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
+
+
+class Torch3D:
+    """``step(tokens, targets)`` on the global batch; ``full_params()`` {name: full tensor} of this rank's
+    stage, named as in the dense model."""
+
+    def __init__(self, model, dp: int, pp: int, tp: int, schedule: str, microbatches: int, lr: float,
+                 mesh=None, optimizer=None, reshard_after_forward: bool = True, accumulation: int = 1):
+        from torch.distributed import pipelining
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        if schedule not in SCHEDULES:
+            raise NotImplementedError(f"the torch 3D stack runs {', '.join(SCHEDULES)} here, not {schedule!r}.")
+        if getattr(model, "tie_embeddings", False) and not getattr(self, "split_tied", False):
+            # PipelineStage holds a stage's own modules: nothing sums a parameter shared by two stages, and
+            # torchtitan has no weight tying (pytorch/torchtitan#1524); split as is, the copies drift apart
+            raise NotImplementedError("the torch 3D stack cannot tie the embedding to the LM head: "
+                                      "torch.distributed.pipelining has no parameter shared across stages.")
+        mesh = mesh or init_device_mesh(rank_device().type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
+        self.dims, self.mesh, self.microbatches, self.accumulation = (dp, pp, tp), mesh, microbatches, accumulation
+        coord = mesh.get_coordinate()
+        self.dp_rank, stage_idx = coord[0], coord[1]
+        n_layers = len(model.blocks)
+        base, extra = divmod(n_layers, pp)
+        lo = stage_idx * base + min(stage_idx, extra)
+        hi = lo + base + (1 if stage_idx < extra else 0)
+        self.names = {}
+        first, last = stage_idx == 0, stage_idx == pp - 1
+        stage = Stage([copy.deepcopy(model.blocks[i]) for i in range(lo, hi)],
+                      copy.deepcopy(model.embed) if first else None, copy.deepcopy(model.ln_f) if last else None,
+                      copy.deepcopy(model.head) if last else None, apply_head=True)
+        # names of this stage's parameters in the dense model
+        for name, _ in stage.named_parameters():
+            parts = name.split(".")
+            self.names[name] = f"blocks.{lo + int(parts[1])}.{'.'.join(parts[2:])}" if parts[0] == "blocks" else name
+        tp_mesh = mesh["tp"]
+        for block in stage.blocks:
+            parallelize_module(block, tp_mesh, _tp_plan(block))
+            block.attn.heads //= tp
+            if hasattr(block.attn, "kv_heads"):  # a Llama block: KV heads split like the query heads
+                block.attn.kv_heads //= tp
+        if first:
+            parallelize_module(stage.embed, tp_mesh, RowwiseParallel(input_layouts=Replicate(),
+                                                                     output_layouts=Replicate()))
+        if last:
+            parallelize_module(stage.head, tp_mesh, ColwiseParallel(output_layouts=Shard(-1), use_local_output=False))
+        for block in stage.blocks:
+            fully_shard(block, mesh=mesh["dp"], reshard_after_forward=reshard_after_forward)
+        fully_shard(stage, mesh=mesh["dp"], reshard_after_forward=reshard_after_forward)
+        self.stage = stage
+        self.optimizer = optimizer.build(stage.parameters()) if optimizer is not None else torch.optim.SGD(
+            stage.parameters(), lr=lr, momentum=0.9)
+        self.pstage = pipelining.PipelineStage(stage, stage_idx, pp, rank_device(), group=mesh["pp"].get_group())
+        self.first, self.last = first, last
+        self.schedule_cls = getattr(pipelining, SCHEDULES[schedule])
+        self._schedule, self._count = None, 1
+        self.max_grad_norm, self.norm_type, self.last_grad_norm = None, 2.0, None
+        self.clip_recipe = "per-mesh"
+        """"torchtitan": its clip_grad_norm_ verbatim (one get_total_norm over every gradient); "per-mesh":
+        one get_total_norm per device mesh, combined (sum of norm^p, or max) — this stack's LayerNorms are
+        FSDP-sharded only (mesh dp) while the TP layers are on (dp, tp), which the verbatim recipe
+        cannot mix."""
+
+    def step(self, tokens, targets) -> float:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        dp, k = self.dims[0], self.accumulation
+        if len(tokens) % dp or len(tokens) // dp % k:
+            raise ValueError(f"the global batch's {len(tokens)} rows do not split evenly over dp = {dp} replicas and "
+                             f"{k} accumulation passes.")
+        per = len(tokens) // dp
+        mine = slice(self.dp_rank * per, (self.dp_rank + 1) * per)
+        self._count = token_share(targets, dp)  # each replica's share of the global batch's counted targets
+        tokens, targets = tokens[mine], targets[mine]
+        if self._schedule is None:  # one schedule for every pass: a new one re-runs the stage's shape
+            # inference, whose clean-up drops the gradients accumulated so far (PipelineStage)
+
+            def loss_fn(logits, target):  # each pass divides by the replica's share (FSDP averages over dp)
+                return F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="sum") / self._count
+
+            self._schedule = self.schedule_cls(self.pstage, self.microbatches, loss_fn=loss_fn, scale_grads=False)
+        self.optimizer.zero_grad()
+        losses: list = []
+        rows = per // k
+        for a in range(k):  # gradient accumulation: FSDP2 sums each pass's reduced gradient into its shard
+            part = slice(a * rows, (a + 1) * rows)
+            passed: list = []  # schedule.step clears the list it is given
+            with loss_parallel():
+                kwargs = {"target": targets[part], "losses": passed} if self.last else {}
+                self._schedule.step(*((tokens[part],) if self.first else ()), **kwargs)
+            losses += passed
+        if self.max_grad_norm is not None:
+            self.last_grad_norm = self._clip()
+        self.optimizer.step()
+        value = torch.tensor([float(sum(_full(loss).item() for loss in losses)) if self.last else 0.0],
+                             dtype=torch.float64, device=rank_device())
+        dist.all_reduce(value)  # the last stage's replicas, times tp ranks each
+        return float(value) / (dp * self.dims[2])
+
+    def _clip(self) -> float:
+        """torchtitan's clip_grad_norm_ (non-EP path) — verbatim, or per device mesh (``clip_recipe``)."""
+        import math
+
+        params = [p for p in self.stage.parameters() if p.grad is not None]
+        groups: dict = {}  # the parameters per device mesh of their gradients (a plain tensor: None), keyed by
+        # the mesh's value: id() of a mesh object is not stable (a freed one's id is reused), and a group of
+        # only empty FSDP shards would make the inf-norm raise on that rank
+        for p in params:
+            mesh = getattr(p.grad, "device_mesh", None)
+            key = None if mesh is None else (tuple(mesh.mesh_dim_names or ()), tuple(mesh.mesh.flatten().tolist()))
+            groups.setdefault(key, []).append(p)
+        if self.clip_recipe == "torchtitan":
+            groups = {0: params}
+        norms = torch.stack([_full(torch.nn.utils.get_total_norm([p.grad for p in g], self.norm_type))
+                             for g in groups.values()])
+        p_ = self.norm_type
+        total = norms.max() if math.isinf(p_) else (norms ** p_).sum() ** (1 / p_)
+        if self.dims[1] > 1:
+            group = self.mesh["pp"].get_group()
+            if math.isinf(p_):
+                dist.all_reduce(total, op=dist.ReduceOp.MAX, group=group)
+            else:
+                total **= p_
+                dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+                total **= 1.0 / p_
+        for g in groups.values():
+            torch.nn.utils.clip_grads_with_norm_(g, self.max_grad_norm, total)
+        return float(total)
+
+    def full_params(self) -> dict:
+        return {self.names[name]: _full(p.detach()).clone() for name, p in self.stage.named_parameters()}
+
+
+def _tp_plan(block) -> dict:
+    """torchtitan's plan per family: q, k, v (and GPT's fc1 / Llama's gate, up) column-wise, the output
+    projection (and fc2 / down) row-wise."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plan = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+            "attn.o": RowwiseParallel()}
+    if hasattr(block, "mlp"):  # Llama: SwiGLU
+        return {**plan, "mlp.gate": ColwiseParallel(), "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}
+    return {**plan, "fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
+
+
+def _full(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t

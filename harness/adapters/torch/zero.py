@@ -1,0 +1,131 @@
+"""The ``torch`` data-parallel / ZeRO implementation on CPU/gloo (or the current backend):
+
+  stage 0: DistributedDataParallel (gradient_as_bucket_view, so ``.grad`` is DDP's bucket memory)
+  stage 1: DDP + ZeroRedundancyOptimizer (optimizer state sharded by whole parameters, not elements)
+  stage 2: FSDP2 ``fully_shard`` per parameter-owning module + root, reshard_after_forward=False
+  stage 3: the same with reshard_after_forward=True
+
+FSDP2 reshards after backward in both configurations, so at rest (after a step) stage 2 holds sharded
+parameters like stage 3; it differs only between forward and backward. Memory is measured from the
+tensors this rank keeps (DTensor local shards; ZeroRedundancyOptimizer's local optimizer state).
+
+A ``StepRecipe`` as torch users write it: accumulation under DDP's ``no_sync()`` (stages 0-1) or FSDP2's
+``set_requires_gradient_sync(False)`` (stages 2-3) for the first k - 1 micro-steps, each loss divided by
+k; clipping with ``torch.nn.utils.clip_grad_norm_`` over the module's parameters (DTensor gradients under
+FSDP2: the returned norm is a DTensor, read with ``full_tensor()``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+from harness.runtime.world import rank_device
+from reference.zero.accounting import held_bytes, optimizer_state_tensors
+
+
+def _full(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _local(t):
+    return None if t is None else (t.to_local() if hasattr(t, "to_local") else t)
+
+
+class TorchZero:
+    def build(self, model, optimizer, stage: int, group=None, *, recipe=None):
+        from reference.zero import StepRecipe
+
+        if stage not in (0, 1, 2, 3):
+            raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3; got {stage!r}.")
+        return _Trainer(model, optimizer, stage, group or dist.group.WORLD, recipe or StepRecipe())
+
+
+class _Trainer:
+    def __init__(self, model, spec, stage, group, recipe):
+        self.spec, self.stage, self.group, self.recipe = spec, stage, group, recipe
+        self.last_grad_norm: float | None = None
+        if stage <= 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.model = DistributedDataParallel(model, process_group=group, gradient_as_bucket_view=True)
+            self.inner = model
+            if stage == 1:
+                from torch.distributed.optim import ZeroRedundancyOptimizer
+
+                cls, kwargs = ((torch.optim.SGD, {"lr": spec.lr, "momentum": spec.momentum}) if spec.name == "sgd"
+                               else (torch.optim.Adam, {"lr": spec.lr, "betas": spec.betas, "eps": spec.eps}))
+                self.optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls,
+                                                         process_group=group, **kwargs)
+            else:
+                self.optimizer = spec.build(model.parameters())
+        else:
+            from torch.distributed.device_mesh import DeviceMesh
+            from torch.distributed.fsdp import fully_shard
+
+            mesh = DeviceMesh.from_group(group, rank_device().type)
+            for module in list(model.modules())[1:]:
+                if next(module.parameters(recurse=False), None) is not None:
+                    fully_shard(module, mesh=mesh, reshard_after_forward=stage == 3)
+            fully_shard(model, mesh=mesh, reshard_after_forward=stage == 3)
+            self.model = self.inner = model
+            self.optimizer = spec.build(model.parameters())
+
+    def _quiet(self, sync: bool):
+        """DDP's no_sync, or FSDP2's gradient sync switched off, for a micro-step that must not reduce."""
+        if sync:
+            if self.stage >= 2:
+                self.model.set_requires_gradient_sync(True)
+            return contextlib.nullcontext()
+        if self.stage <= 1:
+            return self.model.no_sync()
+        self.model.set_requires_gradient_sync(False)
+        return contextlib.nullcontext()
+
+    def step(self, x, y) -> float:
+        self.optimizer.zero_grad(set_to_none=self.stage >= 2)
+        micro, total, share = self.recipe.split(x, y), 0.0, self.recipe.share(y, self.group)
+        for i, (xm, ym) in enumerate(micro):
+            with self._quiet(i == len(micro) - 1):
+                loss = self.recipe.micro_loss(self.model(xm), ym, share)  # / k, or masked: / its share
+                loss.backward()
+            total += float(loss.detach())
+        self.grad_bytes = held_bytes(_local(p.grad) for p in self.inner.parameters())
+        if self.recipe.max_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(self.inner.parameters(), self.recipe.max_grad_norm,
+                                                  self.recipe.norm_type)
+            self.last_grad_norm = float(_full(norm))
+        self.optimizer.step()
+        return total
+
+    def full_params(self) -> dict:
+        return {k: _full(p.detach()).clone() for k, p in self.inner.named_parameters()}
+
+    def full_grads(self) -> dict:
+        return {k: _full(p.grad).clone() for k, p in self.inner.named_parameters()}
+
+    def _local_state(self):
+        return self.optimizer.optim.state if self.stage == 1 else self.optimizer.state
+
+    def full_optimizer_state(self) -> dict:
+        state = self._local_state()
+        out = {}
+        for name, p in self.inner.named_parameters():
+            out[name] = {}
+            for key in self.spec.state_keys:
+                if self.stage == 1:  # each parameter's state lives on the one rank that owns it
+                    t = state[p][key].clone() if p in state else torch.zeros_like(p.detach())
+                    dist.all_reduce(t, group=self.group)
+                    out[name][key] = t
+                else:
+                    out[name][key] = _full(state[p][key]).clone()
+        return out
+
+    def memory(self) -> dict:
+        params = list(self.inner.parameters())
+        optim = self.optimizer.optim if self.stage == 1 else self.optimizer
+        return {"params": held_bytes(_local(p.detach()) for p in params),
+                "grads": self.grad_bytes,
+                "optimizer": held_bytes(_local(t) for t in optimizer_state_tensors(optim))}

@@ -1,0 +1,1 @@
+"""Adapters holding torchtitan's implementations to paritybench's contracts (and its shims)."""

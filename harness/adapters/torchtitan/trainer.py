@@ -1,0 +1,325 @@
+"""torchtitan's trainer under the stack contract (0.3.x; ``torchtitan_v02.py`` subclasses it for 0.2.x): its model
+built from a config of the spec's sizes, parallelized by its own functions, the step of ``Trainer.train_step``,
+the dense state, DCP save / load. ``torchtitan_stack.py`` says what it refuses and builds it; its docstring says
+what the adapter chooses, and why."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from harness.adapters.torchtitan.imports import v02
+from harness.adapters.torchtitan.names import contract_name, torchtitan_name
+from harness.stack.built import BuiltFromDense
+from harness.stack.dense import gathered, tied
+
+SPMD_BACKEND = "partial_dtensor"
+
+
+def model_config(spec, seq: int = 64):
+    """torchtitan's ``Llama3Model.Config`` of the spec's sizes (rotate-half RoPE, the SDPA core, no init: the
+    weights are loaded from the one-device model)."""
+    from torchtitan.models.common import Embedding, Linear, RMSNorm
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.common.config_utils import make_ffn_config, make_gqa_config
+    from torchtitan.models.common.rope import CosSinRoPE
+    from torchtitan.models.llama3 import Llama3Model
+    from torchtitan.models.llama3.model import Llama3TransformerBlock
+
+    keep = {"weight": lambda t: t}  # the weights come from load_dense
+
+    def norm():
+        return RMSNorm.Config(normalized_shape=spec.hidden, eps=spec.norm_eps, param_init=keep)
+
+    layers = [Llama3TransformerBlock.Config(
+        attention_norm=norm(), ffn_norm=norm(),
+        attention=make_gqa_config(dim=spec.hidden, n_heads=spec.heads, n_kv_heads=spec.kv, wqkv_param_init=keep,
+                                  wo_param_init=keep, inner_attention=ScaledDotProductAttention.Config(),
+                                  fuse_qkv=False, rope=CosSinRoPE.Config(dim=spec.hidden // spec.heads,
+                                                                         max_seq_len=seq, theta=spec.rope_theta)),
+        feed_forward=make_ffn_config(dim=spec.hidden, hidden_dim=spec.ffn, w1_param_init=keep, w2w3_param_init=keep))
+        for _ in range(spec.layers)]
+    return Llama3Model.Config(
+        dim=spec.hidden, vocab_size=spec.vocab, norm=norm(), layers=layers, enable_weight_tying=spec.tie_embeddings,
+        tok_embeddings=Embedding.Config(num_embeddings=spec.vocab, embedding_dim=spec.hidden, param_init=keep),
+        lm_head=Linear.Config(in_features=spec.hidden, out_features=spec.vocab, param_init=keep))
+
+
+SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B"}
+
+
+class TorchtitanStackTrainer(BuiltFromDense):
+    def __init__(self, spec, layout, recipe):
+        self.spec, self.layout, self.recipe = spec, layout, recipe
+
+    def _parallelism(self):
+        from torchtitan.config import ParallelismConfig
+
+        layout = self.layout
+        replicate = layout.zero == 0
+        return ParallelismConfig(
+            data_parallel_replicate_degree=layout.dp if replicate else 1,
+            data_parallel_shard_degree=1 if replicate else layout.dp, tensor_parallel_degree=layout.tp,
+            enable_sequence_parallel=layout.sequence_parallel,
+            fsdp_reshard_after_forward="never" if layout.zero == 2 else "default", spmd_backend=SPMD_BACKEND,
+            expert_parallel_degree=layout.ep,
+            pipeline_parallel_degree=layout.pp, pipeline_parallel_schedule=SCHEDULES[layout.schedule],
+            pipeline_parallel_microbatch_size=1, module_fqns_per_model_part=self._interleaved_parts())
+
+    def _interleaved_parts(self) -> list[list[str]] | None:
+        """Interleaved 1F1B: 2 pp model chunks of contiguous layers, the embedding in the first, the norm and the
+        head in the last (torchtitan's explicit split, ``module_fqns_per_model_part``; its automatic one counts
+        the embedding and the head as layers and needs a layer count that fits it). None: torchtitan's split."""
+        if self.layout.schedule != "interleaved":
+            return None
+        from reference.stack.compose import stage_bounds
+
+        chunks = 2 * self.layout.pp
+        bounds = stage_bounds(self.spec.layers, chunks)
+        parts = [[f"layers.{i}" for i in range(bounds[c], bounds[c + 1])] for c in range(chunks)]
+        parts[0].insert(0, "tok_embeddings")
+        parts[-1] += ["norm", "lm_head"]
+        return parts
+
+    def _model(self, parallelism):
+        """(torchtitan's config of the spec with its sharding declared, its parallelize function). The sharding:
+        what ``Llama3Model.Config.update_from_config`` does for a parallelism; that method itself imports
+        torchtitan.trainer, which needs the data stack (torchdata, datasets)."""
+        if self.spec.family == "moe":
+            from harness.adapters.torchtitan.moe_stack import model
+
+            return model(self.spec, parallelism)
+        from torchtitan.models.llama3 import parallelize_llama
+        from torchtitan.models.llama3.sharding import set_llama3_sharding_config
+
+        config = model_config(self.spec)
+        set_llama3_sharding_config(config, enable_sp=parallelism.enable_sequence_parallel)
+        return config, parallelize_llama
+
+    def _titan_state(self, model) -> dict:
+        """The one-device model's weights under torchtitan's names, float32 (its parameters' dtype)."""
+        if self.spec.family == "moe":
+            from harness.adapters.torchtitan.moe_stack import titan_state
+
+            return titan_state(model)
+        return {torchtitan_name(k): v.detach().clone().to(torch.float32) for k, v in model.state_dict().items()}
+
+    def _dense_entries(self, name: str, value, state: dict):
+        """(contract name, full tensor, its optimizer state) of torchtitan's parameter ``name``."""
+        if self.spec.family == "moe":
+            from harness.adapters.torchtitan.moe_stack import dense_entries
+
+            yield from dense_entries(name, value, state)
+            return
+        yield contract_name(name), value, state
+
+    def _build(self, model):
+        """torchtitan's model of the spec, ``model``'s weights loaded, parallelized by ``parallelize_llama``
+        (through ``pipeline_llm`` with pp > 1: its stage split, its schedule, each stage parallelized)."""
+        from torchtitan.components.loss import CrossEntropyLoss
+        from torchtitan.components.optimizer.optimizer import OptimizersContainer, ParamGroupConfig
+        from torchtitan.config import CompileConfig, TrainingConfig
+        from torchtitan.distributed import ParallelDims
+        from torchtitan.distributed import utils as dist_utils
+        from torchtitan.distributed.activation_checkpoint import FullAC
+        from torchtitan.models.llama3 import pipeline_llm
+
+        layout, spec = self.layout, self.spec
+        dist_utils.set_spmd_backend(SPMD_BACKEND)  # as Trainer.__init__ does
+        parallelism = self._parallelism()
+        self.dims = ParallelDims.from_config(parallelism, dist.get_world_size())
+        self.dims.build_mesh()
+        config, parallelize = self._model(parallelism)
+        with torch.device("meta"):  # Trainer.__init__'s order: meta model, parallelize, to_empty, init_weights
+            titan = config.build()
+        self.loss_fn = CrossEntropyLoss.Config().build()
+        common = {"parallel_dims": self.dims, "parallelism": parallelism, "compile_config": CompileConfig(enable=False),
+                  "ac_config": FullAC.Config() if layout.checkpointing else None, "dump_folder": "/tmp",
+                  "training": TrainingConfig(mixed_precision_param=spec.dtype, mixed_precision_reduce="float32",
+                                             local_batch_size=layout.num_microbatches)}
+        if layout.pp > 1:
+            self.schedule, parts, self.first, self.last = pipeline_llm(
+                titan, **common, device=torch.device("cpu"), model_config=config, parallelize_fn=parallelize,
+                loss_fn=self.loss_fn)
+        else:
+            self.schedule, parts, self.first, self.last = None, [parallelize(titan, **common)], True, True
+        materialise(parts, self._titan_state(model))
+        opt = self.recipe.optimizer
+        kwargs = {"lr": opt.lr, "betas": opt.betas, "eps": opt.eps, "weight_decay": 0.0}
+        self.optimizers = OptimizersContainer.Config(
+            param_groups=[ParamGroupConfig(pattern=".*", optimizer_name="Adam", optimizer_kwargs=kwargs)],
+            implementation="for-loop").build(model_parts=parts)
+        self.last_grad_norm = None
+        return parts
+
+    def step(self, tokens, targets) -> float:
+        """``Trainer.train_step``: the rank's rows of the global batch, the loss summed and divided by the
+        global token count, forward and backward per accumulation micro-step (through the pipeline schedule
+        with pp > 1, one row per micro-batch), torchtitan's clip_grad_norm_, the optimizers' step."""
+        from torchtitan.components.loss import IGNORE_INDEX
+        from torchtitan.distributed import utils as dist_utils
+
+        from harness.stack.inputs import replica_rows
+
+        parts = self.trainer  # built (load_dense, or the spec's seed 0)
+        dims, recipe, layout = self.dims, self.recipe, self.layout
+        k = recipe.accumulation
+        r = dims.get_mesh("batch").get_local_rank() if dims.dp_enabled else 0
+        mine, theirs, rows = replica_rows(tokens, targets, layout.dp, r, k)
+        if layout.pp > 1 and rows != layout.num_microbatches:
+            raise ValueError(f"the torchtitan stack pipelines micro-batches of one row (its schedule is built for "
+                             f"{layout.num_microbatches}); a replica's accumulation step has {rows}: pass dp x "
+                             "microbatches x accumulation rows.")
+        # Trainer.train_step's: this replica's counted targets (not IGNORE_INDEX), summed over the batch mesh
+        global_tokens = (theirs != IGNORE_INDEX).sum()
+        if dims.dp_enabled:
+            global_tokens = self._sum_over(global_tokens, dims.get_mesh("batch"))
+        self.optimizers.zero_grad()
+        loss_sum = 0.0
+        for a in range(k):
+            part = slice(a * rows, (a + 1) * rows)
+            loss_sum += self._forward_backward(parts, mine[part], theirs[part], global_tokens)
+        if recipe.max_grad_norm is not None:
+            norm = dist_utils.clip_grad_norm_([p for m in parts for p in m.parameters()], recipe.max_grad_norm,
+                                              recipe.norm_type, foreach=True, pp_mesh=dims.get_optional_mesh("pp"),
+                                              ep_enabled=dims.ep_enabled)
+            self.last_grad_norm = _scalar(norm)
+        self.optimizers.step()
+        total = torch.tensor([loss_sum], dtype=torch.float64)
+        for axis in ("pp", "batch"):  # the last stage's sums, over every replica
+            mesh = dims.get_optional_mesh(axis)
+            if mesh is not None:
+                dist.all_reduce(total, group=mesh.get_group())
+        return float(total)
+
+    @staticmethod
+    def _sum_over(count, mesh):
+        from torchtitan.distributed import utils as dist_utils
+
+        return dist_utils.dist_sum_tensor(count, mesh)
+
+    def _forward_backward(self, parts, tokens, targets, global_tokens) -> float:
+        """One accumulation micro-step (``Trainer.forward_backward_step``); the loss this rank holds: its sum /
+        the global token count (0 on a pipeline rank without the last stage)."""
+        if self.schedule is None:
+            loss, _ = self.loss_fn(parts[0](tokens), targets, global_tokens)
+            loss.backward()
+            return _scalar(loss)
+        # torchtitan 0.3's trainer calls step(arg_mbs=, kwarg_mbs=, target_mbs=), a torch-nightly signature; torch
+        # 2.13's schedules take the whole batch and split it themselves (one row per micro-batch here): the same
+        # schedule and stages (torchtitan's), called in the form this torch has
+        losses = [] if self.last else None
+        args = (tokens,) if self.first else ()
+        self.schedule.step(*args, target=targets if self.last else None, losses=losses,
+                           loss_kwargs={"global_valid_tokens": global_tokens}, return_outputs=False)
+        return sum(_scalar(v) for v in losses) if self.last else 0.0
+
+    def save(self, directory) -> None:
+        _save(self, directory)
+
+    def load(self, directory) -> None:
+        _load(self, directory)
+
+    def memory(self) -> dict:
+        """Bytes of model state this rank holds between steps (each storage once): its shards of the parameters
+        (a DTensor's local tensor), their gradients, the optimizers' state."""
+        from reference.zero.accounting import held_bytes, optimizer_state_tensors
+
+        def local(t):
+            return t.to_local() if hasattr(t, "to_local") else t
+
+        params = [p for part in self.trainer for p in part.parameters()]
+        state = [t for opt in self.optimizers.optimizers for t in optimizer_state_tensors(opt)]
+        return {"params": held_bytes(local(p) for p in params),
+                "grads": held_bytes(local(p.grad) for p in params if p.grad is not None),
+                "optimizer": held_bytes(local(t) for t in state)}
+
+    def dense_state(self) -> dict:
+        keys = self.recipe.optimizer.state_keys
+        opt_state = {}
+        for opt in self.optimizers.optimizers:
+            opt_state.update(opt.state)
+        mine = {}
+        for name, p in ((n, p) for part in self.trainer for n, p in part.named_parameters()):
+            st = opt_state.get(p, {})
+            for dense, value, state in self._dense_entries(name, _full(p), {key: _full(st[key]) for key in keys
+                                                                              if key in st}):
+                mine[dense] = (value, state)
+        every = gathered(mine)  # pipeline ranks hold different layers: every rank's (harness.stack.dense)
+        params = {name: value for name, (value, _) in every.items()}
+        optimizer = {name: state for name, (_, state) in every.items()}
+        if self.spec.tie_embeddings:
+            tied(params, optimizer)
+        return {"params": params, "optimizer": optimizer, "grad_norm": self.last_grad_norm}
+
+
+def materialise(parts, state: dict) -> None:
+    """torchtitan's order after parallelizing a meta model: each part moved to the CPU, its buffers initialised
+    (the rotary cache; a tied embedding re-tied to the head), then the one-device weights ``state`` (torchtitan's
+    names) loaded where a checkpoint load would put them; on gloo, FSDP2's reduction forced to a plain sum."""
+    for part in parts:
+        part.to_empty(device="cpu")
+        with torch.no_grad():
+            part.init_weights(buffer_device=None)
+            _load_full(part, state)
+    if dist.get_backend() == "gloo":  # gloo has no PREMUL_SUM, which torchtitan's divide factor 1 makes FSDP2 use
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in (m for part in parts for m in part.modules()):
+            if isinstance(module, FSDPModule):
+                module.set_force_sum_reduction_for_comms(True)  # the same sum, the factor (1) applied apart
+
+
+def _scalar(t) -> float:
+    return float(_full(t))
+
+
+def _full(t):
+    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu().clone()
+
+
+def _model_wrapper():
+    """torchtitan's ``ModelWrapper`` (0.3: ``components.checkpointer.base``; 0.2: ``components.checkpoint``)."""
+    if v02():
+        from torchtitan.components.checkpoint import ModelWrapper
+    else:
+        from torchtitan.components.checkpointer.base import ModelWrapper
+    return ModelWrapper
+
+
+def _save(trainer, directory) -> None:
+    """torchtitan's checkpoint contents (``CheckpointManager``'s "model" and "optimizer": its ``ModelWrapper``
+    and ``OptimizersContainer`` state dicts, FQN-keyed) through DCP — any layout reads it."""
+    import torch.distributed.checkpoint as dcp
+
+    ModelWrapper = _model_wrapper()  # noqa: N806 - torchtitan's class
+    dcp.save({"model": ModelWrapper(trainer.trainer), "optimizer": trainer.optimizers},
+             checkpoint_id=str(directory))
+
+
+def _load(trainer, directory) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    ModelWrapper = _model_wrapper()  # noqa: N806 - torchtitan's class
+    dcp.load({"model": ModelWrapper(trainer.trainer), "optimizer": trainer.optimizers}, checkpoint_id=str(directory))
+
+
+def _load_full(part, state: dict) -> None:
+    """Each parameter of ``part`` (a DTensor shard, or a whole tensor), and each buffer ``state`` names, set to
+    its one-device value: the full tensor replicated on the parameter's mesh, redistributed to its placements
+    (torch 2.13's full-state-dict load, ``set_model_state_dict``, cannot place FSDP x TP's _StridedShard:
+    distribute_tensor asserts)."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    params = ((name, p, True) for name, p in part.named_parameters())
+    buffers = ((name, b, False) for name, b in part.named_buffers())  # those ``state`` names (a selection bias)
+    for name, p, required in (*params, *buffers):
+        key = name.replace("_checkpoint_wrapped_module.", "")
+        if not required and key not in state:
+            continue
+        full = state[key]
+        if isinstance(p, DTensor):
+            whole = DTensor.from_local(full, p.device_mesh, [Replicate()] * p.device_mesh.ndim, run_check=False)
+            p.to_local().copy_(whole.redistribute(p.device_mesh, p.placements).to_local())
+        else:
+            p.copy_(full)

@@ -1,0 +1,65 @@
+"""Parsing command-line values; each bad value is one sentence naming it and what is valid."""
+
+from __future__ import annotations
+
+import re
+
+from harness.errors import UsageError
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20, "G": 1 << 30,
+          "GIB": 1 << 30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+
+
+def parse_bytes(text: str) -> int:
+    """'1024', '1K', '64M', '64MiB', '1GB' -> bytes (K/M/G are binary, as in nccl-tests; KB/MB/GB decimal)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).upper() not in _UNITS:
+        raise UsageError(f"size {text!r} is not a byte count; use e.g. 1024, 8K, 64M, 1G, 64MiB or 1GB.")
+    return int(m.group(1)) * _UNITS[m.group(2).upper()]
+
+
+def parse_list(text: str, valid: tuple[str, ...], what: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in items if t not in valid]
+    if bad or not items:
+        raise UsageError(f"{what} {', '.join(bad) or repr(text)} not known; choose from {', '.join(valid)}.")
+    return items
+
+
+def device_world_sizes(devices: int) -> list[int]:
+    """The world sizes a node with ``devices`` GPUs runs by default: 1, 2, 3 (a non-power of two catches
+    chunking bugs), every power of two up to ``devices``, and ``devices`` itself."""
+    sizes = {1, 2, 3, devices} | {1 << k for k in range(devices.bit_length())}
+    return sorted(s for s in sizes if 1 <= s <= devices)
+
+
+def auto_world_sizes(backend: str | None, cpu_default: str, minimum: int = 1) -> list[int]:
+    """``--world-sizes auto``: under torchrun the job's size; on a node where the backend is (or would
+    be) nccl, ``device_world_sizes(torch.cuda.device_count())`` from ``minimum`` up; else ``cpu_default``."""
+    from harness.runtime import spmd_runtime as spmd
+
+    if spmd.active():
+        return [spmd.world_size()]
+    if backend != "gloo":
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.device_count() >= 1:
+            sizes = [s for s in device_world_sizes(torch.cuda.device_count()) if s >= minimum]
+            return sizes or [torch.cuda.device_count()]
+        if backend == "nccl":
+            raise UsageError("--backend nccl needs CUDA devices, and none is visible here; "
+                             "use --backend gloo or run on a GPU node.")
+    return parse_world_sizes(cpu_default)
+
+
+def parse_world_sizes(text: str, backend: str | None = None, cpu_default: str = "2,4", minimum: int = 1) -> list[int]:
+    """'2,4' -> [2, 4]; 'auto' -> ``auto_world_sizes(backend, cpu_default, minimum)``."""
+    if text.strip() == "auto":
+        return auto_world_sizes(backend, cpu_default, minimum)
+    try:
+        sizes = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise UsageError(f"--world-sizes {text!r} must be comma-separated whole numbers, e.g. 2,4.") from None
+    if not sizes or any(s < 1 for s in sizes):
+        raise UsageError(f"--world-sizes {text!r}: every world size must be at least 1.")
+    return sizes

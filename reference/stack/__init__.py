@@ -1,0 +1,1 @@
+"""The composed reference trainer (compose: every dimension at once), its dimensions and its topology."""
