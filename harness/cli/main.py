@@ -17,10 +17,10 @@ import argparse
 import sys
 
 from harness.cli import bench as bench_cli
+from harness.cli import plan
 from harness.cli import test as suite_cli
 from harness.cli.parsing import parse_bytes, parse_list, parse_world_sizes  # noqa: F401 - re-exported for users
 from harness.cost_model import cli as calibrate_cli
-from harness.cost_model import plan
 from harness.errors import UsageError
 from harness.gate import cli as gate_cli
 from harness.gate.inputs import GateError

@@ -150,7 +150,7 @@ def takes_an_impl(item) -> bool:
 
 def in_checkout() -> bool:
     """Whether paritybench runs from a clone (tox.ini beside its packages), not an installed copy."""
-    return (Path(__file__).resolve().parents[1] / "tox.ini").is_file()
+    return (Path(__file__).resolve().parents[2] / "tox.ini").is_file()
 
 
 def pytest_terminal_summary(terminalreporter, config):

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 MATRIX: dict[str, dict] = {
     # stack: {"dist": the distribution, "releases": newest patch of each minor of the last 12 months (2025-12 to

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import time
 
 IDLE_SHARE = 0.02  # of one core; a rank computing on 2 cores shared by 8 ranks still gets >= 10 %
@@ -162,3 +163,32 @@ def describe(size: int, pending, states: dict, stacks: dict, what: str) -> str:
         parts = [(f"rank {r} waits in {inside[r][0]} #{inside[r][2]} on {_group_name(inside[r][1])}" if r in inside
                   else where(r, states.get(r) or {}, stacks.get(r, ""))) for r in sorted(pending)]
     return "; ".join(dict.fromkeys(parts))
+
+
+STACK_WAIT_S = 1.0
+"""How long a rank has to answer (its stack after SIGUSR1, its collectives' state)."""
+
+def rank_stacks(world, ranks: list[int]) -> dict[int, str]:
+    """Ask each rank for its Python stack (faulthandler on SIGUSR1) and read what it wrote."""
+    if not ranks or world._tmpdir is None:
+        return {}
+    sizes = {}
+    for rank in ranks:
+        path = world._stack_path(rank)
+        sizes[rank] = os.path.getsize(path) if os.path.exists(path) else 0
+        if world._procs[rank].is_alive():
+            os.kill(world._procs[rank].pid, signal.SIGUSR1)
+    stacks: dict[int, str] = {}
+    end = time.monotonic() + STACK_WAIT_S
+    while len(stacks) < len(ranks) and time.monotonic() < end:
+        time.sleep(0.02)
+        for rank in ranks:
+            path = world._stack_path(rank)
+            if rank not in stacks and os.path.exists(path) and os.path.getsize(path) > sizes[rank]:
+                time.sleep(0.02)  # let faulthandler finish the dump
+                with open(path) as f:
+                    f.seek(sizes[rank])
+                    stacks[rank] = f.read()
+    for rank in ranks:
+        stacks.setdefault(rank, "(no stack: the rank did not answer SIGUSR1)")
+    return stacks

@@ -3,7 +3,7 @@
     with World(4) as world:
         per_rank = world.run(fn, *args, timeout=30)   # list indexed by rank
 
-Each rank is a process (forked from a server that imported torch once, see ``_context``) with an
+Each rank is a process (forked from a server that imported torch once, see ``harness.runtime.spawn``) with an
 initialised ``torch.distributed`` default group (gloo on CPU, nccl with one GPU per rank on CUDA),
 rendezvous through a FileStore in a private temporary folder, so nothing listens on the network. The
 parent enforces every call's deadline itself:
@@ -27,15 +27,22 @@ import contextlib
 import os
 import pickle
 import shutil
-import signal
-import socket
 import tempfile
 import time
-from multiprocessing import connection, get_context
+from multiprocessing import connection
 
 from harness.runtime import hang
 from harness.runtime import spmd_runtime as spmd
-from harness.runtime.rank import _RANK_ENV, _rank_main, default_backend, rank_device
+from harness.runtime.failures import (
+    ImplementationFailure,
+    RankFailure,
+    WorldHang,
+    WorldTimeout,
+    _first_errors,
+    verdict_of,
+)
+from harness.runtime.rank import _rank_main, default_backend, rank_device
+from harness.runtime.spawn import _context, _death, _free_port
 
 __all__ = ["World", "RankFailure", "ImplementationFailure", "WorldTimeout", "WorldHang", "rank_device",
            "default_backend", "verdict_of", "run_or_fail"]
@@ -43,98 +50,8 @@ __all__ = ["World", "RankFailure", "ImplementationFailure", "WorldTimeout", "Wor
 # A rank that raised (or failed in the code under test, harness.runtime.rank.failed_in_implementation) leaves its
 # peers blocked in a collective; they get this long to finish anyway.
 _PEER_GRACE_S = 3.0
-_STACK_WAIT_S = 1.0
+_STACK_WAIT_S = hang.STACK_WAIT_S
 _PROBE_S = 1.0  # how often a waiting parent samples its ranks' CPU time (harness.runtime.hang)
-
-
-def _death(code: int | None) -> str:
-    """'died with exit code 3' / 'was killed by signal SIGKILL'."""
-    if code is not None and code < 0:
-        try:
-            return f"was killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"died with exit code {code}"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _context():
-    """Rank processes come from a fork server that imported torch once (importing torch costs 1-3 s per
-    process; a World of 3 ranks respawned after a failure would pay it 3 times). The server imports
-    torch but initialises no CUDA and runs no op, so its forks start clean; its children are spawned as
-    fresh processes would be in every other respect (their own default group, their own store)."""
-    global _CTX
-    if _CTX is None:
-        from multiprocessing import forkserver
-
-        ctx = get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "torch.distributed", "harness.runtime.rank"])
-        # The server's environment is every rank's: one thread per CPU rank, read by the BLAS libraries
-        # when torch loads them in the server, not later.
-        saved = {k: os.environ.get(k) for k in _RANK_ENV}
-        os.environ.update({k: v for k, v in _RANK_ENV.items() if saved[k] is None})
-        try:
-            forkserver.ensure_running()
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-        _CTX = ctx
-    return _CTX
-
-
-_CTX = None
-
-
-class RankFailure(RuntimeError):
-    """One or more ranks raised or died.
-
-    ``failures`` maps each failing rank -> its traceback (or how it died); ``stuck`` maps each other
-    rank that was still blocked (typically in a collective with the failing one) -> its stack.
-    """
-
-    def __init__(self, message: str, failures: dict[int, str], stuck: dict[int, str] | None = None):
-        self.failures = dict(sorted(failures.items()))
-        self.stuck = dict(sorted((stuck or {}).items()))
-        parts = [f"--- rank {r} ---\n{t.rstrip()}" for r, t in self.failures.items()]
-        parts += [f"--- rank {r} (stuck) ---\n{t.rstrip()}" for r, t in self.stuck.items()]
-        super().__init__("\n".join([message, *parts]))
-
-    @property
-    def ranks(self) -> list[int]:
-        """The failing ranks (for ``WorldTimeout``: the ranks that never returned)."""
-        return list(self.failures)
-
-
-class ImplementationFailure(RankFailure):
-    """A rank's case had its verdict from the code under test's own failure (``harness.runtime.rank.
-    failed_in_implementation``) while its peers were still blocked inside the code under test: they were
-    ended after the peer grace instead of at the deadline. ``failures`` maps each such rank -> its verdict
-    line, ``stuck`` the ended ranks -> their stacks, ``results`` the ranks that returned -> their results.
-    The message's first line is the verdict: "rank 2: raised ValueError: ..."."""
-
-    def __init__(self, message: str, failures: dict[int, str], stuck: dict[int, str], results: dict):
-        super().__init__(message, failures, stuck)
-        self.results = dict(results)
-
-
-def _first_errors(errors: dict[int, str]) -> str:
-    """'rank 2: ValueError: odd length' — each failing rank's exception line (a traceback's last line)."""
-    return "; ".join(f"rank {r}: {(t.strip().splitlines() or ['?'])[-1]}" for r, t in sorted(errors.items()))
-
-
-class WorldTimeout(RankFailure):
-    """The call passed its deadline. ``failures`` maps each rank that never returned -> its stack."""
-
-
-class WorldHang(WorldTimeout):
-    """No rank still inside the call progressed for the hang window (``harness.runtime.hang``): a deadlock, ended
-    before the deadline. The message's first line names the collective and the rank that never entered it."""
 
 
 class World:
@@ -326,7 +243,7 @@ class World:
     def _fail(self, what: str, pending: set[int], errors: dict, dead: dict, verdicts: dict | None = None,
               results: dict | None = None, hung: bool = False):
         states = self._ask_where(sorted(pending)) if hung else {}
-        stuck = {} if dead else self._stacks(sorted(pending))
+        stuck = {} if dead else hang.rank_stacks(self, sorted(pending))
         # Any failure leaves the group untrustworthy, even when every other rank returned: a rank may
         # return with a collective still in flight (DTensor's functional collectives are asynchronous)
         # whose bytes would then land in the next call's collective. The next call spawns a fresh world.
@@ -368,38 +285,6 @@ class World:
                 if conn.poll(_STACK_WAIT_S):
                     states[rank] = conn.recv()
         return states
-
-    def _stacks(self, ranks: list[int]) -> dict[int, str]:
-        """Ask each rank for its Python stack (faulthandler on SIGUSR1) and read what it wrote."""
-        if not ranks or self._tmpdir is None:
-            return {}
-        sizes = {}
-        for rank in ranks:
-            path = self._stack_path(rank)
-            sizes[rank] = os.path.getsize(path) if os.path.exists(path) else 0
-            if self._procs[rank].is_alive():
-                os.kill(self._procs[rank].pid, signal.SIGUSR1)
-        stacks: dict[int, str] = {}
-        end = time.monotonic() + _STACK_WAIT_S
-        while len(stacks) < len(ranks) and time.monotonic() < end:
-            time.sleep(0.02)
-            for rank in ranks:
-                path = self._stack_path(rank)
-                if rank not in stacks and os.path.exists(path) and os.path.getsize(path) > sizes[rank]:
-                    time.sleep(0.02)  # let faulthandler finish the dump
-                    with open(path) as f:
-                        f.seek(sizes[rank])
-                        stacks[rank] = f.read()
-        for rank in ranks:
-            stacks.setdefault(rank, "(no stack: the rank did not answer SIGUSR1)")
-        return stacks
-
-
-def verdict_of(exc: RankFailure) -> str:
-    """The one line a conformance row and a test report carry for a call that failed on the World: the
-    failing rank's own failure first ("rank 2: raised ValueError: ..."), then what became of its peers."""
-    return str(exc).splitlines()[0]
-
 
 def run_or_fail(world: World, fn, *args, failed, timeout: float | None = None, **kwargs) -> list:
     """``world.run(fn, *args, **kwargs)``; where a rank raised, died, hung, or failed in the code under test

@@ -27,7 +27,7 @@ FINDINGS = (
             "forward_backward_step divides each rank's summed loss by the batch mesh's counted targets and its "
             "apply_ddp (torch's replicate) averages the gradients over dp as well — every gradient / dp (minimal "
             "case: dp 2, Adam, clipped: norm 0.2527 against one device's 0.5054). 0.3 sums over replicas.",
-            "suites/stack/test_torchtitan.py::test_watch_torchtitan_02_ddp_divides_by_dp_twice",
+            "suites/stack/test_torchtitan_findings.py::test_watch_torchtitan_02_ddp_divides_by_dp_twice",
             {"zero": 0, "dp": lambda d: d > 1},
             symptom=r"^rank \d+: (step \d+: (gradient norm \S+ vs one device"
                     r"|(parameter|optimizer state|master) \S+: off by)|loss after step \d+:)",
@@ -37,7 +37,7 @@ FINDINGS = (
             "the sum-reduced cross-entropy (scale_grads=False) and the global count of counted targets divides only "
             "the loss it reports — every gradient times that count (minimal case: pp 2, Adam, clipped: the reported "
             "norm is the count times one device's). 0.3 passes the count to the schedule (loss_kwargs).",
-            "suites/stack/test_torchtitan.py::test_watch_torchtitan_02_pipeline_back_propagates_the_summed_loss",
+            "suites/stack/test_torchtitan_findings.py::test_watch_torchtitan_02_pipeline_back_propagates_the_summed_loss",
             {"pp": lambda p: p > 1},
             symptom=r"^rank \d+: (step \d+: (gradient norm \S+ vs one device"
                     r"|(parameter|optimizer state|master) \S+: off by)|loss after step \d+:)",
@@ -102,7 +102,7 @@ FINDINGS = (
             "memory with psutil, which megatron-core does not declare as a dependency: without psutil every writer "
             "raises RuntimeError and the save waits for their results forever — a deadlock, not an error (minimal "
             "case: one rank, save; found by the release matrix's venv, which has no psutil).",
-            "suites/stack/test_megatron.py::test_watch_megatron_checkpoint_writer_needs_psutil_it_does_not_declare",
+            "suites/stack/test_megatron_findings.py::test_watch_megatron_checkpoint_writer_needs_psutil_it_does_not_declare",
             handled_by_adapter="the megatron adapter's save refuses (unsupported, in one sentence) where psutil is "
                                "not installed"),
     # DeepSpeed's releases of the last 12 months (harness/records/release_matrix.py; measured 2026-12-03 at 0.18.0,
@@ -146,7 +146,7 @@ FINDINGS = (
             "DeepSpeed's engine at ZeRO stage 0 with a client torch optimizer clips the gradients (gradient_clipping) "
             "but get_global_grad_norm() returns None: the norm it clipped by is not reported (minimal case: 1 rank, "
             "a Llama, max norm 0.05; ZeRO 1-3 report it).",
-            "suites/stack/test_deepspeed.py::test_watch_deepspeed_reports_no_norm_at_zero_stage_0",
+            "suites/stack/test_deepspeed_findings.py::test_watch_deepspeed_reports_no_norm_at_zero_stage_0",
             {"zero": 0, "clipped": True, "pp": 1}, symptom=r"^rank \d+: step \d+: gradient norm None vs one device"),
     Finding("deepspeed", "stack", "deepspeed", ("0.18.0", None),
             "DeepSpeed's PipelineEngine at ZeRO stage 0 (fp32) clips by a norm of the first stage's gradients only: "
@@ -155,7 +155,7 @@ FINDINGS = (
             "later stage's gradients are left out of the sum it all-reduces over the stages (minimal case: a "
             "Llama over pp 2, max norm 0.05: it clips by 1.139, the global 2-norm is 1.988; ZeRO 1 and bf16 are "
             "right).",
-            "suites/stack/test_deepspeed.py::test_watch_deepspeed_pipeline_clips_by_the_first_stages_norm",
+            "suites/stack/test_deepspeed_findings.py::test_watch_deepspeed_pipeline_clips_by_the_first_stages_norm",
             {"zero": 0, "clipped": True, "pp": lambda pp: pp > 1},
             symptom=r"^rank \d+: (step \d+: (gradient norm None vs one device|(parameter|optimizer state) \S+: off by)"
                     r"|loss after step \d+:)",
@@ -166,7 +166,7 @@ FINDINGS = (
             "due to the presence of moe params'), each over the dense gradients and that rank's experts only — not "
             "the global norm over every expert (minimal case: the moe family, dp 2 x ep 2, max norm 0.05: it clips "
             "by the mean of two rank norms, the global 2-norm is larger; ZeRO 1 / 2 are right).",
-            "suites/stack/test_deepspeed.py::test_watch_deepspeed_zero0_clips_moe_by_the_mean_of_rank_norms",
+            "suites/stack/test_deepspeed_findings.py::test_watch_deepspeed_zero0_clips_moe_by_the_mean_of_rank_norms",
             {"zero": 0, "clipped": True, "ep": lambda ep: ep > 1, "family": "moe"},
             symptom=r"^rank \d+: (step \d+: (gradient norm None vs one device|(parameter|optimizer state) \S+: off by)"
                     r"|loss after step \d+:)",
@@ -178,7 +178,7 @@ FINDINGS = (
             "(__avg_scatter_grads, its default) divides by dp x sp with no sequence-parallel correction (its "
             "contiguous all-reduce path has one) — a loss right at one stage is off by sp at the other (minimal case: "
             "a Llama, dp 1 x cp 2, SGD, one step: ZeRO 3's gradients are ZeRO 2's / 2).",
-            "suites/stack/test_deepspeed.py::test_watch_deepspeed_zero3_divides_the_sequence_parallel_gradient_by_sp",
+            "suites/stack/test_deepspeed_findings.py::test_watch_deepspeed_zero3_divides_the_sequence_parallel_gradient_by_sp",
             {"zero": 3, "cp": lambda cp: cp > 1},
             symptom=r"^rank \d+: (step \d+: (gradient norm \S+ vs one device|(parameter|optimizer state) \S+: off by)"
                     r"|loss after step \d+:)",
@@ -190,7 +190,7 @@ FINDINGS = (
             "sequence-parallel rank steps with its own shard's gradient (times sp) and the replicas drift apart "
             "(minimal case: dp 1 x sp 2, one step: seq_dp_world_size 1, the two ranks' parameters differ). Its HF "
             "integration's mpu (parallel_state_sp) reduces over both.",
-            "suites/stack/test_deepspeed.py::test_watch_deepspeed_sequence_parallel_mesh_never_reduces_over_sp",
+            "suites/stack/test_deepspeed_findings.py::test_watch_deepspeed_sequence_parallel_mesh_never_reduces_over_sp",
             handled_by_adapter="the DeepSpeed Ulysses stack gives the engine DeepSpeed's parallel_state_sp as mpu, as "
                                "its HF integration does"),
     Finding("deepspeed", "stack", "deepspeed", ("0.18.9", None),
@@ -199,7 +199,7 @@ FINDINGS = (
             "groups (a MoE model's expert groups, which ZeRO asserts) have no state yet, so "
             "safe_get_full_optimizer_state raises 'momentum_buffer not found in optimizer state fragment' for every "
             "expert (minimal case: the moe family, dp 2 x ep 2, ZeRO 1, one step).",
-            "suites/stack/test_deepspeed.py::test_watch_deepspeed_links_the_optimizer_state_of_its_first_group_only",
+            "suites/stack/test_deepspeed_findings.py::test_watch_deepspeed_links_the_optimizer_state_of_its_first_group_only",
             handled_by_adapter="the DeepSpeed MoE stack re-links the state after each step "
                                "(deepspeed_moe_stack.relink_optimizer_state), where DeepSpeed has the method"),
     Finding("deepspeed", "stack", "deepspeed", ("0.18.0", None),

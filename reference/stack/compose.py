@@ -34,22 +34,18 @@ check and the clipping norm read the fp32 masters' gradients.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from reference.clipping import clip_grad_norm_
 from reference.context_parallel.layout import positions as sequence_positions
-from reference.data_parallel import NaiveDataParallel
 from reference.dropout import DropoutKey, KeyedDropout
 from reference.expert_parallel.stack import StackMoE
 from reference.mixed_precision import DynamicLossScaler
 from reference.mixed_precision.zero import LOW
 from reference.models import GPT
 from reference.models.moe import zero_missing_grads
-from reference.models.sharding import counted_here
 from reference.pipeline.generators import FUSED_BACKWARD, generate
 from reference.pipeline.runtime import PipelineRuntime
 from reference.stack.dimensions import (
@@ -63,8 +59,8 @@ from reference.stack.dimensions import (
     stage_bounds,
     tensor_parallel,
 )
+from reference.stack.reduction import DataPart, Reduction  # noqa: F401 - DataPart: the parts' type
 from reference.stack.topology import ParallelDims, all_reduce_over, build_groups, coordinates
-from reference.tensor_parallel import tp_sharded_parameters
 from reference.tensor_parallel.vocab import IGNORE_INDEX
 from reference.zero import OptimizerSpec, StepRecipe
 
@@ -99,32 +95,15 @@ class Parallel3D:
         self.local = nn.ModuleList(self.stages.values())
         self.mixed = next(model.parameters()).dtype in LOW
         """Low-precision parameters with fp32 masters (``reference.mixed_precision``)."""
-        self.dp_group = groups.get("dp_cp", groups["dp"])
-        """Where gradients are reduced and ZeRO shards: dp, or dp x cp (parameters are replicated over cp)."""
         self.moe = [m for m in self.local.modules() if isinstance(m, StackMoE)]
         """This rank's mixture-of-experts layers (the moe family): their balance loss's weight is set per step."""
         self.aux_coef = float(getattr(model, "aux_coef", 0.0))
-        self.experts = [p for p in self.local.parameters() if getattr(p, "expert_of", None) is not None]
-        """Parameters split over the EP group (ep > 1): reduced over the expert-data-parallel group instead."""
-        dense = self.local if not self.experts else _Holding(
-            [p for p in self.local.parameters() if getattr(p, "expert_of", None) is None])
-        self.sync, self.optimizer = data_parallel(dense, optimizer, zero_stage, self.dp_group, reduce_dtype)
-        if self.experts:
-            # one device's expert gradient: the sum over its EDP group of what each EP group collected, / (dp cp)
-            # (``reference.expert_parallel``'s derivation) — dividing by the EDP size (dp cp / ep) instead is
-            # pytorch #160285's ep x. ZeRO 0 in full precision: NaiveDataParallel averages over the EDP group, so
-            # each collected gradient is first divided by ep (``_reduce``); else the reduction's divisor is dp cp
-            if zero_stage == 0 and not self.mixed:  # one optimizer over the dense parameters and the experts
-                self.expert_sync = NaiveDataParallel(_Holding(self.experts), groups["edp"])
-                self.optimizer = expert_optimizer = optimizer.build(self.local.parameters())
-            else:
-                self.expert_sync, expert_optimizer = data_parallel(
-                    _Holding(self.experts), optimizer, zero_stage, groups["edp"], reduce_dtype,
-                    divisor=dist.get_world_size(self.dp_group))
-        self.parts = [DataPart(list(dense.parameters()), self.sync, self.optimizer, self.dp_group)] + (
-            [DataPart(self.experts, self.expert_sync, expert_optimizer, groups["edp"])] if self.experts else [])
-        """Each data-parallel reduction of this rank's parameters: the dense ones over dp (x cp); the experts
-        (ep > 1) over their expert-data-parallel group, their state sharded over it (ZeRO 1/2)."""
+        self.reduction = Reduction(self.local, optimizer, zero_stage, self.mixed, groups, dims.ep, reduce_dtype)
+        """How the step's gradients become the update (ZeRO 0 / 1 / 2, mixed precision, the experts over their
+        expert-data-parallel group): ``reference.stack.reduction``."""
+        r = self.reduction
+        self.dp_group, self.experts, self.parts = r.dp_group, r.experts, r.parts
+        self.sync, self.optimizer, self.expert_sync = r.sync, r.optimizer, r.expert_sync
         self.loss_scaler, self.max_grad_norm, self.norm_type = loss_scaler, max_grad_norm, norm_type
         self.accumulation = accumulation
         self.last_grad_norm: float | None = None
@@ -146,7 +125,7 @@ class Parallel3D:
     @property
     def optimizers(self) -> list[torch.optim.Optimizer]:
         """The distinct optimizers that step this rank's parameters (one per data-parallel part, or one for all)."""
-        return list({id(part.optimizer): part.optimizer for part in self.parts}.values())
+        return self.reduction.optimizers
 
     def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:
         dims, c = self.dims, self.coords
@@ -197,19 +176,14 @@ class Parallel3D:
         self.last_events = runtime.events  # (action, start, end) seconds of this rank's last pipeline pass
         self.steps_done += 1
         self._sum_tied()
-        if self._may_step(self._reduce(scale)):
+        if self.moe and not self.mixed:  # an expert no token of this rank's reached has no gradient: zeros, as
+            zero_missing_grads(self.local.parameters())  # every peer reduces it
+        if self._may_step(self.reduction.reduce(scale)):
             if self.max_grad_norm is not None:
                 params, kwargs = self._norm_args
                 norm = clip_grad_norm_(params, self.max_grad_norm, self.clip_groups, self.norm_type, **kwargs)
                 self.last_grad_norm = float(norm)
-            if self.mixed:
-                for part in self.parts:
-                    part.sync.apply()
-            elif self.zero_stage == 0:
-                self.optimizer.step()
-            else:
-                for part in self.parts:
-                    part.sync.update()
+            self.reduction.update()
         device = next(self.local.parameters()).device
         # each sequence's balance loss, summed over this rank's layers and micro-batches (on cp / tp rank 0:
         # the other ranks of a sequence hold the same values)
@@ -229,34 +203,6 @@ class Parallel3D:
         batch's tokens up and gives 0 / 0 for one with none), nor the rank's own."""
         return summed / share
 
-    def _reduce(self, scale: float) -> list[torch.Tensor]:
-        """The DP reduction; returns the gradients the optimizer steps from, divided by ``scale``."""
-        if self.mixed:
-            grads = []
-            for part in self.parts:
-                part.sync.reduce()
-                grads += part.sync.unscale(scale)
-            return grads
-        if self.moe:  # an expert no token of this rank's reached has no gradient: zeros, as every peer reduces it
-            zero_missing_grads(self.local.parameters())
-        if self.zero_stage == 0:
-            self.sync.finish()
-            if self.experts:
-                for p in self.experts:
-                    if p.grad is not None:
-                        p.grad.mul_(1.0 / self.dims.ep)
-                self.expert_sync.finish()
-            grads = [p.grad for p in self.local.parameters() if p.grad is not None]
-        else:
-            grads = []
-            for part in self.parts:
-                part.sync.reduce()
-                grads.append(part.sync.master.grad)
-        if scale != 1.0:
-            for g in grads:
-                g.mul_(1.0 / scale)
-        return grads
-
     def _sum_tied(self) -> None:
         """Tied embedding and head: each copy's gradient becomes the sum of both (Megatron's embedding-group
         all-reduce between the first and the last pipeline rank; a local sum when one rank holds both),
@@ -270,64 +216,16 @@ class Parallel3D:
             p.grad = total.clone()
 
     def _norm_terms(self) -> tuple[list, dict]:
-        """What ``clip_grad_norm_`` needs: this rank's gradient holders and which are split where. ZeRO 0:
-        the local parameters; ZeRO 1/2: the rank's flat shard, with the elements of parameters replicated
-        over TP counted on TP rank 0 only."""
-        split = {id(p) for p in tp_sharded_parameters(self.local) + counted_here(self.local)}
+        """What ``clip_grad_norm_`` needs (``Reduction.norm_terms``): a tied head is the embedding's copy, counted
+        once, there."""
         last = self.schedule.num_stages - 1
         copy_ = {id(self.stages[last].head.weight)} if self.tied and last in self.stages else set()
-        if self.zero_stage == 0 and not self.mixed:  # a tied head is the embedding's copy: counted once, there
-            params = list(self.local.parameters())
-            skip = {id(p): torch.zeros_like(p, dtype=torch.bool) for p in params if id(p) in copy_}
-            # an expert (ep > 1): one EP group's ranks hold every expert once — counted on EDP rank 0 (and TP
-            # rank 0: experts are replicated over TP), summed over dp x cp as a shard is
-            here = bool(self.experts) and dist.get_rank(self.groups["edp"]) == 0 and \
-                dist.get_rank(self.groups["tp"]) == 0
-            skip.update({id(p): torch.full_like(p, here, dtype=torch.bool) for p in self.experts})
-            return params, {"tp_sharded": [p for p in params if id(p) in split], "counted": skip,
-                            "dp_sharded": self.experts}
-        first = dist.get_rank(self.groups["tp"]) == 0
-        masters, sharded, counted = [], [], {}
-        for part in self.parts:
-            flat, expert = part.sync.flat, part.group is not self.dp_group
-            mask = torch.zeros(flat.padded, dtype=torch.bool, device=flat.buffer.device)
-            for p, view in zip(flat.params, flat.views(mask), strict=True):
-                view.fill_((id(p) in split or first) and id(p) not in copy_)
-            if self.mixed and not self.zero_stage:  # the whole flat fp32 master, replicated over its group:
-                master = part.sync.masters[0]  # the dense one counted once; the experts' on EDP rank 0 (each EP
-                mask &= not expert or dist.get_rank(part.group) == 0  # group's distinct), summed over dp x cp
-                sharded += [master] if expert else []
-                counted[id(master)] = mask
-            else:  # this rank's shard of the flat (an expert's: of its EDP group's), summed over dp x cp
-                master = part.sync.masters[0] if self.mixed else part.sync.master
-                sharded.append(master)
-                counted[id(master)] = mask[flat.shard]
-            masters.append(master)
-        return masters, {"dp_sharded": sharded, "counted": counted}
+        return self.reduction.norm_terms(copy_)
 
     def _may_step(self, grads: list[torch.Tensor]) -> bool:
         """Ask the loss scaler about the unscaled gradients, with an inf or NaN on any rank seen by every
         rank (a max over the tp, pp and dp groups), so that all skip the step together."""
         return self.loss_scaler is None or self.loss_scaler.update_from(grads, self.clip_groups)
-
-
-@dataclass
-class DataPart:
-    """One data-parallel reduction of a rank's parameters: which, their synchroniser (``data_parallel``'s), the
-    optimizer that steps them, and the group they are replicated (and ZeRO-sharded) over."""
-
-    params: list
-    sync: object
-    optimizer: torch.optim.Optimizer
-    group: object
-
-
-class _Holding(nn.Module):
-    """Some of a module's parameters (the same objects) — what one data-parallel reduction covers."""
-
-    def __init__(self, params):
-        super().__init__()
-        self.held = nn.ParameterList(params)
 
 
 def parallelize(model: GPT, dims: ParallelDims, schedule: str = "1f1b", zero_stage: int = 0,

@@ -9,6 +9,11 @@ from reference.zero import OptimizerSpec
 GPT = ModelSpec("gpt", vocab=13, hidden=16, heads=8, ffn=24, layers=5)
 LLAMA = ModelSpec("llama", vocab=13, hidden=16, heads=8, kv_heads=2, ffn=24, layers=5)
 MQA = ModelSpec("llama", vocab=13, hidden=16, heads=8, kv_heads=1, ffn=24, layers=5)
+LLAMA32 = ModelSpec("llama", vocab=13, hidden=16, heads=8, kv_heads=2, ffn=24, layers=5, dtype="float32")
+"""The float32 Llama the third-party stacks train (DeepSpeed, torchtitan: float32 or bf16, not float64)."""
+MOE32 = ModelSpec("moe", vocab=13, hidden=16, heads=4, kv_heads=2, ffn=8, layers=3, experts=4, top_k=2, aux_coef=0.1,
+                  dtype="float32")
+"""DeepSpeed's MoE case: float32 (its gate computes in float32), the balance loss weighted 0.1."""
 MOE = ModelSpec("moe", vocab=13, hidden=16, heads=4, kv_heads=2, ffn=8, layers=3, experts=4, top_k=2, aux_coef=0.1)
 EVERY_EXPERT = ModelSpec(**{**MOE.as_dict(), "top_k": 4, "ffn": 16, "aux_coef": 0.0, "dtype": "bfloat16"})
 """The MoE case every stack here can train: bf16, every token at every expert, no balance loss, Adam (eps 1e-3:

@@ -20,7 +20,7 @@ from harness.contracts.stack import Layout, Recipe
 from reference.models import ModelSpec
 from reference.zero import OptimizerSpec
 from suites._support.stack import ADAM as TITAN_ADAM
-from suites._support.stack import LLAMA, MQA, padded_at
+from suites._support.stack import LLAMA, LLAMA32, MQA, padded_at
 
 
 class Case(NamedTuple):
@@ -32,7 +32,6 @@ class Case(NamedTuple):
 
 
 GPT32 = ModelSpec("gpt", vocab=13, hidden=16, heads=8, ffn=24, layers=5, dtype="float32")
-LLAMA32 = ModelSpec("llama", vocab=13, hidden=16, heads=8, kv_heads=2, ffn=24, layers=5, dtype="float32")
 ADAM = Recipe(optimizer=OptimizerSpec("adam", 1e-2))
 MOE16 = ModelSpec("moe", vocab=13, hidden=16, heads=4, kv_heads=2, ffn=8, layers=3, experts=4, top_k=2,
                   dtype="bfloat16")

@@ -28,7 +28,7 @@ import pytest
 
 from harness.contracts.stack import Layout, Recipe
 from harness.records import findings, registry
-from harness.runtime.capabilities import require_dtype, says_no_cuda
+from harness.runtime.capabilities import require_dtype
 from harness.stack.judge import hold
 from harness.verdict import reduce
 from reference.models import ModelSpec
@@ -189,7 +189,7 @@ def test_what_megatron_does_not_run_is_said_in_one_sentence(spec, layout, recipe
 def _flipped(attribute: str, spec, layout, recipe) -> dict:
     """Rank side: the stack with one of the adapter's choices (a ``MegatronStackTrainer`` class attribute) set the
     other way — Megatron's default — trained against one device."""
-    from harness.adapters.megatron.stack import MegatronStackTrainer
+    from harness.adapters.megatron.trainer import MegatronStackTrainer
     from harness.stack import case as ranks
 
     held = getattr(MegatronStackTrainer, attribute)
@@ -278,55 +278,3 @@ def test_watch_megatrons_distributed_optimizer_cannot_load_its_checkpoint(world_
     assert outcome == "fail" and known is not None and known.condition == {"zero": 1}, problems[:3]
     conformance.settle()
 
-
-def _rope_outside_the_redirect() -> str:
-    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
-
-    try:  # 0.15 already at construction, 0.16 on first use
-        rope = RotaryEmbedding(kv_channels=4, rotary_percent=1.0, use_cpu_initialization=True)  # as the stack builds it
-        rope.get_emb(4) if hasattr(rope, "get_emb") else rope(4)  # 0.15: its forward (get_emb came in 0.16)
-        return "ran"
-    except Exception as exc:  # noqa: BLE001 - what it raises is the observation (the watch reads its words)
-        return f"{type(exc).__name__}: {exc}"
-
-
-def test_watch_megatron_core_still_needs_cuda_without_the_redirect(world_cache):
-    """Watch: outside ``megatron_cpu.on_cpu()`` megatron-core's rotary embedding moves its ``inv_freq`` to
-    ``torch.cuda.current_device()`` on first use. Fails once megatron-core runs on a CPU as it is (then the redirect
-    can go). On a rank (megatron-core imported there already), not in pytest's process."""
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA machine: megatron-core runs as it is")
-    got = world_cache.get(1).run(_rope_outside_the_redirect, timeout=120)[0]
-    assert says_no_cuda(got), got
-
-
-def _writer_without_psutil() -> str:
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-
-    held = filesystem_async.HAVE_PSUTIL
-    filesystem_async.HAVE_PSUTIL = False  # what a machine without psutil imports
-    try:
-        filesystem_async._process_memory()
-        return "measured"
-    except RuntimeError as exc:
-        return str(exc)
-    finally:
-        filesystem_async.HAVE_PSUTIL = held
-
-
-def test_watch_megatron_checkpoint_writer_needs_psutil_it_does_not_declare(world_cache):
-    """Watch: megatron-core's writer processes call ``_process_memory``, which raises without psutil (the save then
-    waits for them forever), and megatron-core's requirements do not name psutil. Fails once either changes (then
-    the adapter's refusal goes)."""
-    from importlib import metadata
-
-    why = findings.outside_range("suites/stack/test_megatron.py::"
-                                 "test_watch_megatron_checkpoint_writer_needs_psutil_it_does_not_declare")
-    if why:
-        pytest.skip(why)
-    requires = [r.split(";")[0].strip().lower() for r in metadata.requires("megatron-core") or []
-                if "extra ==" not in r]
-    assert not any(r.startswith("psutil") for r in requires), requires
-    assert "psutil is not installed" in world_cache.get(1).run(_writer_without_psutil, timeout=120)[0]

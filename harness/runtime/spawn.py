@@ -1,0 +1,55 @@
+"""How the World's rank processes come to be: a fork server that imported torch once, a free port, and the line
+a dead process's exit code reads as."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from multiprocessing import get_context
+
+from harness.runtime.rank import _RANK_ENV
+
+
+def _death(code: int | None) -> str:
+    """'died with exit code 3' / 'was killed by signal SIGKILL'."""
+    if code is not None and code < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"died with exit code {code}"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _context():
+    """Rank processes come from a fork server that imported torch once (importing torch costs 1-3 s per
+    process; a World of 3 ranks respawned after a failure would pay it 3 times). The server imports
+    torch but initialises no CUDA and runs no op, so its forks start clean; its children are spawned as
+    fresh processes would be in every other respect (their own default group, their own store)."""
+    global _CTX
+    if _CTX is None:
+        from multiprocessing import forkserver
+
+        ctx = get_context("forkserver")
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "harness.runtime.rank"])
+        # The server's environment is every rank's: one thread per CPU rank, read by the BLAS libraries
+        # when torch loads them in the server, not later.
+        saved = {k: os.environ.get(k) for k in _RANK_ENV}
+        os.environ.update({k: v for k, v in _RANK_ENV.items() if saved[k] is None})
+        try:
+            forkserver.ensure_running()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+        _CTX = ctx
+    return _CTX
+
+
+_CTX = None

@@ -1,0 +1,219 @@
+"""Watches of DeepSpeed's findings on the release tox pins (harness/stack/findings.py): the norms its engine clips by
+(ZeRO 0, its pipeline, its MoE at ZeRO 0), its MoE groups' optimizer state, its Ulysses' reduction over sp. Each
+fails once DeepSpeed changes the behaviour; the older releases' own watches are test_deepspeed_releases.py's."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.contracts.stack import Layout, Recipe
+from harness.records import registry
+from suites._support.stack import LLAMA32, MOE32
+
+DEEPSPEED = registry.skip_reason(registry.resolve("deepspeed", "stack"))
+pytestmark = pytest.mark.skipif(bool(DEEPSPEED), reason=f"deepspeed: {DEEPSPEED}")
+
+
+def _norm_at_stage_0():
+    import torch
+
+    from harness.adapters.deepspeed.stack import DeepSpeedStack
+
+    trainer = DeepSpeedStack().build(LLAMA32, Layout(1, 1, 1, zero=0), Recipe(max_grad_norm=0.05))
+    trainer.load_dense(LLAMA32.build(0).state_dict())
+    tokens = torch.randint(0, LLAMA32.vocab, (2, 4), generator=torch.Generator().manual_seed(0))
+    trainer.step(tokens, tokens)
+    return trainer.trainer.get_global_grad_norm()
+
+
+def test_watch_deepspeed_reports_no_norm_at_zero_stage_0(world_cache):
+    """The finding's minimal case: one rank, ZeRO 0, a clipped step — the engine clipped (the parameters equal one
+    device's) and reports no norm. Fails once DeepSpeed reports it."""
+    assert world_cache.get(1).run(_norm_at_stage_0, timeout=120) == [None]
+
+
+def _pipeline_norms():
+    """(the norm DeepSpeed's PipelineEngine clipped by, the global 2-norm over both stages, the first stage's own)
+    of one clipped step at pp 2, ZeRO 0 — read where the engine calls runtime.utils.clip_grad_norm_."""
+    import torch
+    import torch.distributed as dist
+    from deepspeed.runtime import engine as ds_engine
+
+    from harness.adapters.deepspeed.stack import DeepSpeedStack
+
+    seen, clip = [], ds_engine.clip_grad_norm_
+
+    def observed(parameters, max_norm, norm_type=2, mpu=None):
+        parameters = [p for p in parameters if p.grad is not None]
+        mine = sum(float(p.grad.double().pow(2).sum()) for p in parameters)
+        stages = torch.tensor([mine if dist.get_rank() == r else 0.0 for r in range(2)], dtype=torch.float64)
+        dist.all_reduce(stages)
+        clipped_by = clip(parameters=parameters, max_norm=max_norm, norm_type=norm_type, mpu=mpu)
+        seen.append((float(clipped_by), float(stages.sum().sqrt()), float(stages[0].sqrt())))
+        return clipped_by
+
+    ds_engine.clip_grad_norm_ = observed
+    try:
+        trainer = DeepSpeedStack().build(LLAMA32, Layout(1, 2, 1, zero=0), Recipe(max_grad_norm=0.05))
+        trainer.load_dense(LLAMA32.build(0).state_dict())
+        tokens = torch.randint(0, LLAMA32.vocab, (4, 4), generator=torch.Generator().manual_seed(0))
+        trainer.step(tokens, tokens)
+    finally:
+        ds_engine.clip_grad_norm_ = clip
+    return seen
+
+
+def test_watch_deepspeed_pipeline_clips_by_the_first_stages_norm(world_cache):
+    """The finding's minimal case: pp 2, ZeRO 0, one clipped step — both stages clip by the first stage's norm
+    (float32 sums: 1e-5 relative), not the global one. Fails once DeepSpeed counts every stage."""
+    per_rank = world_cache.get(2).run(_pipeline_norms, timeout=120)
+    for (clipped_by, total, first), in per_rank:
+        assert abs(clipped_by - first) <= 1e-5 * first and abs(clipped_by - total) > 0.1 * total, per_rank
+
+
+SPLIT_VIEW = "suites/stack/test_deepspeed_releases.py::test_watch_zero2_modifies_a_split_view_in_place"
+"""The older releases' finding that raises in ZeRO 1 / 2's step on torch 2.13: a watch needing their step skips."""
+
+
+def _moe_trainer(layout, recipe):
+    import torch
+
+    from harness.adapters.deepspeed.stack import DeepSpeedStack
+
+    trainer = DeepSpeedStack().build(MOE32, layout, recipe)
+    trainer.load_dense(MOE32.build(0).state_dict())
+    tokens = torch.randint(0, MOE32.vocab, (2 * layout.dp, 8), generator=torch.Generator().manual_seed(0))
+    return trainer, tokens
+
+
+def _expert_norms():
+    """(the norm DeepSpeed's engine clipped by, the global 2-norm, the mean over ranks of each rank's own norm) of
+    one clipped step at dp 2 x ep 2, ZeRO 0 — read where the engine calls runtime.utils.clip_grad_norm_."""
+    import torch
+    import torch.distributed as dist
+    from deepspeed.moe.utils import is_moe_param
+    from deepspeed.runtime import engine as ds_engine
+
+    seen, clip = [], ds_engine.clip_grad_norm_
+
+    def observed(parameters, max_norm, norm_type=2, mpu=None):
+        parameters = [p for p in parameters if p.grad is not None]
+        dense = sum(float(p.grad.double().pow(2).sum()) for p in parameters if not is_moe_param(p))
+        mine = torch.tensor([sum(float(p.grad.double().pow(2).sum()) for p in parameters if is_moe_param(p))])
+        experts = mine.clone()
+        dist.all_reduce(experts)  # each rank's experts are its own (EDP 1): their sum is every expert once
+        own = torch.tensor([(dense + float(mine)) ** 0.5])
+        dist.all_reduce(own)
+        clipped_by = clip(parameters=parameters, max_norm=max_norm, norm_type=norm_type, mpu=mpu)
+        seen.append((float(clipped_by), (dense + float(experts)) ** 0.5, float(own) / 2))
+        return clipped_by
+
+    ds_engine.clip_grad_norm_ = observed
+    try:
+        trainer, tokens = _moe_trainer(Layout(2, 1, 1, ep=2, zero=0), Recipe(max_grad_norm=0.05))
+        trainer.step(tokens, tokens)
+    finally:
+        ds_engine.clip_grad_norm_ = clip
+    return seen
+
+
+def test_watch_deepspeed_zero0_clips_moe_by_the_mean_of_rank_norms(world_cache):
+    """The finding's minimal case: dp 2 x ep 2, ZeRO 0, one clipped step — both ranks clip by the mean of their own
+    norms (float32 sums: 1e-5 relative), not the global one (which every expert enters). Fails once DeepSpeed
+    reduces the squares."""
+    per_rank = world_cache.get(2).run(_expert_norms, timeout=120)
+    for (clipped_by, total, mean), in per_rank:
+        assert abs(clipped_by - mean) <= 1e-5 * mean and abs(clipped_by - total) > 1e-4 * total, per_rank
+
+
+def _unlinked_state(relink: bool):
+    """After one step at dp 2 x ep 2, ZeRO 1: the error DeepSpeed's safe_get_full_optimizer_state raises reading
+    the state (None: it read every tensor), the adapter's re-link on or off."""
+    trainer, tokens = _moe_trainer(Layout(2, 1, 1, ep=2, zero=1), Recipe())
+    trainer.relink = relink
+    trainer.step(tokens, tokens)
+    try:
+        trainer.dense_state()
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def test_watch_deepspeed_links_the_optimizer_state_of_its_first_group_only(world_cache):
+    """The finding's minimal case, DeepSpeed's own behaviour (the adapter's re-link off: what the adapter falls
+    back to where DeepSpeed has no such method): every expert's state is 'not found'; re-linked, all of it is read.
+    Fails once DeepSpeed links every group."""
+    from harness.records import findings
+
+    if not findings.outside_range(SPLIT_VIEW):
+        pytest.skip("this release's ZeRO 1 / 2 raise in the step before any state is read (its split-view finding)")
+    assert world_cache.get(2).run(_unlinked_state, False, timeout=120) == [
+        "momentum_buffer not found in optimizer state fragment"] * 2
+    assert world_cache.get(2).run(_unlinked_state, True, timeout=120) == [None, None]
+
+
+def test_the_relink_falls_back_to_deepspeeds_behaviour_where_it_has_no_such_method():
+    from harness.adapters.deepspeed.moe_stack import relink_optimizer_state
+
+    class Elsewhere:  # another release's optimizer: neither private name
+        pass
+
+    assert relink_optimizer_state(Elsewhere()) is False
+
+
+def _sequence_parallel_momentum(zero: int) -> dict:
+    """SGD's momentum after one step (the reduced gradient) of DeepSpeed-Ulysses in its engine, dp 1 x cp 2."""
+    import torch
+
+    from harness.adapters.deepspeed.stack import DeepSpeedStack
+
+    trainer = DeepSpeedStack().build(LLAMA32, Layout(1, 1, 1, cp=2, zero=zero), Recipe())
+    trainer.load_dense(LLAMA32.build(0).state_dict())
+    tokens = torch.randint(0, LLAMA32.vocab, (2, 8), generator=torch.Generator().manual_seed(0))
+    trainer.step(tokens, tokens)
+    return {k: v["momentum_buffer"] for k, v in trainer.dense_state()["optimizer"].items()}
+
+
+def test_watch_deepspeed_zero3_divides_the_sequence_parallel_gradient_by_sp(world_cache):
+    """The finding's minimal case: one SGD step at dp 1 x cp 2 — every gradient at ZeRO 3 is ZeRO 2's / 2 (float32,
+    reduced in two orders: 1e-5 relative of the tensor's magnitude); ZeRO 2's equal one device (the cases above).
+    Fails once the stages agree."""
+    from harness.records import findings
+
+    if not findings.outside_range(SPLIT_VIEW):
+        pytest.skip("this release's ZeRO 2 raises in the step (its split-view finding)")
+    world = world_cache.get(2)
+    two, three = (world.run(_sequence_parallel_momentum, z, timeout=120)[0] for z in (2, 3))
+    assert two.keys() == three.keys()
+    for name, g in two.items():
+        assert (three[name] * 2 - g).abs().max() <= 1e-5 * g.abs().max(), name
+
+
+def _mesh_engine():
+    """(the engine's sequence-data-parallel size, this rank's first weight after one step) of DeepSpeed's engine
+    given its (data, sequence) mesh through its config, each sequence rank its own half of a batch."""
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+
+    from harness.adapters.deepspeed.init import init
+    from harness.adapters.deepspeed.zero import engine_config
+
+    init()
+    model = LLAMA32.build(0)
+    config = {**engine_config(0, 1, None), "data_parallel_size": 1, "sequence_parallel_size": 2}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                                      config=config)
+    tokens = torch.randint(0, LLAMA32.vocab, (2, 8), generator=torch.Generator().manual_seed(0))
+    mine = tokens[:, dist.get_rank() * 4:(dist.get_rank() + 1) * 4]
+    engine.backward(torch.nn.functional.cross_entropy(engine(mine).flatten(0, 1), mine.flatten()))
+    engine.step()
+    return engine.seq_dp_world_size, model.embed.weight.detach().clone()
+
+
+def test_watch_deepspeed_sequence_parallel_mesh_never_reduces_over_sp(world_cache):
+    """The finding's minimal case: the mesh's engine reduces over a group of one, and the two sequence ranks'
+    weights differ after one step (each stepped with its own shard's gradient). Fails once it reduces over both."""
+    (size_0, weight_0), (size_1, weight_1) = world_cache.get(2).run(_mesh_engine, timeout=120)
+    assert size_0 == size_1 == 1
+    assert (weight_0 - weight_1).abs().max() > 1e-3
