@@ -139,22 +139,30 @@ def predict_step(profile: Profile, work: Workload, dp: int, pp: int, tp: int, ze
     parts = _rank_parts(timeline, split)
     parts["bubble_s"] = max(0.0, timeline.makespan - sum(parts[k] for k in ("compute_s", "tp_s", "cp_s", "ep_s",
                                                                            "pp_s")))
-    # the embedding on the first stage, the head on the last (both on one stage when there is one)
-    stage_params = max((n * work.layer_params + work.end_params / 2 * ((s == 0) + (s == num_stages - 1))) / tp
-                       for s, n in enumerate(layers)) * v
-    tensors = work.tensors_per_layer * max(layers) * v
-    # parameters are replicated over cp: gradients sync (and ZeRO shards) over dp x cp; the experts over their
-    # expert-data-parallel group (dp x cp / ep), this rank's E / ep of them per layer
-    parts["dp_s"] = dp_sync_time(profile, zero, dp * cp, stage_params * elem, tensors, microbatches, world)
-    if work.moe is not None:
-        experts = max(layers) * v * work.moe.layer_params / ep
-        parts["dp_s"] += dp_sync_time(profile, zero, dp * cp // ep, experts * elem, 3 * work.moe.experts // ep
-                                      * max(layers) * v, microbatches, world)
+    parts["dp_s"] = _dp_time(profile, work, layers, v, (dp, tp, cp, ep), zero, microbatches, world)
     parts["sync_s"] = sum(profile.collective_time("all_reduce", g, 8, world) for g in (pp, tp, dp, cp))
     busy = sum(e - s for row in timeline.events for a, s, e in row if a.kind in "FBIW")
     return {**parts, "step_s": sum(parts[k] for k in PARTS), "makespan_s": timeline.makespan,
             "bubble_fraction": 1 - busy / (pp * timeline.makespan) if timeline.makespan > 0 else 0.0,
             "timeline": timeline}
+
+
+def _dp_time(profile: Profile, work: Workload, layers: list[int], v: int, sizes: tuple, zero: int,
+             microbatches: int, world: int) -> float:
+    """The busiest stage's gradient sync. The embedding is on the first stage, the head on the last (both on one
+    stage when there is one); parameters are replicated over cp: gradients sync (and ZeRO shards) over dp x cp;
+    the experts over their expert-data-parallel group (dp x cp / ep), this rank's E / ep of them per layer."""
+    dp, tp, cp, ep = sizes
+    elem, num_stages = BYTES.get(work.dtype, 4), len(layers)
+    stage_params = max((n * work.layer_params + work.end_params / 2 * ((s == 0) + (s == num_stages - 1))) / tp
+                       for s, n in enumerate(layers)) * v
+    tensors = work.tensors_per_layer * max(layers) * v
+    time = dp_sync_time(profile, zero, dp * cp, stage_params * elem, tensors, microbatches, world)
+    if work.moe is not None:
+        experts = max(layers) * v * work.moe.layer_params / ep
+        time += dp_sync_time(profile, zero, dp * cp // ep, experts * elem, 3 * work.moe.experts // ep
+                             * max(layers) * v, microbatches, world)
+    return time
 
 
 def _rank_parts(timeline, split) -> dict:

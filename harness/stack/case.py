@@ -108,6 +108,31 @@ def differences(got: dict, want: dict, limit: float, what: str, floor: float = 0
     return worst, problems
 
 
+def held(state: dict, want: dict, step: int, tokens: int, spec, n: int) -> tuple[float, list[str]]:
+    """(worst, problem lines) of a stack's dense state after ``step`` against one device's ``want``: every
+    parameter and optimizer state tensor within the step's bound, the gradient norm within ``norm_bound``."""
+    step_limit = bound(step, tokens, spec, n)
+    expected_state = flat_state(want["optimizer"])
+    # optimizer state (SGD's momentum: the gradients) relative to the whole state's scale: a gradient that is zero
+    # by structure (an attention key's bias: softmax is shift-invariant) is rounding noise at the scale of the
+    # terms it sums, not at its own
+    scale = max((float(t.abs().max()) for t in expected_state.values()), default=0.0)
+    worst, problems = 0.0, []
+    for what, got, expected, floor in (("parameter", state.get("params", {}), want["params"], 0.0),
+                                       ("optimizer state", flat_state(state.get("optimizer", {})), expected_state,
+                                        scale)):
+        w, off = differences(got, expected, step_limit, what, floor)
+        worst, problems = max(worst, w), problems + off
+    if want["norm"] is not None:
+        got_norm = state.get("grad_norm")
+        rel = abs(got_norm - want["norm"]) / want["norm"] if got_norm is not None else math.inf
+        nb = norm_bound(step, tokens, spec, n, want["spread"], want["numel"])
+        if not rel <= nb:
+            problems.append(f"gradient norm {got_norm!r} vs one device {want['norm']!r} (off by {rel:.3g} > "
+                            f"{nb:.3g})")
+    return worst, problems
+
+
 def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int = 0, rows: int | None = None,
                 seq: int | None = None, padded: bool = False, **mixed) -> dict:
     """Rank side: ``impl_spec``'s stack on ``layout`` against one device (a bfloat16 / float16 spec:
@@ -138,27 +163,9 @@ def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int 
     try:
         for k in range(steps):
             losses.append(float(trainer.step(tokens.to(device), targets.to(device))))
-            if k not in (0, steps - 1):
-                continue
-            state = trainer.dense_state()
-            step_limit = bound(k + 1, tokens.numel(), spec, n)
-            expected_state = flat_state(want[k]["optimizer"])
-            # optimizer state (SGD's momentum: the gradients) relative to the whole state's scale: a gradient
-            # that is zero by structure (an attention key's bias: softmax is shift-invariant) is rounding
-            # noise at the scale of the terms it sums, not at its own
-            scale = max((float(t.abs().max()) for t in expected_state.values()), default=0.0)
-            optimizer_state = flat_state(state.get("optimizer", {}))
-            for what, got, expected, floor in (("parameter", state.get("params", {}), want[k]["params"], 0.0),
-                                               ("optimizer state", optimizer_state, expected_state, scale)):
-                w, off = differences(got, expected, step_limit, what, floor)
+            if k in (0, steps - 1):
+                w, off = held(trainer.dense_state(), want[k], k + 1, tokens.numel(), spec, n)
                 worst, problems = max(worst, w), problems + [f"rank {r}: step {k + 1}: {p}" for p in off]
-            if want[k]["norm"] is not None:
-                got_norm = state.get("grad_norm")
-                rel = abs(got_norm - want[k]["norm"]) / want[k]["norm"] if got_norm is not None else math.inf
-                nb = norm_bound(k + 1, tokens.numel(), spec, n, want[k]["spread"], want[k]["numel"])
-                if not rel <= nb:
-                    problems.append(f"rank {r}: step {k + 1}: gradient norm {got_norm!r} vs one device "
-                                    f"{want[k]['norm']!r} (off by {rel:.3g} > {nb:.3g})")
     except ValueError as exc:  # the contract's refusal of a batch it cannot split (one sentence), at step 1
         if losses:
             return failed_here(f"rank {r}: step {len(losses) + 1} raised {describe(exc)}")

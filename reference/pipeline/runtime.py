@@ -9,6 +9,7 @@ group (batch_isend_irecv); its receives are waited for there, its sends at the e
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -23,6 +24,21 @@ def _tag(a: Action, num_microbatches: int) -> int:
     edge = {"SEND_F": a.stage, "RECV_F": a.stage - 1, "SEND_B": a.stage - 1, "RECV_B": a.stage}[a.kind]
     direction = 0 if a.kind.endswith("_F") else 1
     return (edge * num_microbatches + a.microbatch) * 2 + direction
+
+
+@dataclass
+class _Pass:
+    """One pass's tensors in flight on this rank, keyed by (stage, microbatch)."""
+
+    xs: list | None
+    ts: list | None
+    x_in: dict = field(default_factory=dict)
+    y_out: dict = field(default_factory=dict)
+    grad_in: dict = field(default_factory=dict)
+    grad_out: dict = field(default_factory=dict)
+    for_w: dict = field(default_factory=dict)
+    losses: list = field(default_factory=list)
+    works: list = field(default_factory=list)
 
 
 class PipelineRuntime:
@@ -50,76 +66,82 @@ class PipelineRuntime:
         """One forward + backward of the whole batch, split into microbatches with ``tensor_split``;
         gradients accumulate (sum) into the stages' parameters. Returns the summed loss on the rank
         that holds the last stage, None elsewhere. ``events`` holds (action, start, end) seconds."""
-        sched, place = self.schedule, self.schedule.placement
-        last, m = sched.num_stages - 1, sched.num_microbatches
-        xs = list(inputs.tensor_split(m)) if inputs is not None else None
-        ts = list(targets.tensor_split(m)) if targets is not None else None
-        x_in, y_out, grad_in, grad_out, for_w, losses, works = {}, {}, {}, {}, {}, [], []
+        m = self.schedule.num_microbatches
+        run = _Pass(list(inputs.tensor_split(m)) if inputs is not None else None,
+                    list(targets.tensor_split(m)) if targets is not None else None)
         self.events = []
         t0 = time.perf_counter()
-        for unit in _units(sched.actions[self.rank]):
+        for unit in _units(self.schedule.actions[self.rank]):
             start = time.perf_counter() - t0
             if isinstance(unit, list):  # consecutive sends and receives, posted as one group
-                ops, receives = [], []
-                for a in unit:
-                    s, j = a.stage, a.microbatch
-                    if a.kind.startswith("SEND"):
-                        t = y_out[(s, j)].detach() if a.kind == "SEND_F" else grad_in.pop((s, j))
-                        ops.append(self._op(dist.isend, t, place[s + 1] if a.kind == "SEND_F" else place[s - 1], a))
-                    else:
-                        buf = torch.empty((self.rows[j], *self.sample_shape), dtype=self.dtype, device=self.device)
-                        (x_in if a.kind == "RECV_F" else grad_out)[(s, j)] = buf
-                        receives.append(len(ops))
-                        ops.append(self._op(dist.irecv, buf, place[s - 1] if a.kind == "RECV_F" else place[s + 1], a))
-                for k, work in enumerate(dist.batch_isend_irecv(ops)):
-                    if k in receives:
-                        work.wait()
-                    else:
-                        works.append((work, ops[k].tensor))  # keep the sent tensor alive until done
-                end_t = time.perf_counter() - t0
-                self.events += [(str(a), start, end_t) for a in unit]
+                self._exchange(unit, run)
+                end = time.perf_counter() - t0
+                self.events += [(str(a), start, end) for a in unit]
                 continue
-            a = unit
-            s, j = a.stage, a.microbatch
             if self.on_compute is not None:
-                self.on_compute(s, j)
-            if a.kind == "F":
-                if s == 0:
-                    x = xs[j]
-                elif (s, j) in x_in:
-                    x = x_in.pop((s, j))
-                else:  # the previous stage lives on this rank
-                    x = y_out[(s - 1, j)].detach()
-                x = x.requires_grad_(s > 0)
-                y = self.stages[s](x)
-                x_in[(s, j)] = x
-                y_out[(s, j)] = self.loss_fn(y, ts[j]) if s == last else y
-                if s == last:
-                    losses.append(y_out[(s, j)].detach())
-            elif a.kind in ("B", "I"):
-                g = None if s == last else grad_out.pop((s, j), None)
-                if g is None and s < last:
-                    g = grad_in.pop((s + 1, j))  # the next stage lives on this rank
-                x, y = x_in[(s, j)], y_out[(s, j)]
-                if a.kind == "B":
-                    y.backward(g)
-                    if s > 0:
-                        grad_in[(s, j)] = x.grad
-                    del x_in[(s, j)], y_out[(s, j)]
-                else:
-                    if s > 0:
-                        (grad_in[(s, j)],) = torch.autograd.grad(y, [x], g, retain_graph=True)
-                    for_w[(s, j)] = g  # the output gradient W needs, kept until W runs
-            elif a.kind == "W":
-                y = y_out.pop((s, j))
-                del x_in[(s, j)]
-                params = [p for p in self.stages[s].parameters() if p.requires_grad]
-                for p, gw in zip(params, torch.autograd.grad(y, params, for_w.pop((s, j))), strict=True):
-                    p.grad = gw if p.grad is None else p.grad + gw
-            self.events.append((str(a), start, time.perf_counter() - t0))
-        for work, _ in works:
+                self.on_compute(unit.stage, unit.microbatch)
+            self._compute(unit, run)
+            self.events.append((str(unit), start, time.perf_counter() - t0))
+        for work, _ in run.works:
             work.wait()
-        return torch.stack(losses).sum() if losses else None
+        return torch.stack(run.losses).sum() if run.losses else None
+
+    def _exchange(self, unit: list, run: _Pass) -> None:
+        """Post one run of sends and receives as a group; wait for the receives (the sends complete later)."""
+        place = self.schedule.placement
+        ops, receives = [], []
+        for a in unit:
+            s, j = a.stage, a.microbatch
+            if a.kind.startswith("SEND"):
+                t = run.y_out[(s, j)].detach() if a.kind == "SEND_F" else run.grad_in.pop((s, j))
+                ops.append(self._op(dist.isend, t, place[s + 1] if a.kind == "SEND_F" else place[s - 1], a))
+            else:
+                buf = torch.empty((self.rows[j], *self.sample_shape), dtype=self.dtype, device=self.device)
+                (run.x_in if a.kind == "RECV_F" else run.grad_out)[(s, j)] = buf
+                receives.append(len(ops))
+                ops.append(self._op(dist.irecv, buf, place[s - 1] if a.kind == "RECV_F" else place[s + 1], a))
+        for k, work in enumerate(dist.batch_isend_irecv(ops)):
+            if k in receives:
+                work.wait()
+            else:
+                run.works.append((work, ops[k].tensor))  # keep the sent tensor alive until done
+
+    def _compute(self, a: Action, run: _Pass) -> None:
+        """One F, B, I (the input gradient alone) or W (the weight gradient, after its I)."""
+        s, j, last = a.stage, a.microbatch, self.schedule.num_stages - 1
+        if a.kind == "F":
+            if s == 0:
+                x = run.xs[j]
+            elif (s, j) in run.x_in:
+                x = run.x_in.pop((s, j))
+            else:  # the previous stage lives on this rank
+                x = run.y_out[(s - 1, j)].detach()
+            x = x.requires_grad_(s > 0)
+            y = self.stages[s](x)
+            run.x_in[(s, j)] = x
+            run.y_out[(s, j)] = self.loss_fn(y, run.ts[j]) if s == last else y
+            if s == last:
+                run.losses.append(run.y_out[(s, j)].detach())
+        elif a.kind in ("B", "I"):
+            g = None if s == last else run.grad_out.pop((s, j), None)
+            if g is None and s < last:
+                g = run.grad_in.pop((s + 1, j))  # the next stage lives on this rank
+            x, y = run.x_in[(s, j)], run.y_out[(s, j)]
+            if a.kind == "B":
+                y.backward(g)
+                if s > 0:
+                    run.grad_in[(s, j)] = x.grad
+                del run.x_in[(s, j)], run.y_out[(s, j)]
+            else:
+                if s > 0:
+                    (run.grad_in[(s, j)],) = torch.autograd.grad(y, [x], g, retain_graph=True)
+                run.for_w[(s, j)] = g  # the output gradient W needs, kept until W runs
+        elif a.kind == "W":
+            y = run.y_out.pop((s, j))
+            del run.x_in[(s, j)]
+            params = [p for p in self.stages[s].parameters() if p.requires_grad]
+            for p, gw in zip(params, torch.autograd.grad(y, params, run.for_w.pop((s, j))), strict=True):
+                p.grad = gw if p.grad is None else p.grad + gw
 
     def _op(self, op, t: torch.Tensor, peer: int, a: Action) -> dist.P2POp:
         tag = _tag(a, self.schedule.num_microbatches) if self.tagged else 0

@@ -184,16 +184,19 @@ class Parallel3D:
                 norm = clip_grad_norm_(params, self.max_grad_norm, self.clip_groups, self.norm_type, **kwargs)
                 self.last_grad_norm = float(norm)
             self.reduction.update()
+        return self._global_loss(loss, len(tokens))
+
+    def _global_loss(self, loss: torch.Tensor | None, rows: int) -> float:
+        """The step's loss on every rank: the last stage's replica losses (each cp rank's: its shard's mean), summed,
+        then averaged over dp x cp; plus the balance losses summed over every layer and sequence (on cp / tp rank
+        0: the other ranks of a sequence hold the same values), averaged over the batch's sequences."""
+        dims, c = self.dims, self.coords
         device = next(self.local.parameters()).device
-        # each sequence's balance loss, summed over this rank's layers and micro-batches (on cp / tp rank 0:
-        # the other ranks of a sequence hold the same values)
         aux = float(sum(float(v) for m in self.moe for v in m.sink)) if c.tp == 0 and c.cp == 0 else 0.0
         value = torch.tensor([float(loss) if loss is not None and c.tp == 0 else 0.0] + ([aux] if self.moe else []),
                              dtype=torch.float64, device=device)
-        # the last stage's replica losses (each cp rank's: its shard's mean), summed, then averaged over dp x cp;
-        # the balance losses summed over every layer and sequence, then averaged over the batch's sequences
         all_reduce_over(value, self.groups, kinds=("pp", "tp", "dp", "cp"))
-        balance = self.aux_coef * float(value[1]) / len(tokens) / dims.dp if self.moe else 0.0
+        balance = self.aux_coef * float(value[1]) / rows / dims.dp if self.moe else 0.0
         return float(value[0]) / (dims.dp * dims.cp) + balance
 
     @staticmethod

@@ -82,6 +82,41 @@ def _padded(vocab: int, n: int) -> int:
     return -(-vocab // n) * n
 
 
+def _column(lin: nn.Linear, n: int, r: int, sequence_parallel: bool, rows: int | None = None):
+    """megatron-core's ColumnParallelLinear holding rank ``r``'s rows of ``lin`` (``rows``: padded to that many)."""
+    from megatron.core import tensor_parallel
+
+    rows = rows or lin.out_features
+    if rows % n:
+        raise ValueError(f"out_features ({lin.out_features}) must divide by the tensor-parallel size ({n}) "
+                         "for megatron-core.")
+    layer = tensor_parallel.ColumnParallelLinear(
+        lin.in_features, rows, config=_config(n, lin.weight.dtype, sequence_parallel), init_method=_no_init,
+        bias=lin.bias is not None, gather_output=False)
+    _copy_rows(layer.weight, lin.weight, r)
+    if lin.bias is not None:
+        _copy_rows(layer.bias, lin.bias, r)
+    return layer
+
+
+def _row(lin: nn.Linear, n: int, r: int, sequence_parallel: bool):
+    """megatron-core's RowParallelLinear holding rank ``r``'s input columns of ``lin`` (its output whole)."""
+    from megatron.core import tensor_parallel
+
+    if lin.in_features % n:
+        raise ValueError(f"in_features ({lin.in_features}) must divide by the tensor-parallel size ({n}) "
+                         "for megatron-core.")
+    layer = tensor_parallel.RowParallelLinear(
+        lin.in_features, lin.out_features, config=_config(n, lin.weight.dtype, sequence_parallel),
+        init_method=_no_init, bias=lin.bias is not None, input_is_parallel=True, skip_bias_add=False)
+    block = slice(r * lin.in_features // n, (r + 1) * lin.in_features // n)
+    with torch.no_grad():
+        layer.weight.copy_(lin.weight[:, block])
+        if lin.bias is not None:
+            layer.bias.copy_(lin.bias)
+    return _OutputOnly(layer, "row")
+
+
 class MegatronTensorParallel:
     # Known non-conformances (float32 cross-entropy, softmax over the padded vocabulary) are the suite's
     # findings (harness/records/findings.py, suites/tensor_parallel/test_findings.py), not this adapter's to declare.
@@ -99,35 +134,14 @@ class MegatronTensorParallel:
             raise Unsupported("megatron-core's sequence-parallel mappings need CUDA (they allocate on "
                               "torch.cuda.current_device()).")
 
-        def config(dtype):
-            return _config(n, dtype, sequence_parallel)
-
         def column(lin: nn.Linear, rows: int | None = None):
-            rows = rows or lin.out_features
-            if rows % n:
-                raise ValueError(f"out_features ({lin.out_features}) must divide by the tensor-parallel size ({n}) "
-                                 "for megatron-core.")
-            layer = tensor_parallel.ColumnParallelLinear(
-                lin.in_features, rows, config=config(lin.weight.dtype), init_method=_no_init,
-                bias=lin.bias is not None, gather_output=False)
-            _copy_rows(layer.weight, lin.weight, r)
-            if lin.bias is not None:
-                _copy_rows(layer.bias, lin.bias, r)
-            return layer
+            return _column(lin, n, r, sequence_parallel, rows)
 
         def row(lin: nn.Linear):
-            if lin.in_features % n:
-                raise ValueError(f"in_features ({lin.in_features}) must divide by the tensor-parallel size ({n}) "
-                                 "for megatron-core.")
-            layer = tensor_parallel.RowParallelLinear(
-                lin.in_features, lin.out_features, config=config(lin.weight.dtype), init_method=_no_init,
-                bias=lin.bias is not None, input_is_parallel=True, skip_bias_add=False)
-            block = slice(r * lin.in_features // n, (r + 1) * lin.in_features // n)
-            with torch.no_grad():
-                layer.weight.copy_(lin.weight[:, block])
-                if lin.bias is not None:
-                    layer.bias.copy_(lin.bias)
-            return _OutputOnly(layer, "row")
+            return _row(lin, n, r, sequence_parallel)
+
+        def config(dtype):
+            return _config(n, dtype, sequence_parallel)
 
         if kind == "column":
             return _OutputOnly(column(dense), "column")

@@ -26,7 +26,8 @@ import torch
 import torch.distributed as dist
 
 from harness.adapters.torchtitan.names import contract_name, torchtitan_name
-from harness.adapters.torchtitan.trainer import SCHEDULES, TorchtitanStackTrainer, _scalar, materialise
+from harness.adapters.torchtitan.state import _scalar, materialise
+from harness.adapters.torchtitan.trainer import SCHEDULES, TorchtitanStackTrainer
 
 SEQ = 64
 """The rotary cache's length (``max_seq_len``): the contract's cases are shorter."""
