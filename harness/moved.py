@@ -3,6 +3,7 @@
 implementation specs name keep working."""
 
 MOVED = {
+    "harness.layer_case": "harness.verdict",
     "harness.adapters.accelerate_stack": "harness.adapters.accelerate.stack",
     "harness.adapters.deepspeed_init": "harness.adapters.deepspeed.init",
     "harness.adapters.deepspeed_mixed": "harness.adapters.deepspeed.mixed",

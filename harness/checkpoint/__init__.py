@@ -1,13 +1,9 @@
-"""Activation checkpointing: the case, the benchmark and the report section of ``paritybench bench checkpoint``.
+"""Activation checkpointing: the case, the benchmark and the report section of ``paritybench bench checkpoint``. Its
+``PARADIGM`` record is what the shared tools read."""
 
-``PARADIGM`` is all the shared tools (the CLI, the report, the registries) know of it (``harness.paradigm``)."""
-
-from __future__ import annotations
-
+from harness.paradigm import Bench, Paradigm, Section
+from harness.records.findings import Finding
 from harness.records.registry import ImplSpec
-
-from ..paradigm import Bench, Paradigm, Section
-from .findings import FINDINGS
 
 PARADIGM = Paradigm(
     "checkpoint", 1, contract="harness.contracts.checkpoint:Checkpointing",
@@ -19,7 +15,18 @@ PARADIGM = Paradigm(
         ImplSpec("torch-reentrant", "checkpoint", "harness.adapters.torch.checkpoint:TorchCheckpointing",
                  {"use_reentrant": True}, description="torch.utils.checkpoint, use_reentrant=True"),
     ),
-    findings=FINDINGS,
+    findings=(
+        Finding("torch-reentrant", "checkpoint", "torch", ("2.6", None),
+                "torch.utils.checkpoint with use_reentrant=True and an input that does not require grad: the "
+                "checkpointed segment's parameters get no gradient (every layer checkpointed: backward raises).",
+                "suites/checkpoint/test_findings.py::test_reentrant_checkpoint_drops_parameter_gradients_when_the_"
+                "input_needs_none", {"input_requires_grad": False},
+                symptom=r"^step \d+: (parameter \d+ gradient missing|(weights|momentum) after the optimizer step "
+                        r"differ|(output|input) differs)$|^forward or backward raised RuntimeError: element 0 of "
+                        r"tensors does not require grad",
+                cause=r"^step 1: parameter \d+ gradient missing$|^forward or backward raised RuntimeError: element 0 "
+                      r"of tensors does not require grad"),
+    ),
     benches=(
         Bench("checkpoint", "activation memory and step time with and without checkpointing",
               "harness.checkpoint.cli:plans", "harness.checkpoint.cli:add_arguments", in_all=4),

@@ -1,13 +1,9 @@
-"""Context parallelism (ring, Ulysses): the attention case, the sequence sweep and its report section.
+"""Context parallelism (ring, Ulysses): the attention case, the sequence sweep and its report section. Its ``PARADIGM``
+record is what the shared tools read."""
 
-``PARADIGM`` is all the shared tools (the CLI, the report, the registries) know of it (``harness.paradigm``)."""
-
-from __future__ import annotations
-
+from harness.paradigm import Bench, Paradigm, Section
+from harness.records.findings import Finding
 from harness.records.registry import ImplSpec
-
-from ..paradigm import Bench, Paradigm, Section
-from .findings import FINDINGS
 
 PARADIGM = Paradigm(
     "context_parallel", 7, contract="harness.contracts.context_parallel:ContextParallel",
@@ -26,7 +22,16 @@ PARADIGM = Paradigm(
                  {"package": "yunchang"}, requires=("yunchang", "flash_attn"),
                  description="yunchang LongContextAttention (hybrid Ulysses x ring over flash-attn; CUDA only)"),
     ),
-    findings=FINDINGS,
+    findings=(
+        Finding("deepspeed-ulysses", "context_parallel", "deepspeed", ("0.18.0", "0.19.8"),
+                "DeepSpeed-Ulysses splits grouped-query heads whose KV count the sequence-parallel size does not "
+                "divide by the query heads alone: the key and value shards do not match the query's (RuntimeError: The "
+                "size of tensor a (3) must match the size of tensor b (2); minimal case: Q 6 / KV 3 heads over sp 2 — "
+                "DeepSpeed issue 8291; right at 0.19.8).",
+                "suites/context_parallel/test_third_party.py::test_watch_deepspeed_ulysses_uneven_kv_heads_before_the_fix",
+                {"kv_remainder": lambda r: r != 0},
+                symptom=r"The size of tensor a \(\d+\) must match the size of tensor b"),
+    ),
     benches=(
         Bench("context_parallel", "one attention layer per implementation vs sequence length and cp: time "
                                   "and bytes per rank vs the cost model",

@@ -21,8 +21,7 @@ import torch.distributed as dist
 from harness.runtime.rank import rank_device
 
 from ..errors import describe
-from ..layer_case import off
-from ..verdict import attempt, checked, failed, failed_here  # noqa: F401 - failed: run_or_fail's verdict of a failed call
+from ..verdict import attempt, checked, failed, failed_here, off  # noqa: F401 - failed: run_or_fail's verdict of a failed call
 
 U64 = 2.0**-53
 

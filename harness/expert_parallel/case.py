@@ -24,8 +24,7 @@ from harness.runtime.rank import rank_device
 from reference.models.moe import routing_gap, selection_bias
 
 from ..errors import describe
-from ..layer_case import off
-from ..verdict import attempt, checked, failed_here
+from ..verdict import attempt, checked, failed_here, off
 from ..verdict import failed as layer_failed
 
 U64 = 2.0**-53

@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from harness.runtime.rank import rank_device
 
-from ..layer_case import off
+from ..verdict import off
 from .case import U64, Case, _dense, _inputs, bound
 
 U32 = 2.0**-24

@@ -1,11 +1,7 @@
-"""Resume: save and load of the 3D stack's state across layouts (``paritybench bench resume``) and its report
-section.
+"""Resume: save and load of the 3D stack's state across layouts (``paritybench bench resume``) and its report section.
+Its ``PARADIGM`` record is what the shared tools read."""
 
-``PARADIGM`` is all the shared tools (the CLI, the report, the registries) know of it (``harness.paradigm``)."""
-
-from __future__ import annotations
-
-from ..paradigm import Bench, Paradigm, Section
+from harness.paradigm import Bench, Paradigm, Section
 
 PARADIGM = Paradigm(
     "resume", 10,

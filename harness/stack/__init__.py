@@ -1,13 +1,9 @@
-"""Whole stacks (a trainer: dp x pp x tp x cp x ep, ZeRO, recipes) held to one device: the case, the
-layout sweep, the conformance matrix and their report sections.
+"""Whole stacks (a trainer: dp x pp x tp x cp x ep, ZeRO, recipes) held to one device: the case, the layout sweep, the
+conformance matrix and their report sections. Its ``PARADIGM`` record is what the shared tools read."""
 
-``PARADIGM`` is all the shared tools (the CLI, the report, the registries) know of it (``harness.paradigm``)."""
-
-from __future__ import annotations
-
+from harness.paradigm import Bench, Paradigm, Section
 from harness.records.registry import ImplSpec
 
-from ..paradigm import Bench, Paradigm, Section
 from .findings import FINDINGS
 
 PARADIGM = Paradigm(

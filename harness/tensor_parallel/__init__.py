@@ -1,13 +1,9 @@
-"""Tensor parallelism: the layer cases, the per-layer sweep and its report section.
+"""Tensor parallelism: the layer cases, the per-layer sweep and its report section. Its ``PARADIGM`` record is what the
+shared tools read."""
 
-``PARADIGM`` is all the shared tools (the CLI, the report, the registries) know of it (``harness.paradigm``)."""
-
-from __future__ import annotations
-
+from harness.paradigm import Bench, Paradigm, Section
+from harness.records.findings import Finding, not_power_of_two
 from harness.records.registry import ImplSpec
-
-from ..paradigm import Bench, Paradigm, Section
-from .findings import FINDINGS
 
 PARADIGM = Paradigm(
     "tensor_parallel", 4, contract="harness.contracts.tensor_parallel:TensorParallel",
@@ -20,7 +16,35 @@ PARADIGM = Paradigm(
         ImplSpec("megatron", "tensor_parallel", "harness.adapters.megatron.tensor_parallel:MegatronTensorParallel",
                  requires=("megatron.core",), description="megatron-core tensor_parallel layers on CPU/gloo"),
     ),
-    findings=FINDINGS,
+    findings=(
+        Finding("torch", "tensor_parallel", "torch", ("2.6", None),
+                "DTensor RowwiseParallel adds bias / n on each of n ranks to a Partial output: it rounds when the "
+                "mesh size is not a power of two (minimal case: tp=3, Linear(3, 4), integer weights and inputs).",
+                "suites/tensor_parallel/test_findings.py::test_dtensor_rowwise_bias_rounds_on_three_ranks",
+                {"row_bias": True, "n": not_power_of_two}, symptom=r"^output: \d+ of \d+ differ, first got "),
+        Finding("megatron", "tensor_parallel", "megatron-core", ("0.12", None),
+                "megatron-core's vocab_parallel_cross_entropy takes the softmax over the padded vocabulary: the "
+                "padding logits enter the denominator, so the loss is not the dense model's (minimal case: tp=2, "
+                "vocabulary 3 padded to 4).",
+                "suites/tensor_parallel/test_findings.py::test_megatron_loss_includes_padded_vocabulary",
+                {"kind": "lm_head", "vocab_remainder": lambda r: r != 0},
+                symptom=r"^(loss|input grad|weight grad): \d+ of \d+ differ, first got "),
+        Finding("megatron", "tensor_parallel", "megatron-core", ("0.12", None),
+                "megatron-core's vocab_parallel_cross_entropy computes in float32 whatever the logits' dtype "
+                "(.float()): the loss is held to float32 rounding.",
+                "suites/tensor_parallel/test_findings.py::test_megatron_cross_entropy_computes_in_float32",
+                {"kind": "lm_head"}, precision="float32"),
+        Finding("torch", "tensor_parallel", "torch", ("2.13", None),
+                "DTensor on a 1-rank mesh: a sharded dimension of size 1 breaks sharding propagation (ColwiseParallel "
+                "of Linear(k, 1) with bias, RowwiseParallel of Linear(1, 1)); torch 2.11 and 2.12 run it (measured).",
+                "suites/tensor_parallel/test_findings.py::test_dtensor_size_one_sharded_dimension_on_one_rank",
+                handled_by_adapter="the torch adapter declares these cases unsupported"),
+        Finding("torch", "tensor_parallel", "torch", ("2.13", None),
+                "DTensor RowwiseParallel of an nn.Embedding that leaves a rank an empty vocabulary shard (vocabulary 4 "
+                "over 3 ranks) fails on that rank while the others hang; loss_parallel over such logits likewise.",
+                "suites/tensor_parallel/test_findings.py::test_dtensor_empty_vocabulary_shard",
+                handled_by_adapter="the torch adapter refuses such vocabularies in one sentence"),
+    ),
     benches=(
         Bench("tensor_parallel", "forward+backward time and bytes per sharded layer",
               "harness.tensor_parallel.cli:plans", "harness.tensor_parallel.cli:add_arguments"),

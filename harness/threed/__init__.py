@@ -1,11 +1,7 @@
 """The reference stack's 3D sweep (``paritybench bench 3d``): every layout with the bf16 / clip variants and the
-measured bubble, and its report section.
+measured bubble, and its report section. Its ``PARADIGM`` record is what the shared tools read."""
 
-``PARADIGM`` is all the shared tools (the CLI, the report, the registries) know of it (``harness.paradigm``)."""
-
-from __future__ import annotations
-
-from ..paradigm import Bench, Paradigm, Section
+from harness.paradigm import Bench, Paradigm, Section
 
 PARADIGM = Paradigm(
     "3d", 9,
