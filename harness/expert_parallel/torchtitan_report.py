@@ -7,7 +7,7 @@ them. Precision-matched, as the mixed-precision suites hold a bf16 run: three ru
   parallel: torchtitan's layer under its expert parallelism over the World.
 For every part (each rank's output rows and input gradient, the router's, every expert's and the shared
 expert's gradient) E_T = max |single - exact| is the recipe's own error; the parallel run must be within
-``allowed_ratio`` x E_T of single (``harness.threed.mixed.allowed_ratio`` with dp = n: each expert's and the
+``allowed_ratio`` x E_T of single (``harness.stack.precision.allowed_ratio`` with dp = n: each expert's and the
 router's gradient is a sum of up to n per-rank partials, each rounded as one device rounds its one GEMM), plus
 float32's regrouping bound (``case.bound`` in float32 units) for the parts bf16 does not touch. So that a wrong
 single run cannot widen its own bound, single is held to exact too: within RECIPE_U bf16 unit roundoffs of
@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from harness.runtime.rank import rank_device
 
-from ..threed.mixed import allowed_ratio
+from ..stack.precision import allowed_ratio
 from .case import U64, Case, _dense, _inputs, bound, received_here
 
 U_BF16 = 2.0**-9

@@ -77,11 +77,13 @@ class StackSweep:
 FAMILIES = ("gpt", "llama")
 
 
-def valid_layouts(cfg: StackSweep) -> list[tuple[int, int, int]]:
-    """Every dp x pp x tp of ``cfg.world_size`` that the model allows (the 3D bench's rule)."""
-    from ..threed.bench import valid_layouts as threed_layouts
-
-    return threed_layouts(cfg)
+def valid_layouts(cfg) -> list[tuple[int, int, int]]:
+    """Every dp x pp x tp of ``cfg.world_size`` that the model (``cfg.heads``, ``cfg.layers``) allows under
+    ``cfg.schedule`` (the 3D bench's sweep uses the same rule)."""
+    n = cfg.world_size
+    return [(dp, pp, n // (dp * pp)) for dp in range(1, n + 1) for pp in range(1, n + 1)
+            if n % (dp * pp) == 0 and cfg.heads % (n // (dp * pp)) == 0 and pp <= cfg.layers
+            and (cfg.schedule != "interleaved" or 2 * pp <= cfg.layers)]
 
 
 def family_label(cfg: StackSweep, family: str) -> str:

@@ -3,9 +3,9 @@ fp32 optimizer state (the contract's only low-precision recipe); every rank's de
 their optimizer state — is held to one device running the same recipe on the whole batch, precision-matched
 as the mixed-precision suites hold theirs: within ``allowed_ratio`` x E_T, where E_T is one device's own
 distance from exact arithmetic (the same recipe in float64, from the same rounded initial weights) over the
-dense tensor T (derivation: ``harness.threed.mixed.allowed_ratio``).
+dense tensor T (derivation: ``harness.stack.precision.allowed_ratio``).
 
-One device: ``harness.threed.mixed.OneDevice`` (low-precision forward and backward, the cross-entropy in
+One device: ``harness.stack.precision.OneDevice`` (low-precision forward and backward, the cross-entropy in
 fp32, the gradients upcast into the fp32 masters, torch's ``clip_grad_norm_`` on the masters, the
 optimizer on the masters, the masters rounded back into the model). The gradient norm is held to
 |n' - n| <= ratio x |g - g_exact| (a norm moves by at most the 2-norm of its argument's change)."""
@@ -21,9 +21,9 @@ from harness.runtime.rank import computed_once, rank_device
 
 from ..contracts.stack import Layout
 from ..errors import describe
-from ..threed.mixed import OneDevice, allowed_ratio
 from ..verdict import attempt, checked
 from .inputs import failed_here, flat_state, global_batch, seq_for
+from .precision import OneDevice, allowed_ratio
 
 _ORACLES: dict = {}
 

@@ -1,7 +1,7 @@
 """Stacks whose low-precision recipe is their own: held to their own one-device run, that run held to the
 contract's (host side; ``harness.stack.judge.judged`` takes this path for the pairs in ``OWN``).
 
-The precision-matched bound (``harness.threed.mixed.allowed_ratio``) is derived for one computation rounded in
+The precision-matched bound (``harness.stack.precision.allowed_ratio``) is derived for one computation rounded in
 different places — the parallel run regrouping one device's sums. A stack that rounds elsewhere even on one
 device (torchtitan's MoE: its experts' grouped GEMMs, the combine weights applied in fp32) starts that far from
 the contract's recipe before any parallelism; measured 3.4 E_T on one rank, so a layout's own regrouping then

@@ -29,6 +29,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from harness.stack.bench import valid_layouts
+
 _GROUPS: dict = {}  # the process groups of each layout, created once per rank process
 _TRAINERS: dict = {}  # (sweep, layout, variant) -> this rank's trainer and batch, kept between rounds
 
@@ -64,11 +66,7 @@ class ThreeDSweep:
         return [self.world_size]
 
 
-def valid_layouts(cfg: ThreeDSweep) -> list[tuple[int, int, int]]:
-    n = cfg.world_size
-    return [(dp, pp, n // (dp * pp)) for dp in range(1, n + 1) for pp in range(1, n + 1)
-            if n % (dp * pp) == 0 and cfg.heads % (n // (dp * pp)) == 0 and pp <= cfg.layers
-            and (cfg.schedule != "interleaved" or 2 * pp <= cfg.layers)]
+
 
 
 VARIANTS = ("plain", "bf16", "clip")
