@@ -50,14 +50,13 @@ def bound(step: int, tokens: int, model: GPT, world: int) -> float:
 
 def train_3d(dp: int, pp: int, tp: int, schedule: str, zero: int, checkpointing: bool, steps: int = 3,
              seed: int = 0, dropout: float = 0.1, clip: list[tuple[float, float]] | None = CLIP,
-             planted: str | None = None, tie: bool = True, accumulation: int = 1) -> dict:
+             tie: bool = True, accumulation: int = 1) -> dict:
     """The reference 3D stack against one device, with keyed dropout on (``reference.dropout``: every layout
     draws one device's masks, recomputation included) and global gradient-norm clipping
     (``reference.clipping``) with ``clip``'s (max_norm, norm_type) at step 1, 2, ... (each step's norm
     compared too; None: no clipping), the embedding tied to the LM head (``tie``: on the first and the
     last pipeline stage, summed over the embedding group), ``accumulation`` pipeline passes per optimizer
-    step (one device: one step on the k-times batch). ``planted``: a known bug put into the trainer
-    (``PLANTED``)."""
+    step (one device: one step on the k-times batch)."""
     dims = ParallelDims(dp, pp, tp)
     try:
         groups = _groups(dims)
@@ -69,8 +68,6 @@ def train_3d(dp: int, pp: int, tp: int, schedule: str, zero: int, checkpointing:
                               accumulation=accumulation)
     except ValueError as exc:
         return {"refused": str(exc)}
-    if planted:
-        PLANTED[planted](trainer)
     def compare(single):
         expected = shard_stages(single, dims, dist.get_rank(), groups["tp"], 2 if schedule == "interleaved" else 1)
         return [((f"stage {s} {name}", p), q) for s, stage in trainer.stages.items()
@@ -78,36 +75,6 @@ def train_3d(dp: int, pp: int, tp: int, schedule: str, zero: int, checkpointing:
 
     return against_one_device(model, trainer, dp * trainer.schedule.num_microbatches * accumulation, dims.world_size,
                               steps, seed, compare, clip)
-
-
-def _count_replicated_tp_times(trainer) -> None:
-    params, kwargs = trainer._norm_args
-    everything = {id(p): torch.ones_like(p, dtype=torch.bool) for p in params}
-    trainer._norm_args = (params, {**kwargs, "tp_sharded": params, "counted": everything})
-
-
-def _leave_pp_out(trainer) -> None:
-    trainer.clip_groups = {k: g for k, g in trainer.groups.items() if k != "pp"}
-
-
-def _tied_not_summed(trainer) -> None:
-    trainer._sum_tied = lambda: None
-
-
-def _last_rank_raises(trainer) -> None:
-    if dist.get_rank() == dist.get_world_size() - 1:
-        def step(tokens, targets):
-            raise ValueError(f"sequence length {tokens.shape[-1]} not supported on the last rank")
-
-        trainer.step = step
-
-
-PLANTED = {"replicated-counted-tp-times": _count_replicated_tp_times, "pp-not-reduced": _leave_pp_out,
-           "tied-not-summed": _tied_not_summed, "last-rank-raises": _last_rank_raises}
-"""Planted bugs: TransformerEngine PR 715's (parameters replicated over TP counted in the norm on every TP
-rank), torchtitan #596's (each pipeline stage clips by its own norm), a tied embedding whose two
-copies' gradients are never summed, and a trainer whose step raises on the last rank only (its peers
-block inside their own steps)."""
 
 
 def norm_bound(step: int, grads: list[torch.Tensor], model: GPT, world: int, tokens: int) -> float:

@@ -202,3 +202,70 @@ class MeanPerRank(ReferenceStack):
     def build(self, spec, layout, recipe, group=None):
         super().build(spec, layout, recipe, group)
         return _MeanPerRank(spec, layout, recipe)
+
+
+class _CountsReplicatedTpTimes(ReferenceStackTrainer):
+    def _build(self, model):
+        import torch
+
+        trainer = super()._build(model)
+        params, kwargs = trainer._norm_args  # every element counted on every TP rank (replicated ones too)
+        trainer._norm_args = (params, {**kwargs, "tp_sharded": params,
+                                       "counted": {id(p): torch.ones_like(p, dtype=torch.bool) for p in params}})
+        return trainer
+
+
+class ReplicatedCountedTpTimes(ReferenceStack):
+    """Planted bug (TransformerEngine PR 715): parameters replicated over TP counted in the clipping norm on every
+    TP rank."""
+
+    def build(self, spec, layout, recipe, group=None):
+        super().build(spec, layout, recipe, group)
+        return _CountsReplicatedTpTimes(spec, layout, recipe)
+
+
+class _LeavesPpOut(ReferenceStackTrainer):
+    def _build(self, model):
+        trainer = super()._build(model)
+        trainer.clip_groups = {k: g for k, g in trainer.groups.items() if k != "pp"}  # each stage its own norm
+        return trainer
+
+
+class PpNotReduced(ReferenceStack):
+    """Planted bug (torchtitan #596): each pipeline stage clips by its own norm (the norm not reduced over pp)."""
+
+    def build(self, spec, layout, recipe, group=None):
+        super().build(spec, layout, recipe, group)
+        return _LeavesPpOut(spec, layout, recipe)
+
+
+class _TiedNotSummed(ReferenceStackTrainer):
+    def _build(self, model):
+        trainer = super()._build(model)
+        trainer._sum_tied = lambda: None  # the embedding's and the head's copies keep their own gradients
+        return trainer
+
+
+class TiedNotSummed(ReferenceStack):
+    """Planted bug: a tied embedding whose two copies (first and last stage) never sum their gradients."""
+
+    def build(self, spec, layout, recipe, group=None):
+        super().build(spec, layout, recipe, group)
+        return _TiedNotSummed(spec, layout, recipe)
+
+
+class _LastRankRaises(ReferenceStackTrainer):
+    def step(self, tokens, targets):
+        import torch.distributed as dist
+
+        if dist.get_rank() == dist.get_world_size() - 1:
+            raise RuntimeError(f"sequence length {tokens.shape[-1]} not supported on the last rank")
+        return super().step(tokens, targets)
+
+
+class LastRankRaises(ReferenceStack):
+    """Planted bug: the step raises on the last rank only, its peers blocked inside their own steps."""
+
+    def build(self, spec, layout, recipe, group=None):
+        super().build(spec, layout, recipe, group)
+        return _LastRankRaises(spec, layout, recipe)
