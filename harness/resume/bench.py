@@ -1,4 +1,5 @@
-"""``paritybench bench resume``: save and load of the reference 3D stack's training state per layout —
+"""``paritybench bench resume``: save and load of a stack's training state per layout, through the stack contract
+(``save`` / ``load``; the reference stack's by default) —
 time, throughput (GB/s, GB = 1e9: the checkpoint's bytes / time), bytes the busiest rank writes against
 the model state a rank owns when saving splits it over all N ranks (``cost_model.training_memory`` at
 ZeRO-3 sharding: float32 weights and SGD momentum, (4 + 4) Psi / N; replicated LayerNorms and the
@@ -19,6 +20,8 @@ class ResumeSweep:
     layouts: list = field(default_factory=list)
     """(dp, pp, tp) to run; empty: every layout of each world size the model takes."""
     zero_stage: int = 1
+    impl: str = "reference"
+    """The stack whose save / load is timed (through the stack contract)."""
     vocab: int = 512
     hidden: int = 128
     heads: int = 8
@@ -36,45 +39,51 @@ def _layouts(cfg: ResumeSweep, n: int) -> list[tuple[int, int, int]]:
 
 
 def bench_rank(cfg: ResumeSweep, dims_t, root: str) -> dict:
+    """Rank side: the stack ``cfg.impl`` (the reference's by default) built through the stack contract on
+    ``dims_t``, one step taken (its momentum exists), then ``save`` / ``load`` timed ``warmup + iters`` times."""
     import torch
     import torch.distributed as dist
 
-    from harness.threed.case import _groups
-    from reference.models import GPT
-    from reference.resume import latest
-    from reference.resume.threed import load_3d, save_3d
-    from reference.stack.compose import parallelize
-    from reference.stack.topology import ParallelDims
+    from harness.contracts.stack import Layout, Recipe
+    from harness.records import registry
+    from reference.models import ModelSpec
     from reference.zero import OptimizerSpec
 
-    dims = ParallelDims(*dims_t)
-    torch.manual_seed(0)
-    model = GPT(cfg.vocab, cfg.hidden, cfg.heads, cfg.ffn, cfg.layers, dtype=torch.float32)
-    trainer = parallelize(model, dims, "1f1b", cfg.zero_stage, False, groups=_groups(dims),
-                          optimizer=OptimizerSpec("sgd", 1e-3), microbatches=dims.pp)
+    spec = ModelSpec("gpt", vocab=cfg.vocab, hidden=cfg.hidden, heads=cfg.heads, ffn=cfg.ffn, layers=cfg.layers,
+                     dtype="float32")
+    layout = Layout(*dims_t, zero=cfg.zero_stage, microbatches=dims_t[1])
+    trainer = registry.load(cfg.impl, "stack").build(spec, layout, Recipe(optimizer=OptimizerSpec("sgd", 1e-3)))
+    dense = spec.build(0)
+    trainer.load_dense(dense.state_dict())
     gen = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, cfg.vocab, (dims.dp * dims.pp, 16), generator=gen)
+    tokens = torch.randint(0, cfg.vocab, (layout.dp * layout.num_microbatches, 16), generator=gen)
     trainer.step(tokens, tokens)  # the momentum exists from the first step on
-    saves, loads, written = [], [], 0
+    saves, loads = [], []
     for i in range(cfg.warmup + cfg.iters):
+        directory = Path(root) / f"step-{i}"
         dist.barrier()
         t0 = time.perf_counter()
-        step = save_3d(root, f"step-{i}", trainer, {"step": i})
+        trainer.save(directory)
         t1 = time.perf_counter()
         dist.barrier()
         t2 = time.perf_counter()
-        load_3d(latest(root), trainer)
+        trainer.load(directory)
         t3 = time.perf_counter()
         if i >= cfg.warmup:
             saves.append(t1 - t0)
             loads.append(t3 - t2)
-            written = (step / f"rank{dist.get_rank():05d}.bin").stat().st_size
         dist.barrier()
         if dist.get_rank() == 0 and i:
             shutil.rmtree(Path(root) / f"step-{i - 1}")  # keep the disk to one step or two
-    total = sum(f.stat().st_size for f in step.glob("rank*.bin"))
+    # the state's bytes: the reference store's per-rank shard files (its metadata aside); another stack's: every
+    # file it wrote, each rank's share of it an even one
+    files = [f for f in directory.rglob("*") if f.is_file()]
+    shards = [f for f in files if f.name.startswith("rank") and f.suffix == ".bin"] or files
+    total = sum(f.stat().st_size for f in shards)
+    mine = f"rank{dist.get_rank():05d}.bin"
+    written = sum(f.stat().st_size for f in shards if f.name == mine) or total // dist.get_world_size()
     return {"save": saves, "load": loads, "written": written, "total": total,
-            "numel": sum(p.numel() for p in model.parameters())}
+            "numel": sum(p.numel() for p in dense.parameters())}
 
 
 def run_sweep(cfg: ResumeSweep, get_world, run_dir, progress=sys.stderr) -> int:
@@ -96,7 +105,7 @@ def run_sweep(cfg: ResumeSweep, get_world, run_dir, progress=sys.stderr) -> int:
                                      optimizer_bytes=4)
             for what in ("save", "load"):
                 stats = summarize([r[what] for r in per_rank])
-                row = {"suite": "resume", "op": f"{what} {dp}x{pp}x{tp}", "impl": "reference", "backend": world.backend,
+                row = {"suite": "resume", "op": f"{what} {dp}x{pp}x{tp}", "impl": cfg.impl, "backend": world.backend,
                        "world_size": n, "dtype": "float32", "zero_stage": cfg.zero_stage, "iters": cfg.iters,
                        "warmup": cfg.warmup, "count": r0["numel"], "bytes": r0["total"], "status": "ok",
                        "algbw_gbps": r0["total"] / (stats["time_p50_us"] * 1e-6) / 1e9,

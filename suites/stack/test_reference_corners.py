@@ -9,7 +9,8 @@ and dropout rotated, is the main property's (test_equivalence.py).
 Planted bugs, each at its smallest layout: parameters replicated over TP counted in the norm on every TP rank
 (TransformerEngine PR 715), each pipeline stage clipping by its own norm (torchtitan #596), the tied copies'
 gradients never summed, and a step that raises on the last rank only while its peers wait inside theirs (a fail
-naming that rank, in seconds)."""
+naming that rank, in seconds). The clipping and tie seams' smallest layouts run for every stack (``stack_impl``),
+so the mutation check plugs the planted stacks in there."""
 
 from __future__ import annotations
 
@@ -41,6 +42,22 @@ def test_every_2x2x2_combination_with_the_tie_and_dropout_equals_one_device(layo
     v = hold(world_cache, conformance, "reference", 8, TIED, layout, recipe, steps=3)
     assert v["outcome"] == "pass", v["refused"] or v["problems"][:4]
     assert all(len(r["losses"]) == 3 for r in v["per_rank"])
+
+
+SMALLEST = [(Layout(1, 1, 2), Recipe(max_grad_norm=0.05)), (Layout(1, 2, 1), Recipe(max_grad_norm=0.05))]
+"""The clipping seams' smallest layouts: TP (a replicated parameter counted once), PP (the norm over both stages,
+the tied copies summed), each clipped at step 1."""
+
+
+@pytest.mark.parametrize("layout, recipe", SMALLEST, ids=["1x1x2-clipped", "1x2x1-clipped"])
+def test_the_clipping_and_tie_seams_at_their_smallest_layouts(stack_impl, layout, recipe, world_cache, conformance):
+    v = hold(world_cache, conformance, stack_impl, layout.world_size, TIED, layout, recipe)
+    if v["outcome"] == "unsupported":
+        pytest.skip(f"{stack_impl} does not provide this case: {v['refused']}")
+    assert v["outcome"] != "refused", f"{stack_impl} refused a layout that fits the model: {v['refused']}"
+    if v["known"]:  # reported as what it is (a row; xfail, a failure under --strict), never as a pass
+        conformance.settle()
+    assert not v["problems"], v["problems"][:4]
 
 
 @pytest.mark.parametrize("planted, layout, needle", [
