@@ -24,6 +24,9 @@ from harness.runtime.rank import failed_in_implementation
 
 from .errors import describe
 
+U64 = 2.0**-53
+"""float64's unit roundoff: every structural bound is a count of roundings times it."""
+
 
 class RankResult(TypedDict, total=False):
     refused: str | None

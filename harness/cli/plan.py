@@ -30,6 +30,7 @@ from harness.cost_model.plan import (
     predicted,
     ranked_by_time,
 )
+from reference.pipeline import GENERATORS
 
 
 def render_time_ranking(ranked: list[dict], profile, schedule: str) -> None:
@@ -172,7 +173,7 @@ def add_parser(sub) -> None:
                    help="a machine profile (paritybench calibrate): rank every layout by predicted step time")
     p.add_argument("--backend", default=None, choices=["gloo", "nccl"],
                    help="the backend the plan is for (checked against the profile's)")
-    p.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved", "zb-h1"])
+    p.add_argument("--schedule", default="1f1b", choices=list(GENERATORS))
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="compute dtype of the prediction (default: the profile's)")
     p.add_argument("--vocab", type=_positive_int, default=None, help="vocabulary size (LM head) for the prediction")

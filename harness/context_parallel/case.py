@@ -21,9 +21,7 @@ import torch.distributed as dist
 from harness.runtime.rank import rank_device
 
 from ..errors import describe
-from ..verdict import attempt, checked, failed, failed_here, off  # noqa: F401 - failed: run_or_fail's verdict of a failed call
-
-U64 = 2.0**-53
+from ..verdict import U64, attempt, checked, failed, failed_here, off  # noqa: F401 - failed: run_or_fail's verdict of a failed call
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,8 @@ from harness.runtime.rank import rank_device
 from reference.models.moe import routing_gap, selection_bias
 
 from ..errors import describe
-from ..verdict import attempt, checked, failed_here, off
+from ..verdict import U64, attempt, checked, failed_here, off
 from ..verdict import failed as layer_failed
-
-U64 = 2.0**-53
 
 
 @dataclass(frozen=True)

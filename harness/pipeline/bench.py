@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from harness.records import registry
 from harness.runtime.timing import median_interval, summarize
+from reference.pipeline import GENERATORS
 
 COMPUTE = ("F", "B", "I", "W")
 
@@ -28,7 +29,7 @@ class PipelineSweep:
     """What ``paritybench bench pipeline`` runs."""
 
     impls: list[str] = field(default_factory=lambda: ["reference", "torch"])
-    schedules: list[str] = field(default_factory=lambda: ["gpipe", "1f1b", "interleaved", "zb-h1"])
+    schedules: list[str] = field(default_factory=lambda: list(GENERATORS))
     world_sizes: list[int] = field(default_factory=lambda: [2])
     """Pipeline ranks p. On 2 CPU cores only p = 2 is meaningful; p >= 4 is for GPU nodes."""
     microbatches: list[int] = field(default_factory=lambda: [2, 4, 8])

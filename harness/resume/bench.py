@@ -20,8 +20,6 @@ class ResumeSweep:
     layouts: list = field(default_factory=list)
     """(dp, pp, tp) to run; empty: every layout of each world size the model takes."""
     zero_stage: int = 1
-    impl: str = "reference"
-    """The stack whose save / load is timed (through the stack contract)."""
     vocab: int = 512
     hidden: int = 128
     heads: int = 8
@@ -29,6 +27,8 @@ class ResumeSweep:
     layers: int = 8
     iters: int = 3
     warmup: int = 1
+    impl: str = "reference"
+    """The stack whose save / load is timed (through the stack contract)."""
 
 
 def _layouts(cfg: ResumeSweep, n: int) -> list[tuple[int, int, int]]:

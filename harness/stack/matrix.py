@@ -19,6 +19,8 @@ import math
 import sys
 from dataclasses import dataclass, field
 
+from harness.contracts.stack import SCHEDULES
+
 
 def cases() -> list[tuple[str, object, object, object]]:
     """(what the row varies, spec, layout, recipe)."""
@@ -36,7 +38,7 @@ def cases() -> list[tuple[str, object, object, object]]:
 
     out = [("one rank", llama, Layout(), adam)]
     out += [(f"dp 2, ZeRO {z}", llama, Layout(2, zero=z), adam) for z in range(4)]
-    out += [(f"pp 2, {s}", llama, Layout(1, 2, 1, schedule=s), adam) for s in ("gpipe", "1f1b", "interleaved")]
+    out += [(f"pp 2, {s}", llama, Layout(1, 2, 1, schedule=s), adam) for s in SCHEDULES]
     out += [("tp 2", llama, Layout(1, 1, 2), adam),
             ("tp 2 + sequence parallel", llama, Layout(1, 1, 2, sequence_parallel=True), adam),
             ("dp 2 x tp 2, ZeRO 2, checkpointing", llama, Layout(2, 1, 2, zero=2, checkpointing=True), adam),

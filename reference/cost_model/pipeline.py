@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from ..pipeline.generators import GENERATORS
 from ._checks import choice, whole
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+SCHEDULES = tuple(GENERATORS)
 
 
 def bubble_fraction(schedule: str, p: int, m: int, v: int = 1) -> float:

@@ -3,6 +3,9 @@ optimizer a low-precision stack is held with; the verdict itself is ``harness.st
 
 from __future__ import annotations
 
+import pytest
+
+from harness.stack.judge import hold
 from reference.models import ModelSpec
 from reference.zero import OptimizerSpec
 
@@ -33,3 +36,16 @@ def padded_at(i: int) -> bool:
     """Whether the i-th case of a stack's own case list draws a padded batch: two in three do (their counted
     targets differ per replica, micro-batch and pass; the last micro-batch may hold none), the rest are full."""
     return i % 3 != 2
+
+
+def held(world_cache, conformance, impl: str, n: int, spec, layout, recipe, **kw) -> dict:
+    """``hold``'s verdict of a case every stack meets: skipped (with the stack's sentence) where the stack does not
+    provide it, never refused (the layout fits the model), a known finding settled as what it is (a row; xfail, a
+    failure under --strict). The caller asserts what must hold of the rest."""
+    v = hold(world_cache, conformance, impl, n, spec, layout, recipe, **kw)
+    if v["outcome"] == "unsupported":
+        pytest.skip(f"{impl} does not provide this case: {v['refused']}")
+    assert v["outcome"] != "refused", f"{impl} refused a layout that fits the model: {v['refused']}"
+    if v["known"]:
+        conformance.settle()
+    return v

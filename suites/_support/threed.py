@@ -4,4 +4,6 @@ from __future__ import annotations
 
 import itertools
 
-COMBOS = list(itertools.product(("gpipe", "1f1b", "interleaved"), (0, 1, 2), (False, True)))
+from reference.pipeline import FUSED_BACKWARD
+
+COMBOS = list(itertools.product(FUSED_BACKWARD, (0, 1, 2), (False, True)))
