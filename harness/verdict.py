@@ -92,6 +92,19 @@ def off(what: str, got, want, limit: float) -> tuple[float, list[str]]:
     return rel, ([f"{what}: off by {rel:.3g} of its magnitude > {limit:.3g}"] if not rel <= limit else [])
 
 
+def compared(checks, limit: float, rank: int) -> tuple[float, list[str]]:
+    """(worst, problem lines "rank r: ...") of (what, got, want) triples each held to ``limit`` by ``off``; a
+    tensor the implementation did not give (None) is missing."""
+    worst, problems = 0.0, []
+    for what, got, want in checks:
+        if got is None:
+            problems.append(f"rank {rank}: {what}: missing")
+            continue
+        rel, lines = off(what, got, want, limit)
+        worst, problems = max(worst, rel), problems + [f"rank {rank}: {p}" for p in lines]
+    return worst, problems
+
+
 class Verdict(NamedTuple):
     outcome: str
     """pass / fail / unsupported / refused (a failure a finding explains is the suite's to rename)."""

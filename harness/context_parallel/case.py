@@ -21,7 +21,7 @@ import torch.distributed as dist
 from harness.runtime.rank import rank_device
 
 from ..errors import describe
-from ..verdict import U64, attempt, checked, failed, failed_here, off  # noqa: F401 - failed: run_or_fail's verdict of a failed call
+from ..verdict import U64, attempt, checked, compared, failed, failed_here, off  # noqa: F401 - failed: run_or_fail's verdict of a failed call
 
 
 @dataclass(frozen=True)
@@ -124,16 +124,10 @@ def run_case(impl_spec: str, case_dict: dict) -> dict:
         full = impl.full_grads(module, dist.group.WORLD)
     except Exception as exc:  # noqa: BLE001
         return failed_here(f"rank {r}: backward / full_grads raised {describe(exc)}")
-    worst, problems = 0.0, []
     checks = [("output", y_local, layouts.shard(y, cp, r, case.layout)),
               ("input gradient", x_local.grad, layouts.shard(dx, cp, r, case.layout))]
     checks += [(f"gradient {n}", full.get(n), grads[n]) for n in grads]
-    for what, got, want in checks:
-        if got is None:
-            problems.append(f"rank {r}: {what}: missing")
-            continue
-        rel, lines = off(what, got, want, limit)
-        worst, problems = max(worst, rel), problems + [f"rank {r}: {p}" for p in lines]
+    worst, problems = compared(checks, limit, r)
     problems += [f"rank {r}: {n}: not a parameter of the dense attention" for n in sorted(set(full) - set(grads))]
     problems += [f"rank {r}: shard modified the dense module's {n}" for n, p in dense.named_parameters()
                  if not torch.equal(p.detach(), before[n])]

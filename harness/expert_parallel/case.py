@@ -24,7 +24,7 @@ from harness.runtime.rank import rank_device
 from reference.models.moe import routing_gap, selection_bias
 
 from ..errors import describe
-from ..verdict import U64, attempt, checked, failed_here, off
+from ..verdict import U64, attempt, checked, compared, failed_here
 from ..verdict import failed as layer_failed
 
 
@@ -132,16 +132,10 @@ def run_case(impl_spec: str, case_dict: dict) -> dict:
         full = impl.full_grads(module, dist.group.WORLD)
     except Exception as exc:  # noqa: BLE001
         return _failed(f"rank {r}: {describe(exc)}")
-    worst, problems = 0.0, []
     checks = [("output", y_local, y[rows].detach()), ("input gradient", x_local.grad, xd.grad[rows]),
               ("load-balancing loss", aux_local.reshape(1), aux.detach().reshape(1))]
     checks += [(f"gradient {k}", full.get(k), grads[k]) for k in grads]
-    for what, got, want in checks:
-        if got is None:
-            problems.append(f"rank {r}: {what}: missing")
-            continue
-        rel, lines = off(what, got, want, limit)
-        worst, problems = max(worst, rel), problems + [f"rank {r}: {p}" for p in lines]
+    worst, problems = compared(checks, limit, r)
     problems += [f"rank {r}: {k}: not a parameter of the dense layer" for k in sorted(set(full) - set(grads))]
     problems += [f"rank {r}: shard modified the dense layer's {k}" for k, v in dense.state_dict().items()
                  if not torch.equal(v, before[k])]
