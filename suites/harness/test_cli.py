@@ -108,3 +108,13 @@ def test_a_malformed_hang_window_is_one_sentence_before_any_run_folder(capsys, t
     assert code == 2 and err.count("\n") == 1, err
     assert "PARITYBENCH_HANG_WINDOW_S must be seconds (0 turns hang detection off), got 'ten'." in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_python_dash_m_harness_cli_is_the_command():
+    """``python -m harness.cli`` (the CLI was one module before it became a package) still runs ``paritybench``."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "harness.cli", "schedule", "gpipe", "--p", "2", "--m", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "makespan" in out.stdout, out.stderr[-400:]
