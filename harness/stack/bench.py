@@ -38,23 +38,16 @@ _TRAINERS: dict = {}  # (sweep, impl, family, layout) -> this rank's trainer and
 
 
 @dataclass
-class StackSweep:
-    impls: list = field(default_factory=lambda: ["reference", "torch"])
-    families: list = field(default_factory=lambda: ["gpt", "llama"])
+class LayoutSweep:
+    """What a sweep over every dp x pp x tp layout of one world size shares (``bench stack``, ``bench 3d``)."""
+
     world_size: int = 8
     """Ranks; every layout dp x pp x tp of it that the model allows runs."""
     schedule: str = "1f1b"
-    zero_stage: int = 2
-    """2: what ours and torch's shard over dp (FSDP2's ZeRO 2); megatron-core's and DeepSpeed's pipeline shard 1."""
-    optimizer: str = "sgd"
-    """"sgd" (momentum) or "adam" — Adam is the one every stack here trains (torchtitan's are Adam only); a sweep
-    of another optimizer labels its rows' family ``<family>-adam-zero<stage>`` (its own cases for the gate)."""
     checkpointing: bool = False
     vocab: int = 512
     hidden: int = 128
     heads: int = 8
-    kv_heads: int = 4
-    """The Llama's KV heads (at tp 8 each is replicated twice: ours sums the replicas, torch refuses)."""
     ffn: int = 512
     layers: int = 8
     seq: int = 64
@@ -72,6 +65,19 @@ class StackSweep:
     @property
     def world_sizes(self) -> list[int]:
         return [self.world_size]
+
+
+@dataclass
+class StackSweep(LayoutSweep):
+    impls: list = field(default_factory=lambda: ["reference", "torch"])
+    families: list = field(default_factory=lambda: ["gpt", "llama"])
+    zero_stage: int = 2
+    """2: what ours and torch's shard over dp (FSDP2's ZeRO 2); megatron-core's and DeepSpeed's pipeline shard 1."""
+    optimizer: str = "sgd"
+    """"sgd" (momentum) or "adam" — Adam is the one every stack here trains (torchtitan's are Adam only); a sweep
+    of another optimizer labels its rows' family ``<family>-adam-zero<stage>`` (its own cases for the gate)."""
+    kv_heads: int = 4
+    """The Llama's KV heads (at tp 8 each is replicated twice: ours sums the replicas, torch refuses)."""
 
 
 FAMILIES = ("gpt", "llama")

@@ -29,41 +29,17 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from harness.stack.bench import valid_layouts
+from harness.stack.bench import LayoutSweep, valid_layouts
 
 _GROUPS: dict = {}  # the process groups of each layout, created once per rank process
 _TRAINERS: dict = {}  # (sweep, layout, variant) -> this rank's trainer and batch, kept between rounds
 
 
 @dataclass
-class ThreeDSweep:
-    world_size: int = 8
-    """Ranks; every layout dp x pp x tp of it that the model allows runs."""
-    schedule: str = "1f1b"
+class ThreeDSweep(LayoutSweep):
     zero_stage: int = 1
-    checkpointing: bool = False
-    vocab: int = 512
-    hidden: int = 128
-    heads: int = 8
-    ffn: int = 512
-    layers: int = 8
-    seq: int = 64
-    rows: int = 2
-    """Samples per microbatch; microbatches per step = 2 pp (per replica)."""
-    iters: int = 3
-    """Interleaved rounds, one timed step of every layout each."""
-    warmup: int = 1
-    """Untimed steps of each layout in the first round."""
-    layouts: list = field(default_factory=list)
-    """(dp, pp, tp) to run; empty: all valid ones."""
     variants: list = field(default_factory=lambda: ["plain"])
     """plain, bf16, clip (see the module's docstring)."""
-    profile: str | None = None
-    """A machine profile (``paritybench calibrate``): each row gets the step time it predicts, with its parts."""
-
-    @property
-    def world_sizes(self) -> list[int]:
-        return [self.world_size]
 
 
 
