@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass, field
 
 from harness.records import registry
+from harness.records.tables import NO_ROWS, opening
 from harness.runtime.comm_count import counted_traffic
 from harness.runtime.timing import summarize, time_iterations
 
@@ -94,14 +95,13 @@ def run_sweep(cfg: ContextParallelSweep, get_world, run_dir, progress=sys.stderr
 
 def context_parallel_section(rows, run_dir, md) -> list[str]:
     """The report section: per cp, each implementation's step time and bytes against the sequence."""
-    ok = rows[rows["status"] == "ok"].copy()
-    out = ["## Context parallelism: one attention layer, forward + backward", "",
-           "A Llama attention layer over a CP group (the sequence split by the zigzag layout), per implementation "
-           "and sequence length; `one-device`: the same layer over the whole sequence on one rank. Bytes: the "
-           "busiest rank's, counted, against `cost_model.cp_layer_comm_bytes` (ring: 2 cp - 1 K/V blocks over "
-           "forward and backward; Ulysses: four all-to-alls each way).", ""]
+    ok, out = opening(rows, "## Context parallelism: one attention layer, forward + backward",
+                      "A Llama attention layer over a CP group (the sequence split by the zigzag layout), per "
+                      "implementation and sequence length; `one-device`: the same layer over the whole sequence on "
+                      "one rank. Bytes: the busiest rank's, counted, against `cost_model.cp_layer_comm_bytes` (ring: "
+                      "2 cp - 1 K/V blocks over forward and backward; Ulysses: four all-to-alls each way).")
     if not len(ok):
-        return out + ["_(no successful rows)_", ""]
+        return out + NO_ROWS
     ok["seq"] = ok["count"].astype(int)
     ok["ms"] = ok["time_p50_us"] / 1e3
     cols = ["world_size", "impl", "seq", "ms", "comm_bytes_measured", "comm_bytes_predicted"]

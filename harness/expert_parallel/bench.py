@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass, field
 
 from harness.records import registry
+from harness.records.tables import NO_ROWS, opening
 from harness.runtime.comm_count import counted_traffic
 from harness.runtime.timing import summarize, time_iterations
 
@@ -150,16 +151,15 @@ def run_sweep(cfg: ExpertParallelSweep, get_world, run_dir, progress=sys.stderr)
 def expert_parallel_section(rows, run_dir, md) -> list[str]:
     """The report section: per ep, each implementation's step and dispatch time and bytes against the tokens
     and the skew."""
-    ok = rows[rows["status"] == "ok"].copy()
-    out = ["## Expert parallelism: one MoE layer, forward + backward", "",
-           "An MoE layer (a router, SwiGLU experts, top-k) over an EP group, each rank its own tokens, per "
-           "implementation, tokens per rank and skew (`-skew`: every token routed to EP rank 0's experts); "
-           "`one-device`: the same layer on one rank's share of the tokens. `dispatch ms`: the forward with "
-           "identity experts (routing, the all-to-alls, the combine). Bytes: the busiest rank's, counted, against "
-           "the exact model of the routing it saw (`routed`) and the balanced-routing model the planner uses "
-           "(`predicted`).", ""]
+    ok, out = opening(rows, "## Expert parallelism: one MoE layer, forward + backward",
+                      "An MoE layer (a router, SwiGLU experts, top-k) over an EP group, each rank its own tokens, per "
+                      "implementation, tokens per rank and skew (`-skew`: every token routed to EP rank 0's experts); "
+                      "`one-device`: the same layer on one rank's share of the tokens. `dispatch ms`: the forward "
+                      "with identity experts (routing, the all-to-alls, the combine). Bytes: the busiest rank's, "
+                      "counted, against the exact model of the routing it saw (`routed`) and the balanced-routing "
+                      "model the planner uses (`predicted`).")
     if not len(ok):
-        return out + ["_(no successful rows)_", ""]
+        return out + NO_ROWS
     ok["ms"] = ok["time_p50_us"] / 1e3
     ok["dispatch ms"] = ok.get("dispatch_p50_us", float("nan")) / 1e3
     cols = [c for c in ["world_size", "impl", "op", "ms", "dispatch ms", "received_max", "comm_bytes_measured",

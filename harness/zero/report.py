@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness.records.tables import NO_ROWS, opening
+
 # The ZeRO paper's savings claims (Rajbhandari et al. 2020, figure 1: mixed precision, K = 12, N -> inf).
 PAPER_CLAIMS = {1: "~4x", 2: "~8x", 3: "~Nx"}
 KINDS = ("params", "grads", "optimizer")
@@ -65,14 +67,13 @@ def _clip_section(plain, clipped, md) -> list[str]:
 
 
 def _plain_section(zero, run_dir: Path, md) -> list[str]:
-    ok = zero[zero["status"] == "ok"].copy()
-    out = ["## Data parallel / ZeRO: memory per rank, step time, bytes", "",
-           "Model state per rank of one transformer block (float32, Adam: 4 + 4 + 8 bytes per parameter), measured "
-           "from the tensors each implementation keeps (rank 0; gradients once reduced, before the update), beside "
-           "cost_model.training_memory. Savings = stage-0 total / stage-k total; the paper's claims are for mixed "
-           "precision (2 + 2 + 12 bytes) as N grows.", ""]
+    ok, out = opening(zero, "## Data parallel / ZeRO: memory per rank, step time, bytes",
+                      "Model state per rank of one transformer block (float32, Adam: 4 + 4 + 8 bytes per parameter), "
+                      "measured from the tensors each implementation keeps (rank 0; gradients once reduced, before "
+                      "the update), beside cost_model.training_memory. Savings = stage-0 total / stage-k total; the "
+                      "paper's claims are for mixed precision (2 + 2 + 12 bytes) as N grows.")
     if not len(ok):
-        return out + ["_(no successful rows)_", ""]
+        return out + NO_ROWS
     ok = _totals(ok)
     cols = ["world_size", "impl", "zero_stage", *[f"mem_{k}_bytes" for k in KINDS], "measured_total",
             "predicted_total", "measured/model", "saving_measured", "saving_predicted", "paper"]

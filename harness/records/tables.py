@@ -1,0 +1,10 @@
+"""What the report's sections share: their opening (a title, what the table shows) over the run's successful rows."""
+
+from __future__ import annotations
+
+NO_ROWS = ["_(no successful rows)_", ""]
+
+
+def opening(rows, title: str, intro: str) -> tuple:
+    """(the rows whose status is ok, a copy; the section's first lines: its title and its introduction)."""
+    return rows[rows["status"] == "ok"].copy(), [title, "", intro, ""]
