@@ -91,6 +91,8 @@ def paradigms() -> tuple[Paradigm, ...]:
     """Every declared paradigm, in ``order``: each ``harness`` sub-package's ``PARADIGM``, then entry points'."""
     import harness
 
+    from .errors import UsageError  # a plug-in's bad declaration: one sentence (the CLI: exit code 2)
+
     found = []
     for info in pkgutil.iter_modules(harness.__path__):
         if info.ispkg:
@@ -100,12 +102,12 @@ def paradigms() -> tuple[Paradigm, ...]:
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         record = ep.load()
         if not isinstance(record, Paradigm):
-            raise TypeError(f"entry point {ep.name!r} of {ENTRY_POINT_GROUP} is not a harness.paradigm.Paradigm.")
+            raise UsageError(f"entry point {ep.name!r} of {ENTRY_POINT_GROUP} is not a harness.paradigm.Paradigm.")
         found.append(record)
     names = [p.name for p in found]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
-        raise ValueError(f"paradigm(s) {', '.join(twice)} declared more than once.")
+        raise UsageError(f"paradigm(s) {', '.join(twice)} declared more than once.")
     return tuple(sorted(found, key=lambda p: (p.order, p.name)))
 
 

@@ -91,6 +91,17 @@ def test_a_paradigm_declared_twice_is_said(with_plugin, monkeypatch):
         paradigm.paradigms()
 
 
+def test_a_plugin_that_declares_no_paradigm_is_one_sentence_and_exit_2(with_plugin, monkeypatch, capsys):
+    from harness.cli.main import main
+
+    monkeypatch.setattr(sys.modules[__name__], "PLUGIN", object())
+    paradigm.paradigms.cache_clear()
+    assert main(["impls"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("entry point 'plugin' of paritybench.paradigms is not a harness.paradigm.Paradigm.") and \
+        "\n" not in err, err
+
+
 class _Declines:
     def __init__(self, exc):
         self.exc = exc
