@@ -13,7 +13,7 @@ def _md(df, floatfmt=".3f", index=True) -> str:
 
 
 def _sections_table(meta: dict) -> list[str]:
-    """Wall time per section of the run (``bench_cli.run_plans``: each sweep, its World start-up included)."""
+    """Wall time per section of the run (``harness.cli.bench.run_plans``: each sweep, its World start-up included)."""
     import pandas as pd
 
     sections = meta.get("sections") or []
