@@ -110,11 +110,9 @@ def outside_range(watch: str) -> str | None:
 def _builtin(spec: str, paradigm: str) -> str | None:
     """The built-in name ``spec`` stands for (an option of a built-in stack: that stack's, ``registry.OPTIONS``),
     or None for anything else (a user's implementation)."""
-    from harness.moved import MOVED
-    from harness.records.registry import builtins, options
-    from reference.aliases import canonical
+    from harness.records.registry import builtins, current_name, options
 
-    spec = canonical(spec, MOVED) if ":" in spec else spec
+    spec = current_name(spec)
     return spec if (paradigm, spec) in builtins() else options().get((paradigm, spec))
 
 

@@ -94,14 +94,21 @@ def names(paradigm: str) -> list[str]:
     return builtin + [n for n, s in _entry_points().items() if s.paradigm in ("", paradigm)]
 
 
+def current_name(spec: str) -> str:
+    """``spec`` with a moved module under its new name (``harness.adapters.deepspeed_stack:X`` ->
+    ``harness.adapters.deepspeed.stack:X``); a registered name as it is."""
+    from harness.moved import MOVED
+    from reference.aliases import canonical
+
+    return canonical(spec, MOVED) if ":" in spec else spec
+
+
 def resolve(spec: str, paradigm: str) -> ImplSpec:
     """Turn a spec string into an ``ImplSpec``, or raise ``RegistryError`` saying what is valid. A spec naming a
     module under its old name (``harness.adapters.deepspeed_stack:CallerScalesLoss``) is read under its new one."""
-    from harness.moved import MOVED
     from harness.paradigm import contracts
-    from reference.aliases import canonical
 
-    spec = canonical(spec, MOVED) if ":" in spec else spec
+    spec = current_name(spec)
 
     if paradigm not in contracts():
         raise RegistryError(f"unknown paradigm {paradigm!r}; known: {', '.join(contracts())}.")

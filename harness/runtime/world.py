@@ -50,7 +50,6 @@ __all__ = ["World", "RankFailure", "ImplementationFailure", "WorldTimeout", "Wor
 # A rank that raised (or failed in the code under test, harness.runtime.rank.failed_in_implementation) leaves its
 # peers blocked in a collective; they get this long to finish anyway.
 _PEER_GRACE_S = 3.0
-_STACK_WAIT_S = hang.STACK_WAIT_S
 _PROBE_S = 1.0  # how often a waiting parent samples its ranks' CPU time (harness.runtime.hang)
 
 
@@ -282,7 +281,7 @@ class World:
                 while conn.poll():  # a late answer to an earlier question
                     conn.recv()
                 conn.send_bytes(b"?")
-                if conn.poll(_STACK_WAIT_S):
+                if conn.poll(hang.STACK_WAIT_S):
                     states[rank] = conn.recv()
         return states
 
