@@ -130,6 +130,19 @@ class ReferenceStackTrainer(BuiltFromDense):
         norm = self.trainer.last_grad_norm
         return {"params": params, "optimizer": optimizer, "grad_norm": norm}
 
+    def traced_modules(self) -> dict:
+        """{one-device module name: this rank's module} (``harness.localise``)."""
+        from harness.localise.names import modules_by_parameters
+
+        names = {id(p): name for p, name, *_ in self.traced_parameters()}
+        return modules_by_parameters(self.spec, self.trainer.local, lambda p: names.get(id(p)))
+
+    def traced_parameters(self) -> list:
+        """[(parameter, one-device name, offsets, lengths, dense shape)] of this rank (``harness.localise``)."""
+        from reference.resume.threed import tensor_map
+
+        return tensor_map(self.trainer)
+
     def memory(self) -> dict:
         """Bytes of model state this rank holds (each storage once): parameters, gradients, optimizer state
         (in mixed precision the fp32 masters count as optimizer state: the ZeRO paper's K)."""

@@ -107,6 +107,14 @@ class TorchStackTrainer(BuiltFromDense):
         params, optimizer = gathered(mine["params"]), gathered(mine["optimizer"])
         return {"params": params, "optimizer": optimizer, "grad_norm": t.last_grad_norm}
 
+    def traced_modules(self) -> dict:
+        """{one-device module name: this rank's module} (``harness.localise``)."""
+        from harness.localise.names import modules_by_parameters
+
+        t = self.trainer
+        names = {id(p): t.names[n] for n, p in t.stage.named_parameters()}
+        return modules_by_parameters(self.spec, [t.stage], lambda p: names.get(id(p)))
+
     def memory(self) -> dict:
         """Bytes of model state this rank holds between steps: its local shards (FSDP2 keeps parameters
         sharded between steps at ZeRO 2 and 3 alike: reshard_after_forward only decides whether backward

@@ -1,0 +1,68 @@
+"""The trace of the minimal case: every rank traced on a World, the one-device run traced in this process, every
+item compared, the first one off its bound found and its shape classified."""
+
+from __future__ import annotations
+
+import re
+
+from harness.errors import describe
+
+from . import compare
+from .oracle import one_device_trace
+from .shape import classify
+from .trace import trace_stack
+
+
+def traced(loc, worlds, impl: str, case, fixed: dict, seed: int) -> None:
+    """Fill ``loc`` (a ``Localisation``) from one traced run of ``case``."""
+    from harness.runtime.failures import RankFailure
+    from harness.stack.inputs import global_batch
+
+    lay, n = case.layout, case.layout.world_size
+    try:
+        results = worlds(n).run(trace_stack, impl, case.spec, lay, case.recipe, case.steps, seed, case.padded,
+                                fixed["rows"], fixed["seq"], timeout=300)
+    except (RankFailure, TimeoutError) as exc:
+        loc.notes.append(f"The traced run of the minimal case failed ({describe(exc)}): not localised further.")
+        return
+    refused = next((r["refused"] for r in results if r["refused"]), None)
+    if refused:
+        loc.notes.append(f"The traced run was refused ({refused}): not localised further.")
+        return
+    tokens, targets = global_batch(case.spec.vocab, fixed["rows"], seed, fixed["seq"], case.padded)
+    params = any(r["parameters"] for r in results)
+    oracle = one_device_trace(case.spec, case.recipe, seed, tokens, targets, case.steps,
+                              replicas=lay.dp if params else None)
+    items, unmapped = [], set()
+    for r in results:
+        got, names = compare.activations(r, oracle, lay, case.spec, tokens, n)
+        items += got + compare.local_gradients(r, oracle, lay, case.spec, tokens, n)
+        items += compare.from_state(r, oracle, case.spec, case.recipe, tokens, n)
+        unmapped |= set(names)
+    errors = [r["error"] for r in results if r["error"]]
+    if not any(r["modules"] for r in results):
+        loc.notes.append("The stack exposes no modules (traced_modules): localised on its parameters only.")
+    if unmapped:
+        said = sorted({re.sub(r"\.\d+(?=\.|$)", ".N", name) for name in unmapped})
+        loc.notes.append(f"Not compared (their outputs map onto no slice of one device's): {', '.join(said)}.")
+    if errors:
+        loc.notes.append(f"The traced run raised: {errors[0]} — what it recorded before is compared.")
+    loc.curve = _curve(items)
+    off = [i for i in items if i.off]
+    if not off:
+        loc.notes.append("No traced tensor leaves its bound on the minimal case: the failure is in what is not traced "
+                         "(the loss, a later step, a tensor no module outputs).")
+        return
+    loc.first = min(off, key=lambda i: i.key)
+    f = loc.first
+    same = [i for i in items if (i.step, i.phase, i.name) == (f.step, f.phase, f.name)]
+    loc.shape = classify(same, lay, case.recipe)
+
+
+def _curve(items) -> list[tuple[str, float, float]]:
+    worst: dict = {}
+    for i in sorted(items, key=lambda i: i.key):
+        label = f"{i.step}:{i.phase}:{i.name}"
+        rel, bound = worst.get(label, (0.0, i.bound))
+        worst[label] = (max(rel, i.rel), bound)
+    return [(label, rel, bound) for label, (rel, bound) in worst.items()]

@@ -1,0 +1,112 @@
+"""Planted bugs whose differences have a shape (``harness.localise.shape``), behind the stack contract: each is
+found by the localisation at its minimal configuration, on its first diverging tensor, with its shape named."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from harness.adapters.reference.stack import ReferenceStack, ReferenceStackTrainer
+
+
+def _planted(base, trainer, doc: str):
+    class Planted(base):
+        __doc__ = doc
+
+        def build(self, spec, layout, recipe, group=None):
+            super().build(spec, layout, recipe, group)  # the same refusals
+            return trainer(spec, layout, recipe)
+    return Planted
+
+
+class _TpSummed(ReferenceStackTrainer):
+    def _build(self, model):
+        trainer = super()._build(model)
+        tied, tp = trainer._sum_tied, self.groups["tp"]
+        from reference.resume.threed import tensor_map
+
+        replicated = [p for p, _, offsets, held, dense in tensor_map(trainer)
+                      if tuple(held) == tuple(dense) and not any(offsets)]
+
+        def summed_over_tp():  # the replicated parameters' gradients summed over tp, never averaged
+            tied()
+            for p in replicated:
+                dist.all_reduce(p.grad, group=tp)
+        trainer._sum_tied = summed_over_tp
+        return trainer
+
+
+TpGradientsSummed = _planted(ReferenceStack, _TpSummed, "Planted bug: the gradients of parameters replicated over "
+                             "TP (the norms) all-reduced over the TP group — a sum where they were already whole: a "
+                             "missing average over tp.")
+
+
+class _LocalRotary(ReferenceStackTrainer):
+    def _build(self, model):
+        from reference.context_parallel.attention import ContextParallelCore, attend_cp
+
+        class LocalCore(ContextParallelCore):
+            def __call__(self, q, k, v, positions=None):  # rotated at the shard's own positions 0 .. s/cp - 1
+                return attend_cp(q, k, v, self.group, self.layout, self.theta, self.causal, self.algorithm,
+                                 local_rotary=True)
+        trainer = super()._build(model)
+        for mod in trainer.local.modules():
+            core = getattr(mod, "core", None)
+            if isinstance(core, ContextParallelCore):
+                local = LocalCore.__new__(LocalCore)
+                local.__dict__.update(core.__dict__)
+                mod.core = local
+        return trainer
+
+
+CPLocalRotary = _planted(ReferenceStack, _LocalRotary, "Planted bug: under context parallelism each rank rotates its "
+                         "queries and keys at its shard's local positions, not the sequence's.")
+
+
+class _DropsRemainderRow(ReferenceStackTrainer):
+    def _build(self, model):
+        from reference.tensor_parallel import VocabParallelEmbedding
+
+        trainer = super()._build(model)
+        for mod in trainer.local.modules():
+            if isinstance(mod, VocabParallelEmbedding) and mod.end == mod.num_embeddings:
+                n = dist.get_world_size(mod.group)
+                mod.end -= mod.num_embeddings % n  # floor(V / n) rows per rank: the remainder row is never looked up
+        return trainer
+
+
+DroppedRemainderRow = _planted(ReferenceStack, _DropsRemainderRow, "Planted bug: the vocabulary split as floor(V / "
+                               "tp) rows per rank — the remainder rows (V mod tp) dropped: their tokens embed to zero.")
+
+
+def _torch_per_pass():
+    from harness.adapters.torch.stack import TorchStack, TorchStackTrainer
+    from harness.adapters.torch.stack_trainer import Torch3D
+
+    class PerPass(Torch3D):
+        @property
+        def _count(self):  # each accumulation pass divides by its own share, not the step's
+            return self.__dict__["_share"] / self.accumulation
+
+        @_count.setter
+        def _count(self, value):
+            self.__dict__["_share"] = value
+
+    class Trainer(TorchStackTrainer):
+        def _build(self, model):
+            trainer = super()._build(model)
+            trainer.__class__ = PerPass
+            return trainer
+
+    class Stack(TorchStack):
+        def build(self, spec, layout, recipe, group=None):
+            super().build(spec, layout, recipe, group)
+            return Trainer(spec, layout, recipe)
+    return Stack
+
+
+class TorchLossNotDividedByAccumulation:
+    """Planted bug in torch's stack: each accumulation pass's loss divided by that pass's share of the counted
+    targets, not the step's — every gradient x the accumulation steps."""
+
+    def build(self, spec, layout, recipe, group=None):
+        return _torch_per_pass()().build(spec, layout, recipe, group)
