@@ -36,8 +36,8 @@ class Localisation:
             i = self.first
             where = PHASE_WORDS[i.phase].format(i.name)
             mb = f", call {i.call}" if i.phase in ("forward", "backward") else ""
-            out.append(f"First diverging: the {where} at step {i.step}, on rank {i.rank}{mb}: off by {i.rel:.3g} of its "
-                       f"magnitude > its bound {i.bound:.3g}.")
+            out.append(f"First diverging: the {where} at step {i.step}, on rank {i.rank}{mb}: off by {i.rel:.3g} of "
+                       f"its magnitude > its bound {i.bound:.3g}.")
             out.append(f"Shape: {self.shape[1]}.")
         return out + self.notes
 

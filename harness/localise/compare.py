@@ -29,6 +29,7 @@ from reference.stack.topology import ParallelDims, coordinates
 from ..stack.case import bound
 from .oracle import clip_coefficient, gradient_from_state
 
+
 def conventions(layout) -> tuple[int, ...]:
     """The factors a replica's activation and parameter gradients may carry before the reduction: 1 (its share of
     the global batch's mean loss: the reduction sums) or dp x cp (each replica's loss divided by its share of the
@@ -80,47 +81,59 @@ def _item(step, phase, name, rank, call, got, want, mag, limit, order, scales=(1
 
 
 def _features(record, local, dense, tp, t):
-    if record.get("shard") == "partial":
+    """(start, length) of the last dimension this rank holds, or None."""
+    shard = record.get("shard")
+    if shard == "partial":
         return None
-    if record.get("shard") is not None:
-        dim, start, length = record["shard"]
-        return dim, start, length
+    if shard is not None and shard[0] == local.dim() - 1:
+        return shard[1], shard[2]
     if local.shape[-1] == dense.shape[-1]:
-        return local.dim() - 1, 0, dense.shape[-1]
+        return 0, dense.shape[-1]
     if local.shape[-1] * tp == dense.shape[-1]:
-        return local.dim() - 1, t * local.shape[-1], local.shape[-1]
+        return t * local.shape[-1], local.shape[-1]
     return None
 
 
+def _positions(record, local, dense, sdim, layout, coords, seq):
+    """The global positions this rank holds along the sequence dimension (None: all of them, in order), or False:
+    a DTensor's chunk (sequence parallelism), the rank's zigzag shard under cp, else unmapped."""
+    shard = record.get("shard")
+    if shard not in (None, "partial") and shard[0] == sdim:
+        return torch.arange(shard[1], shard[1] + shard[2])
+    if local.shape[sdim] == dense.shape[sdim]:
+        return None
+    if layout.cp > 1 and local.shape[sdim] * layout.cp == dense.shape[sdim]:
+        return zigzag(seq, layout.cp, coords.cp, "zigzag")
+    return False
+
+
+def _slice(dense, rows, pos, feats, bdim, sdim):
+    index = [slice(None)] * dense.dim()
+    index[bdim] = rows
+    want = dense[tuple(index)]
+    want = want.index_select(sdim, pos) if pos is not None else want
+    return want.narrow(-1, *feats)
+
+
 def _index(record, row0, coords, layout, dense, bdim, seq):
-    """(index into the one-device tensor, positions or None), or None where the record maps onto nothing."""
+    """(the one-device slice, rows, positions or None, sequence dimension), or None where the record maps onto
+    nothing."""
     local = record["tensor"]
     if local.dim() != dense.dim() or local.dim() < 3 or bdim not in (0, 1) or \
             row0 + local.shape[bdim] > dense.shape[bdim]:  # (batch, sequence, features) only; rows it has
         return None
     sdim = 1 - bdim
     rows = torch.arange(row0, row0 + local.shape[bdim])
-    if local.shape[sdim] == dense.shape[sdim]:
-        pos = None
-    elif layout.cp > 1 and local.shape[sdim] * layout.cp == dense.shape[sdim]:
-        pos = zigzag(seq, layout.cp, coords.cp, "zigzag")
-    else:
+    pos = _positions(record, local, dense, sdim, layout, coords, seq)
+    feats = _features(record, local, dense, layout.tp, coords.tp)
+    if pos is False or feats is None:
         return None
-    feats = _features(record, local, dense, layout.tp, coords.tp) if local.dim() > 2 else (local.dim() - 1, 0, 0)
-    if feats is None or (local.dim() > 2 and feats[0] != local.dim() - 1):
-        return None
-    index = [slice(None)] * dense.dim()
-    index[bdim] = rows
-    want = dense[tuple(index)]
-    if pos is not None:
-        want = want.index_select(sdim, pos)
-    if local.dim() > 2:
-        want = want.narrow(-1, feats[1], feats[2])
+    want = _slice(dense, rows, pos, feats, bdim, sdim)
     return (want, rows, pos, sdim) if tuple(want.shape) == tuple(local.shape) else None
 
 
 def activations(result, oracle, layout, spec, tokens, n) -> tuple[list[Item], list[str]]:
-    """The items of a rank's module records, and the names of those that map onto nothing."""
+    """The items of a rank's module records, and the (phase, name) of those that map onto nothing."""
     dims = ParallelDims(layout.dp, layout.pp, layout.tp, cp=layout.cp, ep=layout.ep)
     coords = coordinates(dims, result["rank"])
     per = len(tokens) // layout.dp
@@ -133,7 +146,7 @@ def activations(result, oracle, layout, spec, tokens, n) -> tuple[list[Item], li
         row0 = coords.dp * per + offsets.get((step, name), 0)
         mapped = _index(rec, row0, coords, layout, dense, bdim, tokens.shape[1]) if dense is not None else None
         if mapped is None:
-            unmapped.add(name)
+            unmapped.add(("forward", name))
             continue
         offsets[(step, name)] = offsets.get((step, name), 0) + rec["tensor"].shape[bdim]
         maps[(step, name, rec["call"])] = (mapped, bdim)
@@ -147,12 +160,11 @@ def activations(result, oracle, layout, spec, tokens, n) -> tuple[list[Item], li
         if dense is None:
             continue
         if rec["phase"] == "backward":  # the same slice of the gradient
-            index = [slice(None)] * dense.dim()
-            index[bdim] = rows
-            want = dense[tuple(index)]
-            want = want.index_select(sdim, pos) if pos is not None else want
-            want = want.narrow(-1, *_features(rec, rec["tensor"], dense, layout.tp, coords.tp)[1:]) \
-                if dense.dim() > 2 else want
+            feats = _features(rec, rec["tensor"], dense, layout.tp, coords.tp)
+            want = _slice(dense, rows, pos, feats, bdim, sdim) if feats is not None else None
+            if want is None or tuple(want.shape) != tuple(rec["tensor"].shape):  # a partial gradient: not mapped
+                unmapped.add(("backward", rec["name"]))
+                continue
         order = (oracle["order"] if rec["phase"] == "forward" else oracle["back_order"]).index(rec["name"])
         tok = tokens[rows].index_select(1, pos) if pos is not None else tokens[rows]
         items.append(_item(rec["step"], rec["phase"], rec["name"], result["rank"], rec["call"], rec["tensor"], want,

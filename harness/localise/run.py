@@ -42,9 +42,11 @@ def traced(loc, worlds, impl: str, case, fixed: dict, seed: int) -> None:
     errors = [r["error"] for r in results if r["error"]]
     if not any(r["modules"] for r in results):
         loc.notes.append("The stack exposes no modules (traced_modules): localised on its parameters only.")
-    if unmapped:
-        said = sorted({re.sub(r"\.\d+(?=\.|$)", ".N", name) for name in unmapped})
-        loc.notes.append(f"Not compared (their outputs map onto no slice of one device's): {', '.join(said)}.")
+    for phase, what in (("forward", "outputs"), ("backward", "gradients at the outputs")):
+        said = sorted({re.sub(r"\.\d+(?=\.|$)", ".N", name) for p, name in unmapped if p == phase})
+        if said:
+            loc.notes.append(f"Not compared: the {what} of {', '.join(said)} (no slice of one device's: another shape "
+                             "or a partial sum).")
     if errors:
         loc.notes.append(f"The traced run raised: {errors[0]} — what it recorded before is compared.")
     loc.curve = _curve(items)

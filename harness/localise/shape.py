@@ -78,7 +78,8 @@ def _zero_region(item) -> str:
         if item.meta.get("batch_dim") == 1:
             vectors = vectors.transpose(0, 1)
         tokens = item.meta["tokens"][vectors].unique().tolist()
-        said = f", all at token{'s' if len(tokens) > 1 else ''} {', '.join(map(str, tokens))}" if len(tokens) <= 3 else ""
+        plural = "s" if len(tokens) > 1 else ""
+        said = f", all at token{plural} {', '.join(map(str, tokens))}" if len(tokens) <= 3 else ""
         return (f"whole vectors zero at {int(vectors.sum())} of {vectors.numel()} (row, position) pairs on rank "
                 f"{item.rank}{said}")
     rows = wrong.flatten(1).any(1) if wrong.dim() >= 2 else wrong
@@ -108,7 +109,8 @@ def factor(items, layout, recipe):
     tol = max(1e-6, 100 * max(i.bound for i in items))
     groups = sizes(layout, recipe)
     for inverse in (False, True):
-        names = [g for g in ORDER if g in groups and abs(f - (1 / groups[g] if inverse else groups[g])) <= tol * max(1, f)]
+        names = [g for g in ORDER
+                 if g in groups and abs(f - (1 / groups[g] if inverse else groups[g])) <= tol * max(1, f)]
         if names:
             g, n = names[0], groups[names[0]]
             size, noun = SIZE.get(g, f"the size of {g}"), NOUN.get(g, f"the {g} group")
@@ -212,8 +214,8 @@ def one_rank(items, layout, recipe):
     return f"right on ranks {', '.join(map(str, good))}, wrong on {', '.join(map(str, bad))}"
 
 
-RULES = (("nonfinite", nonfinite), ("zeroed", zeroed), ("factor", factor), ("per-part", per_part), ("partial", partial), ("offset", offset),
-         ("permuted", permuted), ("one-rank", one_rank))
+RULES = (("nonfinite", nonfinite), ("zeroed", zeroed), ("factor", factor), ("per-part", per_part),
+         ("partial", partial), ("offset", offset), ("permuted", permuted), ("one-rank", one_rank))
 
 
 def classify(items, layout, recipe) -> tuple[str, str]:

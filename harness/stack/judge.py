@@ -16,10 +16,33 @@ def release_of(impl: str) -> str:
     return (installed(dist) or "") if dist else ""
 
 
-def hold(world_cache, conformance, impl: str, n: int, spec, layout, recipe, **kw) -> dict:
+def localising(asked: bool | None) -> bool:
+    """Whether a failing case is localised: ``asked``, else the environment's ``PARITYBENCH_LOCALISE`` (default on;
+    "0" off — the mutation table's runs, which only count fails)."""
+    import os
+
+    return asked if asked is not None else os.environ.get("PARITYBENCH_LOCALISE", "1") != "0"
+
+
+def hold(world_cache, conformance, impl: str, n: int, spec, layout, recipe, localise: bool | None = None,
+         **kw) -> dict:
     """``judged`` on the session's World of ``n`` ranks, recorded as a conformance row (``conformance``: the
-    pytest plugin's fixture) — what the ``stack_case`` fixture and the stack suite's tests call."""
+    pytest plugin's fixture) — what the ``stack_case`` fixture and the stack suite's tests call. A fail is
+    localised (``harness.localise``; ``localise``: see ``localising``): its lines lead the problems, its row's
+    detail is its first line, its JSON and plot are in the run folder; v["localised"] holds it."""
     v = judged(world_cache.get(n), impl, spec, layout, recipe, one=lambda: world_cache.get(1), **kw)
+    if v["outcome"] == "fail" and set(kw) <= {"steps", "padded"} and localising(localise):
+        from harness.localise import Case, localise as localise_case
+
+        case = Case(spec, layout, recipe, kw.get("steps", 2), kw.get("padded", False))
+        loc = v["localised"] = localise_case(world_cache.get, impl, case, v["problems"])
+        v["problems"] = loc.lines() + v["problems"]
+        v["row"] = {**v["row"], "detail": loc.lines()[0] + " | " + v["row"]["detail"]}
+        run = getattr(conformance, "run", None)
+        if run is not None:
+            from harness.localise.saved import save
+
+            save(loc, run.path, f"{conformance.property}-{impl}-{v['row']['collective']}")
     conformance.record(v["outcome"], finding=v["known"], **{**v["row"], "world_size": n})
     return v
 

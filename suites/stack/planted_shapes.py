@@ -110,3 +110,35 @@ class TorchLossNotDividedByAccumulation:
 
     def build(self, spec, layout, recipe, group=None):
         return _torch_per_pass()().build(spec, layout, recipe, group)
+
+
+class _TitanNormsTimesTp:
+    """Mixed into torchtitan's trainer: after each backward, the gradients of the norms (replicated over TP) x tp."""
+
+    def _forward_backward(self, parts, tokens, targets, global_tokens) -> float:
+        loss = super()._forward_backward(parts, tokens, targets, global_tokens)
+        for part in parts:
+            for name, p in part.named_parameters():
+                if name.endswith("norm.weight") and p.grad is not None:
+                    p.grad.mul_(self.layout.tp)
+        return loss
+
+
+class TitanNormsSummedOverTp:
+    """Planted bug in torchtitan's stack: the norms' gradients (replicated over TP, already whole on each rank)
+    summed over the TP group — x tp: a missing average over tp."""
+
+    def build(self, spec, layout, recipe, group=None):
+        from harness.adapters.torchtitan.stack import TorchtitanStack
+        from harness.adapters.torchtitan.trainer import TorchtitanStackTrainer
+
+        TorchtitanStack().build(spec, layout, recipe)  # the same refusals
+        return type("NormsTimesTp", (_TitanNormsTimesTp, TorchtitanStackTrainer), {})(spec, layout, recipe)
+
+
+class _Untraced(_TpSummed):
+    traced_modules = traced_parameters = None  # a stack that exposes nothing: localised on its dense state
+
+
+TpGradientsSummedUntraced = _planted(ReferenceStack, _Untraced, "TpGradientsSummed behind a stack that exposes no "
+                                     "modules or parameters to trace.")

@@ -109,7 +109,7 @@ def test_a_tp_that_neither_divides_nor_is_a_multiple_of_kv_heads_is_refused(stac
 def test_kv_replicas_whose_gradients_are_not_summed_fail(world_cache, conformance):
     """The minimal case: tp 2 over one KV head (two replicas); the K and V weights' state is off."""
     v = hold(world_cache, conformance, "suites.stack.planted:KVReplicasNotSummed", 2, MQA, Layout(1, 1, 2),
-                 Recipe())
+             Recipe(), localise=False)
     assert v["outcome"] == "fail", v
     assert any("attn.k.weight" in p for p in v["problems"]) and any("attn.v.weight" in p for p in v["problems"])
     assert not any("attn.q.weight" in p for p in v["problems"] if "step 1:" in p), v["problems"]  # q is right at 1
@@ -146,7 +146,7 @@ def test_bf16_replicas_summed_not_averaged_fail(world_cache, conformance):
     spec = ModelSpec(**{**LLAMA.as_dict(), "dtype": "bfloat16"})
     require_dtype(world_cache.get(2), spec.dtype)
     v = hold(world_cache, conformance, "suites.stack.planted:MixedMissingAverage", 2, spec, Layout(2, 1, 1),
-                 Recipe())
+             Recipe(), localise=False)
     assert v["outcome"] == "fail" and any("master" in p and "E_T" in p for p in v["problems"]), v["problems"][:3]
 
 
@@ -190,7 +190,8 @@ def test_context_parallel_stack_equals_one_device(stack_impl, n, layout, recipe,
 def test_context_parallel_planted_bugs_fail(planted, needle, world_cache, conformance):
     """The minimal case, cp 2 alone: attention over the rank's own shard (no ring); gradients of the
     parameters replicated over cp not reduced over it."""
-    v = hold(world_cache, conformance, f"suites.stack.planted:{planted}", 2, LLAMA, Layout(1, 1, 1, cp=2), Recipe())
+    v = hold(world_cache, conformance, f"suites.stack.planted:{planted}", 2, LLAMA, Layout(1, 1, 1, cp=2), Recipe(),
+             localise=False)
     assert v["outcome"] == "fail" and any(needle in p for p in v["problems"]), v["problems"][:3]
 
 

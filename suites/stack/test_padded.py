@@ -42,7 +42,7 @@ def test_a_loss_normalised_per_micro_batch_or_per_rank_passes_full_batches_and_f
     impl = f"suites.stack.planted:{planted}"
     full = hold(world_cache, conformance, impl, n, spec, layout, recipe)
     assert full["outcome"] == "pass", full["problems"][:3]  # equal counts everywhere: the bug cannot show
-    v = hold(world_cache, conformance, impl, n, spec, layout, recipe, padded=True)
+    v = hold(world_cache, conformance, impl, n, spec, layout, recipe, padded=True, localise=False)
     assert v["outcome"] == "fail" and any("loss after step 1" in p for p in v["problems"]), v["problems"][:3]
     assert any("parameter" in p or "optimizer state" in p for p in v["problems"]), v["problems"][:3]
     if recipe.max_grad_norm is not None:

@@ -62,12 +62,13 @@ def test_the_clipping_and_tie_seams_at_their_smallest_layouts(stack_impl, layout
 def test_planted_bugs_fail_at_the_smallest_layout(planted, layout, needle, world_cache, conformance):
     ours = hold(world_cache, conformance, "reference", layout.world_size, TIED, layout, Recipe(max_grad_norm=0.05))
     assert ours["outcome"] == "pass", ours["problems"][:4]  # the same case without the bug holds
-    v = hold(world_cache, conformance, PLANTED + planted, layout.world_size, TIED, layout, Recipe(max_grad_norm=0.05))
+    v = hold(world_cache, conformance, PLANTED + planted, layout.world_size, TIED, layout, Recipe(max_grad_norm=0.05),
+             localise=False)
     assert v["outcome"] == "fail" and any(needle in p for p in v["problems"]), (v["outcome"], v["problems"][:4])
 
 
 def test_a_stack_that_raises_on_one_rank_is_a_fail_naming_that_rank(world_cache, conformance):
-    v = hold(world_cache, conformance, PLANTED + "LastRankRaises", 4, TIED, Layout(1, 2, 2), Recipe())
+    v = hold(world_cache, conformance, PLANTED + "LastRankRaises", 4, TIED, Layout(1, 2, 2), Recipe(), localise=False)
     assert v["outcome"] == "fail" and len(v["problems"]) == 1, v["problems"]
     assert v["problems"][0].startswith("rank 3: RuntimeError: sequence length"), v["problems"]
     assert "still inside the code under test" in v["problems"][0], v["problems"]

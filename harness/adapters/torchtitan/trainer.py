@@ -198,6 +198,18 @@ class TorchtitanStackTrainer(BuiltFromDense):
 
         return dist_utils.dist_sum_tensor(count, mesh)
 
+    def traced_modules(self) -> dict:
+        """{one-device module name: this rank's module} (``harness.localise``): the modules whose parameters are one
+        one-device module's exactly (a grouped-experts module holds many: none)."""
+        from harness.localise.names import modules_by_parameters
+
+        names = {}
+        for part in self.trainer:
+            for n, p in part.named_parameters():
+                entries = list(self._dense_entries(n, p, {}))
+                names[id(p)] = entries[0][0] if len(entries) == 1 else None
+        return modules_by_parameters(self.spec, self.trainer, lambda p: names.get(id(p)))
+
     def _forward_backward(self, parts, tokens, targets, global_tokens) -> float:
         """One accumulation micro-step (``Trainer.forward_backward_step``); the loss this rank holds: its sum /
         the global token count (0 on a pipeline rank without the last stage)."""

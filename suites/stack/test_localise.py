@@ -1,0 +1,93 @@
+"""Where and why, end to end: planted bugs in the reference stack and in two third-party stacks (torch's, and
+torchtitan's where it is installed), each started from a larger case than it needs, each localised by the suite's
+own verdict (``hold``): the right minimal configuration, the right first diverging tensor, the right shape — all
+three asserted. A passing case is never localised (nothing traced, no extra World call)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from harness.contracts.stack import Layout, Recipe
+from harness.stack.judge import hold
+from suites._support.stack import ADAM, GPT, LLAMA, LLAMA32, MOE, MQA
+
+SHAPES, PLANTED = "suites.stack.planted_shapes:", "suites.stack.planted:"
+TITAN = pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None, reason="torchtitan is not installed")
+CLIP = Recipe(max_grad_norm=0.05)
+ACC_CLIP = Recipe(max_grad_norm=0.05, accumulation=2)
+
+CASES = [
+    # (planted, spec, start layout, recipe, minimal (dp, pp, tp, cp, ep), minimal accumulation, first phase, first
+    #  tensor (a part of its name), shape rule, shape needle)
+    pytest.param(SHAPES + "TpGradientsSummed", GPT, Layout(2, 1, 2), ACC_CLIP, (1, 1, 2, 1, 1), 1,
+                 "reduced gradient", "ln_f.weight", "factor", "= the size of tp: an extra sum over the tp group",
+                 id="reference-missing-tp-average"),
+    pytest.param(PLANTED + "KVReplicasNotSummed", MQA, Layout(2, 1, 2), ACC_CLIP, (1, 1, 2, 1, 1), 1,
+                 "local gradient", "blocks.4.attn.", "partial", "missing sum over tp", id="reference-kv-replicas"),
+    pytest.param(SHAPES + "CPLocalRotary", LLAMA, Layout(2, 1, 1, cp=2), CLIP, (1, 1, 1, 2, 1), 1,
+                 "forward", "blocks.0.attn", "offset", "local positions", id="reference-rotary-offset-per-cp-chunk"),
+    pytest.param(PLANTED + "MoEExpertsDividedByEDP", MOE, Layout(2, 1, 1, ep=2), CLIP, (2, 1, 1, 1, 2), 1,
+                 "reduced gradient", ".experts.", "factor", "= the size of ep", id="reference-expert-gradient-x-ep"),
+    pytest.param(SHAPES + "DroppedRemainderRow", GPT, Layout(2, 1, 2), Recipe(accumulation=2), (1, 1, 2, 1, 1), 1,
+                 "forward", "embed", "zeroed", "token 12", id="reference-dropped-remainder-row"),
+    pytest.param(SHAPES + "TorchLossNotDividedByAccumulation", GPT, Layout(2, 1, 1, zero=2), ACC_CLIP, (1, 1, 1, 1, 1), 2,
+                 "backward", "head", "factor", "= the number of accumulation steps", id="torch-loss-per-pass"),
+    pytest.param(SHAPES + "TitanNormsSummedOverTp", LLAMA32, Layout(2, 1, 2), Recipe(optimizer=ADAM,
+                 max_grad_norm=0.05), (1, 1, 2, 1, 1), 1, "reduced gradient", "ln_f.weight", "factor",
+                 "= the size of tp", id="torchtitan-missing-tp-average", marks=TITAN),
+]
+
+
+@pytest.mark.parametrize("impl, spec, layout, recipe, dims, accumulation, phase, tensor, rule, needle", CASES)
+def test_a_planted_bug_is_shrunk_traced_and_its_shape_named(impl, spec, layout, recipe, dims, accumulation, phase,
+                                                            tensor, rule, needle, world_cache, conformance):
+    v = hold(world_cache, conformance, impl, layout.world_size, spec, layout, recipe)
+    assert v["outcome"] == "fail", (v["outcome"], v["refused"])
+    loc = v["localised"]
+    m = loc.shrunk.minimal
+    lay = m.layout
+    assert (lay.dp, lay.pp, lay.tp, lay.cp, lay.ep) == dims and m.recipe.accumulation == accumulation, loc.lines()
+    assert m.steps == 1 and m.recipe.max_grad_norm is None, loc.lines()  # neither is what these bugs need
+    assert loc.shrunk.calls <= 24, loc.shrunk.calls
+    assert loc.first is not None and loc.first.phase == phase and tensor in loc.first.name, loc.lines()
+    assert loc.shape[0] == rule and needle in loc.shape[1], loc.lines()
+    assert v["problems"][:3] == loc.lines()[:3] and v["problems"][0].startswith("Fails at"), v["problems"][:3]
+
+
+class _Run:
+    def __init__(self, path):
+        self.path, self.rows = path, []
+
+    def append(self, name, row):
+        self.rows.append((name, row))
+
+
+def test_a_fail_is_written_to_the_run_folder_and_a_stack_without_modules_is_localised_on_its_parameters(
+        world_cache, tmp_path):
+    from harness.pytest.plugin import Conformance
+
+    conformance = Conformance(_Run(tmp_path), "the-property")
+    v = hold(world_cache, conformance, SHAPES + "TpGradientsSummedUntraced", 4, GPT, Layout(2, 1, 2), CLIP)
+    loc = v["localised"]
+    assert any("exposes no modules" in line for line in loc.lines()), loc.lines()
+    assert loc.first.phase == "reduced gradient" and loc.first.name == "ln_f.weight", loc.lines()
+    assert loc.shape[0] == "factor" and "the size of tp" in loc.shape[1], loc.lines()
+    (saved,) = (tmp_path / "localised").glob("*.json")
+    record = json.loads(saved.read_text())
+    assert record["lines"] == loc.lines() and record["first"]["name"] == "ln_f.weight" and record["curve"]
+    assert saved.with_suffix(".png").stat().st_size > 0
+    (name, row), = conformance.run.rows
+    assert name == "conformance.csv" and row["outcome"] == "fail" and row["detail"].startswith("Fails at"), row
+
+
+def test_a_passing_case_is_never_localised(world_cache, conformance, monkeypatch):
+    import harness.localise
+
+    def never(*args, **kwargs):
+        raise AssertionError("a passing case was localised")
+    monkeypatch.setattr(harness.localise, "localise", never)
+    v = hold(world_cache, conformance, "reference", 2, GPT, Layout(1, 1, 2), CLIP)
+    assert v["outcome"] == "pass" and "localised" not in v, v["problems"][:3]
