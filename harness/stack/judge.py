@@ -32,7 +32,8 @@ def hold(world_cache, conformance, impl: str, n: int, spec, layout, recipe, loca
     detail is its first line, its JSON and plot are in the run folder; v["localised"] holds it."""
     v = judged(world_cache.get(n), impl, spec, layout, recipe, one=lambda: world_cache.get(1), **kw)
     if v["outcome"] == "fail" and set(kw) <= {"steps", "padded"} and localising(localise):
-        from harness.localise import Case, localise as localise_case
+        from harness.localise import Case
+        from harness.localise import localise as localise_case
 
         case = Case(spec, layout, recipe, kw.get("steps", 2), kw.get("padded", False))
         loc = v["localised"] = localise_case(world_cache.get, impl, case, v["problems"])
