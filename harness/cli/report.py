@@ -50,8 +50,10 @@ def dispatch_section(dispatch, run_dir, md) -> list[str]:
 
 
 def conformance_counts(conf, run_dir, md) -> list[str]:
+    from harness.localise.saved import section
+
     counts = conf.groupby(["impl", "outcome"]).size().unstack(fill_value=0)
-    return ["## Conformance rows", "", md(counts, "g"), ""]
+    return ["## Conformance rows", "", md(counts, "g"), ""] + section(run_dir)
 
 
 def calibration(rows, run_dir, md) -> list[str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from .shrink import Case, Shrunk, describe, shrink
+from .shrink import FAILS, Case, Shrunk, describe, shrink
 
 __all__ = ["Case", "Localisation", "describe", "localise", "shrink"]
 
@@ -65,7 +65,10 @@ def localise(worlds, impl: str, case: Case, problems: list[str] | None = None, b
     fixed = {"rows": lay.dp * lay.num_microbatches * case.recipe.accumulation, "seq": seq_for(lay)}
     verdict = _outcome(worlds, impl, fixed)
     if problems is None:
-        problems = verdict(case)[1]
+        outcome, problems = verdict(case)
+        if outcome not in FAILS:
+            return Localisation(Shrunk(case, case, calls=1), notes=[f"The case does not fail ({outcome}): nothing to "
+                                                                   "localise."])
     shrunk = shrink(verdict, case, problems, budget)
     loc = Localisation(shrunk)
     m = shrunk.minimal

@@ -15,14 +15,14 @@ FOLDER = "localised"
 
 
 def slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:120] or "case"
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-")[:120] or "case"
 
 
 def save(loc, directory, name: str) -> Path:
     """Write ``loc``'s JSON and plot under ``directory``/localised; returns the JSON's path."""
     folder = Path(directory) / FOLDER
     folder.mkdir(parents=True, exist_ok=True)
-    base = folder / slug(name)
+    json_path, png_path = folder / f"{slug(name)}.json", folder / f"{slug(name)}.png"
     first = loc.first
     record = {"case": name, "lines": loc.lines(), "shape": loc.shape[0], "seconds": round(loc.seconds, 2),
               "calls": loc.shrunk.calls, "first": None if first is None else
@@ -30,10 +30,10 @@ def save(loc, directory, name: str) -> Path:
                "error": first.rel, "bound": first.bound},
               "curve": [{"tensor": t, "error": e if e == e and e != float("inf") else None, "bound": b}
                         for t, e, b in loc.curve]}
-    atomic_write_text(base.with_suffix(".json"), json.dumps(record, indent=1) + "\n")
+    atomic_write_text(json_path, json.dumps(record, indent=1) + "\n")
     if loc.curve:
-        plot(loc, base.with_suffix(".png"))
-    return base.with_suffix(".json")
+        plot(loc, png_path)
+    return json_path
 
 
 def plot(loc, path: Path) -> None:
@@ -63,3 +63,20 @@ def plot(loc, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def section(run_dir) -> list[str]:
+    """The report's lines for the failing stack cases localised in ``run_dir``: each one's verdict lines and plot."""
+    saved = sorted((Path(run_dir) / FOLDER).glob("*.json"))
+    if not saved:
+        return []
+    out = ["### Where the failing stack cases diverge", "",
+           "Each failing stack case shrunk to its minimal configuration and traced there on every rank against one "
+           "device (`harness.localise`; docs/guides/when-a-stack-fails.md). The plot: every traced tensor in "
+           "execution order, its worst error relative to its magnitude against its bound.", ""]
+    for path in saved:
+        record = json.loads(path.read_text())
+        out += [f"**{record['case']}**", ""] + [f"- {line}" for line in record["lines"]]
+        plot_path = path.parent / f"{path.stem}.png"
+        out += (["", f"![{record['case']}]({FOLDER}/{plot_path.name})"] if plot_path.exists() else []) + [""]
+    return out

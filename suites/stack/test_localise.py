@@ -80,6 +80,11 @@ def test_a_fail_is_written_to_the_run_folder_and_a_stack_without_modules_is_loca
     record = json.loads(saved.read_text())
     assert record["lines"] == loc.lines() and record["first"]["name"] == "ln_f.weight" and record["curve"]
     assert saved.with_suffix(".png").stat().st_size > 0
+    from harness.localise.saved import section
+
+    report = section(tmp_path)  # what the report's conformance section adds
+    assert f"- {loc.lines()[0]}" in report and any(line.endswith(f"{saved.with_suffix('.png').name})")
+                                                   for line in report), report
     (name, row), = conformance.run.rows
     assert name == "conformance.csv" and row["outcome"] == "fail" and row["detail"].startswith("Fails at"), row
 
