@@ -14,7 +14,8 @@ __all__ = ["Case", "Localisation", "describe", "localise", "shrink"]
 PHASE_WORDS = {"forward": "forward output of {}", "backward": "gradient at the output of {}",
                "local gradient": "gradient of {} before the data-parallel reduction",
                "reduced gradient": "gradient of {} after the reduction", "gradient norm": "{}",
-               "clipped gradient": "gradient of {} after clipping", "update": "update of {}"}
+               "clipped gradient": "gradient of {} after clipping", "update": "update of {}",
+               "loss": "loss the step returned"}
 LOW = ("bfloat16", "float16")
 
 

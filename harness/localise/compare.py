@@ -38,9 +38,11 @@ def conventions(layout) -> tuple[int, ...]:
     return tuple(sorted({1, layout.dp * layout.cp}))
 
 
-PHASES = ("forward", "backward", "local gradient", "reduced gradient", "gradient norm", "clipped gradient", "update")
+PHASES = ("forward", "backward", "local gradient", "reduced gradient", "gradient norm", "clipped gradient", "update",
+          "loss")
 """Execution order within a step: each phase's tensors in the one-device model's order (forward: the modules as
-they run; backward: as the gradient reaches them; parameters: as their gradients are accumulated)."""
+they run; backward: as the gradient reaches them; parameters: as their gradients are accumulated); the loss the
+step returned last."""
 
 
 @dataclass
@@ -201,6 +203,18 @@ def local_gradients(result, oracle, layout, spec, tokens, n) -> list[Item]:
         items.append(_item(rec["step"], "local gradient", rec["name"], result["rank"], 0, got, want, whole,
                            bound(rec["step"], tokens.numel(), spec, n), order, scales=conventions(layout),
                            coords=coords, box=(offsets, lengths)))
+    return items
+
+
+def losses(result, oracle, spec, tokens, n) -> list[Item]:
+    """The loss each step returned against one device's: the step's value, last in its order (a tensor off before it
+    says more than the sum it feeds)."""
+    items = []
+    for k, got in enumerate(result.get("losses", [])):
+        want = oracle["steps"][k]["loss"]
+        items.append(_item(k + 1, "loss", "the loss", result["rank"], 0, torch.tensor([got], dtype=torch.float64),
+                           torch.tensor([want], dtype=torch.float64), abs(want), bound(k + 1, tokens.numel(), spec, n),
+                           0))
     return items
 
 

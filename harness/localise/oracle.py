@@ -113,7 +113,8 @@ def one_device_trace(spec, recipe, seed: int, tokens, targets, steps: int, repli
             per_replica = _replica_grads(model, tokens, targets, replicas) if replicas else None
             hooks.forward, hooks.backward = {}, {}
             opt.zero_grad()
-            model.loss(tokens, targets).backward()
+            loss = model.loss(tokens, targets)
+            loss.backward()
             zero_missing_grads(model.parameters())
             grads = {n: p.grad.detach().to(torch.float64).clone() for n, p in model.named_parameters()}
             norm = None
@@ -125,7 +126,7 @@ def one_device_trace(spec, recipe, seed: int, tokens, targets, steps: int, repli
             opt.step()
             update = {n: p.detach().to(torch.float64) - before[n] for n, p in model.named_parameters()}
             out.append({"forward": hooks.forward, "backward": hooks.backward, "grads": grads, "clipped": clipped,
-                        "update": update, "norm": norm, "replicas": per_replica})
+                        "update": update, "norm": norm, "replicas": per_replica, "loss": float(loss.detach())})
     finally:
         hooks.close()
     return {"steps": out, "order": hooks.order, "back_order": hooks.back_order, "param_order": hooks.param_order,

@@ -38,6 +38,7 @@ def traced(loc, worlds, impl: str, case, fixed: dict, seed: int) -> None:
         got, names = compare.activations(r, oracle, lay, case.spec, tokens, n)
         items += got + compare.local_gradients(r, oracle, lay, case.spec, tokens, n)
         items += compare.from_state(r, oracle, case.spec, case.recipe, tokens, n)
+        items += compare.losses(r, oracle, case.spec, tokens, n)
         unmapped |= set(names)
     errors = [r["error"] for r in results if r["error"]]
     if not any(r["modules"] for r in results):
@@ -53,7 +54,7 @@ def traced(loc, worlds, impl: str, case, fixed: dict, seed: int) -> None:
     off = [i for i in items if i.off]
     if not off:
         loc.notes.append("No traced tensor leaves its bound on the minimal case: the failure is in what is not traced "
-                         "(the loss, a later step, a tensor no module outputs).")
+                         "(a tensor no module outputs, a state the dense state does not hold).")
         return
     loc.first = min(off, key=lambda i: i.key)
     f = loc.first

@@ -127,6 +127,8 @@ def per_part(items, layout, recipe):
     factors = {}
     for i in items:
         f = _factor([i])
+        if f is None and not i.off and not bool(i.want.any()):  # zero by structure (an all-padding micro-batch)
+            continue
         if f is None:
             return None
         factors[(i.rank, i.call)] = f
@@ -183,7 +185,24 @@ def offset(items, layout, recipe):
             "other — rotary or the mask applied at the shard's local positions, not the sequence's")
 
 
+def _swapped(items, layout):
+    """{rank: the rank whose slice it holds} where every off item holds another rank's slice of its call, or None."""
+    holds = {}
+    for i in (i for i in items if i.off):
+        other = next((j for j in items if j.rank != i.rank and j.call == i.call and j.step == i.step
+                      and j.want.shape == i.want.shape and float((i.got - j.want).abs().max()) <= i.limit), None)
+        if other is None:
+            return None
+        holds[i.rank] = other.rank
+    return holds or None
+
+
 def permuted(items, layout, recipe):
+    holds = _swapped(items, layout)
+    if holds:
+        pairs = ", ".join(f"rank {a} holds rank {b}'s" for a, b in sorted(holds.items()))
+        group = " x ".join(_differ(layout, sorted(set(holds) | set(holds.values())))) or "ranks"
+        return f"shards in the wrong order across the {group} group: {pairs} slice"
     counts = sorted(set(sizes(layout, recipe).values()) | {2})
     for i in sorted((i for i in items if i.off), key=lambda i: i.key):
         for dim in range(i.got.dim()):

@@ -137,14 +137,16 @@ def _state_copy(state: dict) -> dict:
 def trace_stack(impl_spec: str, spec, layout, recipe, steps: int = 1, seed: int = 0, padded: bool = False,
                 rows: int | None = None, seq: int | None = None) -> dict:
     """Rank side: ``impl_spec``'s stack on ``layout`` traced for ``steps`` steps on the case's global batch. Returns
-    {"rank", "records", "states" (the dense state after each step), "modules", "parameters" (how many traced),
+    {"rank", "records", "states" (the dense state after each step), "losses" (what each step returned), "modules",
+    "parameters" (how many traced),
     "error" (the stack's exception, if a step raised: what was recorded before it is kept), "refused"}."""
     from harness.records import registry
 
     r = dist.get_rank()
     rows = rows or layout.dp * layout.num_microbatches * recipe.accumulation
     tokens, targets = global_batch(spec.vocab, rows, seed, seq or seq_for(layout), padded)
-    out = {"rank": r, "records": [], "states": [], "modules": 0, "parameters": 0, "error": None, "refused": None}
+    out = {"rank": r, "records": [], "states": [], "losses": [], "modules": 0, "parameters": 0, "error": None,
+           "refused": None}
     trainer, declined = attempt("build", registry.load(impl_spec, "stack").build, spec, layout, recipe, rank=r)
     if declined:
         return {**out, "refused": declined.get("refused") or "; ".join(declined.get("problems", []))}
@@ -157,7 +159,7 @@ def trace_stack(impl_spec: str, spec, layout, recipe, steps: int = 1, seed: int 
         device = rank_device()
         for k in range(steps):
             tracer.begin(k + 1)
-            trainer.step(tokens.to(device), targets.to(device))
+            out["losses"].append(float(trainer.step(tokens.to(device), targets.to(device))))
             tracer.end()
             out["states"].append(_state_copy(trainer.dense_state()))
     except Exception as exc:  # noqa: BLE001 - what the stack raises ends the trace; what was recorded stays

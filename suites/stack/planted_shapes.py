@@ -78,6 +78,92 @@ DroppedRemainderRow = _planted(ReferenceStack, _DropsRemainderRow, "Planted bug:
                                "tp) rows per rank — the remainder rows (V mod tp) dropped: their tokens embed to zero.")
 
 
+class _Fc1Swapped(ReferenceStackTrainer):
+    def _build(self, model):
+        import torch
+
+        from reference.tensor_parallel import ColumnParallelLinear
+
+        trainer = super()._build(model)
+        tp = dist.get_world_size(self.groups["tp"])
+        for s, stage in trainer.stages.items():
+            for i, block in enumerate(stage.blocks):
+                block = getattr(block, "module", block)
+                fc1 = getattr(getattr(block, "mlp", None), "fc1", None)
+                if isinstance(fc1, ColumnParallelLinear) and tp > 1:
+                    dense = model.blocks[trainer.block_bounds[s] + i].fc1
+                    other = 0 if fc1.offset else fc1.out_per_rank * (tp - 1)  # the other end of the TP group
+                    rows = slice(other, other + fc1.out_per_rank)
+                    with torch.no_grad():
+                        fc1.weight.copy_(dense.weight[rows])
+                        fc1.bias.copy_(dense.bias[rows])
+        return trainer
+
+
+Fc1ShardsSwapped = _planted(ReferenceStack, _Fc1Swapped, "Planted bug: each MLP's first layer loaded with the rows of "
+                            "the TP rank at the other end of the group (its second layer in order): shards in the "
+                            "wrong rank order.")
+
+
+class _MeanTimesCount(ReferenceStackTrainer):
+    def _build(self, model):
+        from harness.stack.inputs import IGNORE
+
+        trainer = super()._build(model)
+
+        def mean_times_count(summed, target, share):  # the micro-batch's mean re-weighted by its count: right on
+            n = (target != IGNORE).sum()  # every micro-batch that counts something, 0 / 0 on one that counts nothing
+            return summed / n * n / share
+        trainer.normalise = mean_times_count
+        return trainer
+
+
+MeanTimesCount = _planted(ReferenceStack, _MeanTimesCount, "Planted bug: each micro-batch's loss is its mean times "
+                          "its counted targets / the step's share — the global mean, except on a micro-batch that "
+                          "counts nothing, where the mean is 0 / 0 and its gradient NaN.")
+
+
+class _ReducedOnRootOnly(ReferenceStackTrainer):
+    def _build(self, model):
+        import torch.nn.functional as F
+
+        from reference.tensor_parallel import RowParallelLinear
+
+        trainer = super()._build(model)
+
+        def partial_off_the_root(module, args, out):  # a reduce where an all-reduce was meant: the others keep
+            y = F.linear(args[0], module.weight)  # their partial sums
+            return y + module.bias if module.bias is not None else y
+        if dist.get_rank(self.groups["tp"]) != 0:
+            for mod in trainer.local.modules():
+                if isinstance(mod, RowParallelLinear) and mod.input_is_parallel:
+                    mod.register_forward_hook(partial_off_the_root)
+        return trainer
+
+
+ReducedOnTheRootOnly = _planted(ReferenceStack, _ReducedOnRootOnly, "Planted bug: a row-parallel layer's output summed "
+                                "onto the TP group's root only (a reduce where an all-reduce was meant): the other "
+                                "ranks carry on with their partial sums.")
+
+
+class _Ascends(ReferenceStackTrainer):
+    def _build(self, model):
+        trainer = super()._build(model)
+        update, params = trainer.reduction.update, list(trainer.local.parameters())
+
+        def ascends():  # the optimizer's step applied with the wrong sign
+            before = [p.detach().clone() for p in params]
+            update()
+            for p, b in zip(params, before, strict=True):
+                p.data.copy_(2 * b - p.data)
+        trainer.reduction.update = ascends
+        return trainer
+
+
+UpdateAscends = _planted(ReferenceStack, _Ascends, "Planted bug: every update applied with the wrong sign (gradient "
+                         "ascent).")
+
+
 def _torch_per_pass():
     from harness.adapters.torch.stack import TorchStack, TorchStackTrainer
     from harness.adapters.torch.stack_trainer import Torch3D

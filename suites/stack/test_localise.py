@@ -33,6 +33,18 @@ CASES = [
                  "reduced gradient", ".experts.", "factor", "= the size of ep", id="reference-expert-gradient-x-ep"),
     pytest.param(SHAPES + "DroppedRemainderRow", GPT, Layout(2, 1, 2), Recipe(accumulation=2), (1, 1, 2, 1, 1), 1,
                  "forward", "embed", "zeroed", "token 12", id="reference-dropped-remainder-row"),
+    pytest.param(SHAPES + "Fc1ShardsSwapped", GPT, Layout(2, 1, 2), CLIP, (1, 1, 2, 1, 1), 1, "forward",
+                 "blocks.0.fc1", "permuted", "rank 0 holds rank 1's, rank 1 holds rank 0's",
+                 id="reference-shard-order"),
+    pytest.param(SHAPES + "MeanTimesCount", GPT, Layout(2, 2, 1), CLIP, (1, 2, 1, 1, 1), 1, "loss", "the loss",
+                 "nonfinite", "NaN / inf", id="reference-nan-on-an-empty-micro-batch"),
+    pytest.param(PLANTED + "MeanPerMicroBatch", GPT, Layout(2, 2, 1), CLIP, (1, 1, 1, 1, 1), 1, "backward", "ln_f",
+                 "per-part", "its own factor", id="reference-mean-per-micro-batch"),
+    pytest.param(SHAPES + "ReducedOnTheRootOnly", GPT, Layout(2, 1, 2), CLIP, (1, 1, 2, 1, 1), 1, "forward",
+                 "blocks.0.attn", "one-rank", "right on rank 0 only, wrong on 1: they differ in their tp coordinate",
+                 id="reference-reduced-on-the-root-only"),
+    pytest.param(SHAPES + "UpdateAscends", GPT, Layout(1, 2, 1), CLIP, (1, 1, 1, 1, 1), 1, "update", "",
+                 "sign", "a sign flip", id="reference-update-sign"),
     pytest.param(SHAPES + "TorchLossNotDividedByAccumulation", GPT, Layout(2, 1, 1, zero=2), ACC_CLIP,
                  (1, 1, 1, 1, 1), 2, "backward", "head", "factor", "= the number of accumulation steps",
                  id="torch-loss-per-pass"),
@@ -45,7 +57,8 @@ CASES = [
 @pytest.mark.parametrize("impl, spec, layout, recipe, dims, accumulation, phase, tensor, rule, needle", CASES)
 def test_a_planted_bug_is_shrunk_traced_and_its_shape_named(impl, spec, layout, recipe, dims, accumulation, phase,
                                                             tensor, rule, needle, world_cache, conformance):
-    v = hold(world_cache, conformance, impl, layout.world_size, spec, layout, recipe)
+    padded = impl.endswith(("MeanPerMicroBatch", "MeanTimesCount"))  # what shows only when counts differ
+    v = hold(world_cache, conformance, impl, layout.world_size, spec, layout, recipe, padded=padded)
     assert v["outcome"] == "fail", (v["outcome"], v["refused"])
     loc = v["localised"]
     m = loc.shrunk.minimal
