@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from .shrink import FAILS, Case, Shrunk, describe, shrink
 
-__all__ = ["Case", "Localisation", "describe", "localise", "shrink"]
+__all__ = ["Case", "Localisation", "describe", "localise", "shrink", "trace_only"]
 
 PHASE_WORDS = {"forward": "forward output of {}", "backward": "gradient at the output of {}",
                "local gradient": "gradient of {} before the data-parallel reduction",
@@ -81,4 +81,18 @@ def localise(worlds, impl: str, case: Case, problems: list[str] | None = None, b
 
         traced(loc, worlds, impl, m, fixed, seed)
     loc.seconds = time.monotonic() - start
+    return loc
+
+
+def trace_only(worlds, impl: str, case: Case, seed: int = 0) -> Localisation:
+    """``case`` traced as it is, no shrinking: what the localisation compares, on a case that may pass (then no
+    tensor may leave its bound: ``suites/stack/test_localise.py``)."""
+    from harness.stack.inputs import seq_for
+
+    from .run import traced
+
+    lay = case.layout
+    loc = Localisation(Shrunk(case, case))
+    traced(loc, worlds, impl, case, {"rows": lay.dp * lay.num_microbatches * case.recipe.accumulation,
+                                     "seq": seq_for(lay)}, seed)
     return loc

@@ -50,3 +50,50 @@ def modules_by_parameters(spec, roots, dense_name) -> dict:
             if target and target not in out and under.get(target) == frozenset(names):
                 out[target] = module
     return out
+
+
+WRAPPERS = frozenset({"module", "_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"})
+"""Path components a wrapper adds (DDP's and DeepSpeed's ``module``, FSDP1's, torch's checkpoint wrapper's,
+``torch.compile``'s): dropped before a stack's parameter name is matched with one device's."""
+
+
+def _roots(obj, depth: int = 3) -> list:
+    """The nn.Modules a trainer holds in its attributes (lists, tuples and dicts of them too), outermost only."""
+    from torch import nn
+
+    found, seen, todo = [], set(), [(obj, 0)]
+    while todo:
+        item, d = todo.pop(0)
+        if id(item) in seen or d > depth:
+            continue
+        seen.add(id(item))
+        if isinstance(item, nn.Module):
+            found.append(item)
+        elif isinstance(item, list | tuple):
+            todo += [(x, d + 1) for x in item]
+        elif isinstance(item, dict):
+            todo += [(x, d + 1) for x in item.values()]
+        elif hasattr(item, "__dict__") and not isinstance(item, type) and d < depth:
+            todo += [(x, d + 1) for x in vars(item).values()]
+    return found
+
+
+def discovered(trainer, spec) -> dict:
+    """{one-device module name: module} of a stack without ``traced_modules``, found by its parameters' own names:
+    the modules of every nn.Module the trainer holds whose parameters are named as one device names them once the
+    wrappers' components (``WRAPPERS``) and one common prefix are dropped — the stacks that train the one-device
+    model itself, wrapped (DDP, FSDP, DeepSpeed's engine, accelerate's prepare) — only a module holding every one of
+    the model's parameters. Empty where names differ or a rank holds part of the model."""
+    dense = {n for names in _dense_params_under(spec).values() for n in names}
+    for root in _roots(trainer):
+        names = {}
+        for name, p in root.named_parameters():
+            parts = [c for c in name.split(".") if c not in WRAPPERS]
+            match = next((".".join(parts[i:]) for i in range(len(parts)) if ".".join(parts[i:]) in dense), None)
+            names[id(p)] = match
+        if names and all(names.values()) and set(names.values()) == dense:  # the whole model, named as one
+            # device names it (a pipeline stage's own block numbers would name other blocks: never guessed)
+            found = modules_by_parameters(spec, [root], lambda p, names=names: names.get(id(p)))
+            if found:
+                return found
+    return {}

@@ -42,7 +42,10 @@ def traced(loc, worlds, impl: str, case, fixed: dict, seed: int) -> None:
         unmapped |= set(names)
     errors = [r["error"] for r in results if r["error"]]
     if not any(r["modules"] for r in results):
-        loc.notes.append("The stack exposes no modules (traced_modules): localised on its parameters only.")
+        loc.notes.append("The stack exposes no modules (traced_modules) and none were found by their parameters' "
+                         "names: localised on its dense state only.")
+    elif any(r.get("discovered") for r in results):
+        loc.notes.append("Modules found by their parameters' names (the stack gives no traced_modules).")
     for phase, what in (("forward", "outputs"), ("backward", "gradients at the outputs")):
         said = sorted({re.sub(r"\.\d+(?=\.|$)", ".N", name) for p, name in unmapped if p == phase})
         if said:

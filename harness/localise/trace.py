@@ -146,14 +146,19 @@ def trace_stack(impl_spec: str, spec, layout, recipe, steps: int = 1, seed: int 
     rows = rows or layout.dp * layout.num_microbatches * recipe.accumulation
     tokens, targets = global_batch(spec.vocab, rows, seed, seq or seq_for(layout), padded)
     out = {"rank": r, "records": [], "states": [], "losses": [], "modules": 0, "parameters": 0, "error": None,
-           "refused": None}
+           "refused": None, "discovered": False}
     trainer, declined = attempt("build", registry.load(impl_spec, "stack").build, spec, layout, recipe, rank=r)
     if declined:
         return {**out, "refused": declined.get("refused") or "; ".join(declined.get("problems", []))}
     tracer = None
     try:
         trainer.load_dense(spec.build(seed).state_dict())
-        modules, parameters = _optional(trainer, "traced_modules", {}), _optional(trainer, "traced_parameters", [])
+        modules, parameters = _optional(trainer, "traced_modules", None), _optional(trainer, "traced_parameters", [])
+        if modules is None:  # found by their parameters' names, where the stack trains the one-device model wrapped
+            from .names import discovered
+
+            modules = discovered(trainer, spec)
+            out["discovered"] = bool(modules)
         out["modules"], out["parameters"] = len(modules), len(parameters)
         tracer = Tracer(modules, parameters)
         device = rank_device()

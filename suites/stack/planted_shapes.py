@@ -223,7 +223,10 @@ class TitanNormsSummedOverTp:
 
 
 class _Untraced(_TpSummed):
-    traced_modules = traced_parameters = None  # a stack that exposes nothing: localised on its dense state
+    def traced_modules(self):  # a stack that exposes nothing: localised on its dense state
+        return {}
+
+    traced_parameters = None
 
 
 TpGradientsSummedUntraced = _planted(ReferenceStack, _Untraced, "TpGradientsSummed behind a stack that exposes no "

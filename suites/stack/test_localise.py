@@ -110,3 +110,37 @@ def test_a_passing_case_is_never_localised(world_cache, conformance, monkeypatch
     monkeypatch.setattr(harness.localise, "localise", never)
     v = hold(world_cache, conformance, "reference", 2, GPT, Layout(1, 1, 2), CLIP)
     assert v["outcome"] == "pass" and "localised" not in v, v["problems"][:3]
+
+
+def _installed(name):
+    return pytest.mark.skipif(importlib.util.find_spec(name) is None, reason=f"{name} is not installed")
+
+
+PASSING = [
+    pytest.param("reference", LLAMA, Layout(1, 2, 2, checkpointing=True), ACC_CLIP, id="reference-1x2x2-ckpt"),
+    pytest.param("reference", LLAMA, Layout(2, 2, 2, checkpointing=True), ACC_CLIP, id="reference-2x2x2-ckpt",
+                 marks=pytest.mark.thorough),
+    pytest.param("reference", LLAMA, Layout(1, 1, 2, cp=2), CLIP, id="reference-tp2-cp2", marks=pytest.mark.thorough),
+    pytest.param("torch", GPT, Layout(2, 1, 2, zero=2), CLIP, id="torch-2x1x2"),
+    pytest.param("torchtitan", LLAMA32, Layout(1, 1, 2), Recipe(optimizer=ADAM), id="torchtitan-1x1x2", marks=TITAN),
+    pytest.param("accelerate", LLAMA32, Layout(2, 1, 1), Recipe(), id="accelerate-2x1x1",
+                 marks=_installed("accelerate")),
+    pytest.param("deepspeed", LLAMA32, Layout(2, 1, 1, zero=1), Recipe(optimizer=ADAM), id="deepspeed-2x1x1",
+                 marks=_installed("deepspeed")),
+]
+
+
+@pytest.mark.parametrize("impl, spec, layout, recipe", PASSING)
+def test_a_passing_case_traced_blames_no_tensor(impl, spec, layout, recipe, world_cache):
+    """What the localisation compares on a case that passes: hundreds of tensors mapped onto one device's, none off
+    its bound (a bound that blamed rounding, or a shard mapped onto the wrong slice, would show here). Stacks without
+    traced_modules (accelerate's, DeepSpeed's) have theirs found by their parameters' names."""
+    from harness.localise import Case, trace_only
+
+    loc = trace_only(world_cache.get, impl, Case(spec, layout, recipe, steps=2))
+    assert loc.first is None, loc.lines()
+    phases = {label.split(":")[1] for label, _, _ in loc.curve}
+    assert {"forward", "backward", "reduced gradient", "update", "loss"} <= phases, phases
+    assert len(loc.curve) > 200, len(loc.curve)
+    if impl in ("accelerate", "deepspeed"):
+        assert any("found by their parameters' names" in n for n in loc.notes), loc.notes
