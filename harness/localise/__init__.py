@@ -43,9 +43,7 @@ class Localisation:
         return out + self.notes
 
 
-def _outcome(worlds, impl, fixed):
-    from harness.stack.judge import judged
-
+def _outcome(worlds, impl, fixed, judged):
     def verdict(case: Case) -> tuple[str, list[str]]:
         kw = {} if case.spec.dtype in LOW else fixed
         v = judged(worlds(case.layout.world_size), impl, case.spec, case.layout, case.recipe, one=lambda: worlds(1),
@@ -54,17 +52,18 @@ def _outcome(worlds, impl, fixed):
     return verdict
 
 
-def localise(worlds, impl: str, case: Case, problems: list[str] | None = None, budget: int = 24,
+def localise(worlds, impl: str, case: Case, judged, problems: list[str] | None = None, budget: int = 24,
              seed: int = 0) -> Localisation:
     """The localisation of ``impl``'s failing ``case`` (``worlds(n)``: a World of n ranks — the session's cache;
-    ``problems``: its verdict's, or None to run it once more): shrunk within ``budget`` extra World calls, then
-    traced once on the minimal case."""
+    ``judged``: ``harness.stack.judge.judged``, the verdict each smaller case gets; ``problems``: the case's own
+    verdict's, or None to run it once more): shrunk within ``budget`` extra World calls, then traced once on the
+    minimal case."""
     from harness.stack.inputs import seq_for
 
     start = time.monotonic()
     lay = case.layout
     fixed = {"rows": lay.dp * lay.num_microbatches * case.recipe.accumulation, "seq": seq_for(lay)}
-    verdict = _outcome(worlds, impl, fixed)
+    verdict = _outcome(worlds, impl, fixed, judged)
     if problems is None:
         outcome, problems = verdict(case)
         if outcome not in FAILS:

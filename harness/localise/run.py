@@ -7,7 +7,7 @@ import re
 
 from harness.errors import describe
 
-from . import compare
+from .compare import activations, from_state, local_gradients, losses
 from .oracle import one_device_trace
 from .shape import classify
 from .trace import trace_stack
@@ -35,10 +35,10 @@ def traced(loc, worlds, impl: str, case, fixed: dict, seed: int) -> None:
                               replicas=lay.dp if params else None)
     items, unmapped = [], set()
     for r in results:
-        got, names = compare.activations(r, oracle, lay, case.spec, tokens, n)
-        items += got + compare.local_gradients(r, oracle, lay, case.spec, tokens, n)
-        items += compare.from_state(r, oracle, case.spec, case.recipe, tokens, n)
-        items += compare.losses(r, oracle, case.spec, tokens, n)
+        got, names = activations(r, oracle, lay, case.spec, tokens, n)
+        items += got + local_gradients(r, oracle, lay, case.spec, tokens, n)
+        items += from_state(r, oracle, case.spec, case.recipe, tokens, n)
+        items += losses(r, oracle, case.spec, tokens, n)
         unmapped |= set(names)
     errors = [r["error"] for r in results if r["error"]]
     if not any(r["modules"] for r in results):

@@ -36,7 +36,7 @@ def hold(world_cache, conformance, impl: str, n: int, spec, layout, recipe, loca
         from harness.localise import localise as localise_case
 
         case = Case(spec, layout, recipe, kw.get("steps", 2), kw.get("padded", False))
-        loc = v["localised"] = localise_case(world_cache.get, impl, case, v["problems"])
+        loc = v["localised"] = localise_case(world_cache.get, impl, case, judged, v["problems"])
         v["problems"] = loc.lines() + v["problems"]
         v["row"] = {**v["row"], "detail": loc.lines()[0] + " | " + v["row"]["detail"]}
         run = getattr(conformance, "run", None)
