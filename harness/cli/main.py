@@ -7,6 +7,7 @@
     paritybench impls
     paritybench test [PARADIGM ...] --impl pkg.mod:obj [pytest args]   # the installed suites, by pytest
     paritybench plan --params 70B --dp 64 --tp 8 --pp 4 --hidden 8192 --heads 64 --layers 80 ...
+    paritybench localise IMPL --family gpt --layout 2x1x2 [--accumulation 2 --clip 0.05 ...]   # where and why
 
 Every bad input gets one sentence on stderr and exit code 2; never a traceback.
 """
@@ -24,6 +25,7 @@ from harness.cost_model import cli as calibrate_cli
 from harness.errors import UsageError
 from harness.gate import cli as gate_cli
 from harness.gate.inputs import GateError
+from harness.localise import cli as localise_cli
 from harness.records import registry
 from reference.pipeline import GENERATORS
 
@@ -47,6 +49,7 @@ def _build_parser() -> argparse.ArgumentParser:
     plan.add_parser(sub)
     calibrate_cli.add_parser(sub)
     suite_cli.add_parser(sub)
+    localise_cli.add_parser(sub)
     s = sub.add_parser("schedule", help="print (and draw) a pipeline schedule and its simulated metrics")
     s.add_argument("name", choices=list(GENERATORS))
     s.add_argument("--p", type=int, required=True, help="pipeline ranks")
@@ -128,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             return plan.run(args)
         if args.command == "schedule":
             return _schedule(args)
+        if args.command == "localise":
+            return localise_cli.run(args)
         return _impls(args)
     except (UsageError, ResultsError, GateError, registry.RegistryError, plan.PlanError) as exc:
         print(f"paritybench: error: {exc}", file=sys.stderr)

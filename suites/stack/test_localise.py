@@ -144,3 +144,28 @@ def test_a_passing_case_traced_blames_no_tensor(impl, spec, layout, recipe, worl
     assert len(loc.curve) > 200, len(loc.curve)
     if impl in ("accelerate", "deepspeed"):
         assert any("found by their parameters' names" in n for n in loc.notes), loc.notes
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--layout", "2x1"], "--layout '2x1' must be dpxppxtp"),
+    (["--layout", "1x1x1", "--steps", "0"], "--steps must be >= 1"),
+    (["--layout", "2x1x1", "--ep", "3"], "ep (3) must divide dp x cp (2)"),
+    (["--layout", "1x1x1", "--accumulation", "0"], "accumulation must be a whole number >= 1"),
+])
+def test_paritybench_localise_says_a_bad_input_in_one_sentence_with_exit_code_2(argv, said, capsys):
+    from harness.cli.main import main
+
+    assert main(["localise", "reference", *argv]) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1, err
+
+
+def test_paritybench_localise_prints_the_verdict_and_writes_its_plot(tmp_path, capsys):
+    from harness.cli.main import main
+
+    assert main(["localise", SHAPES + "TpGradientsSummed", "--layout", "1x1x2", "--steps", "1",
+                 "--out", str(tmp_path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("Fails at tp 2, one step — no smaller case fails") and "passes with tp 1" in out[0], out
+    assert out[2].startswith("Shape: an exact factor 2 = the size of tp"), out
+    assert len(list((tmp_path / "localised").glob("*.png"))) == 1
