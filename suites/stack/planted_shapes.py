@@ -120,7 +120,8 @@ class _MeanTimesCount(ReferenceStackTrainer):
 
 MeanTimesCount = _planted(ReferenceStack, _MeanTimesCount, "Planted bug: each micro-batch's loss is its mean times "
                           "its counted targets / the step's share — the global mean, except on a micro-batch that "
-                          "counts nothing, where the mean is 0 / 0 and its gradient NaN.")
+                          "counts nothing, where the mean is 0 / 0: the step's loss NaN (its gradients, masked by "
+                          "the cross-entropy, stay 0).")
 
 
 class _ReducedOnRootOnly(ReferenceStackTrainer):
