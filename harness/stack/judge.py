@@ -36,7 +36,14 @@ def hold(world_cache, conformance, impl: str, n: int, spec, layout, recipe, loca
         from harness.localise import localise as localise_case
 
         case = Case(spec, layout, recipe, kw.get("steps", 2), kw.get("padded", False))
-        loc = v["localised"] = localise_case(world_cache.get, impl, case, judged, v["problems"])
+        try:
+            loc = v["localised"] = localise_case(world_cache.get, impl, case, judged, v["problems"])
+        except Exception as exc:  # noqa: BLE001 - the verdict stands without its localisation; said, never a crash
+            from harness.errors import describe
+
+            v["problems"] = [f"(not localised: {describe(exc)})"] + v["problems"]
+            conformance.record(v["outcome"], finding=v["known"], **{**v["row"], "world_size": n})
+            return v
         v["problems"] = loc.lines() + v["problems"]
         v["row"] = {**v["row"], "detail": loc.lines()[0] + " | " + v["row"]["detail"]}
         run = getattr(conformance, "run", None)

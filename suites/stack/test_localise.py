@@ -169,3 +169,15 @@ def test_paritybench_localise_prints_the_verdict_and_writes_its_plot(tmp_path, c
     assert out[0].startswith("Fails at tp 2, one step — no smaller case fails") and "passes with tp 1" in out[0], out
     assert out[2].startswith("Shape: an exact factor 2 = the size of tp"), out
     assert len(list((tmp_path / "localised").glob("*.png"))) == 1
+
+
+def test_a_localisation_that_breaks_leaves_the_verdict_standing(world_cache, conformance, monkeypatch):
+    import harness.localise
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the localisation's own bug")
+    monkeypatch.setattr(harness.localise, "localise", broken)
+    v = hold(world_cache, conformance, SHAPES + "UpdateAscends", 1, GPT, Layout(), Recipe(), steps=1)
+    assert v["outcome"] == "fail" and "localised" not in v, v["outcome"]
+    assert v["problems"][0] == "(not localised: RuntimeError: the localisation's own bug)", v["problems"][:2]
+    assert any("parameter" in p for p in v["problems"][1:]), v["problems"][:3]
