@@ -118,6 +118,7 @@ def _installed(name):
 
 PASSING = [
     pytest.param("reference", LLAMA, Layout(1, 2, 2, checkpointing=True), ACC_CLIP, id="reference-1x2x2-ckpt"),
+    pytest.param("reference", GPT, Layout(2, 1, 2, zero=2), ACC_CLIP, id="reference-2x1x2-zero2"),
     pytest.param("reference", LLAMA, Layout(2, 2, 2, checkpointing=True), ACC_CLIP, id="reference-2x2x2-ckpt",
                  marks=pytest.mark.thorough),
     pytest.param("reference", LLAMA, Layout(1, 1, 2, cp=2), CLIP, id="reference-tp2-cp2", marks=pytest.mark.thorough),
