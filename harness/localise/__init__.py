@@ -52,17 +52,22 @@ def _outcome(worlds, impl, fixed, judged):
     return verdict
 
 
+def _fixed(case: Case) -> dict:
+    """The case's global batch, kept for every smaller case and the trace: its rows and sequence length (every
+    smaller layout splits them)."""
+    from harness.stack.inputs import rows_for, seq_for
+
+    return {"rows": rows_for(case.layout, case.recipe), "seq": seq_for(case.layout)}
+
+
 def localise(worlds, impl: str, case: Case, judged, problems: list[str] | None = None, budget: int = 24,
              seed: int = 0) -> Localisation:
     """The localisation of ``impl``'s failing ``case`` (``worlds(n)``: a World of n ranks — the session's cache;
     ``judged``: ``harness.stack.judge.judged``, the verdict each smaller case gets; ``problems``: the case's own
     verdict's, or None to run it once more): shrunk within ``budget`` extra World calls, then traced once on the
     minimal case."""
-    from harness.stack.inputs import seq_for
-
     start = time.monotonic()
-    lay = case.layout
-    fixed = {"rows": lay.dp * lay.num_microbatches * case.recipe.accumulation, "seq": seq_for(lay)}
+    fixed = _fixed(case)
     verdict = _outcome(worlds, impl, fixed, judged)
     if problems is None:
         outcome, problems = verdict(case)
@@ -86,12 +91,8 @@ def localise(worlds, impl: str, case: Case, judged, problems: list[str] | None =
 def trace_only(worlds, impl: str, case: Case, seed: int = 0) -> Localisation:
     """``case`` traced as it is, no shrinking: what the localisation compares, on a case that may pass (then no
     tensor may leave its bound: ``suites/stack/test_localise.py``)."""
-    from harness.stack.inputs import seq_for
-
     from .run import traced
 
-    lay = case.layout
     loc = Localisation(Shrunk(case, case))
-    traced(loc, worlds, impl, case, {"rows": lay.dp * lay.num_microbatches * case.recipe.accumulation,
-                                     "seq": seq_for(lay)}, seed)
+    traced(loc, worlds, impl, case, _fixed(case), seed)
     return loc

@@ -30,6 +30,11 @@ from ..stack.case import bound
 from .oracle import clip_coefficient, gradient_from_state
 
 
+def coords_of(layout, rank: int):
+    """The rank's coordinates in the contract's order (dp x pp x cp x tp, TP innermost)."""
+    return coordinates(ParallelDims(layout.dp, layout.pp, layout.tp, cp=layout.cp, ep=layout.ep), rank)
+
+
 def conventions(layout) -> tuple[int, ...]:
     """The factors a replica's activation and parameter gradients may carry before the reduction: 1 (its share of
     the global batch's mean loss: the reduction sums) or dp x cp (each replica's loss divided by its share of the
@@ -136,8 +141,7 @@ def _index(record, row0, coords, layout, dense, bdim, seq):
 
 def activations(result, oracle, layout, spec, tokens, n) -> tuple[list[Item], list[str]]:
     """The items of a rank's module records, and the (phase, name) of those that map onto nothing."""
-    dims = ParallelDims(layout.dp, layout.pp, layout.tp, cp=layout.cp, ep=layout.ep)
-    coords = coordinates(dims, result["rank"])
+    coords = coords_of(layout, result["rank"])
     per = len(tokens) // layout.dp
     items, unmapped, maps = [], set(), {}
     offsets: dict = {}
@@ -172,16 +176,14 @@ def activations(result, oracle, layout, spec, tokens, n) -> tuple[list[Item], li
         items.append(_item(rec["step"], rec["phase"], rec["name"], result["rank"], rec["call"], rec["tensor"], want,
                            float(dense.abs().max()), bound(rec["step"], tokens.numel(), spec, n), order,
                            scales=conventions(layout) if rec["phase"] == "backward" else (1,),
-                           coords=coords, positions=pos, seq_dim=sdim, batch_dim=bdim, tokens=tok,
-                           local_positions=rec["tensor"].shape[sdim]))
+                           positions=pos, seq_dim=sdim, batch_dim=bdim, tokens=tok))
     return items, sorted(unmapped)
 
 
 def local_gradients(result, oracle, layout, spec, tokens, n) -> list[Item]:
     """A rank's parameters' gradients before any reduction, against its replica's share (data parallelism only:
     under cp a rank's share is not a loss over its tokens; a tied copy holds one path's part by design)."""
-    dims = ParallelDims(layout.dp, layout.pp, layout.tp, cp=layout.cp, ep=layout.ep)
-    coords = coordinates(dims, result["rank"])
+    coords = coords_of(layout, result["rank"])
     items = []
     for rec in result["records"]:
         if rec["phase"] != "local gradient" or layout.cp > 1 or layout.ep > 1:
@@ -201,8 +203,7 @@ def local_gradients(result, oracle, layout, spec, tokens, n) -> list[Item]:
         # terms it sums, not at its own
         whole = max(float(g.abs().max()) for g in oracle["steps"][rec["step"] - 1]["grads"].values())
         items.append(_item(rec["step"], "local gradient", rec["name"], result["rank"], 0, got, want, whole,
-                           bound(rec["step"], tokens.numel(), spec, n), order, scales=conventions(layout),
-                           coords=coords, box=(offsets, lengths)))
+                           bound(rec["step"], tokens.numel(), spec, n), order, scales=conventions(layout)))
     return items
 
 

@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from reference.stack.topology import ParallelDims, coordinates
+from .compare import coords_of
 
 ORDER = ("ep", "cp", "tp", "pp", "accumulation steps", "dp", "dp x cp", "micro-batches", "ranks")
 """Which group a factor is named after first, where several have its size: the most specific first."""
@@ -41,10 +41,6 @@ def sizes(layout, recipe) -> dict[str, int]:
 
 def _flat(items, what):
     return torch.cat([getattr(i, what).flatten() for i in items]) if items else torch.zeros(0)
-
-
-def _within(items) -> bool:
-    return all(not i.off for i in items)
 
 
 def nonfinite(items, layout, recipe):
@@ -140,12 +136,8 @@ def per_part(items, layout, recipe):
             "counted targets) where the whole batch's count was meant")
 
 
-def _coords(layout, rank):
-    return coordinates(ParallelDims(layout.dp, layout.pp, layout.tp, cp=layout.cp, ep=layout.ep), rank)
-
-
 def _differ(layout, ranks) -> list[str]:
-    cs = [_coords(layout, r) for r in ranks]
+    cs = [coords_of(layout, r) for r in ranks]
     return [d for d in ("dp", "pp", "cp", "tp") if len({getattr(c, d) for c in cs}) > 1]
 
 
@@ -225,7 +217,7 @@ def one_rank(items, layout, recipe):
     good = [r for r in ranks if r not in bad]
     if not good or not bad:
         return None
-    cs = {r: _coords(layout, r) for r in ranks}
+    cs = {r: coords_of(layout, r) for r in ranks}
     for d in ("tp", "cp", "pp", "dp"):
         if not {getattr(cs[r], d) for r in good} & {getattr(cs[r], d) for r in bad}:
             return (f"right on rank{'s' if len(good) > 1 else ''} {', '.join(map(str, good))} only, wrong on "

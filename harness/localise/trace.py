@@ -22,7 +22,7 @@ import torch.distributed as dist
 from harness.errors import describe
 from harness.runtime.rank import rank_device
 
-from ..stack.inputs import global_batch, seq_for
+from ..stack.inputs import global_batch, rows_for, seq_for
 from ..verdict import attempt
 
 
@@ -143,7 +143,7 @@ def trace_stack(impl_spec: str, spec, layout, recipe, steps: int = 1, seed: int 
     from harness.records import registry
 
     r = dist.get_rank()
-    rows = rows or layout.dp * layout.num_microbatches * recipe.accumulation
+    rows = rows or rows_for(layout, recipe)
     tokens, targets = global_batch(spec.vocab, rows, seed, seq or seq_for(layout), padded)
     out = {"rank": r, "records": [], "states": [], "losses": [], "modules": 0, "parameters": 0, "error": None,
            "refused": None, "discovered": False}

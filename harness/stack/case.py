@@ -27,7 +27,7 @@ from reference.models.moe import zero_missing_grads
 
 from ..errors import describe
 from ..verdict import attempt, checked, refusal, refused_by
-from .inputs import SEQ, failed, failed_here, flat_state, global_batch, seq_for  # noqa: F401 - failed: the suites' verdict of a failed call
+from .inputs import SEQ, failed, failed_here, flat_state, global_batch, rows_for, seq_for  # noqa: F401 - failed: the suites' verdict of a failed call
 
 U64, U32 = 2.0**-53, 2.0**-24
 _ONE_DEVICE: dict = {}
@@ -146,7 +146,7 @@ def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int 
 
         return train_stack_mixed(impl_spec, spec, layout, recipe, steps, seed, padded=padded, **mixed)
     n, r = dist.get_world_size(), dist.get_rank()
-    rows = rows or layout.dp * layout.num_microbatches * recipe.accumulation
+    rows = rows or rows_for(layout, recipe)
     tokens, targets = global_batch(spec.vocab, rows, seed, seq or seq_for(layout), padded)
     impl = registry.load(impl_spec, "stack")
     trainer, declined = attempt("build", impl.build, spec, layout, recipe, rank=r, losses=[])
@@ -185,7 +185,7 @@ def resume_stack(impl_spec: str, spec, layout_a, layout_b, recipe, directory: st
     from harness.records import registry
 
     r, n = dist.get_rank(), dist.get_world_size()
-    rows = math.lcm(*(lay.dp * lay.num_microbatches * recipe.accumulation for lay in (layout_a, layout_b)))
+    rows = math.lcm(*(rows_for(lay, recipe) for lay in (layout_a, layout_b)))
     tokens, targets = global_batch(spec.vocab, rows, seed, seq_for(layout_a, layout_b))
     want = one_device(spec, recipe, seed, tokens, targets, 2)[1]
     impl, device = registry.load(impl_spec, "stack"), rank_device()

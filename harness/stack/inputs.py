@@ -19,6 +19,11 @@ def seq_for(*layouts) -> int:
     return math.lcm(SEQ, *(2 * getattr(lay, "cp", 1) for lay in layouts))
 
 
+def rows_for(layout, recipe) -> int:
+    """The global batch's rows of a case: one per micro-batch of every replica and accumulation pass."""
+    return layout.dp * layout.num_microbatches * recipe.accumulation
+
+
 IGNORE = -100
 """The target that does not count (``torch.nn.functional.cross_entropy``'s default ``ignore_index``): padding."""
 

@@ -37,20 +37,19 @@ def hold(world_cache, conformance, impl: str, n: int, spec, layout, recipe, loca
 
         case = Case(spec, layout, recipe, kw.get("steps", 2), kw.get("padded", False))
         try:
-            loc = v["localised"] = localise_case(world_cache.get, impl, case, judged, v["problems"])
+            loc = localise_case(world_cache.get, impl, case, judged, v["problems"])
         except Exception as exc:  # noqa: BLE001 - the verdict stands without its localisation; said, never a crash
             from harness.errors import describe
 
             v["problems"] = [f"(not localised: {describe(exc)})"] + v["problems"]
-            conformance.record(v["outcome"], finding=v["known"], **{**v["row"], "world_size": n})
-            return v
-        v["problems"] = loc.lines() + v["problems"]
-        v["row"] = {**v["row"], "detail": loc.lines()[0] + " | " + v["row"]["detail"]}
-        run = getattr(conformance, "run", None)
-        if run is not None:
-            from harness.localise.saved import save
+        else:
+            v["localised"], v["problems"] = loc, loc.lines() + v["problems"]
+            v["row"] = {**v["row"], "detail": loc.lines()[0] + " | " + v["row"]["detail"]}
+            run = getattr(conformance, "run", None)
+            if run is not None:
+                from harness.localise.saved import save
 
-            save(loc, run.path, f"{conformance.property}-{impl}-{v['row']['collective']}")
+                save(loc, run.path, f"{conformance.property}-{impl}-{v['row']['collective']}")
     conformance.record(v["outcome"], finding=v["known"], **{**v["row"], "world_size": n})
     return v
 

@@ -22,7 +22,7 @@ from harness.runtime.rank import computed_once, rank_device
 from ..contracts.stack import Layout
 from ..errors import describe
 from ..verdict import attempt, checked
-from .inputs import failed_here, flat_state, global_batch, seq_for
+from .inputs import failed_here, flat_state, global_batch, rows_for, seq_for
 from .precision import OneDevice, allowed_ratio
 
 _ORACLES: dict = {}
@@ -77,7 +77,7 @@ def train_stack_mixed(impl_spec: str, spec, layout, recipe, steps: int = 2, seed
     from harness.records import registry
 
     r, batch = dist.get_rank(), batch_of or layout
-    rows = batch.dp * batch.num_microbatches * recipe.accumulation
+    rows = rows_for(batch, recipe)
     tokens, targets = global_batch(spec.vocab, rows, seed, seq_for(batch), padded)
     key = (repr(spec), repr(recipe), seed, tuple(tokens.shape), padded, steps)
     want = computed_once(_ORACLES, key, lambda: _oracle(spec, recipe, seed, tokens, targets, steps))
