@@ -6,13 +6,10 @@ what ``reference.cost_model.bubble_fraction`` returns; a property holds the simu
 
 from __future__ import annotations
 
-from .schedule import Action, Schedule, loop_placement
-
-
-def _check(p: int, m: int, v: int = 1) -> None:
-    for name, value in (("p", p), ("m", m), ("v", v)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a whole number >= 1; got {value!r}.")
+from .schedule import Action, Schedule, loop_placement, v_placement
+from .schedule import check_counts as _check
+from .splitting import split_backward
+from .vshape import dualpipev, zbv
 
 
 def gpipe(p: int, m: int) -> Schedule:
@@ -117,14 +114,39 @@ def zb_h1(p: int, m: int) -> Schedule:
     return Schedule(rows, p, m, loop_placement(p, p), "zb-h1")
 
 
-GENERATORS = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved_1f1b, "zb-h1": zb_h1}
-SPLIT_BACKWARD = ("zb-h1",)
-"""The schedules whose backward is split into I and W actions (the rest run one B per micro-batch)."""
+def interleaved_zb(p: int, m: int, v: int) -> Schedule:
+    """Interleaved zero bubble (ZB1P over v chunks; torch's ``ScheduleInterleavedZeroBubble``): interleaved 1F1B's
+    forwards and input-gradient backwards in its order, each W deferred into the idle time the split opens
+    (``splitting.split_backward``), at most p - 1 W's waiting per rank, as in ZB-H1. Needs m a multiple of p, as
+    interleaved 1F1B does. Its bubble is the simulator's (no paper gives a closed form)."""
+    _check(p, m, v)
+    return split_backward(interleaved_1f1b(p, m, v), p - 1, f"interleaved-zb(v={v})")
+
+
+GENERATORS = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved_1f1b, "zb-h1": zb_h1,
+              "interleaved-zb": interleaved_zb, "zbv": zbv, "dualpipev": dualpipev}
+SPLIT_BACKWARD = ("zb-h1", "interleaved-zb", "zbv", "dualpipev")
+"""The schedules whose backward is split into I and W actions (dualpipev splits only its drain's second half)."""
 FUSED_BACKWARD = tuple(name for name in GENERATORS if name not in SPLIT_BACKWARD)
+INTERLEAVED = ("interleaved", "interleaved-zb")
+"""The schedules that take ``v`` (model chunks per rank) and place stage c * p + r on rank r."""
+V_SHAPED = ("zbv", "dualpipev")
+"""Two stages per rank in a V: stage r and 2p - 1 - r on rank r."""
+
+
+def stages_per_rank(name: str, v: int = 1) -> int:
+    """How many stages each rank holds: ``v`` for the interleaved schedules, 2 for the V-shaped, else 1."""
+    return 2 if name in V_SHAPED else v if name in INTERLEAVED else 1
+
+
+def placement(name: str, p: int, v: int = 1) -> tuple[int, ...]:
+    """placement[s] is the rank that holds stage s under the named schedule: a V for the V-shaped schedules,
+    s mod p otherwise."""
+    return v_placement(p) if name in V_SHAPED else loop_placement(p, p * stages_per_rank(name, v))
 
 
 def generate(name: str, p: int, m: int, v: int = 1) -> Schedule:
-    """The named schedule; ``v`` (model chunks per rank) is the interleaved schedule's only."""
+    """The named schedule; ``v`` (model chunks per rank) is the interleaved schedules' only."""
     if name not in GENERATORS:
         raise ValueError(f"schedule must be one of {', '.join(GENERATORS)}; got {name!r}.")
-    return interleaved_1f1b(p, m, v) if name == "interleaved" else GENERATORS[name](p, m)
+    return GENERATORS[name](p, m, v) if name in INTERLEAVED else GENERATORS[name](p, m)

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from ..errors import Unsupported
 from .schedule import Action, Schedule, add_send_recv
+from .validate import validate
 
 
 def _tag(a: Action, num_microbatches: int) -> int:
@@ -48,10 +49,17 @@ class PipelineRuntime:
     stages' dtype, rows being the microbatch's share of ``batch_size`` under ``tensor_split``.
     ``on_compute(stage, microbatch)``, when given, is called before every F, B, I and W (a forward or a
     backward that may recompute): e.g. to key dropout by the microbatch's global samples.
+
+    The schedule is validated first (a broken one raises ``ScheduleError`` before anything is sent). Stage s
+    lives on rank ``schedule.placement[s]``: the loop (s mod p) or the V, where a stage's successor may be on
+    the same rank and the first and the last stage share rank 0 (a parameter tied between them then simply
+    accumulates both stages' gradients). An overlapped pair (DualPipe's F&B) runs its forward, then its
+    backward: the validator has made sure the backward does not need that forward.
     """
 
     def __init__(self, schedule: Schedule, stages: dict[int, torch.nn.Module], loss_fn, batch_size: int,
                  sample_shape: tuple[int, ...], group=None, on_compute=None):
+        validate(schedule)
         self.schedule = schedule if schedule.meta.get("lowered") else add_send_recv(schedule)
         self.stages, self.loss_fn, self.group, self.on_compute = stages, loss_fn, group, on_compute
         self.rows = [len(c) for c in torch.arange(batch_size).tensor_split(schedule.num_microbatches)]
@@ -139,9 +147,15 @@ class PipelineRuntime:
         elif a.kind == "W":
             y = run.y_out.pop((s, j))
             del run.x_in[(s, j)]
-            params = [p for p in self.stages[s].parameters() if p.requires_grad]
-            for p, gw in zip(params, torch.autograd.grad(y, params, run.for_w.pop((s, j))), strict=True):
+            for p, gw in self.weight_gradients(self.stages[s], y, run.for_w.pop((s, j))):
                 p.grad = gw if p.grad is None else p.grad + gw
+
+    @staticmethod
+    def weight_gradients(stage: torch.nn.Module, y: torch.Tensor, g: torch.Tensor | None) -> list:
+        """W: (parameter, gradient) for every trainable parameter of ``stage``, each once, however many times
+        the forward used it (autograd sums the uses)."""
+        params = [p for p in stage.parameters() if p.requires_grad]
+        return list(zip(params, torch.autograd.grad(y, params, g), strict=True))
 
     def _op(self, op, t: torch.Tensor, peer: int, a: Action) -> dist.P2POp:
         tag = _tag(a, self.schedule.num_microbatches) if self.tagged else 0
@@ -173,7 +187,13 @@ class ReferencePipeline:
 
     def build(self, stages, num_stages, schedule, num_microbatches, virtual_stages, loss_fn, batch_size,
               sample_shape, group=None) -> PipelineRuntime:
-        from .generators import GENERATORS, generate
+        return PipelineRuntime(self.schedule(schedule, num_stages, num_microbatches, virtual_stages, batch_size,
+                                             group), stages, loss_fn, batch_size, sample_shape, group)
+
+    @staticmethod
+    def schedule(schedule, num_stages, num_microbatches, virtual_stages, batch_size, group=None) -> Schedule:
+        """The named schedule for this group, or ``Unsupported`` / ``ValueError`` saying why not."""
+        from .generators import GENERATORS, INTERLEAVED, V_SHAPED, generate, stages_per_rank
 
         p = dist.get_world_size(group)
         if schedule not in GENERATORS:
@@ -182,10 +202,11 @@ class ReferencePipeline:
             raise ValueError(f"num_stages ({num_stages}) must be ranks ({p}) * virtual_stages ({virtual_stages}).")
         if batch_size < num_microbatches:
             raise ValueError(f"batch_size ({batch_size}) must be at least num_microbatches ({num_microbatches}).")
-        if virtual_stages != 1 and schedule != "interleaved":
-            raise Unsupported(f"{schedule} runs one stage per rank; virtual_stages={virtual_stages} needs interleaved.")
+        if virtual_stages != stages_per_rank(schedule, virtual_stages):
+            runs = "two stages per rank (a V)" if schedule in V_SHAPED else "one stage per rank"
+            raise Unsupported(f"{schedule} runs {runs}; virtual_stages={virtual_stages} asks for another count "
+                              f"({', '.join(INTERLEAVED)} take any).")
         try:
-            sched = generate(schedule, p, num_microbatches, virtual_stages)
+            return generate(schedule, p, num_microbatches, virtual_stages)
         except ValueError as exc:  # the schedule's own rule, e.g. interleaved needs m a multiple of p
             raise Unsupported(str(exc)) from exc
-        return PipelineRuntime(sched, stages, loss_fn, batch_size, sample_shape, group)

@@ -64,6 +64,13 @@ class Schedule:
         return "\n".join(lines)
 
 
+def check_counts(p: int, m: int, v: int = 1) -> None:
+    """A generator's p (ranks), m (microbatches) and v (chunks per rank) are whole numbers >= 1."""
+    for name, value in (("p", p), ("m", m), ("v", v)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a whole number >= 1; got {value!r}.")
+
+
 def loop_placement(p: int, stages: int) -> tuple[int, ...]:
     return tuple(s % p for s in range(stages))
 
@@ -76,23 +83,34 @@ def add_send_recv(schedule: Schedule) -> Schedule:
     """Lower a compute-only schedule: a SEND after every compute whose result crosses to another rank,
     the matching RECV right before the compute that needs it."""
     place, last = schedule.placement, schedule.num_stages - 1
+    partner = dict(schedule.meta.get("overlap", ()))
+
+    def receives(a: Action, rank: int) -> list[Action]:
+        s, j = a.stage, a.microbatch
+        if a.kind == "F" and s > 0 and place[s - 1] != rank:
+            return [Action(s, "RECV_F", j)]
+        return [Action(s, "RECV_B", j)] if a.kind in ("B", "I") and s < last and place[s + 1] != rank else []
+
+    def sends(a: Action, rank: int) -> list[Action]:
+        s, j = a.stage, a.microbatch
+        if a.kind == "F" and s < last and place[s + 1] != rank:
+            return [Action(s, "SEND_F", j)]
+        return [Action(s, "SEND_B", j)] if a.kind in ("B", "I") and s > 0 and place[s - 1] != rank else []
+
     lowered = []
     for rank, row in enumerate(schedule.actions):
         out: list[Action | None] = []
-        for a in row:
+        i = 0
+        while i < len(row):
+            a = row[i]
             if a is None or a.kind not in COMPUTE:
                 out.append(a)
+                i += 1
                 continue
-            s, j = a.stage, a.microbatch
-            if a.kind == "F" and s > 0 and place[s - 1] != rank:
-                out.append(Action(s, "RECV_F", j))
-            if a.kind in ("B", "I") and s < last and place[s + 1] != rank:
-                out.append(Action(s, "RECV_B", j))
-            out.append(a)
-            if a.kind == "F" and s < last and place[s + 1] != rank:
-                out.append(Action(s, "SEND_F", j))
-            if a.kind in ("B", "I") and s > 0 and place[s - 1] != rank:
-                out.append(Action(s, "SEND_B", j))
+            # an overlapped pair stays adjacent: both receives before it, both sends after it
+            unit = [a, row[i + 1]] if i + 1 < len(row) and partner.get(a) == row[i + 1] else [a]
+            out += [x for u in unit for x in receives(u, rank)] + unit + [x for u in unit for x in sends(u, rank)]
+            i += len(unit)
         lowered.append(out)
     return Schedule(lowered, schedule.num_stages, schedule.num_microbatches, schedule.placement,
                     schedule.name, dict(schedule.meta, lowered=True))

@@ -39,7 +39,11 @@ class Timeline:
     bubble_fraction: float
     """idle / (ranks * makespan)."""
     peak_in_flight: list[int]
-    """Per rank, most microbatches whose forward is done and whose backward (B, or W) is not."""
+    """Per rank, most stage activations held: forwards done whose backward (B, or W) is not."""
+    idle_within: list[float]
+    """Per rank, idle time between its first start and its last end: the bubble as the zero-bubble paper and
+    DualPipe's table count it (a rank's lead-in before its first input arrives, and its tail after its last
+    W, overlap the optimizer step and the next iteration; the makespan's bubble fraction counts them)."""
 
 
 def _backward_kind(schedule: Schedule) -> dict[tuple[int, int], str]:
@@ -82,10 +86,14 @@ def simulate(schedule: Schedule, costs: dict | None = None) -> Timeline:
 
     A key ``(stage, kind)`` overrides the kind's cost for that stage (stages of unequal work); in a lowered
     schedule SEND_*/RECV_* may be costed too (what posting a message occupies its rank for), else they
-    take no time. ``comm`` is the latency added to every cross-rank dependency."""
+    take no time. ``comm`` is the latency added to every cross-rank dependency. An overlapped pair
+    (``meta["overlap"]``, adjacent on its rank) starts when both its actions' inputs are ready and both end
+    together after ``F&B`` (default: the two costs added; DualPipe's F&B is what overlapping saves); a
+    backward that needs its own pair's forward can never start (a deadlock, named)."""
     c = {**DEFAULT_COSTS, **(costs or {})}
     lowered = bool(schedule.meta.get("lowered"))
     bwd = _backward_kind(schedule)
+    partner = dict(schedule.meta.get("overlap", ()))
     rows = [[a for a in row if a is not None] for row in schedule.actions]
     end: dict[Action, float] = {}
     nxt = [0] * len(rows)
@@ -97,28 +105,38 @@ def simulate(schedule: Schedule, costs: dict | None = None) -> Timeline:
         for r, row in enumerate(rows):
             while nxt[r] < len(row):
                 a = row[nxt[r]]
-                deps = dependencies(a, schedule, lowered, bwd)
+                pair = [a, row[nxt[r] + 1]] if partner.get(a) in row[nxt[r] + 1:nxt[r] + 2] else [a]
+                deps = [d for x in pair for d in dependencies(x, schedule, lowered, bwd)]
                 if any(d not in end for d, _ in deps):
                     break
                 start = max([free[r]] + [end[d] + (c["comm"] if cross else 0.0) for d, cross in deps])
-                finish = start + c.get((a.stage, a.kind), c.get(a.kind, 0.0))  # sends, receives: 0 unless costed
-                end[a] = finish
-                free[r] = finish
-                events[r].append((a, start, finish))
-                nxt[r] += 1
-                remaining -= 1
+                own = [c.get((x.stage, x.kind), c.get(x.kind, 0.0)) for x in pair]  # sends, receives: 0 unless costed
+                total = c.get("F&B", sum(own)) if len(pair) == 2 else own[0]
+                at = start
+                for x, cost in zip(pair, own, strict=True):  # drawn in proportion; both done at the pair's end
+                    share = total * cost / sum(own) if sum(own) else 0.0
+                    events[r].append((x, at, at + share))
+                    at += share
+                for x in pair:
+                    end[x] = start + total
+                free[r] = start + total
+                nxt[r] += len(pair)
+                remaining -= len(pair)
                 progressed = True
         if not progressed:
             waiting = {}
             for r, row in enumerate(rows):
                 if nxt[r] < len(row):
                     a = row[nxt[r]]
-                    waiting[r] = (a, [d for d, _ in dependencies(a, schedule, lowered, bwd) if d not in end])
+                    pair = [a, row[nxt[r] + 1]] if partner.get(a) in row[nxt[r] + 1:nxt[r] + 2] else [a]
+                    waiting[r] = (a, [d for x in pair for d, _ in dependencies(x, schedule, lowered, bwd)
+                                      if d not in end])
             raise DeadlockError(waiting)
     makespan = max(free, default=0.0)
-    busy = sum(e - s for row in events for _, s, e in row)
-    bubble = 1 - busy / (len(rows) * makespan) if makespan > 0 else 0.0
-    return Timeline(events, makespan, bubble, [_peak_in_flight(row, bwd) for row in events])
+    busy = [sum(e - s for _, s, e in row) for row in events]
+    bubble = 1 - sum(busy) / (len(rows) * makespan) if makespan > 0 else 0.0
+    within = [(row[-1][2] - row[0][1]) - b if row else 0.0 for row, b in zip(events, busy, strict=True)]
+    return Timeline(events, makespan, bubble, [_peak_in_flight(row, bwd) for row in events], within)
 
 
 def _peak_in_flight(row, bwd) -> int:

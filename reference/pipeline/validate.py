@@ -36,7 +36,11 @@ def validate(schedule: Schedule) -> None:
     - on a rank, F(s, j) comes before its I/B, I before W; F(s-1, j) before F(s, j) and the backward
       of s+1 before that of s when both stages live on the same rank;
     - every SEND has exactly one matching RECV (SEND_F(s, j) <-> RECV_F(s+1, j), SEND_B(s, j) <->
-      RECV_B(s-1, j)), each after/before the compute it carries on its own rank.
+      RECV_B(s-1, j)), each after/before the compute it carries on its own rank;
+    - an overlapped pair (``meta["overlap"]``: a forward and a backward run as one unit, DualPipe's F&B) is
+      a forward then a backward, adjacent on one rank, and the backward does not need the pair's own forward
+      (B(s, j) needs F(s', j) for every s' >= s): run together, it would read an activation before its
+      forward finished.
     """
     S, M, place = schedule.num_stages, schedule.num_microbatches, schedule.placement
     if len(place) != S or any(not 0 <= r < schedule.num_ranks for r in place):
@@ -75,6 +79,7 @@ def validate(schedule: Schedule) -> None:
                 nb = Action(s + 1, "B", j) if Action(s + 1, "B", j) in pos else Action(s + 1, "I", j)
                 _before(schedule, pos, nb, back, "backwards in reverse stage order")
     _check_comm(schedule, pos)
+    _check_overlap(schedule, pos)
 
 
 def _before(schedule, pos, first: Action, then: Action, rule: str) -> None:
@@ -100,3 +105,19 @@ def _check_comm(schedule: Schedule, pos) -> None:
             _before(schedule, pos, compute, a, "send after the compute it carries")
         else:
             _before(schedule, pos, a, compute, "receive before the compute that needs it")
+
+
+def _check_overlap(schedule: Schedule, pos) -> None:
+    for f, b in schedule.meta.get("overlap", ()):
+        if f not in pos or b not in pos or f.kind != "F" or b.kind not in ("B", "I"):
+            r = pos.get(f, pos.get(b, (0, None)))[0]
+            raise ScheduleError("an overlapped pair is a forward and a backward", schedule, r, None,
+                                f"({f}, {b}) is not a forward and a backward of this schedule")
+        (r, i), (rb, k) = pos[f], pos[b]
+        row = schedule.actions[r]
+        between = [a for a in row[i + 1:k] if a is not None and a.kind not in ("RECV_B", "RECV_F")]
+        if rb != r or k < i or between:
+            raise ScheduleError("an overlapped pair runs as one unit", schedule, rb, k, f"{b} is not right after {f}")
+        if f.microbatch == b.microbatch and f.stage >= b.stage:
+            raise ScheduleError("an overlapped backward does not need its own pair's forward", schedule, r, k,
+                                f"{b} needs {f}'s activation, which is still being computed beside it")

@@ -111,7 +111,7 @@ def test_sqrt_checkpoint_memory_is_about_2_sqrt_l(layers):
     (lambda: collective_bytes("all_gather", 4, 1.0, "tree"), "algorithm 'tree' is not modelled for all_gather"),
     (lambda: collective_bytes("all_reduce", 2, -5.0), "size must be a number >= 0; got -5.0"),
     (lambda: bubble_fraction("interleaved", 4, 6, 2), "m to be a multiple of p"),
-    (lambda: bubble_fraction("1f1b", 4, 8, 2), "applies to the interleaved schedule only"),
+    (lambda: bubble_fraction("1f1b", 4, 8, 2), "applies to the interleaved schedules only"),
     (lambda: bubble_fraction("1f1b", 4, 0), "m must be a whole number >= 1; got 0"),
     (lambda: recompute_overhead(recomputed_fraction=1.5), "between 0 and 1"),
 ])
