@@ -18,6 +18,7 @@ from reference.cost_model import (
     tp_layer_comm_bytes,
     training_memory,
 )
+from reference.pipeline import INTERLEAVED, V_SHAPED
 
 _COUNT = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 _MEMORY = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
@@ -219,10 +220,14 @@ def ranked_by_time(model: Model, gpus: int, profile, schedule: str, dtype: str,
     """Every layout of ``gpus`` (at ``cp`` and ``ep``) with its prediction, fastest first (then least memory)."""
     out = []
     for lay in layouts(model, gpus, cp, ep):
-        if schedule == "interleaved" and (lay.pp == 1 or model.microbatches % lay.pp or 2 * lay.pp > model.layers):
+        chunked = schedule in INTERLEAVED + V_SHAPED  # two stages per rank at least
+        if chunked and (2 * lay.pp > model.layers or (schedule in INTERLEAVED and lay.pp == 1)):
             continue
         e = estimate(model, lay)
-        e["predicted_s"] = predicted(model, lay, profile, schedule, dtype)
+        try:
+            e["predicted_s"] = predicted(model, lay, profile, schedule, dtype)
+        except ValueError:  # the schedule's own rule at this pp (interleaved's whole rounds of microbatches)
+            continue
         e["fits"] = None if device_memory is None else e["memory_bytes"]["total"] <= device_memory
         out.append(e)
     return sorted(out, key=lambda e: (e["predicted_s"]["step_s"], e["memory_bytes"]["total"]))

@@ -90,11 +90,11 @@ def predict_step(profile: Profile, work: Workload, dp: int, pp: int, tp: int, ze
                  microbatches: int, recompute: bool = False, cp: int = 1, cp_algorithm: str = "ring",
                  ep: int = 1) -> dict:
     """Predicted seconds per step and its parts (``PARTS``), the simulated bubble fraction and timeline."""
-    from reference.pipeline import add_send_recv, generate, simulate
+    from reference.pipeline import INTERLEAVED, V_SHAPED, add_send_recv, generate, simulate
 
     world = dp * pp * tp * cp
     work = work.over_cp(cp)
-    v = 2 if schedule == "interleaved" and pp > 1 else 1
+    v = 2 if (schedule in INTERLEAVED and pp > 1) or schedule in V_SHAPED else 1  # V: two half stages per rank
     num_stages = pp * v
     rate = profile.flops_per_s(work.dtype, world)
     overhead = (profile.layer_overhead(work.layer_kind, work.dtype, world) if work.layer_kind else None) or 0.0

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from harness.records import registry
 from harness.runtime.timing import median_interval, summarize
-from reference.pipeline import GENERATORS
+from reference.pipeline import GENERATORS, INTERLEAVED, placement, stages_per_rank
 
 COMPUTE = ("F", "B", "I", "W")
 
@@ -34,7 +34,7 @@ class PipelineSweep:
     """Pipeline ranks p. On 2 CPU cores only p = 2 is meaningful; p >= 4 is for GPU nodes."""
     microbatches: list[int] = field(default_factory=lambda: [2, 4, 8])
     virtual_stages: int = 2
-    """Model chunks per rank for the interleaved schedule."""
+    """Model chunks per rank for the interleaved schedules (the V-shaped ones hold two)."""
     hidden: int = 512
     layers_per_stage: int = 2
     rows_per_microbatch: int = 64
@@ -60,14 +60,15 @@ def bench_rank(impl_spec: str, schedule: str, p: int, m: int, v: int, hidden: in
     from harness.runtime.world import rank_device
 
     device = rank_device()
-    mine = {s: stages[s].to(device) for s in range(num_stages) if s % p == rank}
+    place = placement(schedule, p, v)
+    mine = {s: stages[s].to(device) for s in range(num_stages) if place[s] == rank}
     try:
         trainer = registry.load(impl_spec, "pipeline").build(
             mine, num_stages, schedule, m, v, sum_squared_error, rows * m, (hidden,))
     except NotImplementedError as exc:
         return {"unsupported": str(exc)}
     x, y = (t.to(device) / hidden for t in batch(rows * m, hidden, 0, torch.float32))  # far from overflow
-    times, steps = [], []
+    times, steps, held = [], [], []
     for it in range(warmup + iters):
         for mod in mine.values():
             mod.zero_grad(set_to_none=True)
@@ -77,7 +78,8 @@ def bench_rank(impl_spec: str, schedule: str, p: int, m: int, v: int, hidden: in
         if it >= warmup:
             times.append(time.perf_counter() - t0)
             steps.append(getattr(trainer, "events", None))
-    return {"times": times, "steps": steps}
+            held.append(getattr(trainer, "peak_held", None))
+    return {"times": times, "steps": steps, "peak_held": held}
 
 
 def median_step_timeline(per_rank_steps):
@@ -96,7 +98,7 @@ def measured_timeline(per_rank_events):
     makespan = max((e for row in rows for _, _, e in row), default=0.0)
     busy = sum(e - s for row in rows for _, s, e in row)
     bubble = 1 - busy / (len(rows) * makespan) if makespan > 0 else 0.0
-    return Timeline(rows, makespan, bubble, [])
+    return Timeline(rows, makespan, bubble, [], [])
 
 
 def hop_latency(measured, p: int) -> float:
@@ -124,14 +126,19 @@ UNIT_COSTS = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0, "comm": 0.0}
 schedule alone, so it is a deterministic figure the gate compares exactly (``bubble_simulated``)."""
 
 
-def unit_cost_bubble(schedule: str, p: int, m: int, v: int) -> float | None:
-    """None where our generator has no such schedule (e.g. interleaved with m not a multiple of p)."""
+def unit_cost_timeline(schedule: str, p: int, m: int, v: int):
+    """None where our generator has no such schedule (e.g. interleaved with m not in whole rounds)."""
     from reference.pipeline import generate, simulate
 
     try:
-        return simulate(generate(schedule, p, m, v), UNIT_COSTS).bubble_fraction
+        return simulate(generate(schedule, p, m, v), UNIT_COSTS)
     except ValueError:
         return None
+
+
+def unit_cost_bubble(schedule: str, p: int, m: int, v: int) -> float | None:
+    timeline = unit_cost_timeline(schedule, p, m, v)
+    return None if timeline is None else timeline.bubble_fraction
 
 
 def predicted_timeline(schedule: str, p: int, m: int, v: int, measured):
@@ -155,7 +162,7 @@ def run_sweep(cfg: PipelineSweep, get_world, run_dir, progress=sys.stderr) -> in
     profile = load_profile(cfg.profile)
     cases = list(itertools.product(cfg.world_sizes, cfg.impls, cfg.schedules, cfg.microbatches))
     for done, (p, impl, schedule, m) in enumerate(cases, 1):
-        v = cfg.virtual_stages if schedule == "interleaved" else 1
+        v = cfg.virtual_stages if schedule in INTERLEAVED else stages_per_rank(schedule)
         world = get_world(p)
         per_rank = world.run(bench_rank, impl, schedule, p, m, v, cfg.hidden, cfg.layers_per_stage,
                              cfg.rows_per_microbatch, cfg.iters, cfg.warmup, timeout=600)
@@ -163,6 +170,9 @@ def run_sweep(cfg: PipelineSweep, get_world, run_dir, progress=sys.stderr) -> in
                "dtype": "float32", "microbatches": m, "virtual_stages": v, "iters": cfg.iters,
                "warmup": cfg.warmup, "count": cfg.rows_per_microbatch * m,
                "bubble_simulated": unit_cost_bubble(schedule, p, m, v)}
+        unit = unit_cost_timeline(schedule, p, m, v)
+        if unit is not None:  # stage activations held at once, most over ranks (the order fixes it, not the costs)
+            row["peak_activations_simulated"] = max(unit.peak_in_flight)
         if profile is not None and row["bubble_simulated"] is not None:
             work = mlp_workload(p * v * cfg.layers_per_stage, cfg.hidden, cfg.rows_per_microbatch)
             row.update(planned_columns(predict_step(profile, work, 1, p, 1, 0, schedule, m)))
@@ -171,6 +181,9 @@ def run_sweep(cfg: PipelineSweep, get_world, run_dir, progress=sys.stderr) -> in
             row.update(status="unsupported", detail=unsupported[0])
         else:
             row.update(status="ok", **summarize([r["times"] for r in per_rank]))
+            held = [h for r in per_rank for h in r["peak_held"] if h is not None]
+            if held:
+                row["peak_activations_measured"] = max(held)
             if all(r["steps"] and all(r["steps"]) for r in per_rank):
                 measured = median_step_timeline([r["steps"] for r in per_rank])
                 predicted = predicted_timeline(schedule, p, m, v, measured)

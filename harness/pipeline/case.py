@@ -13,6 +13,7 @@ import torch
 
 from harness.records import registry
 from harness.runtime.rank import failed_in_implementation
+from reference.pipeline.generators import placement, stages_per_rank
 from reference.pipeline.model import (
     batch,
     build_layers,
@@ -33,13 +34,13 @@ class PipelineCase:
     impl: str
     """Pipeline implementation spec (registry name or package.module:object)."""
     schedule: str
-    """gpipe, 1f1b, interleaved or zb-h1."""
+    """A name of ``reference.pipeline.GENERATORS``."""
     p: int
     """Pipeline ranks."""
     m: int
     """Microbatches per step."""
     v: int = 1
-    """Stages per rank (interleaved)."""
+    """Stages per rank (interleaved, interleaved-zb: any; zbv, dualpipev: 2)."""
     batch: int = 8
     """Global batch rows, split into m microbatches with tensor_split (unequal when m does not divide)."""
     hidden: int = 4
@@ -50,6 +51,10 @@ class PipelineCase:
     padded: bool = False
     """The batch's last rows are padding (NaN targets, ``masked_sum_squared_error``): the last microbatch
     counts nothing, the one before it part of its rows."""
+    shared: str = ""
+    """A weight used twice: "stage" (stage 0's first layer applied twice in a row, a parent-child path inside
+    one stage: pytorch #180952's shape) or "tied" (the first and the last layer are one module, as a tied
+    embedding: only where the first and the last stage share a rank, the V placement's normal case)."""
 
     @property
     def loss_fn(self):
@@ -69,17 +74,39 @@ class PipelineCase:
     def num_layers(self) -> int:
         return self.num_stages * self.layers_per_stage
 
+    @property
+    def placement(self) -> tuple[int, ...]:
+        """placement[s]: the rank that holds stage s (the schedule's: the loop, or the V)."""
+        return placement(self.schedule, self.p, self.v) if self.v == stages_per_rank(self.schedule, self.v) \
+            else tuple(s % self.p for s in range(self.num_stages))
+
+    def layers(self) -> list[torch.nn.Module]:
+        """The model's layers, with the case's shared weight (the same module object twice)."""
+        layers = build_layers(self.num_layers, self.hidden, self.seed)
+        if self.shared == "stage":
+            if self.layers_per_stage < 2:
+                raise ValueError("shared='stage' needs layers_per_stage >= 2 (stage 0 applies its first layer twice).")
+            layers[1] = layers[0]
+        elif self.shared == "tied":
+            if self.placement[0] != self.placement[-1]:
+                raise ValueError(f"shared='tied' needs the first and the last stage on one rank; {self.schedule} at "
+                                 f"p={self.p} places them on ranks {self.placement[0]} and {self.placement[-1]}.")
+            layers[-1] = layers[0]
+        elif self.shared:
+            raise ValueError(f"shared must be '', 'stage' or 'tied'; got {self.shared!r}.")
+        return layers
+
     def line(self) -> str:
         return (f"impl={self.impl} schedule={self.schedule} p={self.p} m={self.m} v={self.v} "
                 f"batch={self.batch} hidden={self.hidden} layers={self.num_layers} seed={self.seed}"
-                + " padded" * self.padded)
+                + " padded" * self.padded + (f" shared={self.shared}" if self.shared else ""))
 
     def as_row(self) -> dict:
         return asdict(self)
 
 
 def _train(modules: list[torch.nn.Module], step_fn, steps: int) -> tuple[list, list, list]:
-    params = [p for mod in modules for p in mod.parameters()]
+    params = list({id(p): p for mod in modules for p in mod.parameters()}.values())  # a shared weight once
     opt = torch.optim.SGD(params, lr=LR, momentum=MOMENTUM)
     losses, first_grads = [], None
     for step in range(steps):
@@ -93,8 +120,7 @@ def _train(modules: list[torch.nn.Module], step_fn, steps: int) -> tuple[list, l
 
 def single_device(case: PipelineCase) -> dict:
     """The oracle: the same layers, the whole batch, one device."""
-    layers = build_layers(case.num_layers, case.hidden, case.seed)
-    model = torch.nn.Sequential(*layers)
+    model = torch.nn.Sequential(*case.layers())
     x, y = case.data()
     losses, grads, params = _train([model], lambda: _backward(case.loss_fn(model(x), y)), case.steps)
     return {"losses": losses, "grads": grads, "params": params}
@@ -106,17 +132,20 @@ def _backward(loss: torch.Tensor) -> torch.Tensor:
 
 
 def run_rank(case: PipelineCase) -> dict:
-    """Rank side: build this rank's stages (s on rank s mod p), train ``steps`` steps, return per stage
-    its first-step gradients and final parameters, the losses on the last stage's rank, and the
-    runtime's per-action events of the last step where the implementation records them."""
+    """Rank side: build this rank's stages (stage s on rank ``case.placement[s]``), train ``steps`` steps,
+    return per parameter (its index in the one-device model, a shared weight once) its first-step gradient
+    and final value, the losses on the last stage's rank, and the runtime's per-action events of the last
+    step where the implementation records them."""
     import torch.distributed as dist
 
     rank = dist.get_rank()
-    stages = split_stages(build_layers(case.num_layers, case.hidden, case.seed), case.num_stages)
+    layers = case.layers()
+    index = {id(p): k for k, p in enumerate(torch.nn.Sequential(*layers).parameters())}
+    stages = split_stages(layers, case.num_stages)
     from harness.runtime.world import rank_device
 
     device = rank_device()
-    mine = {s: stages[s].to(device) for s in range(case.num_stages) if s % case.p == rank}
+    mine = {s: stages[s].to(device) for s in range(case.num_stages) if case.placement[s] == rank}
     impl = registry.load(case.impl, "pipeline")
     try:
         trainer = impl.build(mine, case.num_stages, case.schedule, case.m, case.v, case.loss_fn,
@@ -133,12 +162,9 @@ def run_rank(case: PipelineCase) -> dict:
                                        lambda: trainer.step(x if first else None, y if last else None), case.steps)
     except Exception as exc:  # noqa: BLE001 - peers still inside the implementation are ended after a grace
         return {"failed": failed_in_implementation(f"rank {rank}: step raised {describe(exc)}")}
-    counts = [sum(1 for _ in mine[s].parameters()) for s in order]
-    per_stage, k = {}, 0
-    for s, c in zip(order, counts, strict=True):
-        per_stage[s] = {"grads": grads[k:k + c], "params": params[k:k + c]}
-        k += c
-    return {"stages": per_stage, "losses": [loss.cpu() if torch.is_tensor(loss) else loss for loss in losses]
+    ids = list({id(p): p for s in order for p in mine[s].parameters()})
+    per_param = {index[i]: (g, q) for i, g, q in zip(ids, grads, params, strict=True)}
+    return {"params": per_param, "losses": [loss.cpu() if torch.is_tensor(loss) else loss for loss in losses]
             if last else None,
             "events": getattr(trainer, "events", None)}
 
@@ -171,9 +197,12 @@ def compare(case: PipelineCase, reference: dict, per_rank: list[dict]) -> dict:
     unsupported = [r["unsupported"] for r in per_rank if "unsupported" in r]
     if unsupported:
         return {"outcome": "unsupported", "detail": unsupported[0], "max_param_error": None}
-    stages = {s: d for r in per_rank for s, d in r["stages"].items()}
-    grads = [g for s in sorted(stages) for g in stages[s]["grads"]]
-    params = [q for s in sorted(stages) for q in stages[s]["params"]]
+    held = {k: d for r in per_rank for k, d in r["params"].items()}
+    if sorted(held) != list(range(len(reference["params"]))):
+        return {"outcome": "fail", "detail": f"the ranks hold parameters {sorted(held)}, not each of the model's "
+                f"{len(reference['params'])} once", "max_param_error": None}
+    grads = [held[k][0] for k in sorted(held)]
+    params = [held[k][1] for k in sorted(held)]
     # Whatever the implementation returned, a verdict: a loss that is not the summed loss, a missing
     # gradient or a parameter of the wrong shape is a failure with its detail, never a harness crash.
     problems = _loss_problems(case, reference, [r["losses"] for r in per_rank])

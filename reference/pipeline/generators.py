@@ -37,22 +37,27 @@ def one_f_one_b(p: int, m: int) -> Schedule:
 
 def interleaved_1f1b(p: int, m: int, v: int) -> Schedule:
     """Interleaved 1F1B (Narayanan et al. 2021, section 2.2.2; Megatron-LM's order): v model chunks per
-    rank, stage c*p + r on rank r; needs m to be a multiple of p. Bubble (p - 1)/(v m + p - 1): the
-    warm-up and drain shrink v-fold because each chunk is 1/v of the rank's layers."""
+    rank, stage c*p + r on rank r, microbatches in rounds of g: g = p when m is a multiple of p, else (torch's
+    flexible rounds) g = m / max(1, m // p), which must divide m (m < p is one round of m). Bubble
+    (p - 1)/(v m + p - 1) when m is a multiple of p: the warm-up and drain shrink v-fold because each chunk is
+    1/v of the rank's layers; other m have the simulator's bubble."""
     _check(p, m, v)
-    if m % p:
-        raise ValueError(f"interleaved 1F1B needs m to be a multiple of p; got m={m}, p={p}.")
+    rounds = max(1, m // p)
+    if m % rounds:
+        raise ValueError(f"interleaved 1F1B needs m in whole rounds: m={m} is not a multiple of {rounds} rounds "
+                         f"(p={p}); take m < 2p or a multiple of p.")
+    g = m // rounds
     total = m * v
 
     def unit(k: int, forward: bool) -> tuple[int, int]:
         """(chunk, microbatch) of the k-th forward (or backward) on a rank."""
-        in_group = k % (p * v)
-        chunk = in_group // p if forward else v - 1 - in_group // p
-        return chunk, (k // (p * v)) * p + k % p
+        in_group = k % (g * v)
+        chunk = in_group // g if forward else v - 1 - in_group // g
+        return chunk, (k // (g * v)) * g + k % g
 
     rows = []
     for r in range(p):
-        warm = min((p - r - 1) * 2 + (v - 1) * p, total)
+        warm = min((p - r - 1) * 2 + (v - 1) * g, total)
 
         def fwd(k: int, r: int = r) -> Action:
             chunk, j = unit(k, True)

@@ -69,6 +69,11 @@ class PipelineRuntime:
         self.rank = dist.get_rank(group)
         self.tagged = dist.get_backend(group) != "nccl"
         self.events: list[tuple[str, float, float]] = []
+        self.peak_held = 0
+        """Most stage activations this rank held at once in the last step (forwards whose backward, B or W,
+        had not run yet), counted on the runtime's own tensors after each compute; an overlapped pair counts
+        once both its halves ran, as the simulator's ``peak_in_flight`` does."""
+        self._pair_first = {f for f, _ in self.schedule.meta.get("overlap", ())}
 
     def step(self, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> torch.Tensor | None:
         """One forward + backward of the whole batch, split into microbatches with ``tensor_split``;
@@ -78,6 +83,7 @@ class PipelineRuntime:
         run = _Pass(list(inputs.tensor_split(m)) if inputs is not None else None,
                     list(targets.tensor_split(m)) if targets is not None else None)
         self.events = []
+        self.peak_held = 0
         t0 = time.perf_counter()
         for unit in _units(self.schedule.actions[self.rank]):
             start = time.perf_counter() - t0
@@ -90,6 +96,8 @@ class PipelineRuntime:
                 self.on_compute(unit.stage, unit.microbatch)
             self._compute(unit, run)
             self.events.append((str(unit), start, time.perf_counter() - t0))
+            if unit not in self._pair_first:
+                self.peak_held = max(self.peak_held, len(run.y_out))
         for work, _ in run.works:
             work.wait()
         return torch.stack(run.losses).sum() if run.losses else None

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from harness.pipeline.case import PipelineCase, compare, run_rank, single_device
 from harness.runtime.world import run_or_fail
-from reference.pipeline import GENERATORS
+from reference.pipeline import GENERATORS, INTERLEAVED, V_SHAPED, stages_per_rank
 from suites._support.pipeline import pipeline_cases
 
 SCHEDULES = list(GENERATORS)
@@ -22,15 +22,22 @@ SCHEDULES = list(GENERATORS)
 
 def corner_cases(impl: str, schedule: str, world_sizes: list[int]) -> list[PipelineCase]:
     """The classic corners, run before any random draw so that every profile covers them: p = 3 (a middle
-    stage) and the largest p; m < p; m = 1; m > p with batch % m != 0; two layers per stage; a padded batch
-    (its last microbatch only padding: loss 0, zero gradients)."""
-    v = 2 if schedule == "interleaved" else 1
+    stage) and the largest p; m < p; m = 1; m > p with batch % m != 0; two layers per stage with stage 0's
+    first layer applied twice (a weight used twice on one path: the split backward must not count it twice);
+    a padded batch (its last microbatch only padding: loss 0, zero gradients); and, for the V-shaped
+    schedules, the first and the last layer tied (one module on rank 0, the V's first and last stage) with
+    m >= 2p (DualPipe's steady state with its overlapped pairs)."""
+    v = 2 if schedule in INTERLEAVED else stages_per_rank(schedule)
     out = []
     for p in sorted({s for s in world_sizes if s == 3} | {max(world_sizes)}):
         out += [PipelineCase(impl, schedule, p, max(p - 1, 1), v, batch=2 * p + 1, hidden=3, seed=p),
                 PipelineCase(impl, schedule, p, 1, v, batch=3, hidden=2, seed=p + 1),
-                PipelineCase(impl, schedule, p, p + 1, v, batch=2 * p + 3, hidden=2, layers_per_stage=2, seed=p + 2),
+                PipelineCase(impl, schedule, p, p + 1, v, batch=2 * p + 3, hidden=2, layers_per_stage=2, seed=p + 2,
+                             shared="stage"),
                 PipelineCase(impl, schedule, p, p + 1, v, batch=2 * p + 3, hidden=2, seed=p + 3, padded=True)]
+        if schedule in V_SHAPED:
+            out.append(PipelineCase(impl, schedule, p, 2 * p + 1, v, batch=4 * p + 3, hidden=2, seed=p + 4,
+                                    shared="tied"))
     return out
 
 

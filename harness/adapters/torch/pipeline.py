@@ -12,7 +12,11 @@ import torch.distributed as dist
 from harness.runtime.world import rank_device
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B",
-             "zb-h1": "ScheduleInterleavedZeroBubble"}
+             "zb-h1": "ScheduleInterleavedZeroBubble", "interleaved-zb": "ScheduleInterleavedZeroBubble",
+             "zbv": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
+SINGLE = ("gpipe", "1f1b")
+"""torch's single-stage schedules; the rest take this rank's list of stages (the V-shaped ones place them as a V:
+stage r and 2p - 1 - r on rank r, as ``reference.pipeline.placement`` does)."""
 
 
 class _Step:
@@ -28,7 +32,8 @@ class _Step:
 
 class TorchPipeline:
     """torch.distributed.pipelining: ScheduleGPipe, Schedule1F1B (one stage per rank),
-    ScheduleInterleaved1F1B and ScheduleInterleavedZeroBubble (stages rank, rank + p, ...)."""
+    ScheduleInterleaved1F1B and ScheduleInterleavedZeroBubble (stages rank, rank + p, ...), ScheduleZBVZeroBubble
+    and ScheduleDualPipeV (stages rank and 2p - 1 - rank)."""
 
     scale_grads = False  # the contract's loss is a sum
 
@@ -41,8 +46,10 @@ class TorchPipeline:
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}; got {schedule!r}.")
         p = dist.get_world_size(group)
-        if schedule in ("gpipe", "1f1b") and virtual_stages != 1:
+        if schedule in SINGLE and virtual_stages != 1:
             raise Unsupported(f"torch's {SCHEDULES[schedule]} runs one stage per rank.")
+        if getattr(pipelining, SCHEDULES[schedule], None) is None:
+            raise Unsupported(f"this torch ({torch.__version__}) has no {SCHEDULES[schedule]}.")
         if batch_size % num_microbatches:
             # Found by this suite (torch 2.13, gloo): with unequal microbatches the last stage raises
             # "The size of tensor a (4) must match the size of tensor b (3)"; minimal case p=2, m=2,
@@ -53,7 +60,7 @@ class TorchPipeline:
         pstages = [pipelining.PipelineStage(mod, idx, num_stages, device, group=group)
                    for idx, mod in sorted(stages.items())]
         cls = getattr(pipelining, SCHEDULES[schedule])
-        target = pstages[0] if schedule in ("gpipe", "1f1b") else pstages
+        target = pstages[0] if schedule in SINGLE else pstages
         try:
             built = cls(target, num_microbatches, loss_fn=loss_fn, scale_grads=self.scale_grads)
         except (ValueError, AssertionError, NotImplementedError) as exc:
