@@ -29,6 +29,7 @@ EXACT_COLUMNS = {
     "mem_params_bytes": "parameter bytes per rank", "mem_grads_bytes": "gradient bytes per rank",
     "mem_optimizer_bytes": "optimizer-state bytes per rank", "act_peak_bytes": "peak saved-activation bytes",
     "alloc_peak_bytes": "allocator peak bytes", "bubble_simulated": "bubble of the schedule simulated at unit cost",
+    "peak_activations_measured": "most stage activations a pipeline rank held at once",
     "state_bytes_rank_max": "checkpoint bytes the busiest rank writes",
 }
 """Deterministic figures: the same code gives the same value, so any increase is a regression."""

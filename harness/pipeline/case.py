@@ -52,8 +52,9 @@ class PipelineCase:
     """The batch's last rows are padding (NaN targets, ``masked_sum_squared_error``): the last microbatch
     counts nothing, the one before it part of its rows."""
     shared: str = ""
-    """A weight used twice: "stage" (stage 0's first layer applied twice in a row, a parent-child path inside
-    one stage: pytorch #180952's shape) or "tied" (the first and the last layer are one module, as a tied
+    """A weight used twice: "stage" (the last stage's last layer is its layer before, applied twice in a row: a
+    parent-child path inside one stage, pytorch #180952's shape; the last stage, as torch runs stage 0's backward
+    whole) or "tied" (the first and the last layer are one module, as a tied
     embedding: only where the first and the last stage share a rank, the V placement's normal case)."""
 
     @property
@@ -85,8 +86,8 @@ class PipelineCase:
         layers = build_layers(self.num_layers, self.hidden, self.seed)
         if self.shared == "stage":
             if self.layers_per_stage < 2:
-                raise ValueError("shared='stage' needs layers_per_stage >= 2 (stage 0 applies its first layer twice).")
-            layers[1] = layers[0]
+                raise ValueError("shared='stage' needs layers_per_stage >= 2 (the last stage applies a layer twice).")
+            layers[-1] = layers[-2]
         elif self.shared == "tied":
             if self.placement[0] != self.placement[-1]:
                 raise ValueError(f"shared='tied' needs the first and the last stage on one rank; {self.schedule} at "
@@ -193,14 +194,14 @@ def compare(case: PipelineCase, reference: dict, per_rank: list[dict]) -> dict:
     the loss (a sum of non-negative terms regrouped), final parameters within ``step_tolerance``."""
     failed = [r["failed"] for r in per_rank if "failed" in r]
     if failed:
-        return {"outcome": "fail", "detail": "; ".join(failed), "max_param_error": None}
+        return _verdict(failed)
     unsupported = [r["unsupported"] for r in per_rank if "unsupported" in r]
     if unsupported:
-        return {"outcome": "unsupported", "detail": unsupported[0], "max_param_error": None}
+        return {"outcome": "unsupported", "detail": unsupported[0], "problems": [], "max_param_error": None}
     held = {k: d for r in per_rank for k, d in r["params"].items()}
     if sorted(held) != list(range(len(reference["params"]))):
-        return {"outcome": "fail", "detail": f"the ranks hold parameters {sorted(held)}, not each of the model's "
-                f"{len(reference['params'])} once", "max_param_error": None}
+        return _verdict([f"the ranks hold parameters {sorted(held)}, not each of the model's "
+                         f"{len(reference['params'])} once"])
     grads = [held[k][0] for k in sorted(held)]
     params = [held[k][1] for k in sorted(held)]
     # Whatever the implementation returned, a verdict: a loss that is not the summed loss, a missing
@@ -219,7 +220,13 @@ def compare(case: PipelineCase, reference: dict, per_rank: list[dict]) -> dict:
     if not err <= tol:  # NaN fails too
         problems.append(f"parameters after {case.steps} steps differ by {err:.3g} > tolerance {tol:.3g}"
                         + (f" (parameters {shapes} have the wrong shape)" if shapes else ""))
-    return {"outcome": "fail" if problems else "pass", "detail": "; ".join(problems), "max_param_error": err}
+    return _verdict(problems, err)
+
+
+def _verdict(problems: list[str], err: float | None = None) -> dict:
+    """outcome, detail (the problems joined), problems (one line each: what a finding's symptom is read from)."""
+    return {"outcome": "fail" if problems else "pass", "detail": "; ".join(problems), "problems": problems,
+            "max_param_error": err}
 
 
 def _loss_problems(case: PipelineCase, reference: dict, returned: list) -> list[str]:

@@ -21,7 +21,7 @@ def test_png(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["schedule", "interleaved", "--p", "4", "--m", "6"], "m to be a multiple of p"),
+    (["schedule", "interleaved", "--p", "4", "--m", "9"], "whole rounds: m=9"),
     (["schedule", "1f1b", "--p", "0", "--m", "6"], "p must be a whole number >= 1"),
     (["schedule", "1f1b", "--p", "2", "--m", "2", "--costs", "F=fast"], "--costs 'F=fast' must look like"),
     (["schedule", "1f1b", "--p", "2", "--m", "2", "--costs", "X=1"], "--costs takes non-negative"),

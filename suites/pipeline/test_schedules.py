@@ -148,7 +148,7 @@ def test_wrong_placement_is_rejected():
     (lambda: gpipe(2, 0), "m must be a whole number >= 1; got 0"),
     (lambda: one_f_one_b(0, 4), "p must be a whole number >= 1; got 0"),
     (lambda: interleaved_1f1b(2, 4, 0), "v must be a whole number >= 1; got 0"),
-    (lambda: interleaved_1f1b(4, 6, 2), "m to be a multiple of p; got m=6, p=4"),
+    (lambda: interleaved_1f1b(4, 9, 2), "m in whole rounds: m=9 is not a multiple of 2 rounds"),
 ])
 def test_impossible_requests_name_the_rule(call, message):
     with pytest.raises(ValueError, match=message):
