@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from harness.adapters.torch.pipeline import TorchPipeline
-from reference.pipeline.runtime import ReferencePipeline
+from reference.pipeline.runtime import PipelineRuntime, ReferencePipeline
+
+from . import planted_schedules
 
 
 class AveragesMicrobatches(ReferencePipeline):
@@ -73,3 +75,65 @@ class LastStageRaises(ReferencePipeline):
             raise ValueError(f"uneven microbatches ({batch_size} rows in {num_microbatches}) on the last stage")
 
         return _Wrapped(inner, refuse)
+
+
+class _PlantedSchedule(ReferencePipeline):
+    """Our runtime over a generated schedule broken by ``plant`` where the schedule is one the plant applies to."""
+
+    applies_to: tuple[str, ...] = ()
+
+    @staticmethod
+    def plant(schedule):
+        raise NotImplementedError
+
+    def schedule(self, schedule, num_stages, num_microbatches, virtual_stages, batch_size, group=None):
+        built = ReferencePipeline.schedule(schedule, num_stages, num_microbatches, virtual_stages, batch_size, group)
+        return type(self).plant(built) if schedule in self.applies_to else built
+
+
+class WeightBeforeInput(_PlantedSchedule):
+    """Planted: a W runs before its I (the split backward's order broken)."""
+
+    applies_to = ("zb-h1", "interleaved-zb", "zbv")
+    plant = staticmethod(planted_schedules.weight_before_input)
+
+
+class VStageMisplaced(_PlantedSchedule):
+    """Planted: the V-shaped schedules' stages placed by the loop (stage s on rank s mod p), not as a V."""
+
+    applies_to = ("zbv", "dualpipev")
+    plant = staticmethod(planted_schedules.v_stage_misplaced)
+
+
+class PrematureOverlap(_PlantedSchedule):
+    """Planted: a DualPipeV overlapped pair whose backward reads the activation its own forward computes."""
+
+    applies_to = ("dualpipev",)
+
+    @staticmethod
+    def plant(schedule):
+        return planted_schedules.premature_overlap(schedule) if schedule.meta.get("overlap") else schedule
+
+
+class _DoubleCountingRuntime(PipelineRuntime):
+    @staticmethod
+    def weight_gradients(stage, y, g):
+        """Planted: W per layer of the stage, in order: a layer the stage applies twice contributes its (already
+        summed) gradient twice."""
+        import torch
+
+        out = []
+        for layer in stage:  # Sequential's iteration repeats a module used twice
+            params = [p for p in layer.parameters() if p.requires_grad]
+            out += list(zip(params, torch.autograd.grad(y, params, g, retain_graph=True), strict=True))
+        return out
+
+
+class DoubleCountsSharedWeight(ReferencePipeline):
+    """Planted (pytorch #180952's shape): the split backward's W counts a weight used twice in a stage twice."""
+
+    def build(self, stages, num_stages, schedule, num_microbatches, virtual_stages, loss_fn, batch_size,
+              sample_shape, group=None):
+        return _DoubleCountingRuntime(self.schedule(schedule, num_stages, num_microbatches, virtual_stages,
+                                                    batch_size, group), stages, loss_fn, batch_size, sample_shape,
+                                      group)
