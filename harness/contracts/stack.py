@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from reference.models import ModelSpec
-from reference.pipeline import FUSED_BACKWARD
+from reference.pipeline import GENERATORS
 from reference.zero import OptimizerSpec
 
-SCHEDULES = FUSED_BACKWARD
+SCHEDULES = tuple(GENERATORS)
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class Layout:
     dp: int = 1
     """Data-parallel replicas; ``zero`` says how much of the training state they shard."""
     pp: int = 1
-    """Pipeline ranks (stages: pp, or 2 pp with the interleaved schedule)."""
+    """Pipeline ranks (stages: pp, or 2 pp with the interleaved schedules and the V-shaped ones)."""
     tp: int = 1
     """Tensor-parallel ranks per layer."""
     zero: int = 0
@@ -39,7 +39,9 @@ class Layout:
     FULL_SHARD is 3 and SHARD_GRAD_OP is 2; hybrid sharding (shard within a group, replicate across) is a
     further dimension this field does not express — a stack that only does it refuses 0-3 it cannot map."""
     schedule: str = "1f1b"
-    """The pipeline schedule: gpipe, 1f1b or interleaved (two model chunks per rank)."""
+    """The pipeline schedule: gpipe, 1f1b, interleaved (two model chunks per rank), the split-backward ones zb-h1 and
+    interleaved-zb (two chunks), and the V-shaped zbv and dualpipev (stages r and 2 pp - 1 - r on pipeline rank r:
+    ``reference.pipeline.placement``). A stack that does not run one declares it unsupported."""
     microbatches: int | None = None
     """Microbatches per pipeline pass; None: 2 pp."""
     checkpointing: bool = False

@@ -46,7 +46,7 @@ from reference.mixed_precision import DynamicLossScaler
 from reference.mixed_precision.zero import LOW
 from reference.models import GPT
 from reference.models.moe import zero_missing_grads
-from reference.pipeline.generators import FUSED_BACKWARD, generate
+from reference.pipeline.generators import GENERATORS, generate, placement, stages_per_rank
 from reference.pipeline.runtime import PipelineRuntime
 from reference.stack.dimensions import (
     Pieces,
@@ -67,7 +67,7 @@ from reference.zero import OptimizerSpec, StepRecipe
 __all__ = ["Parallel3D", "Pieces", "SCHEDULES", "Stage", "activation_checkpointing", "data_parallel", "parallelize",
            "pieces_of", "pipeline_split", "shard_stages", "stage_bounds", "tensor_parallel"]
 
-SCHEDULES = FUSED_BACKWARD  # what the composed trainer runs: a split backward (zb-h1) is the pipeline suite's
+SCHEDULES = tuple(GENERATORS)  # every schedule: the split backward's W and the V placement are the runtime's
 
 
 class Parallel3D:
@@ -86,9 +86,9 @@ class Parallel3D:
         self.dims, self.groups, self.zero_stage, self.spec = dims, groups, zero_stage, optimizer
         rank = dist.get_rank()
         self.coords = coordinates(dims, rank)
-        virtual = 2 if schedule == "interleaved" else 1
+        virtual = stages_per_rank(schedule, 2)
         self.stages = shard_stages(model, dims, rank, groups["tp"], virtual, checkpointing, groups.get("cp"),
-                                   groups.get("ep"))
+                                   groups.get("ep"), placement(schedule, dims.pp, virtual))
         self.schedule = generate(schedule, dims.pp, microbatches, virtual)
         self.block_bounds = stage_bounds(len(model.blocks), self.schedule.num_stages)
         self.hidden = model.embed.embedding_dim
@@ -213,7 +213,9 @@ class Parallel3D:
         if not self.tied:
             return
         total = self.tied[0].grad.clone() if len(self.tied) == 1 else self.tied[0].grad + self.tied[1].grad
-        if dist.get_world_size(self.groups["embed"]) > 1:
+        # both copies here (one pipeline rank, or the V placement's rank 0, the embedding group's other rank then
+        # holding neither): the sum is local, and no rank of the group enters the all-reduce
+        if len(self.tied) == 1 and dist.get_world_size(self.groups["embed"]) > 1:
             dist.all_reduce(total, group=self.groups["embed"])
         for p in self.tied:
             p.grad = total.clone()

@@ -119,10 +119,13 @@ def activation_checkpointing(pieces: Pieces, enabled: bool) -> Pieces:
     return Pieces(pieces.embed, [Checkpointed(b) for b in pieces.blocks], pieces.ln_f, pieces.head, pieces.drop_embed)
 
 
-def pipeline_split(pieces: Pieces, dims: ParallelDims, rank: int, virtual: int) -> dict[int, Stage]:
+def pipeline_split(pieces: Pieces, dims: ParallelDims, rank: int, virtual: int,
+                   place: tuple[int, ...] | None = None) -> dict[int, Stage]:
     """This rank's stages {index: Stage}: pp x ``virtual`` stages of contiguous blocks, stage s on PP rank
-    s mod pp, the embedding in stage 0, the final norm and the head in the last."""
+    ``place[s]`` (default s mod pp; the V-shaped schedules' V: ``reference.pipeline.placement``), the embedding in
+    stage 0, the final norm and the head in the last."""
     num_stages = dims.pp * virtual
+    place = place or tuple(s % dims.pp for s in range(num_stages))
     if num_stages > len(pieces.blocks):
         raise ValueError(f"pp x virtual stages = {num_stages} cannot exceed the number of layers "
                          f"({len(pieces.blocks)}).")
@@ -131,7 +134,7 @@ def pipeline_split(pieces: Pieces, dims: ParallelDims, rank: int, virtual: int) 
     return {s: Stage(pieces.blocks[bounds[s]:bounds[s + 1]], pieces.embed if s == 0 else None,
                      pieces.ln_f if s == last else None, pieces.head if s == last else None,
                      drop_embed=pieces.drop_embed if s == 0 else None)
-            for s in range(coordinates(dims, rank).pp, num_stages, dims.pp)}
+            for s in range(num_stages) if place[s] == coordinates(dims, rank).pp}
 
 
 def data_parallel(local: nn.Module, optimizer: OptimizerSpec, zero_stage: int, dp_group,
@@ -157,14 +160,15 @@ def data_parallel(local: nn.Module, optimizer: OptimizerSpec, zero_stage: int, d
 
 
 def shard_stages(model: GPT, dims: ParallelDims, rank: int, tp_group, virtual: int,
-                 checkpointing: bool = False, cp_group=None, ep_group=None) -> dict[int, Stage]:
+                 checkpointing: bool = False, cp_group=None, ep_group=None,
+                 place: tuple[int, ...] | None = None) -> dict[int, Stage]:
     """This rank's stages {index: Stage}, built from ``model``'s weights (``model`` is not modified): the
     dimensions in torchtitan's order — tensor, context, activation checkpointing, the pipeline split (data /
     ZeRO applies to the stages: ``data_parallel``) — with one dropout key for every dropout of the stages."""
     dims.check(dims.world_size, model.heads, len(model.blocks))
     pieces = context_parallel(tensor_parallel(pieces_of(model), tp_group), cp_group)
     pieces = activation_checkpointing(expert_parallel(pieces, ep_group, cp_group), checkpointing)
-    stages = pipeline_split(pieces, dims, rank, virtual)
+    stages = pipeline_split(pieces, dims, rank, virtual, place)
     key = DropoutKey(model.dropout_key.seed)
     for stage in stages.values():
         for mod in stage.modules():

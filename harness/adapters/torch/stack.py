@@ -1,11 +1,12 @@
 """The ``torch`` stack: the torchtitan-style torch 3D stack (``harness.adapters.torch.stack_trainer.Torch3D``: DTensor
-TP with torchtitan's plan per family, torch.distributed.pipelining GPipe / 1F1B, FSDP2 over dp) under the
+TP with torchtitan's plan per family, torch.distributed.pipelining GPipe / 1F1B / ZB-H1, FSDP2 over dp) under the
 stack contract, for the GPT and the Llama family (grouped-query attention through the same
 ColwiseParallel plan: the KV heads split over tp).
 
 What it does not provide is ``Unsupported`` in one sentence: ZeRO 0 / 1 with dp > 1 (FSDP2 shards the
 parameters: ZeRO 2 is ``reshard_after_forward=False``, 3 is True; over one replica nothing is sharded and
-any stage is the same), the interleaved schedule, activation checkpointing, sequence parallelism, tied
+any stage is the same), the schedules of two stages per rank (interleaved, interleaved-zb, zbv, dualpipev),
+activation checkpointing, sequence parallelism, tied
 embeddings (pipelining shares no parameter across stages), kv_heads < tp (ColwiseParallel cannot split
 fewer heads than ranks: they would have to be replicated, which the plan does not do — torchtitan
 requires the KV heads to divide by tp too) and low precision (its mixed-precision recipe is FSDP2's
@@ -36,8 +37,9 @@ SUPPORTS = Supports("the torch stack", unsupported=(
     Rule(lambda s, lay, r: lay.dp > 1 and lay.zero < 2,
          "the torch stack shards with FSDP2 (ZeRO 2 or 3 over dp); ZeRO 0 / 1 over more than one replica is not what "
          "it runs."),
-    Rule(lambda s, lay, r: lay.schedule == "interleaved",
-         "the torch stack runs GPipe and 1F1B with one stage per rank, not the interleaved schedule."),
+    Rule(lambda s, lay, r: lay.pp > 1 and lay.schedule not in ("gpipe", "1f1b", "zb-h1"),
+         lambda s, lay, r: f"the torch stack runs one stage per rank (GPipe, 1F1B, ZB-H1), not {lay.schedule}'s "
+                           "two."),
     Rule(lambda s, lay, r: bool(s.dropout),
          "the torch stack trains without dropout: the one-device masks are keyed by each row's global index and the "
          "step, which its pipelining schedules do not pass to the stages."),

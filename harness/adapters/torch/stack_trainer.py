@@ -20,7 +20,8 @@ from harness.runtime.world import rank_device
 from harness.stack.inputs import token_share
 from reference.stack.compose import Stage
 
-SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "zb-h1": "ScheduleInterleavedZeroBubble"}
+"""One stage per rank; ZB-H1 is torch's interleaved zero bubble over one stage a rank (it takes a list of stages)."""
 
 
 class Torch3D:
@@ -104,7 +105,8 @@ class Torch3D:
             def loss_fn(logits, target):  # each pass divides by the replica's share (FSDP averages over dp)
                 return F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="sum") / self._count
 
-            self._schedule = self.schedule_cls(self.pstage, self.microbatches, loss_fn=loss_fn, scale_grads=False)
+            stage = [self.pstage] if self.schedule_cls.__name__ == SCHEDULES["zb-h1"] else self.pstage
+            self._schedule = self.schedule_cls(stage, self.microbatches, loss_fn=loss_fn, scale_grads=False)
         self.optimizer.zero_grad()
         losses: list = []
         rows = per // k

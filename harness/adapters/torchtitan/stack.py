@@ -28,7 +28,13 @@ FQN-keyed) through DCP, so any layout reads what any other wrote."""
 from __future__ import annotations
 
 from harness.adapters.torchtitan.imports import v02
-from harness.adapters.torchtitan.trainer import SCHEDULES, SPMD_BACKEND, TorchtitanStackTrainer, model_config
+from harness.adapters.torchtitan.trainer import (
+    CHUNKED,
+    SCHEDULES,
+    SPMD_BACKEND,
+    TorchtitanStackTrainer,
+    model_config,
+)
 from harness.stack.supports import Rule, Supports, always
 
 __all__ = ["SPMD_BACKEND", "TorchtitanStack", "TorchtitanStackTrainer", "model_config", "v02"]
@@ -68,12 +74,15 @@ SUPPORTS = Supports("the torchtitan stack", unsupported=(
     Rule(lambda s, lay, r: r.loss_scale is not None,
          "the torchtitan stack here has no loss scaler (float32 needs none)."),
 ), refused=(
-    Rule(lambda s, lay, r: lay.schedule == "interleaved" and 2 * lay.pp > s.layers,
-         lambda s, lay, r: f"the interleaved schedule's 2 x pp = {2 * lay.pp} model chunks need as many layers; the "
+    Rule(lambda s, lay, r: lay.schedule in CHUNKED and 2 * lay.pp > s.layers,
+         lambda s, lay, r: f"the {lay.schedule} schedule's 2 x pp = {2 * lay.pp} model chunks need as many layers; the "
                            f"model has {s.layers}."),
     Rule(lambda s, lay, r: lay.pp > 1 and lay.schedule != "gpipe" and lay.num_microbatches < lay.pp,
          lambda s, lay, r: f"torch's {SCHEDULES[lay.schedule]} schedule (torchtitan's pipeline) needs at least as many "
                            f"micro-batches as stages: {lay.num_microbatches} < pp = {lay.pp}."),
+    Rule(lambda s, lay, r: lay.pp > 1 and lay.schedule == "dualpipev" and lay.num_microbatches < 2 * lay.pp,
+         lambda s, lay, r: f"torch's DualPipeV (torchtitan's pipeline) needs at least as many micro-batches as its "
+                           f"2 x pp = {2 * lay.pp} stages; got {lay.num_microbatches}."),
     Rule(lambda s, lay, r: s.heads % lay.tp or s.kv % lay.tp,
          lambda s, lay, r: f"tp ({lay.tp}) must divide the attention heads ({s.heads}) and the KV heads ({s.kv}): "
                            "torchtitan splits both, it does not replicate KV heads."),

@@ -45,7 +45,11 @@ def model_config(spec, seq: int = 64):
         lm_head=Linear.Config(in_features=spec.hidden, out_features=spec.vocab, param_init=keep))
 
 
-SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B"}
+SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb-h1": "InterleavedZeroBubble",
+             "interleaved-zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
+"""Our schedule names -> torchtitan's ``pipeline_parallel_schedule`` (torch's ``get_schedule_class`` names)."""
+CHUNKED = ("interleaved", "interleaved-zb", "zbv", "dualpipev")
+"""Two model chunks per pipeline rank (torchtitan places ZBV's and DualPipeV's as a V itself)."""
 
 
 class TorchtitanStackTrainer(BuiltFromDense):
@@ -67,10 +71,11 @@ class TorchtitanStackTrainer(BuiltFromDense):
             pipeline_parallel_microbatch_size=1, module_fqns_per_model_part=self._interleaved_parts())
 
     def _interleaved_parts(self) -> list[list[str]] | None:
-        """Interleaved 1F1B: 2 pp model chunks of contiguous layers, the embedding in the first, the norm and the
-        head in the last (torchtitan's explicit split, ``module_fqns_per_model_part``; its automatic one counts
-        the embedding and the head as layers and needs a layer count that fits it). None: torchtitan's split."""
-        if self.layout.schedule != "interleaved":
+        """The schedules of two chunks per rank (``CHUNKED``): 2 pp model chunks of contiguous layers, the embedding
+        in the first, the norm and the head in the last (torchtitan's explicit split, ``module_fqns_per_model_part``;
+        its automatic one counts the embedding and the head as layers and needs a layer count that fits it). None:
+        torchtitan's split."""
+        if self.layout.schedule not in CHUNKED:
             return None
         from reference.stack.compose import stage_bounds
 
