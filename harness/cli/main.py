@@ -69,9 +69,10 @@ def _schedule(args) -> int:
         costs = {k.strip(): float(v) for k, v in (kv.split("=") for kv in args.costs.split(","))}
     except ValueError:
         raise UsageError(f"--costs {args.costs!r} must look like F=1,B=2,I=1,W=1,comm=0.") from None
-    bad = set(costs) - {"F", "B", "I", "W", "comm"}
+    bad = set(costs) - {"F", "B", "I", "W", "F&B", "comm"}
     if bad or any(v < 0 for v in costs.values()):
-        raise UsageError(f"--costs takes non-negative F, B, I, W and comm; got {args.costs!r}.")
+        raise UsageError(f"--costs takes non-negative F, B, I, W, F&B (an overlapped pair) and comm; "
+                         f"got {args.costs!r}.")
     try:
         schedule = generate(args.name, args.p, args.m, args.v)
     except ValueError as exc:

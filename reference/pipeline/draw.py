@@ -28,7 +28,8 @@ def text_grid(timeline: Timeline, unit: float = 1.0) -> str:
 
 def metrics_text(timeline: Timeline) -> str:
     return (f"makespan {timeline.makespan:g}, bubble {timeline.bubble_fraction:.4f}, "
-            f"peak in-flight microbatches per rank {timeline.peak_in_flight}")
+            f"idle within each rank's span {[round(x, 6) for x in timeline.idle_within]}, "
+            f"peak stage activations per rank {timeline.peak_in_flight}")
 
 
 def gantt_png(timeline: Timeline, path, title: str = "") -> None:

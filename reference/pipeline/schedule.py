@@ -61,6 +61,8 @@ class Schedule:
         for r, row in enumerate(self.actions):
             cells = [str(a).rjust(width) if a else ".".rjust(width) for a in row]
             lines.append(f"rank {r}: " + " ".join(cells))
+        if self.meta.get("overlap"):
+            lines.append("overlapped (F&B, one unit): " + " ".join(f"{f}&{b}" for f, b in self.meta["overlap"]))
         return "\n".join(lines)
 
 

@@ -20,6 +20,15 @@ def test_png(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "SEND_F" in capsys.readouterr().out
 
 
+def test_dualpipev_prints_its_pairs_and_deepseeks_bubble(capsys):
+    """DualPipeV at p = 2, m = 4 with an overlap gain (F&B = 2.5 < F + B): its overlapped pairs listed; rank 0 idles
+    (p - 1)(F&B + B - 3W) = 1.5 inside its span, DualPipe's table; 2p + 1 = 5 stage activations per rank."""
+    assert main(["schedule", "dualpipev", "--p", "2", "--m", "4", "--costs", "F=1,B=2,I=1,W=1,F&B=2.5"]) == 0
+    out = capsys.readouterr().out
+    assert "overlapped (F&B, one unit): 0F3&3B1 " in out
+    assert "idle within each rank's span [1.5, 0.5], peak stage activations per rank [5, 5]" in out
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["schedule", "interleaved", "--p", "4", "--m", "9"], "whole rounds: m=9"),
     (["schedule", "1f1b", "--p", "0", "--m", "6"], "p must be a whole number >= 1"),
