@@ -23,6 +23,15 @@ def pipeline_section(pipe, run_dir: Path, md) -> list[str]:
             cols = ["world_size", "op", "microbatches", "bubble_measured", "bubble_predicted", "time_p50_us",
                     "makespan_predicted_us"]
             out += ["Bubble of our runtime, measured vs simulated:", "", md(bub[cols], ".3f", index=False), ""]
+        held = ok.dropna(subset=["peak_activations_measured", "peak_activations_simulated"]) \
+            if "peak_activations_measured" in ok else ok.iloc[0:0]
+        if len(held):
+            same = int((held["peak_activations_measured"] == held["peak_activations_simulated"]).sum())
+            cols = ["world_size", "op", "microbatches", "peak_activations_measured", "peak_activations_simulated"]
+            out += [f"Peak stage activations a rank held at once (most over ranks), counted on our runtime's own "
+                    f"tensors vs the simulator's: equal in {same} of {len(held)} rows (the order on a rank fixes "
+                    "it; 1F1B holds p, ZB-V 2p half-size stages, DualPipeV 2p + 1, DeepSeek's PP + 1).", "",
+                    md(held[cols].astype({c: int for c in cols[3:]}), "d", index=False), ""]
             for _, r in bub.iterrows():
                 stem = f"pipeline_{r['impl']}_{r['op']}_p{r['world_size']}_m{r['microbatches']}"
                 if (run_dir / f"{stem}_measured.png").exists():

@@ -58,6 +58,8 @@ EXAMPLES = {
     "test_watch_torchtitan_02_pipeline_back_propagates_the_summed_loss": (
         {"pp": 2},
         "rank 0: step 1: gradient norm 20.186540603637695 vs one device 2.883791446685791 (off by 6 > 0.0117)"),
+    "test_torch_split_backward_double_counts_a_weight_used_twice": (
+        {"schedule": "zbv", "shared": "stage"}, "step-1 gradient of parameter 20: max diff 76.0"),
     "test_megatron_with_a_vocabulary_tp_does_not_divide_is_the_known_finding": (
         {"vocab_remainder": 1}, "rank 0: loss after step 1: 2.926025390625 vs one device 2.860689163208008"),
     "test_watch_megatron_cannot_load_a_checkpoint_of_sgd": (

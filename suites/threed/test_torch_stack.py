@@ -23,7 +23,7 @@ def test_torch_stack_2x2x2_equals_one_device(schedule, world_cache, conformance)
 
 def test_torch_stack_refuses_interleaved_in_one_sentence(world_cache):
     refused = world_cache.get(1).run(ranks.train_torch_3d, 1, 1, 1, "interleaved", timeout=300)[0]["refused"]
-    assert refused == "the torch 3D stack runs gpipe, 1f1b here, not 'interleaved'."
+    assert refused == "the torch 3D stack runs gpipe, 1f1b, zb-h1 here, not 'interleaved'."
 
 
 @pytest.mark.thorough  # in tox the stack suite holds the torch stack's clipping (2 and inf) at its 8-rank corners

@@ -65,7 +65,9 @@ SUPPORTS = Supports("the Megatron stack", unsupported=(
          "reduce-scattered into a whole buffer (ZeRO 1); ZeRO 2 / 3 is megatron_fsdp, not driven here."),
     Rule(lambda s, lay, r: lay.zero == 1 and r.optimizer.name != "adam",
          "megatron-core's distributed optimizer (ZeRO 1) takes Adam only (its own assertion)."),
-    Rule(lambda s, lay, r: lay.pp > 1 and lay.schedule not in ("1f1b", "interleaved"),
+    Rule(lambda s, lay, r: lay.pp > 1 and lay.schedule == "gpipe",
+         "megatron-core's pipeline schedules are 1F1B and interleaved 1F1B; it has no GPipe."),
+    Rule(lambda s, lay, r: lay.pp > 1 and lay.schedule not in ("gpipe", "1f1b", "interleaved"),
          lambda s, lay, r: f"megatron-core's pipeline schedules are 1F1B and interleaved 1F1B; it has no "
                            f"{lay.schedule} (get_forward_backward_func)."),
     Rule(lambda s, lay, r: r.max_grad_norm is not None and r.norm_type != 2.0,
