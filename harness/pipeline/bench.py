@@ -12,7 +12,6 @@ ranks (``hop_latency``).
 
 from __future__ import annotations
 
-import itertools
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -33,6 +32,9 @@ class PipelineSweep:
     world_sizes: list[int] = field(default_factory=lambda: [2])
     """Pipeline ranks p. On 2 CPU cores only p = 2 is meaningful; p >= 4 is for GPU nodes."""
     microbatches: list[int] = field(default_factory=lambda: [2, 4, 8])
+    wide_microbatches: list[int] | None = None
+    """The microbatches at pipeline sizes above 2 (None: ``microbatches``): the main job on 2 cores runs p = 4 at
+    m = 8 alone, for the activations each schedule holds (exact there too) and a step time."""
     virtual_stages: int = 2
     """Model chunks per rank for the interleaved schedules (the V-shaped ones hold two)."""
     hidden: int = 512
@@ -160,7 +162,8 @@ def run_sweep(cfg: PipelineSweep, get_world, run_dir, progress=sys.stderr) -> in
     from reference.pipeline.draw import gantt_png
 
     profile = load_profile(cfg.profile)
-    cases = list(itertools.product(cfg.world_sizes, cfg.impls, cfg.schedules, cfg.microbatches))
+    cases = [(p, impl, schedule, m) for p in cfg.world_sizes for impl in cfg.impls for schedule in cfg.schedules
+             for m in (cfg.microbatches if p <= 2 or cfg.wide_microbatches is None else cfg.wide_microbatches)]
     for done, (p, impl, schedule, m) in enumerate(cases, 1):
         v = cfg.virtual_stages if schedule in INTERLEAVED else stages_per_rank(schedule)
         world = get_world(p)
