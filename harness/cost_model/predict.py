@@ -143,7 +143,8 @@ def predict_step(profile: Profile, work: Workload, dp: int, pp: int, tp: int, ze
     parts["sync_s"] = sum(profile.collective_time("all_reduce", g, 8, world) for g in (pp, tp, dp, cp))
     busy = sum(e - s for row in timeline.events for a, s, e in row if a.kind in "FBIW")
     return {**parts, "step_s": sum(parts[k] for k in PARTS), "makespan_s": timeline.makespan,
-            "bubble_fraction": 1 - busy / (pp * timeline.makespan) if timeline.makespan > 0 else 0.0,
+            # an overlapped pair's two shares sum to its cost only to a rounding: never below 0
+            "bubble_fraction": max(0.0, 1 - busy / (pp * timeline.makespan)) if timeline.makespan > 0 else 0.0,
             "timeline": timeline}
 
 

@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from harness.cost_model.predict import PARTS, gpt_workload, mlp_workload, predict_step
-from reference.pipeline import generate, simulate
+from reference.pipeline import GENERATORS, generate, simulate
 
 from .synthetic import profile
 
@@ -18,7 +18,7 @@ ROUNDING = 1e-12  # sums of a few dozen positive float64 terms
 
 
 @pytest.mark.parametrize("dp, pp, tp", LAYOUTS)
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved"])
+@pytest.mark.parametrize("schedule", list(GENERATORS))
 def test_predicted_step_equals_its_parts(dp, pp, tp, schedule):
     prof = profile(8, overhead=2e-3)
     pred = predict_step(prof, WORK, dp, pp, tp, 1, schedule, 2 * pp, recompute=schedule == "gpipe")
@@ -58,6 +58,18 @@ def test_pipeline_bubble_is_the_schedules_at_equal_stage_costs():
         # less, so the bubble is a little above the textbook one, never below
         assert pred["bubble_fraction"] == pytest.approx(unit, abs=0.05)
         assert pred["bubble_fraction"] >= unit - 1e-12
+
+
+def test_the_v_schedules_price_two_half_stages_per_rank():
+    """zbv / dualpipev: 2 pp stages of half the layers, placed as a V; at free communication and equal stages the
+    planner's bubble is near the schedule's unit-cost one (stage 0 skips its first input gradient) and below 1F1B's."""
+    work = mlp_workload(8, 64, 16)
+    for schedule in ("zbv", "dualpipev"):
+        pred = predict_step(profile(2, free_comm=True), work, 1, 2, 1, 0, schedule, 8)
+        unit = simulate(generate(schedule, 2, 8)).bubble_fraction
+        one = predict_step(profile(2, free_comm=True), work, 1, 2, 1, 0, "1f1b", 8)
+        assert pred["bubble_fraction"] == pytest.approx(unit, abs=0.05), schedule
+        assert pred["bubble_fraction"] < one["bubble_fraction"], schedule
 
 
 def _ranking(prof, zero=1):
