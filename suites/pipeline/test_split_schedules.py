@@ -10,9 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reference.cost_model import bubble_fraction
-from reference.pipeline import DeadlockError, ScheduleError, add_send_recv, generate, simulate, validate
+from reference.pipeline import DeadlockError, ScheduleError, generate, simulate, validate
 
 from .planted_schedules import premature_overlap, v_stage_misplaced, weight_before_input
+from .test_schedules import validates_and_simulates
 
 P, M = st.integers(1, 8), st.integers(1, 24)
 NEW = ("zbv", "dualpipev", "interleaved-zb")
@@ -30,12 +31,7 @@ def test_every_generated_schedule_validates_and_simulates(name, p, m, v):
             generate(name, p, m, v)
         return
     schedule = generate(name, p, m, v)
-    validate(schedule)
-    lowered = add_send_recv(schedule)
-    validate(lowered)
-    base = simulate(schedule)
-    assert simulate(lowered).makespan == base.makespan  # sends and receives cost nothing here
-    assert simulate(schedule, {"comm": 0.25}).makespan >= base.makespan
+    validates_and_simulates(schedule)
     for row in schedule.actions:  # every I has its W on its rank, after it: all done before the optimizer step
         assert all(row.index(a) < row.index(type(a)(a.stage, "W", a.microbatch)) for a in row if a.kind == "I")
 
