@@ -80,6 +80,11 @@ class TorchtitanV02Trainer(TorchtitanStackTrainer):
         p.tensor_parallel_degree, p.pipeline_parallel_degree = layout.tp, layout.pp
         p.fsdp_reshard_after_forward = "never" if layout.zero == 2 else "default"
         p.pipeline_parallel_schedule, p.pipeline_parallel_microbatch_size = SCHEDULES[layout.schedule], 1
+        # 0.2.2 registers its expert-parallel overlap callback (CUDA streams: "Accelerator expected" on a CPU) on every
+        # DualPipeV schedule, while its config documents the option as effective only with ep > 1: the option as
+        # documented (what 0.3 does), so a dense DualPipeV runs torch's own overlap
+        if hasattr(p, "pipeline_parallel_expert_parallel_overlap"):
+            p.pipeline_parallel_expert_parallel_overlap = layout.ep > 1
         p.module_fqns_per_model_part = [[n.replace("lm_head", "output") for n in part]
                                         for part in self._interleaved_parts() or []] or None
         job.training.local_batch_size, job.training.seq_len = layout.num_microbatches, SEQ
