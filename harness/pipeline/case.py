@@ -45,6 +45,9 @@ class PipelineCase:
     """Global batch rows, split into m microbatches with tensor_split (unequal when m does not divide)."""
     hidden: int = 4
     layers_per_stage: int = 1
+    extra_layers: int = 0
+    """Layers beyond stages x layers_per_stage (fewer than the stages): the earlier stages take one more each, the
+    layer count not a multiple of the stage count."""
     steps: int = 3
     """SGD-with-momentum steps compared."""
     seed: int = 0
@@ -73,7 +76,7 @@ class PipelineCase:
 
     @property
     def num_layers(self) -> int:
-        return self.num_stages * self.layers_per_stage
+        return self.num_stages * self.layers_per_stage + self.extra_layers
 
     @property
     def placement(self) -> tuple[int, ...]:

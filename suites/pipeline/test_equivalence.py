@@ -26,7 +26,8 @@ def corner_cases(impl: str, schedule: str, world_sizes: list[int]) -> list[Pipel
     stage) and the largest p; m < p; m = 1; m > p with batch % m != 0; two layers per stage with the last stage's
     first layer applied twice (a weight used twice on one path: the split backward must not count it twice;
     equal microbatches, so that torch runs it too);
-    a padded batch (its last microbatch only padding: loss 0, zero gradients); and, for the V-shaped
+    a padded batch (its last microbatch only padding: loss 0, zero gradients) on layers that do not divide by
+    the stages (one short of two per stage: the last stage holds one); and, for the V-shaped
     schedules, the first and the last layer tied (one module on rank 0, the V's first and last stage) with
     m >= 2p (DualPipe's steady state with its overlapped pairs)."""
     v = 2 if schedule in INTERLEAVED else stages_per_rank(schedule)
@@ -37,7 +38,8 @@ def corner_cases(impl: str, schedule: str, world_sizes: list[int]) -> list[Pipel
                 PipelineCase(impl, schedule, p, 1, v, batch=3, hidden=2, seed=p + 1),
                 PipelineCase(impl, schedule, p, ms, v, batch=2 * ms, hidden=2, layers_per_stage=2, seed=p + 2,
                              shared="stage"),
-                PipelineCase(impl, schedule, p, p + 1, v, batch=2 * p + 3, hidden=2, seed=p + 3, padded=True)]
+                PipelineCase(impl, schedule, p, p + 1, v, batch=2 * p + 3, hidden=2, seed=p + 3, padded=True,
+                             extra_layers=p * v - 1)]
         if schedule in V_SHAPED:
             out.append(PipelineCase(impl, schedule, p, 2 * p + 1, v, batch=4 * p + 2, hidden=2, seed=p + 4,
                                     shared="tied"))
