@@ -120,8 +120,9 @@ def pytest_unconfigure(config):
 
 
 def pytest_generate_tests(metafunc):
-    for paradigm in ("checkpoint", "pipeline", "tensor_parallel", "zero", "stack", "context_parallel",
-                     "expert_parallel"):
+    from harness.paradigm import paradigms
+
+    for paradigm in (p.name for p in paradigms() if p.contract and p.name != "collectives"):
         if f"{paradigm}_impl" in metafunc.fixturenames:
             params = []
             for spec in _impl_specs(metafunc.config, paradigm):

@@ -24,6 +24,9 @@ class ReferenceLowPrecision:
     def full_grad(self, module, tp_group, dp_group):
         return module.full_grad()
 
+    def sgd_step(self, module, lr, tp_group, dp_group):
+        module.sgd_step(lr)
+
     def full_weight(self, module, tp_group, dp_group):
         return module.full_weight()
 

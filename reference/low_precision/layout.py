@@ -175,6 +175,15 @@ class LowPrecisionLinear(torch.nn.Module):
         """The whole weight's gradient summed over DP, on every rank (collective)."""
         return self._whole(self.weight.grad, reduce_dp=True)
 
+    def sgd_step(self, lr: float) -> None:
+        """w -= lr dW with the gradient summed over DP (fsdp: its reduce-scatter already did)."""
+        grad = self.weight.grad
+        if self.layout.kind != "fsdp" and self.dp > 1:
+            dist.all_reduce(grad, group=self.dp_group)
+        with torch.no_grad():
+            self.weight.sub_(lr * grad)
+        self.weight.grad = None
+
     def full_weight(self) -> torch.Tensor:
         return self._whole(self.weight.detach(), reduce_dp=False)
 

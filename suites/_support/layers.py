@@ -28,3 +28,9 @@ def judge_expert_parallel(world_cache, conformance, impl: str, n: int, case):
     from harness.expert_parallel.case import failed, run_case
 
     return judge_layer(world_cache, conformance, "expert_parallel", run_case, failed, impl, n, case)
+
+
+def judge_low_precision(world_cache, conformance, impl: str, case):
+    from harness.low_precision.case import failed, run_case
+
+    return judge_layer(world_cache, conformance, "low_precision", run_case, failed, impl, case.world, case)

@@ -1,0 +1,13 @@
+"""Low-precision training (float8 tensorwise / rowwise, MXFP8): the linear-layer case over TP / SP / FSDP layouts
+held to one device running the same recipe. Its ``PARADIGM`` record is what the shared tools read."""
+
+from harness.paradigm import Paradigm
+from harness.records.registry import ImplSpec
+
+PARADIGM = Paradigm(
+    "low_precision", 11, contract="harness.contracts.low_precision:LowPrecision",
+    builtins=(
+        ImplSpec("reference", "low_precision", "reference.low_precision:ReferenceLowPrecision",
+                 description="ours: emulated float8 / MXFP8 linear (TP column / row, SP, FSDP + float8 all-gather)"),
+    ),
+)
