@@ -9,5 +9,8 @@ PARADIGM = Paradigm(
     builtins=(
         ImplSpec("reference", "low_precision", "reference.low_precision:ReferenceLowPrecision",
                  description="ours: emulated float8 / MXFP8 linear (TP column / row, SP, FSDP + float8 all-gather)"),
+        ImplSpec("torchao", "low_precision", "harness.adapters.torchao.low_precision:TorchaoLowPrecision",
+                 requires=("torchao",),
+                 description="torchao float8 training, emulated (Float8Linear; DTensor TP; FSDP2 float8 all-gather)"),
     ),
 )

@@ -41,7 +41,10 @@ def counted_collectives(counter: list):
                (mappings, "_all_gather", "all_gather", arg(0, "output_tensor")),
                (mappings, "_reduce_scatter", "reduce_scatter", arg(1, "input"))]
     patches = [p for p in patches if hasattr(p[0], p[1])]  # the *_single names are torch >= 2.12's
-    patches += _aliases({getattr(obj, name): (op, size_of) for obj, name, op, size_of in patches if obj is dist})
+    named = {(id(obj), name) for obj, name, _, _ in patches}  # a module patched by name is not an alias again (the
+    # mappings' _all_gather is dist.all_gather_single itself: patched twice, it was counted twice)
+    patches += [p for p in _aliases({getattr(obj, name): (op, size_of) for obj, name, op, size_of in patches
+                                     if obj is dist}) if (id(p[0]), p[1]) not in named]
     saved = [(obj, name, getattr(obj, name)) for obj, name, _, _ in patches]
     try:
         for obj, name, op, size_of in patches:

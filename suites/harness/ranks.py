@@ -215,3 +215,22 @@ def launcher_env() -> dict:
 
     return {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                                            "MASTER_PORT")}
+
+
+def sequence_gather_counted(_):
+    """Bytes counted around the tensor-parallel mappings' sequence all-gather and its backward reduce-scatter of a
+    16 x 64 float32 shard, by ``counted_collectives`` and by ``counted_traffic``."""
+    import torch
+    import torch.distributed as dist
+
+    from harness.runtime.comm_count import counted_collectives, counted_traffic
+    from reference.tensor_parallel import mappings
+
+    out = []
+    for counting in (counted_collectives, counted_traffic):
+        x = torch.ones(16, 64, requires_grad=True)
+        sent = [0.0]
+        with counting(sent):
+            mappings.gather_from_sequence_region(x, dist.group.WORLD).sum().backward()
+        out.append(sent[0])
+    return out

@@ -31,3 +31,13 @@ def test_functional_collectives_are_counted_and_run_as_torch_runs_them_where_the
         assert got["values"] == [3.0] * 4 and got["bytes"] == 0.0, got
         assert any("all_reduce's group could not be resolved" in why for why in got["uncounted"]), got
     assert [r["values"] for r in counted] == [[3.0] * 4] * 2
+
+
+def test_the_mappings_own_name_for_a_collective_is_counted_once(world_cache):
+    """The mappings hold ``dist.all_gather_single`` under their own name: patched by that name and again as an alias of
+    torch's, it was counted twice (a sequence-parallel layer sent 2x the cost model's bytes)."""
+    from reference.cost_model import collective_bytes
+
+    whole = 32 * 64 * 4  # the gathered buffer, float32
+    want = collective_bytes("all_gather", 2, whole) + collective_bytes("reduce_scatter", 2, whole)
+    assert world_cache.get(2).run(ranks.sequence_gather_counted, None) == [[want, want]] * 2

@@ -1,0 +1,136 @@
+"""torchao's float8 training through the low-precision contract: ``convert_to_float8_training`` with the recipe's
+``Float8LinearConfig`` (``emulate=True``: its casts and its fp32 matmul of the dequantised operands, on any device),
+parallelised as torchtitan does — TP with torchao's ``Float8ColwiseParallel`` / ``Float8RowwiseParallel`` (the
+float8 all-gather of the activations) for tensorwise scaling and torch's ``ColwiseParallel`` / ``RowwiseParallel``
+otherwise, FSDP2's ``fully_shard`` with ``enable_fsdp_float8_all_gather`` and, after every optimizer step,
+``precompute_float8_dynamic_scale_for_fsdp`` (its documented use). DP replicas' gradients are all-reduced before the
+step, as DDP would.
+
+MXFP8 is torchao's ``MXFP8TrainingOpConfig`` (emulated kernels, FLOOR scales: the OCP rule the recipe names)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+
+from harness.runtime.rank import rank_device
+from reference.errors import Unsupported
+
+_RECIPE_NAMES = {"float8-tensorwise": "tensorwise", "float8-rowwise": "rowwise"}
+_MESHES: dict = {}
+_FLOAT8_MOVES: dict = {}
+
+
+def float8_collective_error(group) -> str | None:
+    """None where ``group``'s backend all-gathers a float8 tensor, else the error it raises (probed once per backend,
+    collectively: gloo has no float8 type — 'Invalid scalar type' — where nccl has)."""
+    backend = dist.get_backend(group)
+    if backend not in _FLOAT8_MOVES:
+        from harness.errors import describe
+
+        n = dist.get_world_size(group)
+        t = torch.zeros(2, dtype=torch.float8_e4m3fn, device=rank_device())
+        try:
+            dist.all_gather_into_tensor(t.new_empty(2 * n), t, group=group)
+            _FLOAT8_MOVES[backend] = None
+        except RuntimeError as exc:
+            _FLOAT8_MOVES[backend] = describe(exc)
+    return _FLOAT8_MOVES[backend]
+
+
+def _mesh(dp: int, tp: int):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if (dp, tp) not in _MESHES:
+        _MESHES[(dp, tp)] = init_device_mesh(rank_device().type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    return _MESHES[(dp, tp)]
+
+
+def _local(t):
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _mean_to_sum(model) -> int:
+    """FSDP2 reduce-scatters the mean over DP (its sum divided by dp: a PREMUL_SUM, which gloo lacks, would be needed
+    to keep the sum); the contract's gradient is the sum: dp times it (exact for a power of two)."""
+    return model.dp if model.layout.kind == "fsdp" else 1
+
+
+class TorchaoLowPrecision:
+    description = "torchao float8 training (emulated): Float8Linear under TP (DTensor) and FSDP2 (float8 all-gather)"
+
+    def shard(self, weight, recipe: str, layout, tp_group, dp_group):
+        from torch.distributed.tensor import Replicate, Shard
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        if recipe not in _RECIPE_NAMES:
+            raise Unsupported(f"torchao's {recipe} training is not driven by this adapter (float8 tensorwise and "
+                              f"rowwise are).")
+        dp, tp = dist.get_world_size(dp_group), dist.get_world_size(tp_group)
+        moves_float8 = layout.fp8_all_gather or (recipe == "float8-tensorwise" and layout.sp and tp > 1)
+        error = float8_collective_error(dp_group if layout.fp8_all_gather else tp_group) if moves_float8 else None
+        if error:
+            raise Unsupported(f"{dist.get_backend(tp_group)} cannot move float8 tensors ({error}), and torchao's "
+                              f"float8 all-gather {'of the weight' if layout.fp8_all_gather else 'of the activations'} "
+                              f"does: it runs on nccl.")
+        config = dataclasses.replace(Float8LinearConfig.from_recipe_name(_RECIPE_NAMES[recipe]), emulate=True,
+                                     enable_fsdp_float8_all_gather=layout.fp8_all_gather)
+        n, k = weight.shape
+        model = torch.nn.Sequential(torch.nn.Linear(k, n, bias=False))
+        with torch.no_grad():
+            model[0].weight.copy_(weight)
+        convert_to_float8_training(model, config=config)
+        model.layout, model.dp_group, model.dp = layout, dp_group, dp
+        if layout.kind in ("column", "row"):
+            from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                           parallelize_module)
+
+            if recipe == "float8-tensorwise":
+                from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel as Col
+                from torchao.float8.float8_tensor_parallel import Float8RowwiseParallel as Row
+            else:
+                Col, Row = ColwiseParallel, RowwiseParallel
+            seq = Shard(0) if layout.sp else Replicate()
+            plan = (Col(input_layouts=seq, output_layouts=Shard(-1)) if layout.kind == "column"
+                    else Row(input_layouts=Shard(-1), output_layouts=seq))
+            parallelize_module(model, _mesh(dp, tp)["tp"], {"0": plan})
+        elif layout.kind == "fsdp":
+            from torch.distributed.fsdp import fully_shard
+
+            if tp > 1:
+                raise Unsupported("this adapter shards FSDP over DP only (tp 1).")
+            fully_shard(model, mesh=_mesh(dp, tp)["dp"])
+            self._precompute(model)
+        elif layout.kind != "replicated":
+            raise Unsupported(f"no {layout.kind!r} layout in this adapter.")
+        return model
+
+    @staticmethod
+    def _precompute(model):
+        if model.layout.fp8_all_gather:
+            from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+            precompute_float8_dynamic_scale_for_fsdp(model)
+
+    def full_grad(self, module, tp_group, dp_group):
+        grad = _local(module[0].weight.grad).detach().clone()
+        if module.layout.kind != "fsdp" and module.dp > 1:
+            dist.all_reduce(grad, group=dp_group)
+        return grad * _mean_to_sum(module)
+
+    def full_weight(self, module, tp_group, dp_group):
+        return _local(module[0].weight.detach()).clone()
+
+    def sgd_step(self, module, lr, tp_group, dp_group):
+        w = module[0].weight
+        if module.layout.kind != "fsdp" and module.dp > 1:
+            local = w.grad.to_local() if hasattr(w.grad, "to_local") else w.grad
+            dist.all_reduce(local, group=dp_group)
+        with torch.no_grad():
+            w.sub_(lr * _mean_to_sum(module) * w.grad)
+        w.grad = None
+        self._precompute(module)
