@@ -2,6 +2,7 @@
 held to one device running the same recipe. Its ``PARADIGM`` record is what the shared tools read."""
 
 from harness.paradigm import Bench, Paradigm, Section
+from harness.records.findings import Finding
 from harness.records.registry import ImplSpec
 
 PARADIGM = Paradigm(
@@ -12,6 +13,18 @@ PARADIGM = Paradigm(
         ImplSpec("torchao", "low_precision", "harness.adapters.torchao.low_precision:TorchaoLowPrecision",
                  requires=("torchao",),
                  description="torchao float8 training, emulated (Float8Linear; DTensor TP; FSDP2 float8 all-gather)"),
+    ),
+    findings=(
+        Finding("torchao", "low_precision", "torchao", ("0.18.0", None),
+                "torchao's FSDP2 float8 all-gather with precomputed scales (precompute_float8_dynamic_scale_for_fsdp, "
+                "its documented use) deadlocks when the weight's rows do not divide over the shard group: the scale is "
+                "set on each rank's local tensor, but a rank whose shard FSDP2 pads all-gathers from a padded copy "
+                "without it, casts dynamically and all-reduces an amax its peers never join (minimal case: a 33 x 21 "
+                "weight over dp 2; without the precompute the padded rank aborts in gloo with a collective size "
+                "mismatch instead — torchao #3982's kind).",
+                "suites/low_precision/test_torchao.py::test_watch_float8_all_gather_of_rows_dp_does_not_divide_hangs",
+                {"fp8_all_gather": True, "rows_remainder": lambda r: r != 0},
+                symptom=r"never entered (all_gather_single|all_reduce)", hangs=True),
     ),
     benches=(
         Bench("low_precision", "one linear layer per implementation, recipe (float8 tensorwise / rowwise, MXFP8) and "

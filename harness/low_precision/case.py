@@ -4,11 +4,11 @@ float8 / MX recipe over a layout of dp x tp ranks, every call held to one device
 Inputs (the same on every rank, float32): a global batch X (dp m tokens, K), the weight W (N, K) and the upstream
 gradient G (dp m tokens, N), each a normal draw times a geometric ramp from 1 to 2^20 along every dimension, the two
 operands of each GEMM ramping opposite ways along its reduction dimension (X up and W down along K, G up and W down
-along N, G down and X up along the tokens), so every term of every sum counts. So any shard of any dimension has an amax far from the whole
-tensor's — and far enough to matter to a power-of-two scale: rounding to nearest commutes with a power of two, so
-rowwise and MX scales from the wrong amax change nothing but the range; at 2^20 the lower shard of two lies 2^10 to
-2^20 below the amax, across the edge of e4m3's normal range (2^-14.8 of the amax). A local amax is visibly wrong,
-never lucky.
+along N, G down and X up along the tokens), so every term of every sum counts. So any shard of any dimension has an
+amax far from the whole tensor's — and far enough to matter to a power-of-two scale: rounding to nearest commutes
+with a power of two, so rowwise and MX scales from the wrong amax change nothing but the range; at 2^20 the lower
+shard of two lies 2^10 to 2^20 below the amax, across the edge of e4m3's normal range (2^-14.8 of the amax). A local
+amax is visibly wrong, never lucky.
 Call c (DP rank c // m, microbatch c % m) is X's and G's rows [c tokens, (c + 1) tokens).
 
 Oracle, per step from the weight the implementation holds (``full_weight``): one device runs every call under the
@@ -125,8 +125,9 @@ def off_elementwise(what: str, got, want: torch.Tensor, magnitude: torch.Tensor,
     if worst <= limit:
         return worst, []
     at = divmod(int(rel.argmax()), want.shape[-1]) if want.dim() == 2 else int(rel.argmax())
+    i = rel.argmax()
     return worst, [f"rank {r}: {what}: {worst / U32:.3g} u32 of its magnitude at {at} (bound {limit / U32:.3g}): "
-                   f"{float(got.reshape(-1)[rel.argmax()]):.6g} vs one device's {float(want.reshape(-1)[rel.argmax()]):.6g}"]
+                   f"{float(got.reshape(-1)[i]):.6g} vs one device's {float(want.reshape(-1)[i]):.6g}"]
 
 
 def _forward_bytes(module, x) -> tuple:
@@ -158,7 +159,7 @@ def run_case(impl_spec: str, case_dict: dict) -> dict:
                                **extra)
     if declined:
         return declined
-    worst, problems, amaxes, w_next = 0.0, [], [], None
+    worst, problems, amaxes, w_next, lr = 0.0, [], [], None, None
     tokens = case.tokens
     for step in range(case.steps):
         w_now, declined = attempt("full_weight", impl.full_weight, module, tp_group, dp_group, rank=r, **extra)
@@ -197,7 +198,7 @@ def run_case(impl_spec: str, case_dict: dict) -> dict:
         if declined:
             return declined
         want, magnitude = sum(o["dw"] for o in oracle), sum(o["|dw|"] for o in oracle)
-        lr = learning_rate(w_now, want) if step == 0 else lr
+        lr = learning_rate(w_now, want) if lr is None else lr
         rel, lines = off_elementwise(f"step {step}: weight gradient", dw, want, magnitude, limit, r)
         worst, problems = max(worst, rel), problems + lines
         if dw is None or lines:

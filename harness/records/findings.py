@@ -44,6 +44,10 @@ class Finding:
     move): a regular expression at least one line must contain. Empty: the symptom itself."""
     precision: str | None = None
     """Where the finding is a precision (not a wrong result): the dtype the suite's bound uses."""
+    hangs: bool = False
+    """Its symptom is a deadlock: each one costs the hang window and a World respawn, so the suites run it once — its
+    watch, at the minimal case — and report every other case it applies to as known without running it
+    (``known_hang``)."""
     handled_by_adapter: str = ""
     """Non-empty where our built-in adapter never lets the behaviour reach a conformance check (it declares
     the case unsupported, refuses it, or configures the package around it): what the adapter does. Such a
@@ -134,6 +138,11 @@ def match(spec: str, paradigm: str, evidence, **case) -> Finding | None:
     (its lines), or None (then it is a failure)."""
     return next((f for f in _applicable(spec, paradigm, case)
                  if f.precision is None and not f.handled_by_adapter and f.explains(evidence)), None)
+
+
+def known_hang(spec: str, paradigm: str, **case) -> Finding | None:
+    """The finding that says ``spec`` deadlocks under ``case`` (``Finding.hangs``): the case is not run."""
+    return next((f for f in _applicable(spec, paradigm, case) if f.hangs), None)
 
 
 def precision(spec: str, paradigm: str, **case) -> str | None:

@@ -62,7 +62,8 @@ def low_precision_layer_bytes(kind: str, granularity: str, tokens: int, k: int, 
     elif kind == "fsdp" and dp > 1:
         padded = math.ceil(n * k / dp) * dp
         if fp8_all_gather:
-            out["forward"] += collective_bytes("all_reduce", dp, AMAX_BYTES) + collective_bytes("all_gather", dp, padded)
+            out["forward"] += (collective_bytes("all_reduce", dp, AMAX_BYTES)
+                               + collective_bytes("all_gather", dp, padded))
         else:
             out["forward"] += collective_bytes("all_gather", dp, padded * weight_bytes)
         out["backward"] += collective_bytes("reduce_scatter", dp, padded * 4)

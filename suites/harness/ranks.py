@@ -234,3 +234,30 @@ def sequence_gather_counted(_):
             mappings.gather_from_sequence_region(x, dist.group.WORLD).sum().backward()
         out.append(sent[0])
     return out
+
+
+def float8_all_gathered_as_bytes(_):
+    """Through ``harness.runtime.gloo_float8``: each rank's float8 shard (all 256 byte patterns, NaN's included,
+    rank-shifted) all-gathered; a float32 all-gather through the same wrapped function; and what torch's own function
+    says of float8 on this backend."""
+    import torch
+    import torch.distributed as dist
+
+    from harness.runtime import gloo_float8
+
+    gloo_float8.install()
+    gloo_float8.install()  # idempotent: wrapped once
+    rank, n = dist.get_rank(), dist.get_world_size()
+    codes = [(b + 7 * r) % 256 for r in range(n) for b in range(256)]
+    mine = torch.tensor(codes[rank * 256:(rank + 1) * 256], dtype=torch.uint8).view(torch.float8_e4m3fn)
+    out = torch.empty(256 * n, dtype=torch.float8_e4m3fn)
+    dist.all_gather_into_tensor(out, mine)
+    floats = torch.empty(2 * n)
+    dist.all_gather_into_tensor(floats, torch.full((2,), float(rank)))
+    try:
+        gloo_float8.ORIGINAL["all_gather_into_tensor"](out.clone(), mine)
+        own = None
+    except RuntimeError as exc:
+        own = str(exc).splitlines()[0]
+    return {"bytes": out.view(torch.uint8).tolist() == codes, "floats": floats.tolist(), "own": own,
+            "wrapped_once": dist.all_gather_into_tensor.__wrapped__ is gloo_float8.ORIGINAL["all_gather_into_tensor"]}

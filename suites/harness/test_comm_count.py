@@ -41,3 +41,4 @@ def test_the_mappings_own_name_for_a_collective_is_counted_once(world_cache):
     whole = 32 * 64 * 4  # the gathered buffer, float32
     want = collective_bytes("all_gather", 2, whole) + collective_bytes("reduce_scatter", 2, whole)
     assert world_cache.get(2).run(ranks.sequence_gather_counted, None) == [[want, want]] * 2
+

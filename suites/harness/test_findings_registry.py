@@ -74,6 +74,10 @@ EXAMPLES = {
     "test_watch_zero2_modifies_a_split_view_in_place": (
         {"zero": 2, "pp": 1}, "rank 0: RuntimeError: Output 0 of Split is a view and is being modified inplace. "
                               "(after 0 step(s))"),
+    "test_watch_float8_all_gather_of_rows_dp_does_not_divide_hangs": (
+        {"fp8_all_gather": True, "rows_remainder": 1},
+        "rank 0 never entered all_reduce #7 on ranks [0, 1] that rank 1 waits in; rank 0 is in foreach_all_gather "
+        "(torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:240)"),
     "test_watch_bf16_optimizer_with_fp32_accumulation_is_off": (
         {"option": "harness.adapters.deepspeed.stack:Fp32GradAccum", "zero": 1},
         "rank 0: step 1: gradient norm 2.02530837059021 vs one device 1.3754749298095703 (off by 0.65 > 6.66 x "
@@ -196,3 +200,18 @@ def test_a_finding_explains_only_its_own_symptom(watch, monkeypatch):
     for other in OTHER_FAILURES:
         assert findings.match(finding.impl, finding.paradigm, [other], **case) is None, other
         assert findings.match(finding.impl, finding.paradigm, [line, other], **case) is None, other
+
+
+def test_a_known_hang_is_named_only_under_its_condition_and_only_for_hangs(monkeypatch):
+    """``known_hang`` skips running a case only where a finding that deadlocks applies: the same paradigm's other cases
+    and every finding that does not hang are run and judged."""
+    monkeypatch.setattr(findings, "_in_range", lambda finding: True)
+    hang = next(f for f in FINDINGS if f.hangs)
+    assert findings.known_hang(hang.impl, hang.paradigm, fp8_all_gather=True, rows_remainder=1) is hang
+    assert findings.known_hang(hang.impl, hang.paradigm, fp8_all_gather=True, rows_remainder=0) is None
+    assert findings.known_hang(hang.impl, hang.paradigm, fp8_all_gather=False, rows_remainder=1) is None
+    assert findings.known_hang("reference", hang.paradigm, fp8_all_gather=True, rows_remainder=1) is None
+    for f in FINDINGS:
+        if not f.hangs and f.condition:
+            case = EXAMPLES.get(f.watch.partition("::")[2], ({},))[0]
+            assert findings.known_hang(f.impl, f.paradigm, **case) is None, f.watch

@@ -29,11 +29,12 @@ def float8_collective_error(group) -> str | None:
     backend = dist.get_backend(group)
     if backend not in _FLOAT8_MOVES:
         from harness.errors import describe
+        from harness.runtime.gloo_float8 import ORIGINAL
 
         n = dist.get_world_size(group)
         t = torch.zeros(2, dtype=torch.float8_e4m3fn, device=rank_device())
-        try:
-            dist.all_gather_into_tensor(t.new_empty(2 * n), t, group=group)
+        try:  # torch's own function, not the byte-wise shim: what the backend itself moves
+            ORIGINAL.get("all_gather_into_tensor", dist.all_gather_into_tensor)(t.new_empty(2 * n), t, group=group)
             _FLOAT8_MOVES[backend] = None
         except RuntimeError as exc:
             _FLOAT8_MOVES[backend] = describe(exc)
@@ -71,12 +72,14 @@ class TorchaoLowPrecision:
             raise Unsupported(f"torchao's {recipe} training is not driven by this adapter (float8 tensorwise and "
                               f"rowwise are).")
         dp, tp = dist.get_world_size(dp_group), dist.get_world_size(tp_group)
-        moves_float8 = layout.fp8_all_gather or (recipe == "float8-tensorwise" and layout.sp and tp > 1)
-        error = float8_collective_error(dp_group if layout.fp8_all_gather else tp_group) if moves_float8 else None
-        if error:
+        if recipe == "float8-tensorwise" and layout.sp and tp > 1 and (error := float8_collective_error(tp_group)):
             raise Unsupported(f"{dist.get_backend(tp_group)} cannot move float8 tensors ({error}), and torchao's "
-                              f"float8 all-gather {'of the weight' if layout.fp8_all_gather else 'of the activations'} "
-                              f"does: it runs on nccl.")
+                              f"float8 all-gather of the activations (DTensor's, issued from C++) does: it runs on "
+                              f"nccl.")
+        if layout.fp8_all_gather and float8_collective_error(dp_group):
+            from harness.runtime import gloo_float8
+
+            gloo_float8.install()  # FSDP2's all-gather of the float8 shards, as bytes (it computes nothing)
         config = dataclasses.replace(Float8LinearConfig.from_recipe_name(_RECIPE_NAMES[recipe]), emulate=True,
                                      enable_fsdp_float8_all_gather=layout.fp8_all_gather)
         n, k = weight.shape
@@ -86,8 +89,7 @@ class TorchaoLowPrecision:
         convert_to_float8_training(model, config=config)
         model.layout, model.dp_group, model.dp = layout, dp_group, dp
         if layout.kind in ("column", "row"):
-            from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                           parallelize_module)
+            from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
             if recipe == "float8-tensorwise":
                 from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel as Col
