@@ -4,6 +4,7 @@ held to one device running the same recipe. Its ``PARADIGM`` record is what the 
 from harness.paradigm import Bench, Paradigm, Section
 from harness.records.findings import Finding
 from harness.records.registry import ImplSpec
+from harness.records.releases import TORCHTITAN_03
 
 PARADIGM = Paradigm(
     "low_precision", 11, contract="harness.contracts.low_precision:LowPrecision",
@@ -13,6 +14,10 @@ PARADIGM = Paradigm(
         ImplSpec("torchao", "low_precision", "harness.adapters.torchao.low_precision:TorchaoLowPrecision",
                  requires=("torchao",),
                  description="torchao float8 training, emulated (Float8Linear; DTensor TP; FSDP2 float8 all-gather)"),
+        ImplSpec("torchtitan", "low_precision", "harness.adapters.torchtitan.low_precision:TorchtitanLowPrecision",
+                 requires=("torchtitan", "torchao", "spmd_types"), drives=TORCHTITAN_03,
+                 description="torchtitan's float8 converter, emulated (its torchao config; TP and FSDP2 as it applies "
+                             "them)"),
     ),
     findings=(
         Finding("torchao", "low_precision", "torchao", ("0.18.0", None),
@@ -25,6 +30,14 @@ PARADIGM = Paradigm(
                 "suites/low_precision/test_torchao.py::test_watch_float8_all_gather_of_rows_dp_does_not_divide_hangs",
                 {"fp8_all_gather": True, "rows_remainder": lambda r: r != 0},
                 symptom=r"never entered (all_gather_single|all_reduce)", hangs=True),
+        Finding("torchtitan", "low_precision", "torchtitan", ("0.3.0", None),
+                "torchtitan's Float8LinearConverter with emulate=True (its only mode without an SM89 GPU) replaces the "
+                "recipe's config by torchao's default, Float8LinearConfig(emulate=True) — tensorwise scaling — and "
+                "still logs 'Float8 training active with recipe rowwise': asked rowwise, it trains tensorwise (every "
+                "operand's scale from the whole tensor's amax, not its row's; minimal case: a 32 x 32 linear layer on "
+                "one rank, off by 1.4e7 u32 of the rowwise recipe's magnitude, bound 36).",
+                "suites/low_precision/test_torchtitan.py::test_watch_torchtitans_emulated_rowwise_float8_is_tensorwise",
+                {"recipe": "float8-rowwise"}, symptom=r"u32 of its magnitude"),
     ),
     benches=(
         Bench("low_precision", "one linear layer per implementation, recipe (float8 tensorwise / rowwise, MXFP8) and "

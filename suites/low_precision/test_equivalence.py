@@ -42,7 +42,8 @@ CASES = [Case(recipe=r, **f) for r in RECIPES for f in LAYOUTS] + [
 
 def finding_keys(case: Case) -> dict:
     """The case's parameters the findings' conditions read."""
-    return {"fp8_all_gather": case.fp8_all_gather, "rows_remainder": case.n % case.dp, "kind": case.kind}
+    return {"fp8_all_gather": case.fp8_all_gather, "rows_remainder": case.n % case.dp, "kind": case.kind,
+            "recipe": case.recipe}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.label() for c in CASES])

@@ -4,9 +4,7 @@ parallelised as torchtitan does — TP with torchao's ``Float8ColwiseParallel`` 
 float8 all-gather of the activations) for tensorwise scaling and torch's ``ColwiseParallel`` / ``RowwiseParallel``
 otherwise, FSDP2's ``fully_shard`` with ``enable_fsdp_float8_all_gather`` and, after every optimizer step,
 ``precompute_float8_dynamic_scale_for_fsdp`` (its documented use). DP replicas' gradients are all-reduced before the
-step, as DDP would.
-
-MXFP8 is torchao's ``MXFP8TrainingOpConfig`` (emulated kernels, FLOOR scales: the OCP rule the recipe names)."""
+step, as DDP would. MXFP8 (torchao's ``MXFP8TrainingOpConfig``) is not driven yet: unsupported."""
 
 from __future__ import annotations
 
@@ -66,11 +64,9 @@ class TorchaoLowPrecision:
 
     def shard(self, weight, recipe: str, layout, tp_group, dp_group):
         from torch.distributed.tensor import Replicate, Shard
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        from torchao.float8 import convert_to_float8_training
 
-        if recipe not in _RECIPE_NAMES:
-            raise Unsupported(f"torchao's {recipe} training is not driven by this adapter (float8 tensorwise and "
-                              f"rowwise are).")
+        config = self._config(recipe, layout)
         dp, tp = dist.get_world_size(dp_group), dist.get_world_size(tp_group)
         if recipe == "float8-tensorwise" and layout.sp and tp > 1 and (error := float8_collective_error(tp_group)):
             raise Unsupported(f"{dist.get_backend(tp_group)} cannot move float8 tensors ({error}), and torchao's "
@@ -80,8 +76,6 @@ class TorchaoLowPrecision:
             from harness.runtime import gloo_float8
 
             gloo_float8.install()  # FSDP2's all-gather of the float8 shards, as bytes (it computes nothing)
-        config = dataclasses.replace(Float8LinearConfig.from_recipe_name(_RECIPE_NAMES[recipe]), emulate=True,
-                                     enable_fsdp_float8_all_gather=layout.fp8_all_gather)
         n, k = weight.shape
         model = torch.nn.Sequential(torch.nn.Linear(k, n, bias=False))
         with torch.no_grad():
@@ -110,6 +104,17 @@ class TorchaoLowPrecision:
         elif layout.kind != "replicated":
             raise Unsupported(f"no {layout.kind!r} layout in this adapter.")
         return model
+
+    @staticmethod
+    def _config(recipe: str, layout):
+        """torchao's ``Float8LinearConfig`` for ``recipe`` (emulated), its float8 all-gather as the layout asks."""
+        from torchao.float8 import Float8LinearConfig
+
+        if recipe not in _RECIPE_NAMES:
+            raise Unsupported(f"torchao's {recipe} training is not driven by this adapter (float8 tensorwise and "
+                              f"rowwise are).")
+        return dataclasses.replace(Float8LinearConfig.from_recipe_name(_RECIPE_NAMES[recipe]), emulate=True,
+                                   enable_fsdp_float8_all_gather=layout.fp8_all_gather)
 
     @staticmethod
     def _precompute(model):
