@@ -102,8 +102,21 @@ class Recipe:
     """float16: a dynamic loss scaler starting here (halve on inf/NaN and skip, double after
     ``growth_interval`` clean steps); None: none."""
     growth_interval: int = 2
+    low_precision: str | None = None
+    """A float8 / MX recipe (``reference.low_precision.RECIPES``: float8-tensorwise, float8-rowwise, mxfp8) for the
+    linear layers of the blocks (attention and MLP projections): their three GEMMs consume operands cast by it,
+    every amax the whole logical tensor's (``reference.low_precision.convert``); the embedding, the norms and the LM
+    head, the parameters, gradients and optimizer state stay in the spec's dtype (float32). None: no recipe. Held
+    precision-matched (``harness.stack.mixed``) and by counting the float8 casts the step ran
+    (``harness.stack.casts``)."""
 
     def __post_init__(self):
+        if self.low_precision is not None:
+            from reference.low_precision import RECIPES
+
+            if self.low_precision not in RECIPES:
+                raise ValueError(f"low_precision must be one of {', '.join(RECIPES)} or None; got "
+                                 f"{self.low_precision!r}.")
         if self.norm_type not in (2.0, float("inf")):
             raise ValueError(f"norm_type must be 2 or inf; got {self.norm_type}.")
         if not isinstance(self.accumulation, int) or self.accumulation < 1:

@@ -141,7 +141,8 @@ def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int 
     "losses"}."""
     from harness.records import registry
 
-    if spec.dtype in ("bfloat16", "float16") and rows is None and seq is None:  # fp32 masters: precision-matched
+    low = spec.dtype in ("bfloat16", "float16") or recipe.low_precision is not None
+    if low and rows is None and seq is None:  # fp32 masters / a float8 recipe: precision-matched
         from .mixed import train_stack_mixed
 
         return train_stack_mixed(impl_spec, spec, layout, recipe, steps, seed, padded=padded, **mixed)

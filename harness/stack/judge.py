@@ -31,7 +31,8 @@ def hold(world_cache, conformance, impl: str, n: int, spec, layout, recipe, loca
     localised (``harness.localise``; ``localise``: see ``localising``): its lines lead the problems, its row's
     detail is its first line, its JSON and plot are in the run folder; v["localised"] holds it."""
     v = judged(world_cache.get(n), impl, spec, layout, recipe, one=lambda: world_cache.get(1), **kw)
-    if v["outcome"] == "fail" and set(kw) <= {"steps", "padded"} and localising(localise):
+    if v["outcome"] == "fail" and set(kw) <= {"steps", "padded"} and recipe.low_precision is None \
+            and localising(localise):  # a float8 recipe's tensors are not localised against exact ones
         from harness.localise import Case
         from harness.localise import localise as localise_case
 
@@ -72,6 +73,11 @@ def judged(world, impl: str, spec, layout, recipe, one=None, **kw) -> dict:
         per_rank = run_or_fail(world, ranks.train_stack, impl, spec, layout, recipe, timeout=300, failed=ranks.failed,
                                **kw)
     outcome, refused, problems = reduce(per_rank)
+    if outcome == "pass" and recipe.low_precision is not None:  # within the bound, but did it compute in float8?
+        from .casts import check
+
+        short = check(per_rank, spec, layout, recipe, kw.get("steps", 2))
+        outcome, problems = ("fail", [short]) if short else (outcome, problems)
     known = findings.match(impl, "stack", problems, norm_type=recipe.norm_type, tp=layout.tp, dp=layout.dp,
                            pp=layout.pp, tie_embeddings=spec.tie_embeddings, zero=layout.zero, ep=layout.ep,
                            cp=layout.cp, sequence_parallel=layout.sequence_parallel, family=spec.family,

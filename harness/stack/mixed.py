@@ -12,6 +12,7 @@ optimizer on the masters, the masters rounded back into the model). The gradient
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -22,6 +23,7 @@ from harness.runtime.rank import computed_once, rank_device
 from ..contracts.stack import Layout
 from ..errors import describe
 from ..verdict import attempt, checked
+from .casts import Float8Casts
 from .inputs import failed_here, flat_state, global_batch, rows_for, seq_for
 from .precision import OneDevice, allowed_ratio
 
@@ -33,7 +35,12 @@ def _oracle(spec, recipe, seed: int, tokens, targets, steps: int) -> list[dict]:
 
     scaler = DynamicLossScaler(recipe.loss_scale, growth_interval=recipe.growth_interval) \
         if recipe.loss_scale is not None else None
-    single = OneDevice(spec.build(seed), scaler, recipe.optimizer)
+    model = spec.build(seed)
+    if recipe.low_precision is not None:  # the blocks' linear layers under the recipe, every amax whole
+        from reference.low_precision.convert import to_recipe
+
+        to_recipe(model, recipe.low_precision)
+    single = OneDevice(model, scaler, recipe.optimizer)
     exact = OneDevice(spec.build(seed).double(), None, recipe.optimizer)  # the same rounded weights, exactly
     clip = (recipe.max_grad_norm, recipe.norm_type) if recipe.max_grad_norm is not None else None
     keys, out = recipe.optimizer.state_keys, []
@@ -88,10 +95,12 @@ def train_stack_mixed(impl_spec: str, spec, layout, recipe, steps: int = 2, seed
     if declined:
         return declined
     problems, worst, losses, states, device = [], 0.0, [], [], rank_device()
+    casts = Float8Casts()
     try:
         trainer.load_dense(spec.build(seed).state_dict())
         for k in range(steps):
-            losses.append(float(trainer.step(tokens.to(device), targets.to(device))))
+            with casts if recipe.low_precision else contextlib.nullcontext():
+                losses.append(float(trainer.step(tokens.to(device), targets.to(device))))
             state = trainer.dense_state()
             states += [state] if keep else []
             one = _one_device(want[k], single[k], own_ratio) if single else want[k]
@@ -109,7 +118,8 @@ def train_stack_mixed(impl_spec: str, spec, layout, recipe, steps: int = 2, seed
                                     f"{diff:.3g} > {ratio:.3g} x |g - g_exact| = {scale:.3g})")
     except Exception as exc:  # noqa: BLE001 - the stack's failure is a verdict; peers inside it are ended
         return failed_here(f"rank {r}: {describe(exc)} (after {len(losses)} step(s))")
-    return checked(problems, worst, ratio, losses=losses, **({"states": states} if keep else {}))
+    return checked(problems, worst, ratio, losses=losses, **({"states": states} if keep else {}),
+                   **({"float8_casts": casts.count} if recipe.low_precision else {}))
 
 
 def _one_device(want: dict, own: dict, own_ratio: float) -> dict:

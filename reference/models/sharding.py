@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..tensor_parallel import ColumnParallelLinear, ParallelAttention, ParallelMLP, RowParallelLinear
+from ..tensor_parallel.layers import project
 from ..tensor_parallel.mappings import copy_to_region
 from .gpt import GPTBlock
 from .llama import LlamaBlock, attend_gqa
@@ -103,9 +104,9 @@ class ParallelGQAttention(nn.Module):
         def heads_of(t, n):
             return t.view(b, s, n, self.head_dim).transpose(1, 2)
 
-        q = heads_of(F.linear(x, self.q.weight), self.local_heads)
-        k = heads_of(F.linear(x, self._kv_weight(self.k)), self.local_kv)
-        v = heads_of(F.linear(x, self._kv_weight(self.v)), self.local_kv)
+        q = heads_of(project(self.q, x), self.local_heads)
+        k = heads_of(project(self.k, x, self._kv_weight(self.k)), self.local_kv)
+        v = heads_of(project(self.v, x, self._kv_weight(self.v)), self.local_kv)
         core = self.core if self.core is not None else (lambda *a: attend_gqa(*a, self.theta))
         return self.o(core(q, k, v, positions))
 
@@ -122,7 +123,7 @@ class ParallelSwiGLU(nn.Module):
 
     def forward(self, x):
         x = copy_to_region(x, self.group)
-        return self.down(F.silu(F.linear(x, self.gate.weight)) * F.linear(x, self.up.weight))
+        return self.down(F.silu(project(self.gate, x)) * project(self.up, x))
 
 
 class ParallelLlamaBlock(nn.Module):

@@ -38,6 +38,20 @@ def _split(total: int, group, what: str) -> tuple[int, int]:
     return share, r * share
 
 
+def project(layer: nn.Module, x: torch.Tensor, weight: torch.Tensor | None = None,
+            bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` with ``layer``'s weight by default — under ``layer.recipe`` where a low-precision
+    recipe was set on it (``reference.low_precision.convert.set_recipe``), its amaxes reduced over
+    ``layer.amax_where``."""
+    w = layer.weight if weight is None else weight
+    rec = getattr(layer, "recipe", None)
+    if rec is None:
+        return F.linear(x, w, bias)
+    from reference.low_precision.convert import linear
+
+    return linear(x, w, bias, rec, getattr(layer, "amax_where", None))
+
+
 class ColumnParallelLinear(nn.Module):
     """Y = X A^T + b with A split by rows (output features): rank r computes Y[..., r-th block].
 
@@ -67,7 +81,7 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = gather_from_sequence_region(x, self.group) if self.sequence_parallel else copy_to_region(x, self.group)
-        y = F.linear(x, self.weight, self.bias)
+        y = project(self, x, bias=self.bias)
         return gather_from_region(y, self.group) if self.gather_output else y
 
 
@@ -105,7 +119,7 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_parallel:
             x = scatter_to_region(x, self.group)
-        y = F.linear(x, self.weight)
+        y = project(self, x)
         y = reduce_scatter_to_sequence_region(y, self.group) if self.sequence_parallel \
             else reduce_from_region(y, self.group)
         return y + self.bias if self.bias is not None else y
@@ -179,5 +193,5 @@ class ParallelAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # One input mapping for the three projections (their input gradients add before the reduction).
         x = gather_from_sequence_region(x, self.group) if self.sequence_parallel else copy_to_region(x, self.group)
-        q, k, v = (F.linear(x, lin.weight, lin.bias) for lin in (self.q, self.k, self.v))
+        q, k, v = (project(lin, x, bias=lin.bias) for lin in (self.q, self.k, self.v))
         return self.o(_attend(q, k, v, self.local_heads, self.causal))

@@ -43,22 +43,55 @@ class ResumeForgetsMomentum(ReferenceStack):
 class _SumsReplicas(ReferenceStackTrainer):
     def _build(self, model):
         trainer = super()._build(model)
-        reduce, dp = trainer.sync.reduce, self.layout.dp
+        sync, dp = trainer.sync, self.layout.dp
+        if hasattr(sync, "reduce"):  # mixed precision's reduction
+            reduce = sync.reduce
 
-        def summed():  # the DP reduction sums the replicas' gradients and forgets to divide by dp
-            reduce()
-            for g in trainer.sync.grads:
-                g.mul_(dp)
-        trainer.sync.reduce = summed
+            def summed():  # the DP reduction sums the replicas' gradients and forgets to divide by dp
+                reduce()
+                for g in sync.grads:
+                    g.mul_(dp)
+            sync.reduce = summed
+        else:  # a float32 model's (NaiveDataParallel: all-reduce, then / dp)
+            finish = sync.finish
+
+            def summed_full():
+                finish()
+                for p in sync.module.parameters():
+                    if p.grad is not None:
+                        p.grad.mul_(dp)
+            sync.finish = summed_full
         return trainer
 
 
 class MixedMissingAverage(ReferenceStack):
-    """Planted bug: in mixed precision the DP reduction sums the replicas' gradients (no average)."""
+    """Planted bug: in mixed precision (or under a float8 recipe) the DP reduction sums the replicas' gradients (no
+    average)."""
 
     def build(self, spec, layout, recipe, group=None):
         super().build(spec, layout, recipe, group)
         return _SumsReplicas(spec, layout, recipe)
+
+
+class _HighPrecision(ReferenceStackTrainer):
+    def _build(self, model):
+        import dataclasses
+
+        recipe, self.recipe = self.recipe, dataclasses.replace(self.recipe, low_precision=None)
+        try:
+            return super()._build(model)  # the linear layers left in float32
+        finally:
+            self.recipe = recipe
+
+
+class Float8NotApplied(ReferenceStack):
+    """Planted bug: asked for a float8 recipe, the stack computes its linear layers in float32 (torchtitan #3123's
+    kind: the recipe silently not applied). Its masters are closer to exact arithmetic than one device's float8
+    run — within the precision-matched bound — so only the count of float8 casts sees it."""
+
+    def build(self, spec, layout, recipe, group=None):
+        super().build(spec, layout, recipe, group)
+        return _HighPrecision(spec, layout, recipe)
 
 
 class _ShardOnlyAttention(ReferenceStackTrainer):

@@ -46,6 +46,9 @@ whatever state an earlier case left, accelerate's own behaviour."""
 
 
 SUPPORTS = Supports("the accelerate stack", unsupported=(
+    Rule(lambda s, lay, r: r.low_precision is not None,
+         "accelerate's mixed_precision='fp8' runs TransformerEngine, MS-AMP or torchao on an accelerator; on a CPU it "
+         "is not driven here (torchao's float8 is the torch stack's)."),
     Rule(lambda s, lay, r: s.family not in ("gpt", "llama"),
          lambda s, lay, r: f"the accelerate stack trains the dense gpt and llama families, not {s.family}."),
     Rule(lambda s, lay, r: s.dtype not in ("float64", "float32"),

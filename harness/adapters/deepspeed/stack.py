@@ -56,6 +56,9 @@ def _piped(spec, layout, recipe) -> bool:
 
 
 SUPPORTS = Supports("the DeepSpeed stack", unsupported=(
+    Rule(lambda s, lay, r: r.low_precision is not None,
+         "DeepSpeed has no float8 / MX recipe of its own for these layers (its FP8 path is TransformerEngine's, CUDA "
+         "only)."),
     Rule(lambda s, lay, r: lay.tp > 1 or lay.sequence_parallel,
          "the DeepSpeed stack here is its engine over data parallelism (ZeRO 0-3), its PipelineModule, its MoE and its "
          "Ulysses; its AutoTP (an inference / HF path) is not composed into it."),

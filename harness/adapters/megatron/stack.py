@@ -46,6 +46,9 @@ def _chunks(spec, layout) -> int:
 
 
 SUPPORTS = Supports("the Megatron stack", unsupported=(
+    Rule(lambda s, lay, r: r.low_precision is not None,
+         "megatron-core trains float8 through TransformerEngine (fp8_autocast, CUDA only); without it it has no float8"
+         " / MX recipe to drive here."),
     Rule(lambda s, lay, r: s.family not in ("gpt", "llama"),
          lambda s, lay, r: f"the Megatron stack here trains GPTModel as the gpt and llama families, not the {s.family} "
                            "family."),

@@ -56,6 +56,14 @@ SUPPORTS = Supports("the reference stack", unsupported=(
     Rule(lambda s, lay, r: lay.zero == 3,
          "the reference stack shards up to ZeRO 2 (optimizer state and gradients) with pipeline parallelism; ZeRO 3 "
          "is not composed."),
+    Rule(lambda s, lay, r: r.low_precision and (lay.tp > 1 or lay.cp > 1),
+         "the reference stack's float8 / MX recipe runs at tp = cp = 1 (its tensor-parallel layers do not yet "
+         "reduce the amaxes over the TP group; the layer suite holds that: suites/low_precision)."),
+    Rule(lambda s, lay, r: r.low_precision == "mxfp8",
+         "the reference stack does not train MXFP8: its weight-gradient GEMM scales blocks of 32 tokens and the stack "
+         "contract's micro-batch is one row of 16 (MXFP8 is held per layer: suites/low_precision)."),
+    Rule(lambda s, lay, r: r.low_precision and (s.family == "moe" or s.dtype != "float32"),
+         "the reference stack's float8 / MX recipe converts the dense linear layers of a float32 GPT or Llama."),
     Rule(lambda s, lay, r: lay.cp > 1 and s.family not in ("llama", "moe"),
          lambda s, lay, r: "the reference stack's context parallelism splits the Llama family's attention (grouped-"
                            f"query heads, rotary positions), not the {s.family} family's."),
@@ -98,10 +106,16 @@ class ReferenceStackTrainer(BuiltFromDense):
         from reference.stack.compose import parallelize
 
         layout, recipe = self.layout, self.recipe
-        return parallelize(model, self.dims, layout.schedule, layout.zero, layout.checkpointing, groups=self.groups,
-                           optimizer=recipe.optimizer, microbatches=layout.num_microbatches,
-                           loss_scaler=self.scaler(), max_grad_norm=recipe.max_grad_norm, norm_type=recipe.norm_type,
-                           accumulation=recipe.accumulation)
+        trainer = parallelize(model, self.dims, layout.schedule, layout.zero, layout.checkpointing,
+                              groups=self.groups, optimizer=recipe.optimizer, microbatches=layout.num_microbatches,
+                              loss_scaler=self.scaler(), max_grad_norm=recipe.max_grad_norm,
+                              norm_type=recipe.norm_type, accumulation=recipe.accumulation)
+        if recipe.low_precision is not None:  # the blocks' projections (the LM head is not one of these classes)
+            from reference.low_precision.convert import set_recipe
+            from reference.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+            set_recipe(trainer.local.modules(), recipe.low_precision, (ColumnParallelLinear, RowParallelLinear))
+        return trainer
 
     def step(self, tokens, targets) -> float:
         from harness.runtime.rank import rank_device

@@ -141,3 +141,15 @@ class TorchaoLowPrecision:
             w.sub_(lr * _mean_to_sum(module) * w.grad)
         w.grad = None
         self._precompute(module)
+
+
+def float8_blocks(model, recipe: str):
+    """``model``'s block linear layers as torchao's emulated ``Float8Linear`` under ``recipe`` (the stack contract's
+    ``Recipe.low_precision``: the blocks' projections, not the LM head), in place — what a torch stack trains."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    if recipe not in _RECIPE_NAMES:
+        raise Unsupported(f"torchao's {recipe} training is not driven here (float8 tensorwise and rowwise are).")
+    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(_RECIPE_NAMES[recipe]), emulate=True)
+    return convert_to_float8_training(model, config=config, module_filter_fn=lambda m, fqn: fqn.startswith("blocks."))
+

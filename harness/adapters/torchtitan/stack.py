@@ -53,6 +53,10 @@ def _moe(spec, layout, recipe) -> str | None:
 
 
 SUPPORTS = Supports("the torchtitan stack", unsupported=(
+    Rule(lambda s, lay, r: r.low_precision is not None,
+         "the torchtitan stack is not driven with its float8 converter: emulated (its only mode on a CPU), torchtitan "
+         "0.3's converter trains tensorwise whatever recipe it is asked (the finding of "
+         "suites/low_precision/test_torchtitan.py), and the converter is held per layer there."),
     Rule(always, _v02),
     Rule(lambda s, lay, r: s.family == "moe", _moe),
     Rule(lambda s, lay, r: s.family not in ("llama", "moe"),

@@ -1,0 +1,51 @@
+"""A stack asked for a float8 / MX recipe (``Recipe.low_precision``: the blocks' linear layers) equals one device
+running the same recipe, precision-matched (``harness.stack.mixed``: within ``allowed_ratio`` x E_T, E_T one device's
+distance from exact arithmetic per tensor), and computes in float8: the casts its step ran are counted
+(``harness.stack.casts``) — a stack that trains the layers in float32 is within the bound (closer to exact, not
+farther) and fails by the count.
+
+The family is the Llama (no biases): a GPT's key bias has a gradient that is zero in exact arithmetic (the softmax
+does not see a shift of every key's score), so both runs' masters of it are pure fp32 rounding noise and their
+ratio to E_T is noise over noise (7.5 E_T measured on one rank, the same arithmetic as one device's in another
+order) — a ratio that says nothing about the recipe. MXFP8 is not a stack case: its weight-gradient GEMM scales
+blocks of 32 tokens, and a micro-batch here is one row of 16 (it is held per layer in suites/low_precision)."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.contracts.stack import Layout, Recipe
+from harness.stack.judge import hold
+from reference.models import ModelSpec
+from suites._support.stack import held
+
+FP8 = ModelSpec("llama", vocab=13, hidden=32, heads=4, kv_heads=2, ffn=64, layers=3, dtype="float32")
+CASES = [  # (id, spec, layout, recipe)
+    ("tensorwise", FP8, Layout(), Recipe(low_precision="float8-tensorwise")),
+    ("rowwise-fsdp-accumulate", FP8, Layout(2, zero=2), Recipe(low_precision="float8-rowwise", accumulation=2)),
+    ("tensorwise-pp-clip", FP8, Layout(1, 2, 1), Recipe(low_precision="float8-tensorwise", max_grad_norm=0.05)),
+    ("rowwise-tp", FP8, Layout(1, 1, 2), Recipe(low_precision="float8-rowwise")),
+    ("tensorwise-fsdp-tp", FP8, Layout(2, 1, 2, zero=2), Recipe(low_precision="float8-tensorwise")),
+    ("tensorwise-dp-pp", FP8, Layout(2, 2, 1, zero=2), Recipe(low_precision="float8-tensorwise", accumulation=2)),
+]
+
+
+@pytest.mark.parametrize("spec, layout, recipe", [pytest.param(*c[1:], id=c[0]) for c in CASES])
+def test_stack_under_a_float8_recipe_equals_one_device(stack_impl, spec, layout, recipe, world_cache, conformance):
+    v = held(world_cache, conformance, stack_impl, layout.world_size, spec, layout, recipe)
+    assert v["outcome"] == "pass", v["problems"][:4]
+
+
+def test_a_stack_that_computes_in_float32_when_asked_float8_fails_by_its_casts(world_cache, conformance):
+    """Planted (``Float8NotApplied``): within the bound — and failed by the count, saying so."""
+    v = hold(world_cache, conformance, "suites.stack.planted:Float8NotApplied", 1, FP8, Layout(),
+             Recipe(low_precision="float8-rowwise"), localise=False)
+    assert v["outcome"] == "fail" and "float8 casts: 0" in v["problems"][0] and "high precision" in v["problems"][0], \
+        v["problems"]
+
+
+def test_a_missing_dp_average_under_float8_fails_by_the_bound(world_cache, conformance):
+    """The recipe's own error does not hide a wrong reduction: dp 2 summed, not averaged."""
+    v = hold(world_cache, conformance, "suites.stack.planted:MixedMissingAverage", 2, FP8, Layout(2, 1, 1),
+             Recipe(low_precision="float8-tensorwise"), localise=False)
+    assert v["outcome"] == "fail" and any("master" in p and "E_T" in p for p in v["problems"]), v["problems"][:3]
