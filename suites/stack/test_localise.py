@@ -50,7 +50,8 @@ CASES = [
                  id="torch-loss-per-pass"),
     pytest.param(SHAPES + "TitanNormsSummedOverTp", LLAMA32, Layout(2, 1, 2), Recipe(optimizer=ADAM,
                  max_grad_norm=0.05), (1, 1, 2, 1, 1), 1, "reduced gradient", "ln_f.weight", "factor",
-                 "= the size of tp", id="torchtitan-missing-tp-average", marks=TITAN),
+                 "= the size of tp", id="torchtitan-missing-tp-average",
+                 marks=[TITAN, pytest.mark.thorough]),  # 9 s; its rule, "factor", is reference-missing-tp-average's
 ]
 
 
