@@ -7,7 +7,7 @@ output layer out too).
 leading dimension). ``to_recipe(model, name)`` turns the dense ``nn.Linear`` layers of ``model.blocks`` into
 ``RecipeLinear`` in place (their parameters and names unchanged): the one-device recipe. A parallel layer of
 ``reference.tensor_parallel`` takes the recipe as its ``recipe`` attribute (``set_recipe``), its amaxes reduced over
-``amax_where``."""
+``amax_where`` (the TP group where its shard splits the tensor a scale spans)."""
 
 from __future__ import annotations
 
@@ -45,11 +45,21 @@ def to_recipe(model: nn.Module, name: str) -> nn.Module:
     return model
 
 
-def set_recipe(modules, name: str, layer_types: tuple) -> int:
-    """Every module of ``layer_types`` among ``modules`` computes under recipe ``name`` (whole-tensor amaxes: one
-    tensor-parallel rank); returns how many."""
+def set_recipe(modules, name: str, kinds: dict, tp_group=None) -> int:
+    """Every module among ``modules`` whose type ``kinds`` maps to a tensor-parallel kind ("column": rows of the
+    weight over ``tp_group``, "row": its columns) computes under recipe ``name``, each amax max-reduced over
+    ``tp_group`` wherever the shard splits the tensor its scale spans (``layout.amax_groups``); returns how many."""
+    import torch.distributed as dist
+
+    from .layout import Layout, amax_groups
+
     rec, n = recipe(name), 0
+    tp = dist.get_world_size(tp_group) if tp_group is not None else 1
     for m in modules:
-        if isinstance(m, layer_types):
-            m.recipe, m.amax_where, n = rec, {}, n + 1
+        kind = next((k for t, k in kinds.items() if isinstance(m, t)), None)
+        if kind is None:
+            continue
+        rows, cols = m.weight.shape
+        shape = (rows * tp, cols) if kind == "column" else (rows, cols * tp)
+        m.recipe, m.amax_where, n = rec, amax_groups(rec, Layout(kind), tp_group, tp, shape), n + 1
     return n

@@ -56,9 +56,9 @@ SUPPORTS = Supports("the reference stack", unsupported=(
     Rule(lambda s, lay, r: lay.zero == 3,
          "the reference stack shards up to ZeRO 2 (optimizer state and gradients) with pipeline parallelism; ZeRO 3 "
          "is not composed."),
-    Rule(lambda s, lay, r: r.low_precision and (lay.tp > 1 or lay.cp > 1),
-         "the reference stack's float8 / MX recipe runs at tp = cp = 1 (its tensor-parallel layers do not yet "
-         "reduce the amaxes over the TP group; the layer suite holds that: suites/low_precision)."),
+    Rule(lambda s, lay, r: r.low_precision and lay.cp > 1,
+         "the reference stack's float8 recipe runs without context parallelism (a CP shard's activations would need "
+         "their amaxes reduced over the CP group, which its ring attention's projections do not do)."),
     Rule(lambda s, lay, r: r.low_precision == "mxfp8",
          "the reference stack does not train MXFP8: its weight-gradient GEMM scales blocks of 32 tokens and the stack "
          "contract's micro-batch is one row of 16 (MXFP8 is held per layer: suites/low_precision)."),
@@ -114,7 +114,8 @@ class ReferenceStackTrainer(BuiltFromDense):
             from reference.low_precision.convert import set_recipe
             from reference.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
-            set_recipe(trainer.local.modules(), recipe.low_precision, (ColumnParallelLinear, RowParallelLinear))
+            set_recipe(trainer.local.modules(), recipe.low_precision,
+                       {ColumnParallelLinear: "column", RowParallelLinear: "row"}, self.groups["tp"])
         return trainer
 
     def step(self, tokens, targets) -> float:
