@@ -82,7 +82,7 @@ def judged(world, impl: str, spec, layout, recipe, one=None, **kw) -> dict:
                            pp=layout.pp, tie_embeddings=spec.tie_embeddings, zero=layout.zero, ep=layout.ep,
                            cp=layout.cp, sequence_parallel=layout.sequence_parallel, family=spec.family,
                            vocab_remainder=spec.vocab % layout.tp, checkpointing=layout.checkpointing,
-                           accumulation=recipe.accumulation, option=impl,
+                           accumulation=recipe.accumulation, option=impl, low_precision=recipe.low_precision,
                            clipped=recipe.max_grad_norm is not None) if outcome == "fail" else None
     outcome = "known-nonconformance" if known else outcome
     row = {"suite": "stack", "world_size": layout.world_size, "dtype": spec.dtype, "impl": impl,

@@ -23,7 +23,7 @@ from harness.runtime.rank import computed_once, rank_device
 from ..contracts.stack import Layout
 from ..errors import describe
 from ..verdict import attempt, checked
-from .casts import Float8Casts
+from .casts import counter
 from .inputs import failed_here, flat_state, global_batch, rows_for, seq_for
 from .precision import OneDevice, allowed_ratio
 
@@ -95,7 +95,7 @@ def train_stack_mixed(impl_spec: str, spec, layout, recipe, steps: int = 2, seed
     if declined:
         return declined
     problems, worst, losses, states, device = [], 0.0, [], [], rank_device()
-    casts = Float8Casts()
+    casts = counter() if recipe.low_precision else None
     try:
         trainer.load_dense(spec.build(seed).state_dict())
         for k in range(steps):
@@ -119,7 +119,7 @@ def train_stack_mixed(impl_spec: str, spec, layout, recipe, steps: int = 2, seed
     except Exception as exc:  # noqa: BLE001 - the stack's failure is a verdict; peers inside it are ended
         return failed_here(f"rank {r}: {describe(exc)} (after {len(losses)} step(s))")
     return checked(problems, worst, ratio, losses=losses, **({"states": states} if keep else {}),
-                   **({"float8_casts": casts.count} if recipe.low_precision else {}))
+                   **({"float8_casts": casts.count, "float8_casts_seen": casts.sees} if casts else {}))
 
 
 def _one_device(want: dict, own: dict, own_ratio: float) -> dict:

@@ -14,14 +14,24 @@ from ..torchao.low_precision import TorchaoLowPrecision
 _RECIPE_NAMES = {"float8-rowwise": "rowwise"}
 
 
-def converter_config(recipe_name: str, emulate: bool = True):
-    """The ``Float8LinearConfig`` torchtitan's float8 converter trains with for ``recipe_name``."""
+def converter(recipe: str, emulate: bool = True):
+    """torchtitan's ``Float8LinearConverter`` for the contract's ``recipe`` (its ``recipe_name``), the LM head left out
+    (the contract's recipe is the blocks' linear layers)."""
     from .imports import import_torchtitan
 
+    if recipe not in _RECIPE_NAMES:
+        raise Unsupported(f"torchtitan's float8 converter offers the rowwise recipes (recipe_name rowwise, "
+                          f"rowwise_with_gw_hp), not {recipe}.")
     import_torchtitan()
     from torchtitan.components.quantization.float8 import Float8LinearConverter
 
-    return Float8LinearConverter(Float8LinearConverter.Config(recipe_name=recipe_name, emulate=emulate)).torchao_config
+    return Float8LinearConverter(Float8LinearConverter.Config(recipe_name=_RECIPE_NAMES[recipe], emulate=emulate,
+                                                              filter_fqns=["lm_head", "output"]))
+
+
+def converter_config(recipe_name: str, emulate: bool = True):
+    """The ``Float8LinearConfig`` torchtitan's float8 converter trains with for ``recipe_name``."""
+    return converter({v: k for k, v in _RECIPE_NAMES.items()}[recipe_name], emulate).torchao_config
 
 
 class TorchtitanLowPrecision(TorchaoLowPrecision):
@@ -30,8 +40,7 @@ class TorchtitanLowPrecision(TorchaoLowPrecision):
     @staticmethod
     def _config(recipe: str, layout):
         if recipe not in _RECIPE_NAMES:
-            raise Unsupported(f"torchtitan's float8 converter offers the rowwise recipes (recipe_name rowwise, "
-                              f"rowwise_with_gw_hp), not {recipe}.")
+            converter(recipe)  # its sentence
         if layout.fp8_all_gather:
             raise Unsupported("torchtitan 0.3 has no FSDP float8 all-gather (its rowwise recipes' scales would span "
                               "the flat shards).")

@@ -53,10 +53,14 @@ def _moe(spec, layout, recipe) -> str | None:
 
 
 SUPPORTS = Supports("the torchtitan stack", unsupported=(
-    Rule(lambda s, lay, r: r.low_precision is not None,
-         "the torchtitan stack is not driven with its float8 converter: emulated (its only mode on a CPU), torchtitan "
-         "0.3's converter trains tensorwise whatever recipe it is asked (the finding of "
-         "suites/low_precision/test_torchtitan.py), and the converter is held per layer there."),
+    Rule(lambda s, lay, r: r.low_precision not in (None, "float8-rowwise"),
+         lambda s, lay, r: f"torchtitan's float8 converter offers the rowwise recipes (recipe_name rowwise, "
+                           f"rowwise_with_gw_hp), not {r.low_precision}."),
+    Rule(lambda s, lay, r: r.low_precision is not None and emulated(),
+         "torchtitan's float8 converter is emulated here (no SM89 GPU) and, emulated, trains tensorwise whatever "
+         "recipe it is asked (the finding of suites/low_precision/test_torchtitan.py): neither the stack's bound nor "
+         "its count of float8 casts tells the two apart, so the case would pass the wrong recipe. On an SM89 node "
+         "the converter keeps its recipe and the stack runs it (tox -e gpu)."),
     Rule(always, _v02),
     Rule(lambda s, lay, r: s.family == "moe", _moe),
     Rule(lambda s, lay, r: s.family not in ("llama", "moe"),
@@ -94,6 +98,13 @@ SUPPORTS = Supports("the torchtitan stack", unsupported=(
          lambda s, lay, r: f"the {s.experts} experts do not split evenly over ep = {lay.ep} (torchtitan shards its "
                            "grouped experts' first dimension over the EP mesh)."),
 ))
+
+
+def emulated() -> bool:
+    """Whether torchtitan's float8 converter runs emulated here: no CUDA device of compute capability 8.9 or more."""
+    import torch
+
+    return not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9))
 
 
 class TorchtitanStack:
