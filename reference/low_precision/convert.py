@@ -6,10 +6,12 @@ output layer out too).
 ``linear(x, w, b, recipe, where)`` is the layer's function for activations of any leading shape (the tokens are every
 leading dimension). ``to_recipe(model, name)`` turns the dense ``nn.Linear`` layers of ``model.blocks`` into
 ``RecipeLinear`` in place (their parameters and names unchanged): the one-device recipe. A parallel layer of
-``reference.tensor_parallel`` takes the recipe as its ``recipe`` attribute (``set_recipe``), its amaxes reduced over
-``amax_where`` (the TP group where its shard splits the tensor a scale spans)."""
+``reference.tensor_parallel`` takes the recipe as its ``recipe_linear`` (``set_recipe``: the scaled linear with its
+amaxes reduced over the TP group where its shard splits the tensor a scale spans)."""
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import nn
@@ -21,6 +23,10 @@ from .recipe import Recipe, recipe
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, rec: Recipe, where: dict | None = None):
     y = scaled_linear(x.reshape(-1, x.shape[-1]), w, rec, where).reshape(*x.shape[:-1], w.shape[0])
     return y if b is None else y + b
+
+
+def _with(x, w, b, *, rec: Recipe, where: dict):
+    return linear(x, w, b, rec, where)
 
 
 class RecipeLinear(nn.Linear):
@@ -61,5 +67,6 @@ def set_recipe(modules, name: str, kinds: dict, tp_group=None) -> int:
             continue
         rows, cols = m.weight.shape
         shape = (rows * tp, cols) if kind == "column" else (rows, cols * tp)
-        m.recipe, m.amax_where, n = rec, amax_groups(rec, Layout(kind), tp_group, tp, shape), n + 1
+        where = amax_groups(rec, Layout(kind), tp_group, tp, shape)
+        m.recipe_linear, n = functools.partial(_with, rec=rec, where=where), n + 1
     return n

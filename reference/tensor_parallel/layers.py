@@ -40,16 +40,11 @@ def _split(total: int, group, what: str) -> tuple[int, int]:
 
 def project(layer: nn.Module, x: torch.Tensor, weight: torch.Tensor | None = None,
             bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` with ``layer``'s weight by default — under ``layer.recipe`` where a low-precision
-    recipe was set on it (``reference.low_precision.convert.set_recipe``), its amaxes reduced over
-    ``layer.amax_where``."""
+    """``F.linear(x, weight, bias)`` with ``layer``'s weight by default — or ``layer.recipe_linear(x, weight, bias)``
+    where a low-precision recipe was set on it (``reference.low_precision.convert.set_recipe``)."""
     w = layer.weight if weight is None else weight
-    rec = getattr(layer, "recipe", None)
-    if rec is None:
-        return F.linear(x, w, bias)
-    from reference.low_precision.convert import linear
-
-    return linear(x, w, bias, rec, getattr(layer, "amax_where", None))
+    scaled = getattr(layer, "recipe_linear", None)
+    return F.linear(x, w, bias) if scaled is None else scaled(x, w, bias)
 
 
 class ColumnParallelLinear(nn.Module):

@@ -14,6 +14,13 @@ from ..torchao.low_precision import TorchaoLowPrecision
 _RECIPE_NAMES = {"float8-rowwise": "rowwise"}
 
 
+def emulated() -> bool:
+    """Whether torchtitan's float8 converter runs emulated here: no CUDA device of compute capability 8.9 or more."""
+    import torch
+
+    return not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9))
+
+
 def converter(recipe: str, emulate: bool = True):
     """torchtitan's ``Float8LinearConverter`` for the contract's ``recipe`` (its ``recipe_name``), the LM head left out
     (the contract's recipe is the blocks' linear layers)."""

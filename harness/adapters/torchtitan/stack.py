@@ -56,7 +56,7 @@ SUPPORTS = Supports("the torchtitan stack", unsupported=(
     Rule(lambda s, lay, r: r.low_precision not in (None, "float8-rowwise"),
          lambda s, lay, r: f"torchtitan's float8 converter offers the rowwise recipes (recipe_name rowwise, "
                            f"rowwise_with_gw_hp), not {r.low_precision}."),
-    Rule(lambda s, lay, r: r.low_precision is not None and emulated(),
+    Rule(lambda s, lay, r: r.low_precision is not None and _emulated(),
          "torchtitan's float8 converter is emulated here (no SM89 GPU) and, emulated, trains tensorwise whatever "
          "recipe it is asked (the finding of suites/low_precision/test_torchtitan.py): neither the stack's bound nor "
          "its count of float8 casts tells the two apart, so the case would pass the wrong recipe. On an SM89 node "
@@ -100,11 +100,10 @@ SUPPORTS = Supports("the torchtitan stack", unsupported=(
 ))
 
 
-def emulated() -> bool:
-    """Whether torchtitan's float8 converter runs emulated here: no CUDA device of compute capability 8.9 or more."""
-    import torch
+def _emulated() -> bool:
+    from .low_precision import emulated
 
-    return not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9))
+    return emulated()
 
 
 class TorchtitanStack:

@@ -99,8 +99,7 @@ class TorchtitanStackTrainer(BuiltFromDense):
 
         config = model_config(self.spec)
         if self.recipe.low_precision is not None:  # its float8 converter on the config, as its trainer applies it
-            from harness.adapters.torchtitan.low_precision import converter
-            from harness.adapters.torchtitan.stack import emulated
+            from harness.adapters.torchtitan.low_precision import converter, emulated
 
             converter(self.recipe.low_precision, emulate=emulated()).convert(config)
         set_llama3_sharding_config(config, enable_sp=parallelism.enable_sequence_parallel)
