@@ -13,7 +13,8 @@ PARADIGM = Paradigm(
                  description="ours: emulated float8 / MXFP8 linear (TP column / row, SP, FSDP + float8 all-gather)"),
         ImplSpec("torchao", "low_precision", "harness.adapters.torchao.low_precision:TorchaoLowPrecision",
                  requires=("torchao",),
-                 description="torchao float8 training, emulated (Float8Linear; DTensor TP; FSDP2 float8 all-gather)"),
+                 description="torchao float8 and MXFP8 training, emulated (Float8Linear, MXFP8Linear; DTensor TP; "
+                             "FSDP2 float8 all-gather)"),
         ImplSpec("torchtitan", "low_precision", "harness.adapters.torchtitan.low_precision:TorchtitanLowPrecision",
                  requires=("torchtitan", "torchao", "spmd_types"), drives=TORCHTITAN_03,
                  description="torchtitan's float8 converter, emulated (its torchao config; TP and FSDP2 as it applies "
@@ -38,6 +39,15 @@ PARADIGM = Paradigm(
                 "one rank, off by 1.4e7 u32 of the rowwise recipe's magnitude, bound 36).",
                 "suites/low_precision/test_torchtitan.py::test_watch_torchtitans_emulated_rowwise_float8_is_tensorwise",
                 {"recipe": "float8-rowwise"}, symptom=r"u32 of its magnitude"),
+        Finding("torchao", "low_precision", "torchao", ("0.18.0", None),
+                "torchao's MXFP8 training config (quantize_ with MXFP8TrainingOpConfig, its weight wrapper) applied "
+                "before tensor parallelism — the order its float8 conversion takes — trains the TP linear in fp32 "
+                "without a word: DTensor wraps the wrapper, whose __torch_function__ never sees the linear (ao PR "
+                "4010 made the other order, MXFP8 over DTensor, work). Minimal case: a 64 x 64 column-parallel "
+                "linear over tp 2, its output the fp32 GEMM's, far off the MXFP8 recipe's.",
+                "suites/low_precision/test_torchao.py::test_watch_mxfp8_op_config_before_tp_trains_in_fp32",
+                handled_by_adapter="the adapter builds torchao's MXFP8Linear (what torchtitan's converter builds), "
+                                   "whose forward runs the MXFP8 GEMMs on DTensors too"),
     ),
     benches=(
         Bench("low_precision", "one linear layer per implementation, recipe (float8 tensorwise / rowwise, MXFP8) and "

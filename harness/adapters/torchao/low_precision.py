@@ -4,7 +4,9 @@ parallelised as torchtitan does — TP with torchao's ``Float8ColwiseParallel`` 
 float8 all-gather of the activations) for tensorwise scaling and torch's ``ColwiseParallel`` / ``RowwiseParallel``
 otherwise, FSDP2's ``fully_shard`` with ``enable_fsdp_float8_all_gather`` and, after every optimizer step,
 ``precompute_float8_dynamic_scale_for_fsdp`` (its documented use). DP replicas' gradients are all-reduced before the
-step, as DDP would. MXFP8 (torchao's ``MXFP8TrainingOpConfig``) is not driven yet: unsupported."""
+step, as DDP would. MXFP8 is torchao's ``MXFP8Linear`` (the module torchtitan's MXFP8 converter builds; its GEMMs
+through ``mx_mm``) with the emulated kernels and the recipe's FLOOR exponent rule (torchao's training default is
+RCEIL: another recipe), its weight gradient in MXFP8 too (``wgrad_with_hp=False``)."""
 
 from __future__ import annotations
 
@@ -64,7 +66,6 @@ class TorchaoLowPrecision:
 
     def shard(self, weight, recipe: str, layout, tp_group, dp_group):
         from torch.distributed.tensor import Replicate, Shard
-        from torchao.float8 import convert_to_float8_training
 
         config = self._config(recipe, layout)
         dp, tp = dist.get_world_size(dp_group), dist.get_world_size(tp_group)
@@ -77,10 +78,16 @@ class TorchaoLowPrecision:
 
             gloo_float8.install()  # FSDP2's all-gather of the float8 shards, as bytes (it computes nothing)
         n, k = weight.shape
-        model = torch.nn.Sequential(torch.nn.Linear(k, n, bias=False))
+        if recipe == "mxfp8" and layout.kind in ("column", "row"):
+            from reference.low_precision import RECIPES, amax_groups
+
+            # the contract's refusal (blocks of 32 a TP shard would split), said before torchao's DTensor raises
+            # mid-forward ('Cannot unflatten unevenly sharded tensor')
+            amax_groups(RECIPES[recipe], layout, tp_group, tp, (n, k))
+        model = torch.nn.Sequential(self._linear(recipe, k, n))
         with torch.no_grad():
             model[0].weight.copy_(weight)
-        convert_to_float8_training(model, config=config)
+        self._convert(model, recipe, config)
         model.layout, model.dp_group, model.dp = layout, dp_group, dp
         if layout.kind in ("column", "row"):
             from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -106,13 +113,27 @@ class TorchaoLowPrecision:
         return model
 
     @staticmethod
+    def _linear(recipe: str, k: int, n: int):
+        return mxfp8_linear(k, n) if recipe == "mxfp8" else torch.nn.Linear(k, n, bias=False)
+
+    @staticmethod
+    def _convert(model, recipe: str, config):
+        """Before TP / FSDP, as torchtitan converts (float8: torchao's module swap; MXFP8: built as MXFP8Linear)."""
+        from torchao.float8 import convert_to_float8_training
+
+        if recipe != "mxfp8":
+            convert_to_float8_training(model, config=config)
+
+    @staticmethod
     def _config(recipe: str, layout):
         """torchao's ``Float8LinearConfig`` for ``recipe`` (emulated), its float8 all-gather as the layout asks."""
         from torchao.float8 import Float8LinearConfig
 
+        if recipe == "mxfp8":
+            return None
         if recipe not in _RECIPE_NAMES:
             raise Unsupported(f"torchao's {recipe} training is not driven by this adapter (float8 tensorwise and "
-                              f"rowwise are).")
+                              f"rowwise, MXFP8 are).")
         return dataclasses.replace(Float8LinearConfig.from_recipe_name(_RECIPE_NAMES[recipe]), emulate=True,
                                    enable_fsdp_float8_all_gather=layout.fp8_all_gather)
 
@@ -141,6 +162,45 @@ class TorchaoLowPrecision:
             w.sub_(lr * _mean_to_sum(module) * w.grad)
         w.grad = None
         self._precompute(module)
+
+
+class TorchaoMXFP8OpConfigFirst(TorchaoLowPrecision):
+    """The finding's order: MXFP8 through ``quantize_(model, MXFP8TrainingOpConfig(...))`` on a plain ``nn.Linear``
+    before TP — the order torchao's float8 conversion takes. DTensor then wraps torchao's weight wrapper, whose
+    ``__torch_function__`` never sees the linear: the layer trains in fp32 (the watch runs it)."""
+
+    description = "torchao MXFP8 by quantize_ before TP (the finding's order)"
+
+    @staticmethod
+    def _linear(recipe: str, k: int, n: int):
+        return torch.nn.Linear(k, n, bias=False)
+
+    @staticmethod
+    def _convert(model, recipe: str, config):
+        from torchao.quantization import quantize_
+
+        quantize_(model, mxfp8_op_config())
+
+
+def mxfp8_op_config():
+    """torchao's op config for MXFP8 training (its weight wrapper) under the contract's recipe."""
+    from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig
+    from torchao.prototype.mx_formats.config import ScaleCalculationMode
+    from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
+
+    return MXFP8TrainingOpConfig(kernel_preference=KernelPreference.EMULATED, wgrad_with_hp=False,
+                                 scale_calculation_mode=ScaleCalculationMode.FLOOR)
+
+
+def mxfp8_linear(k: int, n: int):
+    """torchao's ``MXFP8Linear`` (what torchtitan's MXFP8 converter builds) for the contract's ``mxfp8`` recipe:
+    emulated kernels (any device), e8m0 exponents by OCP MX's FLOOR rule, the weight gradient in MXFP8."""
+    from torchao.prototype.moe_training.mxfp8_linear import MXFP8Linear
+    from torchao.prototype.mx_formats.config import ScaleCalculationMode
+    from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
+
+    return MXFP8Linear(k, n, bias=False, kernel_preference=KernelPreference.EMULATED, wgrad_with_hp=False,
+                       scale_calculation_mode=ScaleCalculationMode.FLOOR)
 
 
 def float8_blocks(model, recipe: str):
