@@ -72,6 +72,16 @@ def _against(got: dict, single: dict, exact: dict, ratio: float, what: str) -> t
     return worst, problems
 
 
+def seq_of(layout, recipe) -> int:
+    """The case's sequence length, a multiple of the recipe's blocks where it has them: MXFP8's weight-gradient GEMM
+    scales blocks of 32 tokens, so every micro-batch's rows (seq tokens each) tile them whole, on one device and on
+    any layout that splits the batch by rows."""
+    from reference.low_precision import recipe as low_precision
+
+    block = low_precision(recipe.low_precision).block if recipe.low_precision else None
+    return math.lcm(seq_for(layout), block or 1)
+
+
 def train_stack_mixed(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int = 0, single=None,
                       batch_of=None, keep: bool = False, padded: bool = False) -> dict:
     """Rank side: ``impl_spec``'s stack on ``layout`` for a low-precision ``spec``, against one device's
@@ -85,7 +95,7 @@ def train_stack_mixed(impl_spec: str, spec, layout, recipe, steps: int = 2, seed
 
     r, batch = dist.get_rank(), batch_of or layout
     rows = rows_for(batch, recipe)
-    tokens, targets = global_batch(spec.vocab, rows, seed, seq_for(batch), padded)
+    tokens, targets = global_batch(spec.vocab, rows, seed, seq_of(batch, recipe), padded)
     key = (repr(spec), repr(recipe), seed, tuple(tokens.shape), padded, steps)
     want = computed_once(_ORACLES, key, lambda: _oracle(spec, recipe, seed, tokens, targets, steps))
     ratio = allowed_ratio(layout.num_microbatches, recipe.accumulation, layout.dp, layout.tp)

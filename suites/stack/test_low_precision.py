@@ -7,8 +7,9 @@ farther) and fails by the count.
 The family is the Llama (no biases): a GPT's key bias has a gradient that is zero in exact arithmetic (the softmax
 does not see a shift of every key's score), so both runs' masters of it are pure fp32 rounding noise and their
 ratio to E_T is noise over noise (7.5 E_T measured on one rank, the same arithmetic as one device's in another
-order) — a ratio that says nothing about the recipe. MXFP8 is not a stack case: its weight-gradient GEMM scales
-blocks of 32 tokens, and a micro-batch here is one row of 16 (it is held per layer in suites/low_precision)."""
+order) — a ratio that says nothing about the recipe. MXFP8's weight-gradient GEMM scales blocks of 32 tokens: its
+cases run rows of 32 (``harness.stack.mixed.seq_of``: every micro-batch tiles its blocks whole) on a Llama whose
+projections are 32 wide per TP shard (blocks a shard would split are refused)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from reference.models import ModelSpec
 from suites._support.stack import held
 
 FP8 = ModelSpec("llama", vocab=13, hidden=32, heads=4, kv_heads=2, ffn=64, layers=3, dtype="float32")
+MX = ModelSpec("llama", vocab=13, hidden=64, heads=2, kv_heads=2, ffn=64, layers=2, dtype="float32")
+"""Every projection's dimensions 64 (32 per shard at tp 2: q, k, v, gate, up column-parallel; o, down row-parallel)."""
 CASES = [  # (id, spec, layout, recipe)
     ("tensorwise", FP8, Layout(), Recipe(low_precision="float8-tensorwise")),
     ("rowwise-fsdp-accumulate", FP8, Layout(2, zero=2), Recipe(low_precision="float8-rowwise", accumulation=2)),
@@ -27,11 +30,15 @@ CASES = [  # (id, spec, layout, recipe)
     ("rowwise-tp", FP8, Layout(1, 1, 2), Recipe(low_precision="float8-rowwise")),
     ("tensorwise-fsdp-tp", FP8, Layout(2, 1, 2, zero=2), Recipe(low_precision="float8-tensorwise")),
     ("tensorwise-dp-pp", FP8, Layout(2, 2, 1, zero=2), Recipe(low_precision="float8-tensorwise", accumulation=2)),
+    ("mxfp8-fsdp-accumulate", MX, Layout(2, zero=2), Recipe(low_precision="mxfp8", accumulation=2)),
+    ("mxfp8-tp", MX, Layout(1, 1, 2), Recipe(low_precision="mxfp8", max_grad_norm=0.05)),
+    ("mxfp8-pp", MX, Layout(1, 2, 1), Recipe(low_precision="mxfp8")),
 ]
 
 
-THOROUGH = {"tensorwise-fsdp-tp", "tensorwise-dp-pp"}
-"""Four ranks each, 3-5 s a stack (tox's budget): dp x tp and dp x pp, each dimension already met in tox alone."""
+THOROUGH = {"tensorwise-fsdp-tp", "tensorwise-dp-pp", "mxfp8-pp"}
+"""tox's budget: four ranks each, 3-5 s a stack (dp x tp and dp x pp, each dimension already met in tox alone); MXFP8
+under pp (pp is met in tox by tensorwise, MXFP8 by FSDP and TP)."""
 
 
 @pytest.mark.parametrize("spec, layout, recipe", [

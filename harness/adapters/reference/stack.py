@@ -59,9 +59,6 @@ SUPPORTS = Supports("the reference stack", unsupported=(
     Rule(lambda s, lay, r: r.low_precision and lay.cp > 1,
          "the reference stack's float8 recipe runs without context parallelism (a CP shard's activations would need "
          "their amaxes reduced over the CP group, which its ring attention's projections do not do)."),
-    Rule(lambda s, lay, r: r.low_precision == "mxfp8",
-         "the reference stack does not train MXFP8: its weight-gradient GEMM scales blocks of 32 tokens and the stack "
-         "contract's micro-batch is one row of 16 (MXFP8 is held per layer: suites/low_precision)."),
     Rule(lambda s, lay, r: r.low_precision and (s.family == "moe" or s.dtype != "float32"),
          "the reference stack's float8 / MX recipe converts the dense linear layers of a float32 GPT or Llama."),
     Rule(lambda s, lay, r: lay.cp > 1 and s.family not in ("llama", "moe"),

@@ -11,8 +11,9 @@ embeddings (pipelining shares no parameter across stages), kv_heads < tp (Colwis
 fewer heads than ranks: they would have to be replicated, which the plan does not do — torchtitan
 requires the KV heads to divide by tp too) and low precision (its mixed-precision recipe is FSDP2's
 ``MixedPrecisionPolicy``, held separately in suites/mixed_precision). A float8 recipe (``Recipe.low_precision``,
-tensorwise or rowwise) is torchao's emulated ``Float8Linear`` in every block, converted before TP (torch's
-``ColwiseParallel`` / ``RowwiseParallel`` over it, as torchtitan does for rowwise), pipelining and FSDP2.
+tensorwise or rowwise) is torchao's emulated ``Float8Linear`` in every block, MXFP8 its emulated ``MXFP8Linear``
+(the module torchtitan's MXFP8 converter builds), converted before TP (torch's ``ColwiseParallel`` /
+``RowwiseParallel`` over it, as torchtitan does for rowwise), pipelining and FSDP2.
 
 ``save`` / ``load`` go through ``torch.distributed.checkpoint`` (DCP), keyed by the one-device names (each
 stage's local names renamed, as torchtitan's pipeline split keeps global FQNs) so that a split that changes
@@ -56,9 +57,6 @@ SUPPORTS = Supports("the torch stack", unsupported=(
     Rule(lambda s, lay, r: r.low_precision and not _has_torchao(),
          "the torch stack trains a float8 recipe through torchao, which is not installed (pip install "
          "'paritybench[torchao]')."),
-    Rule(lambda s, lay, r: r.low_precision == "mxfp8",
-         "the torch stack trains float8 tensorwise and rowwise through torchao's Float8Linear; torchao's MXFP8 "
-         "training is not driven here."),
     Rule(lambda s, lay, r: r.low_precision and s.dtype != "float32",
          "the torch stack's float8 recipe converts the linear layers of a float32 model (torchao's Float8Linear)."),
     Rule(lambda s, lay, r: s.dtype not in ("float64", "float32"),
@@ -101,7 +99,7 @@ class TorchStackTrainer(BuiltFromDense):
         from harness.adapters.torch.stack_trainer import Torch3D
 
         layout, recipe = self.layout, self.recipe
-        if recipe.low_precision is not None:  # torchao's Float8Linear in the blocks, before TP / pipelining / FSDP2
+        if recipe.low_precision is not None:  # torchao's Float8Linear / MXFP8Linear in the blocks, before TP/PP/FSDP2
             from harness.adapters.torchao.low_precision import float8_blocks
 
             float8_blocks(model, recipe.low_precision)

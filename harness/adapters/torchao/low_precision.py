@@ -192,24 +192,33 @@ def mxfp8_op_config():
                                  scale_calculation_mode=ScaleCalculationMode.FLOOR)
 
 
-def mxfp8_linear(k: int, n: int):
+def mxfp8_linear(k: int, n: int, bias: bool = False):
     """torchao's ``MXFP8Linear`` (what torchtitan's MXFP8 converter builds) for the contract's ``mxfp8`` recipe:
     emulated kernels (any device), e8m0 exponents by OCP MX's FLOOR rule, the weight gradient in MXFP8."""
     from torchao.prototype.moe_training.mxfp8_linear import MXFP8Linear
     from torchao.prototype.mx_formats.config import ScaleCalculationMode
     from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
 
-    return MXFP8Linear(k, n, bias=False, kernel_preference=KernelPreference.EMULATED, wgrad_with_hp=False,
+    return MXFP8Linear(k, n, bias=bias, kernel_preference=KernelPreference.EMULATED, wgrad_with_hp=False,
                        scale_calculation_mode=ScaleCalculationMode.FLOOR)
 
 
 def float8_blocks(model, recipe: str):
-    """``model``'s block linear layers as torchao's emulated ``Float8Linear`` under ``recipe`` (the stack contract's
-    ``Recipe.low_precision``: the blocks' projections, not the LM head), in place — what a torch stack trains."""
+    """``model``'s block linear layers under ``recipe`` (the stack contract's ``Recipe.low_precision``: the blocks'
+    projections, not the LM head), in place — what a torch stack trains: torchao's emulated ``Float8Linear``
+    (tensorwise, rowwise), or its ``MXFP8Linear`` (MXFP8; the weights and their names kept)."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
+    if recipe == "mxfp8":
+        for parent in list(model.blocks.modules()):
+            for name, layer in list(parent.named_children()):
+                if type(layer) is torch.nn.Linear:
+                    mx = mxfp8_linear(layer.in_features, layer.out_features, bias=layer.bias is not None)
+                    mx.weight, mx.bias = layer.weight, layer.bias  # the same parameters, under the same names
+                    setattr(parent, name, mx)
+        return model
     if recipe not in _RECIPE_NAMES:
-        raise Unsupported(f"torchao's {recipe} training is not driven here (float8 tensorwise and rowwise are).")
+        raise Unsupported(f"torchao's {recipe} training is not driven here (float8 tensorwise and rowwise, MXFP8 "
+                          f"are).")
     config = dataclasses.replace(Float8LinearConfig.from_recipe_name(_RECIPE_NAMES[recipe]), emulate=True)
     return convert_to_float8_training(model, config=config, module_filter_fn=lambda m, fqn: fqn.startswith("blocks."))
-

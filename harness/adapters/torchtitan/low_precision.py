@@ -21,11 +21,18 @@ def emulated() -> bool:
     return not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9))
 
 
+MXFP8_WHY = ("torchtitan's MXFP8 converter (MXFP8LinearConverter, torchao's MXFP8Linear) has no emulated mode: it "
+             "raises 'MXFP8 is only supported on SM100 or later architectures' without such a GPU, and this adapter "
+             "drives its float8 converter only (torchao's MXFP8Linear itself is held: --impl torchao).")
+
+
 def converter(recipe: str, emulate: bool = True):
     """torchtitan's ``Float8LinearConverter`` for the contract's ``recipe`` (its ``recipe_name``), the LM head left out
     (the contract's recipe is the blocks' linear layers)."""
     from .imports import import_torchtitan
 
+    if recipe == "mxfp8":
+        raise Unsupported(MXFP8_WHY)
     if recipe not in _RECIPE_NAMES:
         raise Unsupported(f"torchtitan's float8 converter offers the rowwise recipes (recipe_name rowwise, "
                           f"rowwise_with_gw_hp), not {recipe}.")

@@ -28,6 +28,7 @@ FQN-keyed) through DCP, so any layout reads what any other wrote."""
 from __future__ import annotations
 
 from harness.adapters.torchtitan.imports import v02
+from harness.adapters.torchtitan.low_precision import MXFP8_WHY
 from harness.adapters.torchtitan.trainer import (
     CHUNKED,
     SCHEDULES,
@@ -53,6 +54,7 @@ def _moe(spec, layout, recipe) -> str | None:
 
 
 SUPPORTS = Supports("the torchtitan stack", unsupported=(
+    Rule(lambda s, lay, r: r.low_precision == "mxfp8", MXFP8_WHY),
     Rule(lambda s, lay, r: r.low_precision not in (None, "float8-rowwise"),
          lambda s, lay, r: f"torchtitan's float8 converter offers the rowwise recipes (recipe_name rowwise, "
                            f"rowwise_with_gw_hp), not {r.low_precision}."),
