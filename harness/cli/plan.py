@@ -71,7 +71,7 @@ def render(model: Model, plan: dict, device_memory: float | None, ranked: list[d
     moe = f" ({model.expert_params / 1e9:.3g}B in {model.experts} experts per layer, top-{model.top_k})" \
         if model.experts else ""
     title = (f"{model.params / 1e9:g}B parameters{moe}, dp={lay['dp']} tp={lay['tp']} pp={lay['pp']}{cp}{ep} "
-             f"ZeRO-{lay['zero']}: per device")
+             f"ZeRO-{lay['zero']}{', float8 weights' if model.fp8_weights else ''}: per device")
     for heading, (label, unit), values in (
             (title, ("memory", "GB (1e9 bytes)"), plan["memory_bytes"]),
             ("communication per step, bytes each device sends", ("paradigm", "GB"), plan["comm_bytes_per_step"])):
@@ -121,7 +121,8 @@ def run(args) -> int:
                   heads=args.heads, layers=args.layers, microbatches=args.microbatches,
                   sequence_parallel=args.sequence_parallel, recompute=args.recompute, vocab=args.vocab or 0,
                   ffn=args.ffn or 0, kv_heads=args.kv_heads or 0, cp_algorithm=args.cp_algorithm,
-                  experts=args.experts or 0, top_k=args.top_k, expert_ffn=args.expert_ffn or 0)
+                  experts=args.experts or 0, top_k=args.top_k, expert_ffn=args.expert_ffn or 0,
+                  fp8_weights=args.fp8_weights)
     layout = Layout(dp=args.dp, tp=args.tp, pp=args.pp, zero=args.zero, cp=args.cp, ep=args.ep)
     gpus = args.dp * args.tp * args.pp * args.cp
     plan = estimate(model, layout)
@@ -166,6 +167,9 @@ def add_parser(sub) -> None:
         p.add_argument(f"--{name}", type=_positive_int, default=default, required=default is None)
     p.add_argument("--microbatches", type=_positive_int, default=1, help="microbatches per step")
     p.add_argument("--sequence-parallel", action="store_true")
+    p.add_argument("--fp8-weights", action="store_true",
+                   help="weights held and all-gathered in float8 (Megatron's --fp8-param-gather, torchao's FSDP2 "
+                        "float8 all-gather): 1 byte per parameter, in memory and in ZeRO's parameter gathers")
     p.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
     p.add_argument("--device-memory", default=None, help="e.g. 80GB: also list the layouts that fit")
     p.add_argument("--json", action="store_true", help="machine-readable output")

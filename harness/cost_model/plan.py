@@ -74,6 +74,15 @@ class Model:
     """Experts per token."""
     expert_ffn: int = 0
     """Each expert's SwiGLU width; 0: ``ffn`` (or 4 hidden)."""
+    fp8_weights: bool = False
+    """The weights held and gathered in float8 (Megatron's ``--fp8-param-gather`` with TransformerEngine's float8
+    weights, torchao's FSDP2 float8 all-gather): 1 byte per parameter instead of 2, in memory and in ZeRO's
+    parameter all-gathers; gradients (2 bytes) and the fp32 master and Adam state (12) unchanged. Their scales (one
+    float32 per tensor or row) are left out."""
+
+    @property
+    def weight_bytes(self) -> int:
+        return 1 if self.fp8_weights else 2
 
     @property
     def expert_params(self) -> float:
@@ -104,14 +113,16 @@ def _states(model: Model, layout: Layout):
     if experts >= model.params:
         raise ValueError(f"the {model.experts} experts' {experts:.3g} parameters are not fewer than --params "
                          f"({model.params:.3g}): --params counts every parameter, experts included.")
+    w = model.weight_bytes
     dense = training_memory(model.params - experts, zero_stage=layout.zero, dp=layout.dp * cp, tp=layout.tp,
-                            pp=layout.pp)
-    comm = dp_step_comm_bytes((model.params - experts) / (layout.tp * layout.pp), layout.zero, layout.dp * cp)
+                            pp=layout.pp, weight_bytes=w)
+    comm = dp_step_comm_bytes((model.params - experts) / (layout.tp * layout.pp), layout.zero, layout.dp * cp,
+                              weight_bytes=w)
     if not experts:
         return dense, comm
     edp = layout.dp * cp // ep
-    routed = training_memory(experts / ep, zero_stage=layout.zero, dp=edp, pp=layout.pp)
-    comm += dp_step_comm_bytes(experts / (ep * layout.pp), layout.zero, edp) if edp > 1 else 0.0
+    routed = training_memory(experts / ep, zero_stage=layout.zero, dp=edp, pp=layout.pp, weight_bytes=w)
+    comm += dp_step_comm_bytes(experts / (ep * layout.pp), layout.zero, edp, weight_bytes=w) if edp > 1 else 0.0
     return type(dense)(**{k: getattr(dense, k) + getattr(routed, k) for k in ("weights", "gradients", "optimizer")}), \
         comm
 

@@ -98,19 +98,28 @@ def alpha_beta_time(op: str, n: int, size: float, alpha: float, beta: float, alg
     return rounds[algorithm] * (alpha + size * beta)
 
 
-def dp_step_comm_bytes(n_params: float, zero_stage: int, dp: int, grad_bytes: float = 2) -> float:
-    """Bytes each data-parallel rank sends per step for gradient sync (and ZeRO-3 parameter gathers).
+def dp_step_comm_bytes(n_params: float, zero_stage: int, dp: int, grad_bytes: float = 2,
+                       weight_bytes: float | None = None) -> float:
+    """Bytes each data-parallel rank sends per step for gradient sync (and ZeRO's parameter gathers).
 
     Rajbhandari et al. 2020, section 7: DP and ZeRO-1/2 move 2 Psi per step (a ring all-reduce, or
     reduce-scatter + all-gather, of Psi elements: 2(N_d - 1)/N_d Psi each); ZeRO-3 adds one more
     all-gather of the parameters (forward and backward gathers, reduce-scattered gradients): 3 Psi.
-    Here exactly: (2 or 3) (N_d - 1)/N_d Psi grad_bytes, with Psi = n_params.
+    Here exactly, each pass (N_d - 1)/N_d Psi elements: DP's all-reduce two passes of gradients; ZeRO-1/2 a
+    reduce-scatter of gradients and an all-gather of the updated parameters; ZeRO-3 a reduce-scatter and two
+    all-gathers of parameters. Gradients move ``grad_bytes`` per element, parameters ``weight_bytes`` (default
+    ``grad_bytes``: the paper's 2 Psi and 3 Psi; 1 where the weights are gathered in float8 — Megatron's
+    ``--fp8-param-gather``, torchao's FSDP2 float8 all-gather).
     """
     positive("n_params", n_params)
     choice("zero_stage", zero_stage, (0, 1, 2, 3))
     whole("dp", dp)
     positive("grad_bytes", grad_bytes)
-    return (3 if zero_stage == 3 else 2) * (dp - 1) / dp * n_params * grad_bytes
+    weight_bytes = grad_bytes if weight_bytes is None else weight_bytes
+    positive("weight_bytes", weight_bytes)
+    gathers = {0: 0, 1: 1, 2: 1, 3: 2}[zero_stage]
+    passes = grad_bytes * (2 if zero_stage == 0 else 1) + weight_bytes * gathers
+    return (dp - 1) / dp * n_params * passes
 
 
 def tp_layer_comm_bytes(batch: int, seq: int, hidden: int, tp: int, activation_bytes: float = 2) -> float:

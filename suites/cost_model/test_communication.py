@@ -66,6 +66,18 @@ def test_dp_volume_2psi_and_3psi(n, dp):
     assert dp_step_comm_bytes(n, 3, dp) == pytest.approx(1.5 * dp_step_comm_bytes(n, 0, dp), rel=1e-15)
 
 
+@given(st.floats(1e6, 1e12), st.integers(2, 4096))
+def test_float8_weights_halve_only_the_parameter_gathers(n, dp):
+    """Gradients move in bf16 (2 bytes), parameters in float8 (1): ZeRO-0's all-reduce is all gradients (unchanged),
+    ZeRO-1/2 gather the parameters once (3 of 4 bytes' passes), ZeRO-3 twice (2 + 1 + 1 of 6)."""
+    bf16 = {z: dp_step_comm_bytes(n, z, dp) for z in range(4)}
+    fp8 = {z: dp_step_comm_bytes(n, z, dp, weight_bytes=1) for z in range(4)}
+    assert fp8[0] == bf16[0]
+    for z, ratio in ((1, 3 / 4), (2, 3 / 4), (3, 4 / 6)):
+        assert fp8[z] == pytest.approx(ratio * bf16[z], rel=1e-15), z
+    assert bf16[3] - fp8[3] == pytest.approx(2 * (dp - 1) / dp * n, rel=1e-12)  # two gathers, one byte less each
+
+
 def test_dp_volume_limit_is_2psi_bytes():
     assert dp_step_comm_bytes(1e9, 0, 10**9) == pytest.approx(2 * 1e9 * 2, rel=1e-8)
 

@@ -25,6 +25,28 @@ def test_seed_layout_as_json(capsys):
     assert out["comm_bytes_per_step"]["dp"] == pytest.approx(2 * 63 / 64 * psi * 2)
 
 
+def test_float8_weights_take_one_byte_in_memory_and_in_the_gathers(capsys):
+    """The seed's 70B at ZeRO-3 over dp 64 with --fp8-weights: the weight shard 1 byte per parameter (half of bf16's),
+    gradients and Adam state unchanged; ZeRO-3's two parameter all-gathers 1 byte each, the gradients' reduce-scatter
+    2 — 4 of 6 bytes' passes. Table and JSON say it."""
+    argv = [*SEED, "--json"]
+    argv[argv.index("--zero") + 1] = "3"
+    plans = {}
+    for fp8 in (False, True):
+        assert main(argv + (["--fp8-weights"] if fp8 else [])) == 0
+        plans[fp8] = json.loads(capsys.readouterr().out)
+    psi = 70e9 / 32
+    bf16, fp8 = plans[False]["memory_bytes"], plans[True]["memory_bytes"]
+    assert fp8["weights"] == pytest.approx(psi / 64) and bf16["weights"] == pytest.approx(2 * psi / 64)
+    assert (fp8["gradients"], fp8["optimizer"], fp8["activations"]) == \
+        (bf16["gradients"], bf16["optimizer"], bf16["activations"])
+    assert plans[True]["comm_bytes_per_step"]["dp"] == pytest.approx(63 / 64 * psi * (2 + 1 + 1))
+    assert plans[False]["comm_bytes_per_step"]["dp"] == pytest.approx(63 / 64 * psi * (2 + 2 + 2))
+    assert plans[True]["model"]["fp8_weights"] is True
+    assert main([*SEED, "--fp8-weights"]) == 0
+    assert "float8 weights" in capsys.readouterr().out
+
+
 def test_one_device_does_not_fit_and_the_answer_says_how_to_split(capsys):
     argv = ["plan", "--params", "70B", "--hidden", "8192", "--heads", "64", "--layers", "80", "--seq", "4096",
             "--microbatches", "8", "--sequence-parallel", "--recompute", "selective", "--device-memory", "80GB",
