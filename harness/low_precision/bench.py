@@ -3,7 +3,10 @@ layout over 2 ranks — the time (per iteration the max over ranks), the bytes e
 (``comm_count.counted_traffic``), against ``cost_model.low_precision_layer_bytes``, and the conformance verdict of the
 same implementation, recipe and layout at the suite's size (``wrong``: 1 where it fails). Rows: suite
 ``low_precision``, ``op`` ``<recipe>/<layout>``, ``count`` the weight's elements. The layouts: FSDP with the weight
-all-gathered in float32 and with the float8 all-gather (a quarter of the bytes), column + SP, row."""
+all-gathered in float32 and with the float8 all-gather (a quarter of the bytes), column + SP, row. And the baseline
+the float8 all-gather is bought against: torch's FSDP2 gathering the weight in bf16 (``MixedPrecisionPolicy``,
+gradients reduced in float32) — op ``bf16/fsdp``, impl ``torch``: no recipe, so no verdict — whose all-gather moves
+twice the float8 one's bytes (``comm_bytes_forward``: the all-gather's, counted, against the cost model)."""
 
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ from harness.runtime.timing import summarize, time_iterations
 
 LAYOUTS = (("fsdp", False, False), ("fsdp", False, True), ("column", True, False), ("row", False, False))
 """(kind, sp, fp8_all_gather) of each row."""
+BASELINE = ("torch", "bf16")
+"""(impl, recipe) of the bf16 baseline row: torch's FSDP2 with bf16 parameters, no low-precision recipe."""
 
 
 @dataclass
@@ -27,6 +32,24 @@ class LowPrecisionSweep:
     dims: tuple = (256, 512, 512)
     iters: int = 10
     warmup: int = 2
+    baseline: bool = True
+    """Also the bf16 FSDP2 row (torch's ``MixedPrecisionPolicy``): the all-gather the float8 one halves."""
+
+
+def _bf16_fsdp(w, dp_group):
+    """A bias-free linear layer holding ``w`` under torch's FSDP2 over ``dp_group``, its weight gathered in bf16 and
+    its gradient reduce-scattered in float32."""
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from harness.runtime.rank import rank_device
+
+    model = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
+    with torch.no_grad():
+        model.weight.copy_(w)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return fully_shard(model, mesh=DeviceMesh.from_group(dp_group, rank_device().type), mp_policy=policy)
 
 
 def _case(recipe: str, layout: tuple, dims: tuple | None = None):
@@ -54,7 +77,8 @@ def bench_rank(impl_spec: str, case_dict: dict, iters: int, warmup: int) -> dict
     x = local_part(x_all[: case.tokens], "x", layout, case.tp, r % case.tp).clone().requires_grad_()
     g = local_part(g_all[: case.tokens], "g", layout, case.tp, r % case.tp)
     try:
-        module = registry.load(impl_spec, "low_precision").shard(w, case.recipe, layout, tp_group, dp_group)
+        module = (_bf16_fsdp(w, dp_group) if (impl_spec, case.recipe) == BASELINE
+                  else registry.load(impl_spec, "low_precision").shard(w, case.recipe, layout, tp_group, dp_group))
         forward, backward = [0.0], [0.0]
         with counted_traffic(forward):
             y = module(x)
@@ -77,25 +101,35 @@ def run_sweep(cfg: LowPrecisionSweep, get_world, run_dir, progress=sys.stderr) -
     from .case import as_dict, failed, run_case
 
     cases = list(itertools.product(cfg.impls, cfg.recipes, LAYOUTS))
+    cases += [(*BASELINE, LAYOUTS[0])] if cfg.baseline else []
     for done, (impl, recipe, layout) in enumerate(cases, 1):
-        case = _case(recipe, layout, cfg.dims)
+        baseline = (impl, recipe) == BASELINE
+        case = _case("float8-tensorwise" if baseline else recipe, layout, cfg.dims)  # the baseline: no recipe
         world = get_world(case.world)
-        per_rank = world.run(bench_rank, impl, as_dict(case), cfg.iters, cfg.warmup, timeout=600)
+        per_rank = world.run(bench_rank, impl, {**as_dict(case), **({"recipe": recipe} if baseline else {})},
+                             cfg.iters, cfg.warmup, timeout=600)
         row = {"suite": "low_precision", "op": f"{recipe}/{case.layout().label()}", "impl": impl,
-               "backend": world.backend, "world_size": case.world, "dtype": "float8" if recipe != "mxfp8" else "mxfp8",
+               "backend": world.backend, "world_size": case.world,
+               "dtype": {"mxfp8": "mxfp8", "bf16": "bfloat16"}.get(recipe, "float8"),
                "iters": cfg.iters, "warmup": cfg.warmup, "count": case.k * case.n}
-        granularity = recipe_of(recipe).cast("output", "w").granularity
+        granularity = None if baseline else recipe_of(recipe).cast("output", "w").granularity
         predicted = low_precision_layer_bytes(case.kind, granularity, case.tokens, case.k, case.n, dp=case.dp,
-                                              tp=case.tp, sp=case.sp, fp8_all_gather=case.fp8_all_gather)
+                                              tp=case.tp, sp=case.sp, fp8_all_gather=case.fp8_all_gather,
+                                              weight_bytes=2 if baseline else 4)
         row["comm_bytes_predicted"] = predicted["forward"] + predicted["backward"]
+        row["comm_bytes_forward_predicted"] = predicted["forward"]
         unsupported = [r["unsupported"] for r in per_rank if "unsupported" in r]
         if unsupported:
             row.update(status="unsupported", detail=unsupported[0])
         else:
-            small = _case(recipe, layout)  # the suite's size: its verdict, outside the timed loop
-            verdict = run_or_fail(get_world(small.world), run_case, impl, as_dict(small), timeout=120, failed=failed)
             row.update(status="ok", comm_bytes_measured=max(r["forward"] + r["backward"] for r in per_rank),
-                       wrong=int(any(r.get("problems") for r in verdict)), **summarize([r["times"] for r in per_rank]))
+                       comm_bytes_forward=max(r["forward"] for r in per_rank),
+                       **summarize([r["times"] for r in per_rank]))
+            if not baseline:  # the suite's size: its verdict, outside the timed loop (the baseline has no recipe)
+                small = _case(recipe, layout)
+                verdict = run_or_fail(get_world(small.world), run_case, impl, as_dict(small), timeout=120,
+                                      failed=failed)
+                row["wrong"] = int(any(r.get("problems") for r in verdict))
         run_dir.append("benchmarks.csv", row)
         if progress:
             extra = f"p50 {row['time_p50_us'] / 1e3:.2f} ms" if row["status"] == "ok" else row["status"]
@@ -104,18 +138,32 @@ def run_sweep(cfg: LowPrecisionSweep, get_world, run_dir, progress=sys.stderr) -
 
 
 def low_precision_section(rows, run_dir, md) -> list[str]:
-    """The report section: per implementation, recipe and layout, the call's time and bytes."""
+    """The report section: per implementation, recipe and layout, the call's time and bytes; the float8 all-gather's
+    bytes against the bf16 baseline's."""
     ok, out = opening(rows, "## Low precision: one linear layer under float8 / MXFP8, forward + backward",
                       "A linear layer (tokens x K in, N out) under each recipe (emulated casts), over 2 ranks: FSDP "
                       "with the weight all-gathered in float32 (`fsdp`) and in float8 (`fsdp-fp8ag`: a quarter of "
-                      "the bytes, plus one amax all-reduce), TP column with SP, TP row. Bytes: the busiest rank's, "
-                      "counted, against `cost_model.low_precision_layer_bytes`; `wrong`: the suite's verdict of the "
-                      "same implementation, recipe and layout (1: it fails).")
+                      "the bytes, plus one amax all-reduce), TP column with SP, TP row; `bf16/fsdp`: torch's FSDP2 "
+                      "gathering bf16 weights, the baseline (no recipe, no verdict). Bytes: the busiest rank's, "
+                      "counted, against `cost_model.low_precision_layer_bytes` (`forward`: the all-gather's under "
+                      "FSDP); `wrong`: the suite's verdict of the same implementation, recipe and layout (1: it "
+                      "fails).")
     if not len(ok):
         return out + NO_ROWS
+    ok = ok.copy()
     ok["ms"] = ok["time_p50_us"] / 1e3
-    cols = ["impl", "op", "ms", "comm_bytes_measured", "comm_bytes_predicted", "wrong"]
+    if "wrong" in ok.columns:  # the baseline has no verdict
+        ok["wrong"] = ok["wrong"].astype(object).where(ok["wrong"].notna(), "-")
+    cols = [c for c in ("impl", "op", "ms", "comm_bytes_forward", "comm_bytes_forward_predicted",
+                        "comm_bytes_measured", "comm_bytes_predicted", "wrong") if c in ok.columns]
     out += [md(ok.sort_values(["impl", "op"])[cols], ".4g", index=False), ""]
+    if "comm_bytes_forward" in ok.columns:
+        base = ok[ok["op"] == "bf16/fsdp"]["comm_bytes_forward"]
+        fp8 = ok[ok["op"].str.endswith("/fsdp-fp8ag")]
+        if len(base) and len(fp8):
+            out += [f"The float8 all-gather moves {base.iloc[0] / fp8['comm_bytes_forward'].max():.4g}x fewer bytes "
+                    f"than the bf16 one ({int(fp8['comm_bytes_forward'].max())} vs {int(base.iloc[0])} B per call, "
+                    f"its amax all-reduce included).", ""]
     missing = rows[rows["status"] == "unsupported"]
     if len(missing):
         out += [md(missing[["impl", "op", "detail"]], "g", index=False), ""]

@@ -15,12 +15,12 @@ _SHARDED = {"column": {"w": 0, "g": 1}, "row": {"w": 1, "x": 1}}
 _OPERANDS = {"output": (("x", 1), ("w", 1)), "grad_input": (("g", 1), ("w", 0)), "grad_weight": (("g", 0), ("x", 0))}
 
 
-def amax_bytes(granularity: str, kind: str, tokens: int, k: int, n: int, tp: int) -> dict:
+def amax_bytes(granularity: str | None, kind: str, tokens: int, k: int, n: int, tp: int) -> dict:
     """{"forward", "backward"}: the amax all-reduces of one call over TP (a scale that spans a shard: the whole tensor,
-    or an axis along the GEMM's reduction dimension; a block never does). Each all-reduce carries one float32 per
-    scale of this rank's shard."""
+    or an axis along the GEMM's reduction dimension; a block never does; None, no recipe: none). Each all-reduce
+    carries one float32 per scale of this rank's shard."""
     out = {"forward": 0.0, "backward": 0.0}
-    if tp == 1 or kind not in _SHARDED or granularity == "block":
+    if tp == 1 or kind not in _SHARDED or granularity in ("block", None):
         return out
     local = {"x": (tokens, k // tp if kind == "row" else k),
              "w": (n // tp, k) if kind == "column" else (n, k // tp),
@@ -36,8 +36,8 @@ def amax_bytes(granularity: str, kind: str, tokens: int, k: int, n: int, tp: int
     return out
 
 
-def low_precision_layer_bytes(kind: str, granularity: str, tokens: int, k: int, n: int, *, dp: int = 1, tp: int = 1,
-                              sp: bool = False, fp8_all_gather: bool = False, activation_bytes: float = 4,
+def low_precision_layer_bytes(kind: str, granularity: str | None, tokens: int, k: int, n: int, *, dp: int = 1,
+                              tp: int = 1, sp: bool = False, fp8_all_gather: bool = False, activation_bytes: float = 4,
                               weight_bytes: float = 4) -> dict:
     """{"forward", "backward"} bytes one rank sends for one call (tokens x K in, N out) of the reference layer.
 
@@ -46,9 +46,10 @@ def low_precision_layer_bytes(kind: str, granularity: str, tokens: int, k: int, 
     reduce-scattered, the upstream gradient all-gathered); each of tokens x K or tokens x N activations. FSDP
     (Zhao et al. 2023): the weight all-gathered in the forward — ``weight_bytes`` per element, or one with the float8
     all-gather after a max all-reduce of one float32 amax — and its gradient reduce-scattered in float32, over N K
-    padded to a multiple of dp. Plus ``amax_bytes``."""
+    padded to a multiple of dp. Plus ``amax_bytes``. ``granularity`` None: the layer in high precision, no recipe (the
+    baseline: FSDP2 gathering bf16 weights is ``weight_bytes=2``)."""
     choice("kind", kind, ("replicated", "column", "row", "fsdp"))
-    choice("granularity", granularity, ("tensor", "axis", "block"))
+    choice("granularity", granularity, ("tensor", "axis", "block", None))
     for name, value in (("tokens", tokens), ("k", k), ("n", n), ("dp", dp), ("tp", tp)):
         whole(name, value)
     out = amax_bytes(granularity, kind, tokens, k, n, tp)
