@@ -18,9 +18,12 @@ import pytest
 from harness.contracts.stack import Layout, Recipe
 from harness.stack.judge import hold
 from reference.models import ModelSpec
+from reference.zero import OptimizerSpec
 from suites._support.stack import held
 
 FP8 = ModelSpec("llama", vocab=13, hidden=32, heads=4, kv_heads=2, ffn=64, layers=3, dtype="float32")
+ADAM = OptimizerSpec("adam", 1e-2)
+"""torchtitan's stack trains Adam, AdamW or Muon (no SGD): its float8 cases are Adam's."""
 MX = ModelSpec("llama", vocab=13, hidden=64, heads=2, kv_heads=2, ffn=64, layers=2, dtype="float32")
 """Every projection's dimensions 64 (32 per shard at tp 2: q, k, v, gate, up column-parallel; o, down row-parallel)."""
 CASES = [  # (id, spec, layout, recipe)
@@ -30,13 +33,16 @@ CASES = [  # (id, spec, layout, recipe)
     ("rowwise-tp", FP8, Layout(1, 1, 2), Recipe(low_precision="float8-rowwise")),
     ("tensorwise-fsdp-tp", FP8, Layout(2, 1, 2, zero=2), Recipe(low_precision="float8-tensorwise")),
     ("tensorwise-dp-pp", FP8, Layout(2, 2, 1, zero=2), Recipe(low_precision="float8-tensorwise", accumulation=2)),
+    ("rowwise-adam-tp", FP8, Layout(1, 1, 2), Recipe(low_precision="float8-rowwise", optimizer=ADAM)),
+    ("rowwise-adam-fsdp-pp", FP8, Layout(2, 2, 1, zero=2), Recipe(low_precision="float8-rowwise", optimizer=ADAM,
+                                                                   accumulation=2)),
     ("mxfp8-fsdp-accumulate", MX, Layout(2, zero=2), Recipe(low_precision="mxfp8", accumulation=2)),
     ("mxfp8-tp", MX, Layout(1, 1, 2), Recipe(low_precision="mxfp8", max_grad_norm=0.05)),
     ("mxfp8-pp", MX, Layout(1, 2, 1), Recipe(low_precision="mxfp8")),
 ]
 
 
-THOROUGH = {"tensorwise-fsdp-tp", "tensorwise-dp-pp", "mxfp8-pp"}
+THOROUGH = {"tensorwise-fsdp-tp", "tensorwise-dp-pp", "mxfp8-pp", "rowwise-adam-fsdp-pp"}
 """tox's budget: four ranks each, 3-5 s a stack (dp x tp and dp x pp, each dimension already met in tox alone); MXFP8
 under pp (pp is met in tox by tensorwise, MXFP8 by FSDP and TP)."""
 

@@ -43,6 +43,28 @@ def converter(recipe: str, emulate: bool = True):
                                                               filter_fqns=["lm_head", "output"]))
 
 
+def recipe_converter(recipe: str, emulate: bool):
+    """torchtitan's float8 converter training ``recipe``: emulated, with the finding configured around — its
+    ``torchao_config`` (a public attribute the converter hands each ``Float8Linear``) set to the recipe's own
+    ``Float8LinearConfig.from_recipe_name(...)`` with ``emulate=True``, what its SM89 path builds but for the emulated
+    GEMM. Returns (converter, None), or (converter as torchtitan built it, why not) where this torchtitan has no
+    such attribute: then the caller declares the case unsupported, as the finding requires."""
+    import dataclasses
+
+    from torchao.float8 import Float8LinearConfig
+
+    conv = converter(recipe, emulate)
+    if not emulate:
+        return conv, None
+    if not hasattr(conv, "torchao_config"):
+        return conv, (f"this torchtitan's float8 converter has no torchao_config to set, and emulated it trains "
+                      f"tensorwise whatever recipe it is asked (the finding of suites/low_precision/"
+                      f"test_torchtitan.py): {recipe} would not be what ran.")
+    conv.torchao_config = dataclasses.replace(Float8LinearConfig.from_recipe_name(_RECIPE_NAMES[recipe]),
+                                              emulate=True)
+    return conv, None
+
+
 def converter_config(recipe_name: str, emulate: bool = True):
     """The ``Float8LinearConfig`` torchtitan's float8 converter trains with for ``recipe_name``."""
     return converter({v: k for k, v in _RECIPE_NAMES.items()}[recipe_name], emulate).torchao_config

@@ -58,11 +58,6 @@ SUPPORTS = Supports("the torchtitan stack", unsupported=(
     Rule(lambda s, lay, r: r.low_precision not in (None, "float8-rowwise"),
          lambda s, lay, r: f"torchtitan's float8 converter offers the rowwise recipes (recipe_name rowwise, "
                            f"rowwise_with_gw_hp), not {r.low_precision}."),
-    Rule(lambda s, lay, r: r.low_precision is not None and _emulated(),
-         "torchtitan's float8 converter is emulated here (no SM89 GPU) and, emulated, trains tensorwise whatever "
-         "recipe it is asked (the finding of suites/low_precision/test_torchtitan.py): neither the stack's bound nor "
-         "its count of float8 casts tells the two apart, so the case would pass the wrong recipe. On an SM89 node "
-         "the converter keeps its recipe and the stack runs it (tox -e gpu)."),
     Rule(always, _v02),
     Rule(lambda s, lay, r: s.family == "moe", _moe),
     Rule(lambda s, lay, r: s.family not in ("llama", "moe"),
@@ -101,11 +96,6 @@ SUPPORTS = Supports("the torchtitan stack", unsupported=(
                            "grouped experts' first dimension over the EP mesh)."),
 ))
 
-
-def _emulated() -> bool:
-    from .low_precision import emulated
-
-    return emulated()
 
 
 class TorchtitanStack:

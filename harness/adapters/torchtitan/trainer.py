@@ -12,6 +12,7 @@ from harness.adapters.torchtitan.names import contract_name, torchtitan_name
 from harness.adapters.torchtitan.state import _full, _load, _save, _scalar, materialise
 from harness.stack.built import BuiltFromDense
 from harness.stack.dense import gathered, tied
+from reference.errors import Unsupported
 
 SPMD_BACKEND = "partial_dtensor"
 
@@ -99,9 +100,12 @@ class TorchtitanStackTrainer(BuiltFromDense):
 
         config = model_config(self.spec)
         if self.recipe.low_precision is not None:  # its float8 converter on the config, as its trainer applies it
-            from harness.adapters.torchtitan.low_precision import converter, emulated
+            from harness.adapters.torchtitan.low_precision import emulated, recipe_converter
 
-            converter(self.recipe.low_precision, emulate=emulated()).convert(config)
+            conv, why = recipe_converter(self.recipe.low_precision, emulate=emulated())
+            if why:
+                raise Unsupported(why)
+            conv.convert(config)
         set_llama3_sharding_config(config, enable_sp=parallelism.enable_sequence_parallel)
         return config, parallelize_llama
 
