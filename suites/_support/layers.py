@@ -34,3 +34,9 @@ def judge_low_precision(world_cache, conformance, impl: str, case):
     from harness.low_precision.case import failed, run_case
 
     return judge_layer(world_cache, conformance, "low_precision", run_case, failed, impl, case.world, case)
+
+
+def judge_muon(world_cache, conformance, impl: str, case):
+    from harness.muon.case import failed, run_case
+
+    return judge_layer(world_cache, conformance, "muon", run_case, failed, impl, case.world, case)

@@ -19,7 +19,7 @@ def test_every_record_resolves_and_no_name_is_declared_twice():
     records = paradigm.paradigms()
     assert len({p.name for p in records}) == len(records)
     assert set(paradigm.contracts()) == {"checkpoint", "collectives", "context_parallel", "expert_parallel",
-                                         "low_precision", "pipeline", "stack", "tensor_parallel", "zero"}
+                                         "low_precision", "muon", "pipeline", "stack", "tensor_parallel", "zero"}
     benches = [b for p in records for b in p.benches]
     assert len({b.name for b in benches}) == len(benches)
     for b in benches:

@@ -1,0 +1,18 @@
+"""Muon under sharding (#42's first part): an optimizer stepping a small model's matrices with Muon and the rest with
+AdamW over a layout that shards them, held to one device running torch's Muon. Its ``PARADIGM`` record is what the
+shared tools read."""
+
+from harness.paradigm import Paradigm
+from harness.records.registry import ImplSpec
+
+PARADIGM = Paradigm(
+    "muon", 12, contract="harness.contracts.muon:Muon",
+    builtins=(
+        ImplSpec("reference", "muon", "reference.muon:ReferenceMuon",
+                 description="ours: Muon + AdamW, each matrix gathered and orthogonalised whole per logical part "
+                             "(replicated, rows, cols, flat ZeRO shards)"),
+        ImplSpec("torch", "muon", "harness.adapters.torch.muon:TorchMuon",
+                 description="torch.optim.Muon + AdamW on DTensor parameters (Shard(0) as FSDP2 / a column-parallel "
+                             "layer, Shard(1) as a row-parallel layer)"),
+    ),
+)
