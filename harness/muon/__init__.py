@@ -2,7 +2,7 @@
 AdamW over a layout that shards them, held to one device running torch's Muon. Its ``PARADIGM`` record is what the
 shared tools read."""
 
-from harness.paradigm import Paradigm
+from harness.paradigm import Bench, Paradigm, Section
 from harness.records.registry import ImplSpec
 
 PARADIGM = Paradigm(
@@ -15,4 +15,10 @@ PARADIGM = Paradigm(
                  description="torch.optim.Muon + AdamW on DTensor parameters (Shard(0) as FSDP2 / a column-parallel "
                              "layer, Shard(1) as a row-parallel layer)"),
     ),
+    benches=(
+        Bench("muon", "one Muon + AdamW step per implementation, layout (replicated, rows, cols, flat) and world size: "
+                      "time and bytes per rank vs the cost model", "harness.muon.cli:plans",
+              "harness.muon.cli:add_arguments", in_all=8),
+    ),
+    sections=(Section(67, "harness.muon.bench:muon_section", suite="muon"),),
 )

@@ -35,6 +35,8 @@ class Case:
     seed: int = 0
     adjust_lr_fn: str | None = None
     nesterov: bool = True
+    hidden: int = H
+    """The model's width (the suite's 8; the bench's larger): QKV 2h x h, gate + up 3h x h, down h x 3h / 2."""
 
     def label(self) -> str:
         return (f"{self.layout}-n{self.world}-{'fused' if self.fused else 'split'}"
@@ -43,19 +45,21 @@ class Case:
     def spec(self):
         from reference.muon import MuonSpec
 
-        parts = {"blocks.0.attn.qkv.weight": (H, H // 2, H // 2), "blocks.0.mlp.gate_up.weight": (12, 12)}
+        h, f = self.hidden, 3 * self.hidden // 2
+        parts = {"blocks.0.attn.qkv.weight": (h, h // 2, h // 2), "blocks.0.mlp.gate_up.weight": (f, f)}
         return MuonSpec(parts=parts if self.fused else {}, adjust_lr_fn=self.adjust_lr_fn, nesterov=self.nesterov)
 
 
 def shapes(case: Case) -> dict:
-    attn = ({"blocks.0.attn.qkv.weight": (2 * H, H)} if case.fused else
-            {"blocks.0.attn.q.weight": (H, H), "blocks.0.attn.k.weight": (H // 2, H),
-             "blocks.0.attn.v.weight": (H // 2, H)})
-    mlp = ({"blocks.0.mlp.gate_up.weight": (24, H)} if case.fused else
-           {"blocks.0.mlp.gate.weight": (12, H), "blocks.0.mlp.up.weight": (12, H)})
-    return {"embed.weight": (V, H), **attn, "blocks.0.attn.o.weight": (H, H), **mlp,
-            "blocks.0.mlp.down.weight": (H, 12), "blocks.0.norm.weight": (H,), "blocks.0.extra.weight": (10, 6),
-            "head.weight": (V, H)}
+    h, f = case.hidden, 3 * case.hidden // 2
+    attn = ({"blocks.0.attn.qkv.weight": (2 * h, h)} if case.fused else
+            {"blocks.0.attn.q.weight": (h, h), "blocks.0.attn.k.weight": (h // 2, h),
+             "blocks.0.attn.v.weight": (h // 2, h)})
+    mlp = ({"blocks.0.mlp.gate_up.weight": (2 * f, h)} if case.fused else
+           {"blocks.0.mlp.gate.weight": (f, h), "blocks.0.mlp.up.weight": (f, h)})
+    return {"embed.weight": (V, h), **attn, "blocks.0.attn.o.weight": (h, h), **mlp,
+            "blocks.0.mlp.down.weight": (h, f), "blocks.0.norm.weight": (h,), "blocks.0.extra.weight": (10, 6),
+            "head.weight": (V, h)}
 
 
 def inputs(case: Case) -> tuple[dict, list]:

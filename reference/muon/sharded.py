@@ -16,6 +16,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from ..zero.flat import _all_gather
 from .spec import MuonSpec, muon_update, orthogonalised
 
 LAYOUTS = ("replicated", "rows", "cols", "flat")
@@ -77,11 +78,11 @@ class ShardedMuon:
         longest = max(len(idx) for idx, _ in per)
         flat = torch.zeros(longest, dtype=piece.dtype, device=piece.device)
         flat[:piece.numel()] = piece.reshape(-1)
-        pieces = [torch.empty_like(flat) for _ in range(self.n)]
-        dist.all_gather(pieces, flat, group=self.group)
+        pieces = torch.empty(self.n * longest, dtype=piece.dtype, device=piece.device)
+        _all_gather(pieces, flat, self.group)
         whole = torch.empty(math.prod(self.shapes[name]), dtype=piece.dtype, device=piece.device)
-        for (idx, _), p in zip(per, pieces, strict=True):
-            whole[idx.to(piece.device)] = p[:len(idx)]
+        for r, (idx, _) in enumerate(per):
+            whole[idx.to(piece.device)] = pieces[r * longest:r * longest + len(idx)]
         return whole.reshape(self.shapes[name])
 
     def orthogonal(self, name: str, update: torch.Tensor) -> list:
