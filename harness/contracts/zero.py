@@ -22,7 +22,14 @@ class Zero(Protocol):
         ``masked`` — target rows of NaN count nothing and the loss is the mean over the *global* batch's
         counted rows: ``recipe.share(y, group)`` all-reduces the slice's count, ``recipe.micro_loss`` is what
         each micro-step back-propagates (a rank or micro-step may count nothing: its loss is 0, not NaN). A
-        build without the keyword is unsupported for those cases."""
+        build without the keyword is unsupported for those cases.
+
+        Optional: a keyword ``replicate`` (an int dividing N), passed only by the hybrid-sharding suite: the N ranks
+        as a replicate x (N / replicate) mesh, consecutive ranks sharding together (torch's
+        ``init_device_mesh((replicate, N // replicate))``) — the stage's state sharded within each group of
+        N / replicate ranks, each reduced shard all-reduced across the replicas, every gradient still the average
+        over all N; 1 and N included (the degenerate meshes). ValueError for one that does not divide N or for
+        stage 0; a build without the keyword is unsupported for those cases."""
 
 
 @runtime_checkable

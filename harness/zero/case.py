@@ -92,12 +92,15 @@ def _single_device(model, spec, x, y, steps: int, recipe: StepRecipe | None = No
 
 
 def train_case(impl_spec: str, stage: int, model_name: str, opt_name: str, steps: int, per_rank: int,
-               seed: int, dtype: str | None = None, recipe: StepRecipe | None = None) -> dict:
+               seed: int, dtype: str | None = None, recipe: StepRecipe | None = None,
+               replicate: int | None = None) -> dict:
     """``dtype`` None: float64 where the implementation allows it (its ``dtypes``), else its first.
     ``recipe``: gradient accumulation and clipping (passed to ``build`` as ``recipe=``; an implementation
     whose build takes no recipe is unsupported for it). With clipping, the trainer's ``last_grad_norm``,
     where it reports one (not None), is held to one device's norm, and the gradients are not compared
-    (some read them before clipping, some after: the contract leaves it open)."""
+    (some read them before clipping, some after: the contract leaves it open). ``replicate``: hybrid sharding
+    (``build(..., replicate=)``: the ranks as a replicate x shard mesh, 1 and N included; an implementation whose
+    build takes no ``replicate`` is unsupported for it)."""
     from harness.records import registry
 
     n, r = dist.get_world_size(), dist.get_rank()
@@ -112,12 +115,14 @@ def train_case(impl_spec: str, stage: int, model_name: str, opt_name: str, steps
     if recipe is not None and recipe.masked:
         y = mask_rows(y, n, per_rank)
     want = _single_device(copy.deepcopy(model), spec, x, y, steps, recipe)
+    keywords = {**({"recipe": recipe} if recipe is not None else {}),
+                **({"replicate": replicate} if replicate is not None else {})}
     try:
-        trainer = (impl.build(copy.deepcopy(model), spec, stage, None) if recipe is None
-                   else impl.build(copy.deepcopy(model), spec, stage, None, recipe=recipe))
+        trainer = impl.build(copy.deepcopy(model), spec, stage, None, **keywords)
     except Exception as exc:  # noqa: BLE001 - whatever the code under test raises is a verdict
-        if isinstance(exc, TypeError) and recipe is not None and "recipe" in str(exc):
-            return refusal(f"its build takes no recipe ({exc}).", unsupported=True)
+        taken = [k for k in keywords if isinstance(exc, TypeError) and k in str(exc)]
+        if taken:
+            return refusal(f"its build takes no {taken[0]} ({exc}).", unsupported=True)
         return refused_by(exc) or _raised("build", exc, model)
     mine = slice(r * per_rank, (r + 1) * per_rank)
     grad_scale = max(float(g.abs().max()) for w in want for g in w["grads"].values())

@@ -25,15 +25,47 @@ class ReferenceZero:
         self.bucketed, self.bucket_bytes = bucketed, bucket_bytes
 
     def build(self, model: nn.Module, optimizer: OptimizerSpec, stage: int, group=None, *,
-              recipe: StepRecipe | None = None):
+              recipe: StepRecipe | None = None, replicate: int | None = None):
         if stage not in (0, 1, 2, 3):
             raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3; got {stage!r}.")
-        return _Trainer(model, optimizer, stage, group, self.bucketed, self.bucket_bytes, recipe or StepRecipe())
+        groups = hybrid_groups(group, replicate, stage)
+        return _Trainer(model, optimizer, stage, group, self.bucketed, self.bucket_bytes, recipe or StepRecipe(),
+                        groups)
+
+
+def hybrid_groups(group, replicate: int | None, stage: int):
+    """(shard group, replicate group) of hybrid sharding — ``group``'s N ranks as a replicate x (N / replicate)
+    mesh, consecutive ranks sharding together (torch's ``init_device_mesh((replicate, shard))``; replicate 1: the
+    (1, N) mesh, one replica, each rank its own replicate group) — or (None, None) without it. Collective over the
+    world (``new_group``)."""
+    import torch.distributed as dist
+
+    n = dist.get_world_size(group)
+    if replicate is None:
+        return None, None
+    if not isinstance(replicate, int) or replicate < 1 or n % replicate:
+        raise ValueError(f"replicate ({replicate!r}) must be a whole number dividing the {n} ranks.")
+    if stage == 0:
+        raise ValueError("hybrid sharding shards within each replica: stage 0 shards nothing (plain data "
+                         "parallelism already replicates).")
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(n))
+    shard = n // replicate
+    mine = ranks.index(dist.get_rank())
+    shard_group = replicate_group = None
+    for i in range(replicate):  # every rank creates every group, in the same order
+        g = dist.new_group(ranks[i * shard:(i + 1) * shard])
+        shard_group = g if mine // shard == i else shard_group
+    for j in range(shard):
+        g = dist.new_group(ranks[j::shard])
+        replicate_group = g if mine % shard == j else replicate_group
+    return shard_group, replicate_group
 
 
 class _Trainer:
-    def __init__(self, model, spec, stage, group, bucketed, bucket_bytes, recipe=None):
+    def __init__(self, model, spec, stage, group, bucketed, bucket_bytes, recipe=None, groups=(None, None)):
         self.model, self.spec, self.stage, self.group = model, spec, stage, group
+        shard_group, replicate = groups  # hybrid sharding: shard within shard_group, all-reduce across replicate
+        self.shard_group = shard_group if shard_group is not None else group
         self.recipe = recipe or StepRecipe()
         self.last_grad_norm: float | None = None
         self.names = [name for name, _ in model.named_parameters()]
@@ -43,7 +75,8 @@ class _Trainer:
             self.engine = None
             self.optimizer = spec.build(model.parameters())
         else:
-            self.engine = Zero3(model, spec, group) if stage == 3 else ShardedOptimizer(model, spec, stage, group)
+            self.engine = (Zero3(model, spec, self.shard_group, replicate=replicate) if stage == 3
+                           else ShardedOptimizer(model, spec, stage, self.shard_group, replicate=replicate))
             self.optimizer = self.engine.optimizer
 
     def step(self, x, y) -> float:
@@ -71,7 +104,9 @@ class _Trainer:
 
     def _clip(self, params, dp_sharded) -> None:
         if self.recipe.max_grad_norm is not None:
-            norm = clip_grad_norm_(params, self.recipe.max_grad_norm, {"dp": self.group}, self.recipe.norm_type,
+            # a shard's square counted once: over the group that shards it (replicas hold the same shards)
+            group = self.shard_group if dp_sharded else self.group
+            norm = clip_grad_norm_(params, self.recipe.max_grad_norm, {"dp": group}, self.recipe.norm_type,
                                    dp_sharded=dp_sharded)
             self.last_grad_norm = float(norm)
 

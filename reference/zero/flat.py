@@ -21,14 +21,18 @@ def _reduce_scatter(out, inp, group):
 
 
 class FlatParams:
-    def __init__(self, params: list[nn.Parameter], group=None):
+    """The parameters as one flat buffer, sharded over ``group``; ``replicate``: hybrid sharding's other group — the
+    ranks holding the same shard in the other replicas, across which each reduced shard is all-reduced too."""
+
+    def __init__(self, params: list[nn.Parameter], group=None, replicate=None):
         if not params:
             raise ValueError("FlatParams needs at least one parameter.")
         dtypes = {p.dtype for p in params}
         if len(dtypes) > 1:
             raise ValueError(f"the parameters of one flat buffer must share a dtype; got {sorted(map(str, dtypes))}.")
-        self.params, self.group = params, group
+        self.params, self.group, self.replicate = params, group, replicate
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.replicas = dist.get_world_size(replicate) if replicate is not None else 1
         self.numel = sum(p.numel() for p in params)
         self.shard_size = -(-self.numel // self.n)
         self.padded = self.shard_size * self.n
@@ -68,8 +72,11 @@ class FlatParams:
         return out
 
     def reduce_scatter_mean(self, flat: torch.Tensor, divisor: int | None = None) -> torch.Tensor:
-        """This rank's shard of the group's sum of ``flat`` / ``divisor`` (default the group's size: its average)."""
+        """This rank's shard of the sum of ``flat`` over the group (and over the replicas: hybrid sharding's
+        all-reduce of each shard across them) / ``divisor`` (default every rank that summed: the average)."""
         out = flat[self.shard].clone() if self.n == 1 else torch.empty_like(flat[self.shard])
         if self.n > 1:
             _reduce_scatter(out, flat.contiguous(), group=self.group)
-        return out / (divisor or self.n)
+        if self.replicas > 1:
+            dist.all_reduce(out, group=self.replicate)
+        return out / (divisor or self.n * self.replicas)

@@ -23,14 +23,15 @@ from .optim import OptimizerSpec
 
 
 class ShardedOptimizer:
-    def __init__(self, module: nn.Module, spec: OptimizerSpec, stage: int, group=None, divisor: int | None = None):
+    def __init__(self, module: nn.Module, spec: OptimizerSpec, stage: int, group=None, divisor: int | None = None,
+                 replicate=None):
         if stage not in (1, 2):
             raise ValueError(f"ShardedOptimizer implements ZeRO stages 1 and 2; got {stage}.")
         self.module, self.spec, self.stage, self.group = module, spec, stage, group
         self.divisor = divisor
         """The reduction's divisor (default the group's size: the average) — an expert's, whose EP group already
         collected its tokens' gradients, is the whole dp x cp (``reference.stack.compose``)."""
-        self.flat = FlatParams([p for p in module.parameters()], group)
+        self.flat = FlatParams([p for p in module.parameters()], group, replicate)  # replicate: hybrid sharding
         # The master shard is a view of this rank's range: stepping it updates the flat buffer in place.
         self.master = nn.Parameter(self.flat.buffer[self.flat.shard])
         self.optimizer = spec.build([self.master])

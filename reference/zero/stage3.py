@@ -24,9 +24,9 @@ from .optim import OptimizerSpec
 
 
 class _Unit:
-    def __init__(self, module: nn.Module, group, reduce_dtype: torch.dtype | None = None):
+    def __init__(self, module: nn.Module, group, reduce_dtype: torch.dtype | None = None, replicate=None):
         self.params, self.reduce_dtype = list(module.parameters(recurse=False)), reduce_dtype
-        self.flat = FlatParams(self.params, group)
+        self.flat = FlatParams(self.params, group, replicate)
         self.shard = nn.Parameter(self.flat.buffer[self.flat.shard].clone())
         self._bytes = self.flat.buffer.untyped_storage().nbytes()
         self._ready = 0
@@ -72,11 +72,13 @@ class _Unit:
 
 
 class Zero3:
-    def __init__(self, module: nn.Module, spec: OptimizerSpec, group=None, reduce_dtype: torch.dtype | None = None):
-        """``reduce_dtype``: the dtype gradients are reduce-scattered in (default: the parameters')."""
+    def __init__(self, module: nn.Module, spec: OptimizerSpec, group=None, reduce_dtype: torch.dtype | None = None,
+                 replicate=None):
+        """``reduce_dtype``: the dtype gradients are reduce-scattered in (default: the parameters'); ``replicate``:
+        hybrid sharding's group of replicas (each reduced shard all-reduced across it)."""
         self.module, self.spec, self.group = module, spec, group
         owners = [m for m in module.modules() if next(m.parameters(recurse=False), None) is not None]
-        self.units = [_Unit(m, group, reduce_dtype) for m in owners]
+        self.units = [_Unit(m, group, reduce_dtype, replicate) for m in owners]
         self.optimizer = spec.build([u.shard for u in self.units])
 
     def zero_grad(self) -> None:

@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from reference.data_parallel import NaiveDataParallel
 from reference.zero.adapter import ReferenceZero, _Trainer
+from reference.zero.flat import FlatParams
 from reference.zero.masked import counted_elements, counted_rows
 from reference.zero.optim import StepRecipe
 from reference.zero.sharded_optimizer import ShardedOptimizer
@@ -170,3 +171,49 @@ class MeanPerRank(_PlantedRecipe):
     """Planted bug: on a padded batch, the per-rank mean averaged over ranks (right on full ones)."""
 
     recipe_class = _MeanPerRankRecipe
+
+
+class _NoReplicaReduction(FlatParams):
+    """Hybrid sharding's bug (pytorch #154888's (n, 1) mesh, verl #7493's fsdp_size 1): each shard reduced within its
+    replica only — never across the replicas — and averaged over the shard group."""
+
+    def reduce_scatter_mean(self, flat, divisor=None):
+        replicas, self.replicas = self.replicas, 1
+        try:
+            return super().reduce_scatter_mean(flat, divisor)
+        finally:
+            self.replicas = replicas
+
+
+class _DividesByWorld(FlatParams):
+    """Hybrid sharding's other bug: the shard group's sum divided by the world size, the replicas never summed."""
+
+    def reduce_scatter_mean(self, flat, divisor=None):
+        replicas, self.replicas = self.replicas, 1
+        try:
+            return super().reduce_scatter_mean(flat, divisor or self.n * replicas)
+        finally:
+            self.replicas = replicas
+
+
+class _PlantedHybrid(ReferenceZero):
+    flat_class = FlatParams
+
+    def build(self, model, optimizer, stage, group=None, *, recipe=None, replicate=None):
+        trainer = super().build(model, optimizer, stage, group, recipe=recipe, replicate=replicate)
+        engine = trainer.engine
+        for flat in ([u.flat for u in engine.units] if stage == 3 else [engine.flat] if engine else []):
+            flat.__class__ = self.flat_class
+        return trainer
+
+
+class NoReplicaReduction(_PlantedHybrid):
+    """Planted bug: hybrid sharding that never reduces across the replicas."""
+
+    flat_class = _NoReplicaReduction
+
+
+class DividesByWorld(_PlantedHybrid):
+    """Planted bug: hybrid sharding dividing the shard group's sum by the world size."""
+
+    flat_class = _DividesByWorld

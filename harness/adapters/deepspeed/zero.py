@@ -22,11 +22,15 @@ from reference.zero.accounting import held_bytes, optimizer_state_tensors
 class DeepSpeedZero:
     dtypes = ("float32",)
 
-    def build(self, model, optimizer, stage: int, group=None, *, recipe=None):
+    def build(self, model, optimizer, stage: int, group=None, *, recipe=None, replicate: int | None = None):
         """``recipe`` (reference.zero.StepRecipe): DeepSpeed's own ``gradient_accumulation_steps`` (the
         engine divides each micro-step's loss by it in ``backward`` and steps at the boundary) and
         ``gradient_clipping`` (its global 2-norm clipping; another norm type is unsupported)."""
         from reference.zero import StepRecipe
+
+        if replicate is not None:
+            raise Unsupported("DeepSpeed's hybrid sharding (MiCS's mics_shard_size, ZeRO++'s hpZ secondary "
+                              "partition) is not driven here.")
 
         recipe = recipe or StepRecipe()
         if recipe.max_grad_norm is not None and recipe.norm_type != 2.0:

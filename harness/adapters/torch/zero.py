@@ -4,6 +4,8 @@
   stage 1: DDP + ZeroRedundancyOptimizer (optimizer state sharded by whole parameters, not elements)
   stage 2: FSDP2 ``fully_shard`` per parameter-owning module + root, reshard_after_forward=False
   stage 3: the same with reshard_after_forward=True
+  hybrid sharding (``replicate``): FSDP2 on a 2-D (replicate, shard) mesh — torch's HSDP — at stages 2 and 3,
+  the degenerate (1, n) and (n, 1) meshes included
 
 FSDP2 reshards after backward in both configurations, so at rest (after a step) stage 2 holds sharded
 parameters like stage 3; it differs only between forward and backward. Memory is measured from the
@@ -35,16 +37,26 @@ def _local(t):
 
 
 class TorchZero:
-    def build(self, model, optimizer, stage: int, group=None, *, recipe=None):
+    def build(self, model, optimizer, stage: int, group=None, *, recipe=None, replicate: int | None = None):
+        from reference.errors import Unsupported
         from reference.zero import StepRecipe
 
         if stage not in (0, 1, 2, 3):
             raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3; got {stage!r}.")
-        return _Trainer(model, optimizer, stage, group or dist.group.WORLD, recipe or StepRecipe())
+        n = dist.get_world_size(group)
+        if replicate is not None and (not isinstance(replicate, int) or replicate < 1 or n % replicate):
+            raise ValueError(f"replicate ({replicate!r}) must be a whole number dividing the {n} ranks.")
+        if replicate not in (None, 1) and stage < 2:
+            raise Unsupported("torch's hybrid sharding is FSDP2 on a 2-D (replicate, shard) mesh (stages 2 and 3); "
+                              "DDP and ZeroRedundancyOptimizer have none.")
+        if replicate is not None and stage >= 2 and group not in (None, dist.group.WORLD):
+            raise Unsupported("this adapter builds FSDP2's 2-D mesh over the whole world (init_device_mesh).")
+        replicate = replicate if stage >= 2 else None  # one replica at stages 0-1: plain DDP
+        return _Trainer(model, optimizer, stage, group or dist.group.WORLD, recipe or StepRecipe(), replicate)
 
 
 class _Trainer:
-    def __init__(self, model, spec, stage, group, recipe):
+    def __init__(self, model, spec, stage, group, recipe, replicate: int | None = None):
         self.spec, self.stage, self.group, self.recipe = spec, stage, group, recipe
         self.last_grad_norm: float | None = None
         if stage <= 1:
@@ -62,10 +74,13 @@ class _Trainer:
             else:
                 self.optimizer = spec.build(model.parameters())
         else:
-            from torch.distributed.device_mesh import DeviceMesh
+            from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
             from torch.distributed.fsdp import fully_shard
 
-            mesh = DeviceMesh.from_group(group, rank_device().type)
+            n = dist.get_world_size(group)
+            mesh = (DeviceMesh.from_group(group, rank_device().type) if replicate is None else  # HSDP: a 2-D mesh
+                    init_device_mesh(rank_device().type, (replicate, n // replicate),
+                                     mesh_dim_names=("replicate", "shard")))
             for module in list(model.modules())[1:]:
                 if next(module.parameters(recurse=False), None) is not None:
                     fully_shard(module, mesh=mesh, reshard_after_forward=stage == 3)
