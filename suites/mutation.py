@@ -69,6 +69,8 @@ PLANTED = [
      "suites/zero/test_hybrid.py::test_hybrid_sharding_equals_one_device"),
     ("suites.zero.planted:DividesByWorld", "hybrid sharding: the shard group's sum divided by the world size",
      "suites/zero/test_hybrid.py::test_hybrid_sharding_equals_one_device"),
+    ("suites.zero.planted:OffloadKeepsFirstMicroStep", "offload: only the first micro-step's gradients kept",
+     "suites/zero/test_offload.py::test_offloaded_training_equals_one_device"),
     ("suites.checkpoint.planted:NoRngRestore", "recomputed dropout draws new masks",
      "suites/checkpoint/test_equivalence.py::test_checkpointed_gradients_are_bitwise_identical"),
     ("suites.checkpoint.planted:LeavesRngAdvanced", "the caller's RNG stream is left advanced",

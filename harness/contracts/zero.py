@@ -29,7 +29,11 @@ class Zero(Protocol):
         ``init_device_mesh((replicate, N // replicate))``) — the stage's state sharded within each group of
         N / replicate ranks, each reduced shard all-reduced across the replicas, every gradient still the average
         over all N; 1 and N included (the degenerate meshes). ValueError for one that does not divide N or for
-        stage 0; a build without the keyword is unsupported for those cases."""
+        stage 0; a build without the keyword is unsupported for those cases.
+
+        Optional: a keyword ``offload`` (True), passed only by the offload suite: the sharded parameters' state on the
+        host (the optimizer's; at stage 3 the parameters too), stepped there. ValueError for stage 0; unsupported
+        where not provided."""
 
 
 @runtime_checkable

@@ -93,7 +93,7 @@ def _single_device(model, spec, x, y, steps: int, recipe: StepRecipe | None = No
 
 def train_case(impl_spec: str, stage: int, model_name: str, opt_name: str, steps: int, per_rank: int,
                seed: int, dtype: str | None = None, recipe: StepRecipe | None = None,
-               replicate: int | None = None) -> dict:
+               replicate: int | None = None, offload: bool = False) -> dict:
     """``dtype`` None: float64 where the implementation allows it (its ``dtypes``), else its first.
     ``recipe``: gradient accumulation and clipping (passed to ``build`` as ``recipe=``; an implementation
     whose build takes no recipe is unsupported for it). With clipping, the trainer's ``last_grad_norm``,
@@ -116,7 +116,8 @@ def train_case(impl_spec: str, stage: int, model_name: str, opt_name: str, steps
         y = mask_rows(y, n, per_rank)
     want = _single_device(copy.deepcopy(model), spec, x, y, steps, recipe)
     keywords = {**({"recipe": recipe} if recipe is not None else {}),
-                **({"replicate": replicate} if replicate is not None else {})}
+                **({"replicate": replicate} if replicate is not None else {}),
+                **({"offload": True} if offload else {})}
     try:
         trainer = impl.build(copy.deepcopy(model), spec, stage, None, **keywords)
     except Exception as exc:  # noqa: BLE001 - whatever the code under test raises is a verdict

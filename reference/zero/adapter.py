@@ -25,9 +25,13 @@ class ReferenceZero:
         self.bucketed, self.bucket_bytes = bucketed, bucket_bytes
 
     def build(self, model: nn.Module, optimizer: OptimizerSpec, stage: int, group=None, *,
-              recipe: StepRecipe | None = None, replicate: int | None = None):
+              recipe: StepRecipe | None = None, replicate: int | None = None, offload: bool = False):
         if stage not in (0, 1, 2, 3):
             raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3; got {stage!r}.")
+        if offload:
+            from ..errors import Unsupported
+
+            raise Unsupported("the reference keeps its sharded state on the rank's device (no offload path).")
         groups = hybrid_groups(group, replicate, stage)
         return _Trainer(model, optimizer, stage, group, self.bucketed, self.bucket_bytes, recipe or StepRecipe(),
                         groups)

@@ -217,3 +217,33 @@ class DividesByWorld(_PlantedHybrid):
     """Planted bug: hybrid sharding dividing the shard group's sum by the world size."""
 
     flat_class = _DividesByWorld
+
+
+class _FirstMicroStepOnly(_Trainer):
+    """DeepSpeed PR 7967's bug (offloaded ZeRO 1/2, a year and a half): only the first micro-step's gradients reach
+    the host copy the offloaded optimizer steps from — the later micro-batches lost, the norm underestimated."""
+
+    def step(self, x, y) -> float:
+        micro = self.recipe.split(x, y)
+        if len(micro) == 1:
+            return super().step(x, y)
+        first = micro[0]
+        self.engine.zero_grad()
+        share = self.recipe.share(y, self.group)
+        loss = self.recipe.micro_loss(self.model(first[0]), first[1], share)
+        loss.backward()
+        self.engine.reduce()
+        self.grad_bytes = 0
+        shards = [self.engine.master] if self.stage < 3 else [u.shard for u in self.engine.units]
+        self._clip(shards, shards)
+        self.engine.update()
+        return float(loss.detach())
+
+
+class OffloadKeepsFirstMicroStep(ReferenceZero):
+    """Planted bug: an offloading ZeRO 1/2 whose host copy keeps only the first micro-step's gradients."""
+
+    def build(self, model, optimizer, stage, group=None, *, recipe=None, replicate=None, offload=False):
+        trainer = super().build(model, optimizer, stage, group, recipe=recipe, replicate=replicate)
+        trainer.__class__ = _FirstMicroStepOnly
+        return trainer

@@ -22,7 +22,8 @@ from reference.zero.accounting import held_bytes, optimizer_state_tensors
 class DeepSpeedZero:
     dtypes = ("float32",)
 
-    def build(self, model, optimizer, stage: int, group=None, *, recipe=None, replicate: int | None = None):
+    def build(self, model, optimizer, stage: int, group=None, *, recipe=None, replicate: int | None = None,
+              offload: bool = False):
         """``recipe`` (reference.zero.StepRecipe): DeepSpeed's own ``gradient_accumulation_steps`` (the
         engine divides each micro-step's loss by it in ``backward`` and steps at the boundary) and
         ``gradient_clipping`` (its global 2-norm clipping; another norm type is unsupported)."""
@@ -45,10 +46,20 @@ class DeepSpeedZero:
         _init()
         import deepspeed
 
+        if offload and stage == 0:
+            raise ValueError("offloading moves ZeRO's sharded state to the host: stage 0 shards none.")
         config = engine_config(stage, recipe.accumulation, recipe.max_grad_norm)
+        if offload:  # ZeRO-Offload: the optimizer (stages 1-3) and the parameters (stage 3) on the host
+            config["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+            if stage == 3:
+                config["zero_optimization"]["offload_param"] = {"device": "cpu"}
+            config["zero_force_ds_cpu_optimizer"] = False  # the spec's torch optimizer, not DeepSpeedCPUAdam
         names = [name for name, _ in model.named_parameters()]
         engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=optimizer.build(model.parameters()),
                                                  config=config)
+        if offload and not (getattr(opt, "cpu_offload", False) or getattr(opt, "offload_optimizer", False)):
+            raise Unsupported(f"DeepSpeed {deepspeed.__version__} took the offload config but its ZeRO optimizer "
+                              f"({type(opt).__name__}) reports no offload: the case would not run the offload path.")
         return _Trainer(engine, opt, optimizer, stage, names, recipe)
 
 

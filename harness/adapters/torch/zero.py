@@ -5,7 +5,7 @@
   stage 2: FSDP2 ``fully_shard`` per parameter-owning module + root, reshard_after_forward=False
   stage 3: the same with reshard_after_forward=True
   hybrid sharding (``replicate``): FSDP2 on a 2-D (replicate, shard) mesh — torch's HSDP — at stages 2 and 3,
-  the degenerate (1, n) and (n, 1) meshes included
+  the degenerate (1, n) and (n, 1) meshes included; offload (``offload``): FSDP2's ``CPUOffloadPolicy``, stages 2-3
 
 FSDP2 reshards after backward in both configurations, so at rest (after a step) stage 2 holds sharded
 parameters like stage 3; it differs only between forward and backward. Memory is measured from the
@@ -37,7 +37,8 @@ def _local(t):
 
 
 class TorchZero:
-    def build(self, model, optimizer, stage: int, group=None, *, recipe=None, replicate: int | None = None):
+    def build(self, model, optimizer, stage: int, group=None, *, recipe=None, replicate: int | None = None,
+              offload: bool = False):
         from reference.errors import Unsupported
         from reference.zero import StepRecipe
 
@@ -52,11 +53,15 @@ class TorchZero:
         if replicate is not None and stage >= 2 and group not in (None, dist.group.WORLD):
             raise Unsupported("this adapter builds FSDP2's 2-D mesh over the whole world (init_device_mesh).")
         replicate = replicate if stage >= 2 else None  # one replica at stages 0-1: plain DDP
-        return _Trainer(model, optimizer, stage, group or dist.group.WORLD, recipe or StepRecipe(), replicate)
+        if offload and stage < 2:
+            raise Unsupported("torch offloads with FSDP2's CPUOffloadPolicy (stages 2 and 3); DDP and "
+                              "ZeroRedundancyOptimizer keep their state on the device.")
+        return _Trainer(model, optimizer, stage, group or dist.group.WORLD, recipe or StepRecipe(), replicate,
+                        offload)
 
 
 class _Trainer:
-    def __init__(self, model, spec, stage, group, recipe, replicate: int | None = None):
+    def __init__(self, model, spec, stage, group, recipe, replicate: int | None = None, offload: bool = False):
         self.spec, self.stage, self.group, self.recipe = spec, stage, group, recipe
         self.last_grad_norm: float | None = None
         if stage <= 1:
@@ -75,16 +80,18 @@ class _Trainer:
                 self.optimizer = spec.build(model.parameters())
         else:
             from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
             n = dist.get_world_size(group)
+            # offload: the sharded parameters, their gradients and the optimizer's state on the host, the step there
+            policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload else OffloadPolicy()
             mesh = (DeviceMesh.from_group(group, rank_device().type) if replicate is None else  # HSDP: a 2-D mesh
                     init_device_mesh(rank_device().type, (replicate, n // replicate),
                                      mesh_dim_names=("replicate", "shard")))
             for module in list(model.modules())[1:]:
                 if next(module.parameters(recurse=False), None) is not None:
-                    fully_shard(module, mesh=mesh, reshard_after_forward=stage == 3)
-            fully_shard(model, mesh=mesh, reshard_after_forward=stage == 3)
+                    fully_shard(module, mesh=mesh, reshard_after_forward=stage == 3, offload_policy=policy)
+            fully_shard(model, mesh=mesh, reshard_after_forward=stage == 3, offload_policy=policy)
             self.model = self.inner = model
             self.optimizer = spec.build(model.parameters())
 
