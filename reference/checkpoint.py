@@ -147,4 +147,7 @@ class ReferenceCheckpointing:
             return checkpoint_sequential(layers, restore_rng=self.restore_rng)
         from .errors import Unsupported
 
-        raise Unsupported(f"policy {policy!r} is not one of layer, sqrt.")
+        if policy == "selective":
+            raise Unsupported("the reference checkpoints whole layers or segments; selective saving is a "
+                              "dispatch-level policy (torch's create_selective_checkpoint_contexts: --impl torch).")
+        raise Unsupported(f"policy {policy!r} is not one of layer, sqrt, selective.")

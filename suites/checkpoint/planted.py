@@ -53,3 +53,34 @@ class LeavesRngAdvanced:
 
     def wrap(self, layers, policy):
         return _LeakyLayers(layers)
+
+
+class SelectiveIgnored:
+    """Planted bug: asked "selective", checkpoints whole layers — the policy silently not applied (TRL PR 6280's
+    review): the same gradients, every matmul recomputed."""
+
+    def wrap(self, layers, policy):
+        from harness.adapters.torch.checkpoint import TorchCheckpointing
+
+        return TorchCheckpointing().wrap(layers, "layer" if policy == "selective" else policy)
+
+
+class SavesEverything:
+    """Planted bug: asked "selective", saves the activations too (the matmuls' and the GELU's outputs; only dropout's
+    in-place draw is replayed) — nearly nothing recomputed, no memory saved."""
+
+    def wrap(self, layers, policy):
+        import functools
+
+        from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+        from harness.adapters.torch.checkpoint import TorchCheckpointing, _PerLayer
+
+        if policy != "selective":
+            return TorchCheckpointing().wrap(layers, policy)
+        import torch
+
+        saved = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.gelu.default}
+        context = functools.partial(create_selective_checkpoint_contexts, lambda ctx, op, *a, **k:
+                                    CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE)
+        return _PerLayer(layers, False, context)

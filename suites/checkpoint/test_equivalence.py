@@ -56,7 +56,7 @@ def test_checkpointed_gradients_are_bitwise_identical(checkpoint_impl, conforman
     conformance.settle()
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", [p for p in POLICIES if p != "selective"])  # the reference's (the planted's base)
 def test_missing_rng_restore_is_caught(policy):
     from .planted import NoRngRestore
 
@@ -92,3 +92,58 @@ def test_a_leaked_rng_stream_is_caught_on_the_second_step():
     assert problems and problems[0] == ("step 1: the caller's RNG state after the step differs (the stream was "
                                         "not left where the plain run leaves it)"), problems
     assert not cases.compare(LeavesRngAdvanced(), "layer", 3, 4, 0.0, torch.float64, True, 0)  # no dropout
+
+
+RECOMPUTES = {"layer": {"aten.addmm": 1, "aten.gelu": 1}, "selective": {"aten.addmm": 0, "aten.gelu": 1}}
+"""Per layer, the forward ops each policy's backward reruns: "layer" the whole layer (its Linear's addmm, its GELU),
+"selective" everything but the saved matmuls. The backward's own GEMMs are aten.mm (never addmm) and its GELU
+gelu_backward: the counts are the recompute's alone."""
+
+
+@pytest.mark.parametrize("policy", list(RECOMPUTES))
+def test_the_backward_recomputes_what_the_policy_says(checkpoint_impl, policy, conformance):
+    from harness.checkpoint.recompute import recomputed
+
+    impl, layers = registry.load(checkpoint_impl, "checkpoint"), 4
+    try:
+        ops = recomputed(impl, policy, layers, 8, 0.3, torch.float32)
+    except NotImplementedError as exc:
+        pytest.skip(f"{checkpoint_impl} does not provide {policy}: {exc}")
+    if ops is None:
+        pytest.skip("this torch's dispatch mode does not see a backward's ops: the recompute is not counted "
+                    "(the gradients are still held bit for bit)")
+    got = {op: ops.get(op, 0) for op in RECOMPUTES[policy]}
+    want = {op: per_layer * layers for op, per_layer in RECOMPUTES[policy].items()}
+    conformance.record("pass" if got == want else "fail", suite="checkpoint", world_size=1, dtype="float32",
+                       collective=f"{policy}/recomputed", impl=checkpoint_impl, detail=f"{got} vs {want}")
+    assert got == want, f"{policy}: the backward recomputed {got}, the policy says {want}"
+
+
+def test_the_recompute_counter_falls_back_to_none_when_the_mode_is_missing(monkeypatch):
+    """The guard: where torch's private dispatch mode cannot be imported, no count (None), never a crash."""
+    from harness.checkpoint import recompute
+
+    def missing():
+        raise ImportError("torch.utils._python_dispatch moved")
+
+    monkeypatch.setattr(recompute, "_CLASS", [])
+    monkeypatch.setattr(recompute, "_counter_class", missing)
+    assert recompute.counter() is None
+    impl = registry.load("torch", "checkpoint")
+    assert recompute.recomputed(impl, "layer", 2, 4, 0.0, torch.float32) is None
+
+
+@pytest.mark.parametrize("planted", ["SelectiveIgnored", "SavesEverything"])
+def test_a_selective_policy_not_applied_is_caught_by_its_recompute(planted):
+    """Both compute the same gradients bit for bit (the gradient check passes them); the recompute count fails them."""
+    from harness.checkpoint.recompute import recomputed
+
+    from . import planted as plants
+
+    impl = getattr(plants, planted)()
+    assert not cases.compare(impl, "selective", 3, 6, 0.3, torch.float64, True, 0)
+    ops = recomputed(impl, "selective", 4, 8, 0.3, torch.float32)
+    if ops is None:
+        pytest.skip("this torch's dispatch mode does not see a backward's ops")
+    got = {op: ops.get(op, 0) for op in RECOMPUTES["selective"]}
+    assert got != {op: n * 4 for op, n in RECOMPUTES["selective"].items()}, got
