@@ -50,7 +50,7 @@ def test_a_missing_average_is_caught(world_cache):
     assert all(r["problems"] for r in per_rank)
 
 
-@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("n", [2, 4, pytest.param(8, marks=pytest.mark.thorough)])  # 8: 9 s, the thorough env's
 def test_memory_per_rank_is_the_zero_papers_model_with_k_12(n, world_cache):
     require_dtype(world_cache.get(n), "bfloat16")
     psi = sum(a * b + b for a, b in zip(case.SIZES, case.SIZES[1:], strict=False))

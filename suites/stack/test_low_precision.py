@@ -42,9 +42,11 @@ CASES = [  # (id, spec, layout, recipe)
 ]
 
 
-THOROUGH = {"tensorwise-fsdp-tp", "tensorwise-dp-pp", "mxfp8-pp", "rowwise-adam-fsdp-pp"}
+THOROUGH = {"tensorwise-fsdp-tp", "tensorwise-dp-pp", "mxfp8-pp", "rowwise-adam-fsdp-pp", "rowwise-tp",
+            "mxfp8-fsdp-accumulate"}
 """tox's budget: four ranks each, 3-5 s a stack (dp x tp and dp x pp, each dimension already met in tox alone); MXFP8
-under pp (pp is met in tox by tensorwise, MXFP8 by FSDP and TP)."""
+under pp and FSDP (pp is met in tox by tensorwise, FSDP by rowwise, MXFP8 by TP); rowwise TP with SGD (rowwise TP
+runs in tox with Adam, on every stack including torchtitan's)."""
 
 
 @pytest.mark.parametrize("spec, layout, recipe", [
