@@ -14,6 +14,7 @@ import pytest
 from harness.runtime.world import run_or_fail
 from harness.zero import case as ranks
 from reference.zero import StepRecipe
+from suites._support.zero import judged
 
 SPLITS = [(n, r) for n in (2, 4, 8) for r in range(1, n + 1) if n % r == 0]
 """(ranks, replicate): the shard group is n / replicate ranks."""
@@ -36,15 +37,7 @@ def test_hybrid_sharding_equals_one_device(zero_impl, stage, n, replicate, world
     r = ranks.merge(run_or_fail(world_cache.get(n), ranks.train_case, zero_impl, stage, model, opt, 2, 4, n, None,
                                 recipe, replicate, timeout=300, failed=ranks.failed))
     label = f"stage{stage}/{model}/{opt}/hsdp{replicate}x{n // replicate}"
-    if r["refused"]:
-        conformance.record("unsupported" if r["unsupported"] else "refused", suite="zero", world_size=n,
-                           collective=label, impl=zero_impl, detail=r["refused"])
-        assert r["unsupported"], f"{label}: refused a split that fits: {r['refused']}"
-        pytest.skip(f"{zero_impl} does not provide this case: {r['refused']}")
-    conformance.record("fail" if r["problems"] else "pass", suite="zero", world_size=n, dtype=r["dtype"],
-                       collective=label, numel=r["numel"], impl=zero_impl, max_rel_err=r["worst"],
-                       detail=" | ".join(r["problems"][:1]))
-    assert not r["problems"], r["problems"][:4]
+    judged(conformance, r, zero_impl, n, label)
 
 
 def test_stage_zero_and_a_split_that_does_not_divide_are_refused(world_cache):

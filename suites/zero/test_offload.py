@@ -12,6 +12,7 @@ import pytest
 from harness.runtime.world import run_or_fail
 from harness.zero import case as ranks
 from reference.zero import StepRecipe
+from suites._support.zero import judged
 
 RECIPES = {"accumulate-2": StepRecipe(accumulation=2), "accumulate-2+clip": StepRecipe(2, 0.05)}
 
@@ -23,19 +24,16 @@ def test_offloaded_training_equals_one_device(zero_impl, stage, recipe, world_ca
     r = ranks.merge(run_or_fail(world_cache.get(n), ranks.train_case, zero_impl, stage, "mlp", "adam", 2, 4, n, None,
                                 RECIPES[recipe], None, True, timeout=300, failed=ranks.failed))
     label = f"stage{stage}/mlp/adam/offload/{recipe}"
-    if r["refused"]:
-        conformance.record("unsupported" if r["unsupported"] else "refused", suite="zero", world_size=n,
-                           collective=label, impl=zero_impl, detail=r["refused"])
-        assert r["unsupported"], f"{label}: refused: {r['refused']}"
-        pytest.skip(f"{zero_impl} does not provide this case: {r['refused']}")
-    conformance.record("fail" if r["problems"] else "pass", suite="zero", world_size=n, dtype=r["dtype"],
-                       collective=label, numel=r["numel"], impl=zero_impl, max_rel_err=r["worst"],
-                       detail=" | ".join(r["problems"][:1]))
-    assert not r["problems"], r["problems"][:4]
+    judged(conformance, r, zero_impl, n, label)
 
 
 def test_stage_zero_offload_is_refused(world_cache):
     """DeepSpeed's: stage 0 shards nothing to offload — one sentence."""
+    from harness.records import registry
+
+    why = registry.skip_reason(registry.resolve("deepspeed", "zero"))
+    if why:
+        pytest.skip(why)
     r = ranks.merge(world_cache.get(2).run(ranks.train_case, "deepspeed", 0, "mlp", "adam", 1, 2, 2, None, None,
                                            None, True, timeout=120))
     if r["unsupported"]:
