@@ -18,9 +18,12 @@ CASES = [
     Case("rows", 2, fused=False), Case("cols", 4, fused=False, adjust_lr_fn="original"),
     Case("rows", 4, fused=False, nesterov=False),
 ]
+THOROUGH = {"rows-n2-fused", "cols-n2-fused", "rows-n2-split"}
+"""tox's budget: the 2-rank rows / cols cases (their 4-rank siblings run in tox; flat and replicated at 2 too)."""
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.label() for c in CASES])
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.label(), marks=[pytest.mark.thorough] if c.label() in THOROUGH
+                                               else []) for c in CASES])
 def test_muon_equals_one_device(muon_impl, case, world_cache, conformance):
     outcome, refused, problems, per_rank = judge(world_cache, conformance, muon_impl, case)
     if outcome == "unsupported":
