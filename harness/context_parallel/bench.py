@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass, field
 
 from harness.records import registry
-from harness.records.tables import NO_ROWS, opening
+from harness.records.tables import NO_ROWS, not_provided, opening
 from harness.runtime.comm_count import counted_traffic
 from harness.runtime.timing import summarize, time_iterations
 
@@ -106,7 +106,4 @@ def context_parallel_section(rows, run_dir, md) -> list[str]:
     ok["ms"] = ok["time_p50_us"] / 1e3
     cols = ["world_size", "impl", "seq", "ms", "comm_bytes_measured", "comm_bytes_predicted"]
     out += [md(ok.sort_values(["world_size", "impl", "seq"])[cols], ".4g", index=False), ""]
-    missing = rows[rows["status"] == "unsupported"]
-    if len(missing):
-        out += [md(missing[["world_size", "impl", "op", "detail"]], "g", index=False), ""]
-    return out
+    return out + not_provided(rows, md, ["world_size", "impl", "op", "detail"])

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass, field
 
 from harness.records import registry
-from harness.records.tables import NO_ROWS, opening
+from harness.records.tables import NO_ROWS, not_provided, opening
 from harness.runtime.comm_count import counted_traffic
 from harness.runtime.timing import summarize, time_iterations
 
@@ -165,7 +165,4 @@ def expert_parallel_section(rows, run_dir, md) -> list[str]:
     cols = [c for c in ["world_size", "impl", "op", "ms", "dispatch ms", "received_max", "comm_bytes_measured",
                         "comm_bytes_routed", "comm_bytes_predicted"] if c in ok.columns]
     out += [md(ok.sort_values(["world_size", "impl", "op"])[cols], ".4g", index=False), ""]
-    missing = rows[rows["status"] == "unsupported"]
-    if len(missing):
-        out += [md(missing[["world_size", "impl", "op", "detail"]], "g", index=False), ""]
-    return out
+    return out + not_provided(rows, md, ["world_size", "impl", "op", "detail"])

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass, field
 
 from harness.records import registry
-from harness.records.tables import NO_ROWS, opening
+from harness.records.tables import NO_ROWS, not_provided, opening
 from harness.runtime.comm_count import counted_traffic
 from harness.runtime.timing import summarize, time_iterations
 
@@ -164,7 +164,4 @@ def low_precision_section(rows, run_dir, md) -> list[str]:
             out += [f"The float8 all-gather moves {base.iloc[0] / fp8['comm_bytes_forward'].max():.4g}x fewer bytes "
                     f"than the bf16 one ({int(fp8['comm_bytes_forward'].max())} vs {int(base.iloc[0])} B per call, "
                     f"its amax all-reduce included).", ""]
-    missing = rows[rows["status"] == "unsupported"]
-    if len(missing):
-        out += [md(missing[["impl", "op", "detail"]], "g", index=False), ""]
-    return out
+    return out + not_provided(rows, md, ["impl", "op", "detail"])

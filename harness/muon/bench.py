@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, field
 
 from harness.records import registry
-from harness.records.tables import NO_ROWS, opening
+from harness.records.tables import NO_ROWS, not_provided, opening
 from harness.runtime.comm_count import counted_traffic
 from harness.runtime.timing import summarize, time_iterations
 
@@ -128,7 +128,4 @@ def muon_section(rows, run_dir, md) -> list[str]:
         out += ["Rows without bytes: DTensor issued the step's collectives where no byte counter sees them (inside "
                 "torch's optimizer step); their calls, from torch's `CommDebugMode`:", "",
                 md(uncounted[["impl", "op", "world_size", "detail"]], "g", index=False), ""]
-    missing = rows[rows["status"] == "unsupported"]
-    if len(missing):
-        out += [md(missing[["impl", "op", "world_size", "detail"]], "g", index=False), ""]
-    return out
+    return out + not_provided(rows, md, ["impl", "op", "world_size", "detail"])

@@ -8,3 +8,10 @@ NO_ROWS = ["_(no successful rows)_", ""]
 def opening(rows, title: str, intro: str) -> tuple:
     """(the rows whose status is ok, a copy; the section's first lines: its title and its introduction)."""
     return rows[rows["status"] == "ok"].copy(), [title, "", intro, ""]
+
+
+def not_provided(rows, md, columns: list[str]) -> list[str]:
+    """The section's closing table: its rows an implementation does not provide (status unsupported), each with its
+    own sentence (``detail``) — or nothing where there are none."""
+    missing = rows[rows["status"] == "unsupported"]
+    return [md(missing[columns], "g", index=False), ""] if len(missing) else []

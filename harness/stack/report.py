@@ -4,6 +4,8 @@ what a stack does not provide."""
 
 from __future__ import annotations
 
+from harness.records.tables import not_provided
+
 
 def stack_section(rows, run_dir, md) -> list[str]:
     ok = rows[rows["status"] == "ok"].copy()
@@ -31,10 +33,8 @@ def stack_section(rows, run_dir, md) -> list[str]:
         for family, rows_f in ok.groupby("family", sort=False):
             out += [f"### {family}", "", md(rows_f.sort_values(["layout", "impl"])[cols], ".4g", index=False), ""]
         out += _side_by_side(ok, md)
-    missing = rows[rows["status"] == "unsupported"]
-    if len(missing):
-        out += ["### Not provided", "", md(missing[["impl", "op", "detail"]], "g", index=False), ""]
-    return out
+    missing = not_provided(rows, md, ["impl", "op", "detail"])
+    return out + (["### Not provided", "", *missing] if missing else [])
 
 
 def beside_ours(ok):
