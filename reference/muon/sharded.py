@@ -66,6 +66,7 @@ class ShardedMuon:
         self.owned = owned(self.shapes, layout, self.n)
         self.local = {k: v.detach().clone() for k, v in local_part(params, layout, self.r, self.n).items()}
         self.muon = [k for k, s in self.shapes.items() if spec.takes(k, s)]
+        self.selections = {k: self._selections(k) for k in self.muon}
         self.bufs = {k: torch.zeros_like(self.local[k]) for k in self.muon}
         rest = [self.local[k] for k in self.shapes if k not in self.muon]
         self.adamw = spec.adamw(rest) if rest else None
@@ -85,16 +86,24 @@ class ShardedMuon:
             whole[idx.to(piece.device)] = pieces[r * longest:r * longest + len(idx)]
         return whole.reshape(self.shapes[name])
 
-    def orthogonal(self, name: str, update: torch.Tensor) -> list:
-        """[(rows, this rank's part of the orthogonalised part, its lr, the local elements it covers)]."""
-        idx = self.owned[name][self.r][0].to(update.device)
-        row_of = idx // self.shapes[name][1]
-        whole = self.gather(name, update)
-        out = []
-        for rows, ortho, lr in orthogonalised(self.spec, name, whole):
-            mine = (row_of >= rows.start) & (row_of < rows.stop)
-            out.append((mine, ortho.flatten()[idx[mine] - rows.start * self.shapes[name][1]], lr))
+    def _selections(self, name: str) -> list:
+        """Per logical part of matrix ``name``: (the mask of this rank's local elements in that part, their flat
+        indices into the part) — fixed by the shapes and the layout, computed once."""
+        idx = self.owned[name][self.r][0].to(self.local[name].device)
+        cols, out, start = self.shapes[name][1], [], 0
+        row_of = idx // cols
+        for rows in self.spec.part_rows(name, self.shapes[name][0]):
+            mine = (row_of >= start) & (row_of < start + rows)
+            out.append((mine, idx[mine] - start * cols))
+            start += rows
         return out
+
+    def orthogonal(self, name: str, update: torch.Tensor) -> list:
+        """[(the mask of this rank's local elements in a logical part, their orthogonalised values, the part's lr)]
+        of the whole matrix's update, gathered from every rank's part."""
+        parts = orthogonalised(self.spec, name, self.gather(name, update))
+        return [(mine, ortho.flatten()[at], lr)
+                for (mine, at), (_, ortho, lr) in zip(self.selections[name], parts, strict=True)]
 
     def step(self, grads: dict) -> None:
         spec = self.spec
