@@ -104,10 +104,9 @@ def run_sweep(cfg: LowPrecisionSweep, get_world, run_dir, progress=sys.stderr) -
     cases += [(*BASELINE, LAYOUTS[0])] if cfg.baseline else []
     for done, (impl, recipe, layout) in enumerate(cases, 1):
         baseline = (impl, recipe) == BASELINE
-        case = _case("float8-tensorwise" if baseline else recipe, layout, cfg.dims)  # the baseline: no recipe
+        case = _case(recipe, layout, cfg.dims)  # the baseline's recipe, "bf16", is no recipe: bench_rank builds it
         world = get_world(case.world)
-        per_rank = world.run(bench_rank, impl, {**as_dict(case), **({"recipe": recipe} if baseline else {})},
-                             cfg.iters, cfg.warmup, timeout=600)
+        per_rank = world.run(bench_rank, impl, as_dict(case), cfg.iters, cfg.warmup, timeout=600)
         row = {"suite": "low_precision", "op": f"{recipe}/{case.layout().label()}", "impl": impl,
                "backend": world.backend, "world_size": case.world,
                "dtype": {"mxfp8": "mxfp8", "bf16": "bfloat16"}.get(recipe, "float8"),
