@@ -103,7 +103,7 @@ def one_device_trace(spec, recipe, seed: int, tokens, targets, steps: int, repli
     "initial": {parameter: tensor}}. ``replicas``: how many data-parallel row blocks' own gradients to give."""
     model = spec.build(seed)
     batch_dim = _batch_dims(model, tokens)
-    opt = recipe.optimizer.build(model.parameters())
+    opt = recipe.optimizer.build_named(model.named_parameters())
     hooks = _Hooks(model)
     initial = {n: p.detach().to(torch.float64).clone() for n, p in model.named_parameters()}
     out = []

@@ -55,8 +55,8 @@ def norm_bound(step: int, tokens: int, spec, world: int, spread: float, numel: i
 
 def _one_device(spec, recipe, seed: int, tokens, targets, steps: int) -> list[dict]:
     model = spec.build(seed)
-    opt = recipe.optimizer.build(model.parameters())
-    out = []
+    opt = recipe.optimizer.build_named(model.named_parameters())
+    out, muon = [], recipe.optimizer.name == "muon"
     for step in range(steps):
         model.dropout_key.step = step
         margin = model.routing_margin(tokens) if hasattr(model, "routing_margin") else math.inf
@@ -65,14 +65,16 @@ def _one_device(spec, recipe, seed: int, tokens, targets, steps: int) -> list[di
         loss.backward()
         zero_missing_grads(model.parameters())  # an expert no token reached: its momentum carries on
         grads = [p.grad for p in model.parameters()]
+        before = [g.detach().double().clone() for g in grads] if muon else None  # before clipping
         spread = math.sqrt(sum(g.numel() * float(g.abs().max()) ** 2 for g in grads))
         norm = None
         if recipe.max_grad_norm is not None:
             norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm, recipe.norm_type))
         opt.step()
-        state = {n: {k: opt.state[p][k].detach().clone() for k in recipe.optimizer.state_keys}
+        state = {n: {k: opt.state[p][k].detach().clone() for k in recipe.optimizer.state_keys_of(n, p.shape)}
                  for n, p in model.named_parameters()}
         out.append({"loss": float(loss.detach()), "norm": norm, "margin": margin,
+                    **({"grads": before} if muon else {}),
                     "numel": sum(g.numel() for g in grads),
                     "spread": spread / max(norm or 1e-300, 1e-300) if norm else 0.0, "optimizer": state,
                     # state_dict's names: a tied head's weight under both of its names, as load_dense is given it
@@ -87,9 +89,13 @@ def one_device(spec, recipe, seed: int, tokens, targets, steps: int) -> list[dic
     return computed_once(_ONE_DEVICE, key, lambda: _one_device(spec, recipe, seed, tokens, targets, steps))
 
 
-def differences(got: dict, want: dict, limit: float, what: str, floor: float = 0.0) -> tuple[float, list[str]]:
+def differences(got: dict, want: dict, limit: float, what: str, floor: float = 0.0,
+                slack: dict | None = None) -> tuple[float, list[str]]:
     """(largest relative difference, one line per tensor off, missing, extra or of the wrong shape); each
-    tensor's difference relative to max(its largest magnitude, ``floor``)."""
+    tensor's difference relative to max(its largest magnitude, ``floor``). Where ``slack`` names it ((E_T, ratio):
+    ``harness.stack.muon``, E_T a Frobenius norm) the difference's Frobenius norm may be ``limit`` x its magnitude x
+    sqrt(its elements) (every element within the bound) + ratio x E_T; its relative difference is reported as that
+    fraction of the allowance x ``limit``."""
     problems, worst = [], 0.0
     for name in sorted(set(want) - set(got)):
         problems.append(f"{what} {name}: missing from the dense state")
@@ -101,16 +107,28 @@ def differences(got: dict, want: dict, limit: float, what: str, floor: float = 0
             problems.append(f"{what} {name}: shape {tuple(getattr(g, 'shape', ()))} != {tuple(w.shape)}")
             continue
         mag = max(float(w.abs().max()), floor, 1e-300)
-        rel = float((g.detach().cpu().to(w.dtype) - w).abs().max()) / mag
+        off = g.detach().cpu().to(w.dtype) - w
+        if slack is not None and name in slack:
+            e_t, ratio = slack[name]
+            diff, allowed = float(off.norm()), limit * mag * math.sqrt(w.numel()) + ratio * e_t
+            rel = diff / max(allowed, 1e-300) * limit
+            if not rel <= limit:  # NaN fails
+                problems.append(f"{what} {name}: off by {diff:.3g} (Frobenius) = {diff / max(e_t, 1e-300):.3g} E_T > "
+                                f"{limit:.3g} x {mag:.3g} x sqrt({w.numel()}) + {ratio:.3g} E_T (E_T = {e_t:.3g})")
+        else:
+            rel = float(off.abs().max()) / mag
+            if not rel <= limit:  # NaN fails
+                problems.append(f"{what} {name}: off by {rel:.3g} of its magnitude > {limit:.3g}")
         worst = max(worst, rel) if rel == rel else math.inf
-        if not rel <= limit:  # NaN fails
-            problems.append(f"{what} {name}: off by {rel:.3g} of its magnitude > {limit:.3g}")
     return worst, problems
 
 
-def held(state: dict, want: dict, step: int, tokens: int, spec, n: int) -> tuple[float, list[str]]:
+def held(state: dict, want: dict, step: int, tokens: int, spec, n: int, slack: dict | None = None) -> tuple[
+        float, list[str]]:
     """(worst, problem lines) of a stack's dense state after ``step`` against one device's ``want``: every
-    parameter and optimizer state tensor within the step's bound, the gradient norm within ``norm_bound``."""
+    parameter and optimizer state tensor within the step's bound, the gradient norm within ``norm_bound``.
+    ``slack`` (a Muon recipe: ``muon_slack``) widens each tensor's and the norm's bound by its own amount."""
+    slack = slack or {}
     step_limit = bound(step, tokens, spec, n)
     expected_state = flat_state(want["optimizer"])
     # optimizer state (SGD's momentum: the gradients) relative to the whole state's scale: a gradient that is zero
@@ -121,12 +139,13 @@ def held(state: dict, want: dict, step: int, tokens: int, spec, n: int) -> tuple
     for what, got, expected, floor in (("parameter", state.get("params", {}), want["params"], 0.0),
                                        ("optimizer state", flat_state(state.get("optimizer", {})), expected_state,
                                         scale)):
-        w, off = differences(got, expected, step_limit, what, floor)
+        w, off = differences(got, expected, step_limit, what, floor, slack.get(what))
         worst, problems = max(worst, w), problems + off
     if want["norm"] is not None:
         got_norm = state.get("grad_norm")
         rel = abs(got_norm - want["norm"]) / want["norm"] if got_norm is not None else math.inf
-        nb = norm_bound(step, tokens, spec, n, want["spread"], want["numel"])
+        e_t, ratio = slack.get("norm", (0.0, 0.0))
+        nb = norm_bound(step, tokens, spec, n, want["spread"], want["numel"]) + ratio * e_t / want["norm"]
         if not rel <= nb:
             problems.append(f"gradient norm {got_norm!r} vs one device {want['norm']!r} (off by {rel:.3g} > "
                             f"{nb:.3g})")
@@ -154,6 +173,11 @@ def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int 
     if declined:
         return declined
     want = one_device(spec, recipe, seed, tokens, targets, steps)  # after build: a refusal costs no oracle
+    slacks = [{}] * steps
+    if recipe.optimizer.name == "muon":  # bfloat16 Newton-Schulz: harness.stack.muon
+        from .muon import exact_recipe, muon_slacks
+
+        slacks = muon_slacks(want, one_device(spec, exact_recipe(recipe), seed, tokens, targets, steps), layout, recipe)
     device = rank_device()
     problems, worst, losses = [], 0.0, []
     limit = bound(steps, tokens.numel(), spec, n)
@@ -165,7 +189,7 @@ def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int 
         for k in range(steps):
             losses.append(float(trainer.step(tokens.to(device), targets.to(device))))
             if k in (0, steps - 1):
-                w, off = held(trainer.dense_state(), want[k], k + 1, tokens.numel(), spec, n)
+                w, off = held(trainer.dense_state(), want[k], k + 1, tokens.numel(), spec, n, slacks[k])
                 worst, problems = max(worst, w), problems + [f"rank {r}: step {k + 1}: {p}" for p in off]
     except ValueError as exc:  # the contract's refusal of a batch it cannot split (one sentence), at step 1
         if losses:
@@ -174,7 +198,8 @@ def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int 
     except Exception as exc:  # noqa: BLE001 - the stack's failure is a verdict; peers inside it are ended
         return failed_here(f"rank {r}: {describe(exc)} (after {len(losses)} step(s))")
     for k, (a, b) in enumerate(zip(losses, [w["loss"] for w in want], strict=False)):
-        if not abs(a - b) <= bound(k + 1, tokens.numel(), spec, n) * abs(b):
+        e_t, ratio = slacks[k].get("loss", (0.0, 0.0))
+        if not abs(a - b) <= bound(k + 1, tokens.numel(), spec, n) * abs(b) + ratio * e_t:
             problems.append(f"rank {r}: loss after step {k + 1}: {a!r} vs one device {b!r}")
     return checked(problems, worst, limit, losses=losses, margin=min(w["margin"] for w in want))
 

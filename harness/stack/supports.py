@@ -43,12 +43,18 @@ class Supports(NamedTuple):
     """How its sentences name it: "the torch stack"."""
     unsupported: tuple = ()
     refused: tuple = ()
+    optimizers: tuple = ("sgd", "adam")
+    """The ``OptimizerSpec`` names it trains (Muon, "muon", where it steps the hidden matrices by Muon's rule);
+    another is unsupported after its own rules (which may say why in its own words)."""
 
     def why_unsupported(self, spec, layout, recipe) -> str | None:
         unknown = sorted({**spec.extra, **layout.extra})
         if unknown:
             return f"{self.stack} does not know {', '.join(unknown)}."
-        return _first(self.unsupported, spec, layout, recipe)
+        why = _first(self.unsupported, spec, layout, recipe)
+        if why is None and recipe.optimizer.name not in self.optimizers:
+            why = f"{self.stack} does not train with {recipe.optimizer.name} (it trains {', '.join(self.optimizers)})."
+        return why
 
     def why_refused(self, spec, layout, recipe) -> str | None:
         return _first(self.refused, spec, layout, recipe)

@@ -23,6 +23,7 @@ from reference.models import GPT
 from reference.models.sharding import ParallelGQAttention, tp_block
 from reference.stack.topology import ParallelDims, coordinates
 from reference.tensor_parallel import ParallelLMHead, VocabParallelEmbedding
+from reference.tensor_parallel.sharded import tp_split_matrices
 from reference.zero import OptimizerSpec, ShardedOptimizer
 
 
@@ -154,7 +155,8 @@ def data_parallel(local: nn.Module, optimizer: OptimizerSpec, zero_stage: int, d
     if zero_stage == 0:
         if divisor is not None:
             raise ValueError("ZeRO 0 in full precision averages over its group; divide the gradients first.")
-        return NaiveDataParallel(local, dp_group), optimizer.build(local.parameters())
+        return NaiveDataParallel(local, dp_group), optimizer.build_named(local.named_parameters(),
+                                                                         tp_split_matrices(local))
     sync = ShardedOptimizer(local, optimizer, zero_stage, dp_group, divisor)
     return sync, sync.optimizer
 

@@ -6,13 +6,15 @@ from dataclasses import dataclass
 
 import torch
 
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = ("sgd", "adam", "muon")
+NS_DTYPES = ("bfloat16", "float64")
 
 
 @dataclass(frozen=True)
 class OptimizerSpec:
     name: str
-    """"sgd" (with momentum) or "adam"."""
+    """"sgd" (with momentum), "adam", or "muon": Muon for the hidden matrices, AdamW for the rest
+    (``reference.muon.MuonSpec``'s rule: the embedding, the LM head and every vector) — ``build_named``."""
     lr: float
     """Learning rate."""
     momentum: float = 0.9
@@ -21,30 +23,92 @@ class OptimizerSpec:
     """Adam's betas (state ``exp_avg`` and ``exp_avg_sq``, two tensors per parameter)."""
     eps: float = 1e-8
     """Adam's epsilon."""
+    weight_decay: float = 0.0
+    """Muon's decoupled weight decay, and its AdamW's (sgd / adam: none, 0)."""
+    nesterov: bool = True
+    """Muon's Nesterov momentum (torch's default)."""
+    adjust_lr_fn: str | None = None
+    """Muon's learning-rate adjustment by the matrix's shape: torch's None / "original" or "match_rms_adamw"."""
+    adamw_lr: float | None = None
+    """The learning rate of Muon's AdamW (the embedding, head and vectors); None: ``lr``."""
+    ns_dtype: str = "bfloat16"
+    """Muon's Newton-Schulz precision: torch's bfloat16; "float64" is exact arithmetic's stand-in (the one-device
+    run a Muon case's E_T is measured from: ``harness.stack.muon``)."""
 
     def __post_init__(self):
         if self.name not in OPTIMIZERS:
             raise ValueError(f"optimizer {self.name!r} is not one of {', '.join(OPTIMIZERS)}.")
         if not self.lr > 0:
             raise ValueError(f"lr must be positive; got {self.lr}.")
+        if self.name != "muon" and self.weight_decay:
+            raise ValueError(f"weight_decay is Muon's (and its AdamW's); {self.name} here trains without it.")
+        if self.ns_dtype not in NS_DTYPES:
+            raise ValueError(f"ns_dtype must be one of {', '.join(NS_DTYPES)}; got {self.ns_dtype!r}.")
+        if self.name == "muon":
+            self.muon()  # its checks (adjust_lr_fn), its sentences
 
     def build(self, params) -> torch.optim.Optimizer:
+        if self.name == "muon":
+            raise ValueError("Muon takes the hidden matrices by name: build it with build_named((name, parameter) "
+                             "pairs).")
         if self.name == "sgd":
             return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum)
         return torch.optim.Adam(params, lr=self.lr, betas=self.betas, eps=self.eps)
 
+    def build_named(self, named, shards: dict | None = None):
+        """The optimizer over ``named`` ((name, parameter) pairs; the names decide Muon's matrices): ``build``'s for
+        sgd / adam; for muon ``reference.muon.MuonAdamW`` — torch's Muon and AdamW, or with ``shards`` ({id(param):
+        (dim, group, replicas)}: a matrix split over a group along dim, ``tp_split_matrices``) or ``ns_dtype`` float64 the reference iteration, each
+        matrix gathered whole."""
+        named = list(named)
+        if self.name != "muon":
+            return self.build([p for _, p in named])
+        from reference.muon.optimizer import MuonAdamW
+
+        return MuonAdamW(named, self.muon(), getattr(torch, self.ns_dtype), shards or {})
+
+    def muon(self):
+        """This spec as ``reference.muon.MuonSpec`` (Muon's hyper-parameters and its AdamW's)."""
+        from reference.muon import MuonSpec
+
+        spec = MuonSpec(lr=self.lr, momentum=self.momentum, nesterov=self.nesterov, weight_decay=self.weight_decay,
+                        adjust_lr_fn=self.adjust_lr_fn, adamw_lr=self.adamw_lr or self.lr, adamw_betas=self.betas,
+                        adamw_eps=self.eps, adamw_weight_decay=self.weight_decay)
+        spec.adjusted_lr((1, 1))  # an unknown adjustment: its sentence now
+        return spec
+
+    def takes_muon(self, name: str, shape) -> bool:
+        """Muon steps this parameter (the rest of a Muon spec's: AdamW; sgd / adam: none)."""
+        return self.name == "muon" and self.muon().takes(name, shape)
+
     @property
     def state_keys(self) -> tuple[str, ...]:
-        """The per-element state tensors (Adam's scalar ``step`` is not one)."""
-        return ("momentum_buffer",) if self.name == "sgd" else ("exp_avg", "exp_avg_sq")
+        """The per-element state tensors (Adam's scalar ``step`` is not one); Muon's: every key of either of its
+        optimizers — a parameter's own are ``state_keys_of``."""
+        return {"sgd": ("momentum_buffer",), "adam": ("exp_avg", "exp_avg_sq"),
+                "muon": ("momentum_buffer", "exp_avg", "exp_avg_sq")}[self.name]
 
     @property
     def extra_state(self) -> tuple[str, ...]:
         """Per-parameter state that is not per element: Adam's ``step`` (the same count for every parameter)."""
-        return ("step",) if self.name == "adam" else ()
+        return ("step",) if self.name in ("adam", "muon") else ()
+
+    def state_keys_of(self, name: str, shape) -> tuple[str, ...]:
+        """Parameter ``name``'s per-element state: Muon's matrices its momentum, its AdamW's the two moments."""
+        if self.name != "muon":
+            return self.state_keys
+        return ("momentum_buffer",) if self.takes_muon(name, shape) else ("exp_avg", "exp_avg_sq")
+
+    def extra_state_of(self, name: str, shape) -> tuple[str, ...]:
+        if self.name != "muon":
+            return self.extra_state
+        return () if self.takes_muon(name, shape) else ("step",)
 
     def state_bytes_per_param(self, element_size: int) -> int:
         """K of the ZeRO paper for this optimizer in this precision (no separate master copy)."""
+        if self.name == "muon":
+            raise ValueError("Muon keeps one state tensor per matrix element and AdamW's two per other element: count "
+                             "them per parameter (state_keys_of).")
         return len(self.state_keys) * element_size
 
 

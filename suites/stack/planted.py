@@ -302,3 +302,19 @@ class LastRankRaises(ReferenceStack):
     def build(self, spec, layout, recipe, group=None):
         super().build(spec, layout, recipe, group)
         return _LastRankRaises(spec, layout, recipe)
+
+
+class _MuonOnLocalRows(ReferenceStackTrainer):
+    def _build(self, model):
+        trainer = super()._build(model)
+        trainer.reduction.optimizer.matrices.shards.clear()  # each TP rank orthogonalises its own block
+        return trainer
+
+
+class MuonOnLocalRows(ReferenceStack):
+    """Planted bug: Muon's Newton-Schulz on each tensor-parallel rank's own rows (or columns) of a split matrix, not
+    the whole — the bug a sharded Muon is held against (Megatron-LM #5961's question)."""
+
+    def build(self, spec, layout, recipe, group=None):
+        super().build(spec, layout, recipe, group)
+        return _MuonOnLocalRows(spec, layout, recipe)

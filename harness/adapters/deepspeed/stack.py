@@ -56,6 +56,9 @@ def _piped(spec, layout, recipe) -> bool:
 
 
 SUPPORTS = Supports("the DeepSpeed stack", unsupported=(
+    Rule(lambda s, lay, r: r.optimizer.name == "muon",
+         "DeepSpeed's Muon (MuonWithAuxAdam, ZeRO 1-3) orthogonalises by its Gram Newton-Schulz (float32 on a CPU): "
+         "another iteration than torch's, whose one device is its own — not driven yet."),
     Rule(lambda s, lay, r: r.low_precision is not None,
          "DeepSpeed has no float8 / MX recipe of its own for these layers (its FP8 path is TransformerEngine's, CUDA "
          "only)."),

@@ -64,7 +64,12 @@ SUPPORTS = Supports("the reference stack", unsupported=(
     Rule(lambda s, lay, r: lay.cp > 1 and s.family not in ("llama", "moe"),
          lambda s, lay, r: "the reference stack's context parallelism splits the Llama family's attention (grouped-"
                            f"query heads, rotary positions), not the {s.family} family's."),
-), refused=(
+    Rule(lambda s, lay, r: r.optimizer.name == "muon" and (lay.zero or s.family == "moe" or r.low_precision
+                                                          or s.dtype not in ("float32", "float64")),
+         "the reference stack's Muon gathers each TP-split matrix at ZeRO 0 for the dense families in float32 / "
+         "float64; ZeRO 1-2's flat shards under Muon are the muon paradigm's (reference.muon.ShardedMuon, layout "
+         "flat), not composed here."),
+), optimizers=("sgd", "adam", "muon"), refused=(
     Rule(lambda s, lay, r: lay.ep > 1 and s.family != "moe",
          lambda s, lay, r: f"ep ({lay.ep}) splits experts: the {s.family} family has none (the moe family has)."),
     Rule(lambda s, lay, r: lay.ep > 1, _raised(_experts_split)),

@@ -61,7 +61,9 @@ SUPPORTS = Supports("the torch stack", unsupported=(
          "the torch stack's float8 recipe converts the linear layers of a float32 model (torchao's Float8Linear)."),
     Rule(lambda s, lay, r: s.dtype not in ("float64", "float32"),
          "the torch stack's low-precision recipe is FSDP2's MixedPrecisionPolicy, held in suites/mixed_precision."),
-), refused=(
+    Rule(lambda s, lay, r: r.optimizer.name == "muon" and r.low_precision,
+         "the torch stack trains Muon without a float8 recipe here."),
+), optimizers=("sgd", "adam", "muon"), refused=(
     Rule(lambda s, lay, r: s.heads % lay.tp,
          lambda s, lay, r: f"tp ({lay.tp}) must divide the attention heads ({s.heads})."),
     Rule(lambda s, lay, r: lay.pp > s.layers,
@@ -117,11 +119,11 @@ class TorchStackTrainer(BuiltFromDense):
     def dense_state(self) -> dict:
         from harness.adapters.torch.stack_trainer import _full
 
-        t = self.trainer
-        keys = self.recipe.optimizer.state_keys
+        t, spec = self.trainer, self.recipe.optimizer
+        state = t.optimizer.state
         mine = {"params": {t.names[n]: _full(p.detach()).cpu().clone() for n, p in t.stage.named_parameters()},
-                "optimizer": {t.names[n]: {k: _full(t.optimizer.state[p][k]).cpu().clone() for k in keys
-                                           if k in t.optimizer.state.get(p, {})}
+                "optimizer": {t.names[n]: {k: _full(state[p][k]).cpu().clone()
+                                           for k in spec.state_keys_of(t.names[n], p.shape) if k in state.get(p, {})}
                               for n, p in t.stage.named_parameters()}}
         # every stage's tensors, on every rank (harness.stack.dense: its own as it holds them)
         params, optimizer = gathered(mine["params"]), gathered(mine["optimizer"])
@@ -159,9 +161,9 @@ class TorchStackTrainer(BuiltFromDense):
         for local, p in t.stage.named_parameters():
             name, state = t.names[local], t.optimizer.state.get(p, {})
             out[f"model.{name}"] = p.data
-            for key in spec.state_keys:
+            for key in spec.state_keys_of(name, p.shape):
                 out[f"optim.{name}.{key}"] = state.get(key, torch.zeros_like(p.data))
-            for key in spec.extra_state:
+            for key in spec.extra_state_of(name, p.shape):
                 out[f"optim.{name}.{key}"] = state.get(key, torch.tensor(0.0))
         return out
 
@@ -175,9 +177,11 @@ class TorchStackTrainer(BuiltFromDense):
 
         state, t = self._dcp_state(), self.trainer
         dcp.load(state, checkpoint_id=_dcp_dir(directory))  # in place: the parameters' own storage, the state's
-        keys = self.recipe.optimizer.state_keys + self.recipe.optimizer.extra_state
+        spec = self.recipe.optimizer
         for local, p in t.stage.named_parameters():
-            t.optimizer.state[p] = {key: state[f"optim.{t.names[local]}.{key}"] for key in keys}
+            name = t.names[local]
+            keys = spec.state_keys_of(name, p.shape) + spec.extra_state_of(name, p.shape)
+            t.optimizer.state[p] = {key: state[f"optim.{name}.{key}"] for key in keys}
 
 
 def _dcp_dir(directory) -> str:

@@ -75,8 +75,9 @@ class Torch3D:
             fully_shard(block, mesh=mesh["dp"], reshard_after_forward=reshard_after_forward)
         fully_shard(stage, mesh=mesh["dp"], reshard_after_forward=reshard_after_forward)
         self.stage = stage
-        self.optimizer = optimizer.build(stage.parameters()) if optimizer is not None else torch.optim.SGD(
-            stage.parameters(), lr=lr, momentum=0.9)
+        # by the dense model's names: Muon's rule (``OptimizerSpec.build_named``) — torch's Muon on the DTensors
+        self.optimizer = optimizer.build_named((self.names[n], p) for n, p in stage.named_parameters()) \
+            if optimizer is not None else torch.optim.SGD(stage.parameters(), lr=lr, momentum=0.9)
         self.pstage = pipelining.PipelineStage(stage, stage_idx, pp, rank_device(), group=mesh["pp"].get_group())
         self.first, self.last = first, last
         self.schedule_cls = getattr(pipelining, SCHEDULES[schedule])

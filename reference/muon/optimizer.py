@@ -1,0 +1,120 @@
+"""Muon and its AdamW as one optimizer (``step``, ``zero_grad``, ``state``, ``param_groups``), built by
+``OptimizerSpec("muon", ...).build_named``: what the stacks' one-device oracle trains, and the reference stack's
+optimizer.
+
+Muon's matrices go to torch's ``torch.optim.Muon`` (Newton-Schulz in bfloat16) when every one is whole on this rank
+and the iteration is torch's; otherwise to ``ReferenceMatrices``: the reference iteration (``reference.muon.spec``,
+bit for bit torch's in bfloat16) in ``ns_dtype`` — float64 is exact arithmetic's stand-in — each matrix split over a
+group (``shards``: {id(param): (dim, group, replicas)}, a column-parallel weight's rows, a row-parallel one's
+columns: ``reference.tensor_parallel.sharded.tp_split_matrices``) all-gathered, orthogonalised whole and its own block kept. The rest (embedding, head, vectors) to torch's AdamW."""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+
+import torch
+import torch.distributed as dist
+
+from .spec import MuonSpec, muon_update, orthogonalised
+
+
+class ReferenceMatrices:
+    """Muon over ``named`` matrices (the reference iteration in ``dtype``), each sharded one in ``shards`` gathered."""
+
+    def __init__(self, named: list, spec: MuonSpec, dtype: torch.dtype, shards: dict):
+        self.named, self.spec, self.dtype, self.shards = named, spec, dtype, shards
+        self.state: dict = {}
+        self.param_groups = [{"params": [p for _, p in named], "lr": spec.lr}]
+
+    def whole(self, p: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
+        if id(p) not in self.shards:
+            return update
+        dim, group, replicas = self.shards[id(p)]
+        parts = [torch.empty_like(update) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, update.contiguous(), group=group)
+        return torch.cat(parts[::replicas], dim)  # each block once: the first of its replicas
+
+    @torch.no_grad()
+    def step(self) -> None:
+        spec = self.spec
+        for name, p in self.named:  # the same order on every rank of a group: the gathers pair up
+            if p.grad is None:
+                continue
+            buf = self.state.setdefault(p, {}).setdefault("momentum_buffer", torch.zeros_like(p))
+            update = self.whole(p, muon_update(spec, p.grad, buf))
+            p.mul_(1 - spec.lr * spec.weight_decay)
+            dim, group, replicas = self.shards.get(id(p), (0, None, 1))
+            at = dist.get_rank(group) // replicas * p.shape[dim] if group is not None else 0
+            for rows, ortho, lr in orthogonalised(spec, name, update, self.dtype):
+                mine = ortho.to(p.dtype)
+                full = torch.zeros_like(update)
+                full[rows] = mine
+                p.add_(full.narrow(dim, at, p.shape[dim]), alpha=-lr)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for _, p in self.named:
+            p.grad = None
+
+
+class _State(MutableMapping):
+    """Both optimizers' ``state`` as one mapping, each parameter's in the optimizer whose groups hold it."""
+
+    def __init__(self, optimizers: list):
+        self.optimizers = optimizers
+
+    def _owner(self, p):
+        for opt in self.optimizers:
+            if any(q is p for g in opt.param_groups for q in g["params"]):
+                return opt
+        raise KeyError("not a parameter of this optimizer")
+
+    def __getitem__(self, p):
+        return self._owner(p).state[p]
+
+    def __setitem__(self, p, value) -> None:
+        self._owner(p).state[p] = value
+
+    def __delitem__(self, p) -> None:
+        del self._owner(p).state[p]
+
+    def __iter__(self):
+        return (p for opt in self.optimizers for p in opt.state)
+
+    def __len__(self) -> int:
+        return sum(len(opt.state) for opt in self.optimizers)
+
+
+class MuonAdamW:
+    """Muon for ``named``'s hidden matrices (``spec.takes``), AdamW for the rest."""
+
+    def __init__(self, named, spec: MuonSpec, ns_dtype: torch.dtype = torch.bfloat16, shards: dict | None = None):
+        named, shards = list(named), shards or {}
+        matrices = [(n, p) for n, p in named if spec.takes(n, p.shape)]
+        rest = [p for n, p in named if not spec.takes(n, p.shape)]
+        self.spec, self.optimizers = spec, []
+        if matrices:
+            torchs = ns_dtype == torch.bfloat16 and not shards and not spec.parts
+            self.matrices = torch.optim.Muon(
+                [p for _, p in matrices], lr=spec.lr, weight_decay=spec.weight_decay, momentum=spec.momentum,
+                nesterov=spec.nesterov, ns_steps=spec.ns_steps, adjust_lr_fn=spec.adjust_lr_fn) if torchs else \
+                ReferenceMatrices(matrices, spec, ns_dtype, shards)
+            self.optimizers.append(self.matrices)
+        if rest:
+            self.optimizers.append(spec.adamw(rest))
+
+    @property
+    def state(self) -> _State:
+        """{parameter: its state} of both optimizers (setting a parameter's sets it in the optimizer that steps it)."""
+        return _State(self.optimizers)
+
+    @property
+    def param_groups(self) -> list:
+        return [g for opt in self.optimizers for g in opt.param_groups]
+
+    def step(self) -> None:
+        for opt in self.optimizers:
+            opt.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=set_to_none)

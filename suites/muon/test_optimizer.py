@@ -1,0 +1,82 @@
+"""``OptimizerSpec("muon", ...)``: the stacks' Muon (``reference.muon.optimizer.MuonAdamW``) — which parameters it
+takes, its state per parameter, its one sentence for what it is not given; its reference iteration (the one that
+gathers split matrices, and the float64 one a Muon case's E_T is measured from) is torch's Muon bit for bit in
+bfloat16."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reference.models import ModelSpec
+from reference.zero import OptimizerSpec
+
+SPEC = ModelSpec("llama", vocab=32, hidden=16, heads=4, kv_heads=2, ffn=24, layers=2)
+MUON = OptimizerSpec("muon", 0.02, momentum=0.95, weight_decay=0.1, adamw_lr=1e-2)
+
+
+def _trained(spec: OptimizerSpec, force_reference: bool = False, steps: int = 3) -> dict:
+    from reference.muon.optimizer import MuonAdamW, ReferenceMatrices
+
+    model = SPEC.build(0)
+    opt = spec.build_named(model.named_parameters())
+    if force_reference:  # the reference iteration in bfloat16 in torch's Muon's place
+        matrices = [(n, p) for n, p in model.named_parameters() if spec.takes_muon(n, p.shape)]
+        opt.optimizers[0] = opt.matrices = ReferenceMatrices(matrices, spec.muon(), torch.bfloat16, {})
+    assert isinstance(opt, MuonAdamW)
+    tokens = torch.randint(0, SPEC.vocab, (4, 8), generator=torch.Generator().manual_seed(1))
+    for _ in range(steps):
+        opt.zero_grad()
+        model.loss(tokens, tokens.roll(-1, 1)).backward()
+        opt.step()
+    state = {n: {k: opt.state[p][k].clone() for k in spec.state_keys_of(n, p.shape)}
+             for n, p in model.named_parameters()}
+    return {"params": {n: p.detach().clone() for n, p in model.named_parameters()}, "state": state}
+
+
+def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
+    model = SPEC.build(0)
+    taken = {n for n, p in model.named_parameters() if MUON.takes_muon(n, p.shape)}
+    assert taken == {f"blocks.{i}.{m}.weight" for i in range(2)
+                     for m in ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.gate", "mlp.up", "mlp.down")}
+    assert MUON.state_keys_of("blocks.0.attn.q.weight", (16, 16)) == ("momentum_buffer",)
+    assert MUON.state_keys_of("embed.weight", (32, 16)) == ("exp_avg", "exp_avg_sq")
+    assert MUON.extra_state_of("head.weight", (32, 16)) == ("step",) and MUON.extra_state_of("x.weight", (4, 4)) == ()
+    assert OptimizerSpec("adam", 1e-3).state_keys_of("blocks.0.attn.q.weight", (16, 16)) == ("exp_avg", "exp_avg_sq")
+
+
+def test_the_reference_iteration_is_torchs_muon_bit_for_bit():
+    """Three steps of a Llama: torch's Muon (what ``build_named`` gives one device) and the reference iteration in
+    bfloat16 (what the reference stack gathers into) leave the same bits in every parameter and state tensor."""
+    torchs, ours = _trained(MUON), _trained(MUON, force_reference=True)
+    for name, p in torchs["params"].items():
+        assert torch.equal(p, ours["params"][name]), name
+        for key, t in torchs["state"][name].items():
+            assert torch.equal(t, ours["state"][name][key]), (name, key)
+
+
+def test_the_float64_iteration_is_another_run():
+    """``ns_dtype="float64"`` (the E_T run) changes every Muon matrix and no AdamW parameter after one step."""
+    from dataclasses import replace
+
+    a, b = _trained(MUON, steps=1), _trained(replace(MUON, ns_dtype="float64"), steps=1)
+    for name, p in a["params"].items():
+        same = torch.equal(p, b["params"][name])
+        assert same != MUON.takes_muon(name, p.shape), name
+
+
+@pytest.mark.parametrize("kwargs, sentence", [
+    ({"name": "sgd", "lr": 0.1, "weight_decay": 0.1}, "weight_decay is Muon's"),
+    ({"name": "muon", "lr": 0.02, "adjust_lr_fn": "spectral"}, "adjust_lr_fn must be"),
+    ({"name": "muon", "lr": 0.02, "ns_dtype": "float16"}, "ns_dtype must be one of"),
+])
+def test_a_muon_spec_it_cannot_build_is_one_sentence(kwargs, sentence):
+    with pytest.raises(ValueError, match=sentence):
+        OptimizerSpec(**kwargs)
+
+
+def test_muon_without_names_is_one_sentence():
+    with pytest.raises(ValueError, match="build_named"):
+        MUON.build(SPEC.build(0).parameters())
+    with pytest.raises(ValueError, match="per parameter"):
+        MUON.state_bytes_per_param(4)
