@@ -58,8 +58,8 @@ class OptimizerSpec:
     def build_named(self, named, shards: dict | None = None):
         """The optimizer over ``named`` ((name, parameter) pairs; the names decide Muon's matrices): ``build``'s for
         sgd / adam; for muon ``reference.muon.MuonAdamW`` — torch's Muon and AdamW, or with ``shards`` ({id(param):
-        (dim, group, replicas)}: a matrix split over a group along dim, ``tp_split_matrices``) or ``ns_dtype`` float64 the reference iteration, each
-        matrix gathered whole."""
+        (dim, group, replicas)}: a matrix split over a group along dim, ``tp_split_matrices``) or ``ns_dtype``
+        float64 the reference iteration, each matrix gathered whole."""
         named = list(named)
         if self.name != "muon":
             return self.build([p for _, p in named])

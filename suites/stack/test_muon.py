@@ -16,8 +16,8 @@ import pytest
 
 from harness.contracts.stack import Layout, Recipe
 from harness.stack.judge import hold
-from reference.zero import OptimizerSpec
 from reference.models import ModelSpec
+from reference.zero import OptimizerSpec
 from suites._support.stack import held
 
 MUON = OptimizerSpec("muon", 0.02, momentum=0.95, weight_decay=0.1, adamw_lr=1e-2, eps=1e-3)
