@@ -187,3 +187,18 @@ def counted_here(module: nn.Module) -> list[nn.Parameter]:
     """Parameters replicated over part of the TP group (a KV head's copies) that this rank counts — once
     per head, on its first replica — in a global gradient norm."""
     return [p for p in module.parameters() if getattr(p, "kv_replica_first", False)]
+
+
+def tp_split_matrices(module: nn.Module) -> dict:
+    """{id(weight): (dim, group, replicas)} of the linear weights of ``module`` split over a TP group of more than
+    one rank: a column-parallel weight's rows (dim 0), a row-parallel weight's columns (dim 1), group rank r holding
+    block r // replicas — replicas 1, or a grouped-query attention's K and V with fewer KV heads than ranks
+    (``reference.models.sharding.ParallelGQAttention``: tp / kv consecutive ranks hold one KV head's rows). What a
+    matrix optimizer gathers to see the whole (``reference.muon.optimizer``)."""
+    found = {}
+    for mod in module.modules():
+        if isinstance(mod, ColumnParallelLinear | RowParallelLinear) and dist.get_world_size(mod.group) > 1:
+            found[id(mod.weight)] = (0 if isinstance(mod, ColumnParallelLinear) else 1, mod.group, 1)
+        elif isinstance(mod, ParallelGQAttention) and mod.slot is not None:
+            found.update({id(lin.weight): (0, mod.group, mod.replicas) for lin in (mod.k, mod.v)})
+    return found

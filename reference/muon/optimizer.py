@@ -6,7 +6,7 @@ Muon's matrices go to torch's ``torch.optim.Muon`` (Newton-Schulz in bfloat16) w
 and the iteration is torch's; otherwise to ``ReferenceMatrices``: the reference iteration (``reference.muon.spec``,
 bit for bit torch's in bfloat16) in ``ns_dtype`` — float64 is exact arithmetic's stand-in — each matrix split over a
 group (``shards``: {id(param): (dim, group, replicas)}, a column-parallel weight's rows, a row-parallel one's
-columns: ``reference.tensor_parallel.sharded.tp_split_matrices``) all-gathered, orthogonalised whole and its own
+columns: ``reference.models.sharding.tp_split_matrices``) all-gathered, orthogonalised whole and its own
 block kept. The rest (embedding, head, vectors) to torch's AdamW."""
 
 from __future__ import annotations

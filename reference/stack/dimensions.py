@@ -20,10 +20,9 @@ from reference.dropout import DropoutKey, KeyedDropout
 from reference.mixed_precision import MixedPrecisionZero
 from reference.mixed_precision.zero import LOW
 from reference.models import GPT
-from reference.models.sharding import ParallelGQAttention, tp_block
+from reference.models.sharding import ParallelGQAttention, tp_block, tp_split_matrices
 from reference.stack.topology import ParallelDims, coordinates
 from reference.tensor_parallel import ParallelLMHead, VocabParallelEmbedding
-from reference.tensor_parallel.sharded import tp_split_matrices
 from reference.zero import OptimizerSpec, ShardedOptimizer
 
 
