@@ -37,7 +37,7 @@ class Layout:
     zero: int = 0
     """0: replicated (DDP); 1: optimizer state sharded over dp; 2: + gradients; 3: + parameters. FSDP's
     FULL_SHARD is 3 and SHARD_GRAD_OP is 2; hybrid sharding (shard within a group, replicate across) is a
-    further dimension this field does not express — a stack that only does it refuses 0-3 it cannot map."""
+    further dimension, ``replicate``."""
     schedule: str = "1f1b"
     """The pipeline schedule: gpipe, 1f1b, interleaved (two model chunks per rank), the split-backward ones zb-h1 and
     interleaved-zb (two chunks), and the V-shaped zbv and dualpipev (stages r and 2 pp - 1 - r on pipeline rank r:
@@ -55,6 +55,11 @@ class Layout:
     """Expert-parallel ranks (the moe family): dividing dp x cp (torchtitan's and Megatron's layout), each
     MoE layer's experts split over EP groups of ep consecutive data x context ranks, an expert's replicas
     (its expert-data-parallel group) one rank of each EP group."""
+    replicate: int = 1
+    """Hybrid sharding (HSDP, torchtitan's dp_replicate x dp_shard): the dp x cp ranks as a replicate x shard mesh
+    (torch's ``init_device_mesh((replicate, shard))``: consecutive ranks shard together), ZeRO ``zero`` within each
+    shard group of dp x cp / replicate ranks, each reduced shard all-reduced across the replicas. 1: ZeRO over all of
+    dp x cp; dp x cp: every shard group one rank (the (n, 1) mesh). Needs zero >= 1."""
     extra: dict = field(default_factory=dict, hash=False, compare=False)
     """Dimensions of later issues: a stack refuses keys it does not know."""
 
@@ -70,6 +75,13 @@ class Layout:
         if (self.dp * self.cp) % self.ep:
             raise ValueError(f"ep ({self.ep}) must divide dp x cp ({self.dp * self.cp}): experts split over data- and "
                              "context-parallel ranks.")
+        if not isinstance(self.replicate, int) or isinstance(self.replicate, bool) or self.replicate < 1 \
+                or (self.dp * self.cp) % self.replicate:
+            raise ValueError(f"replicate ({self.replicate!r}) must be a whole number dividing dp x cp "
+                             f"({self.dp * self.cp}): the replicas of a hybrid-sharded mesh.")
+        if self.replicate > 1 and self.zero == 0:
+            raise ValueError("replicate > 1 is hybrid sharding: it needs zero >= 1 (ZeRO 0 replicates everything "
+                             "already).")
 
     @property
     def world_size(self) -> int:
@@ -81,7 +93,7 @@ class Layout:
 
     def label(self) -> str:
         return f"{self.dp}x{self.pp}x{self.tp}" + (f"-cp{self.cp}" if self.cp > 1 else "") + \
-            (f"-ep{self.ep}" if self.ep > 1 else "")
+            (f"-ep{self.ep}" if self.ep > 1 else "") + (f"-r{self.replicate}" if self.replicate > 1 else "")
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,8 @@ class Supports(NamedTuple):
     optimizers: tuple = ("sgd", "adam")
     """The ``OptimizerSpec`` names it trains (Muon, "muon", where it steps the hidden matrices by Muon's rule);
     another is unsupported after its own rules (which may say why in its own words)."""
+    hybrid: bool = False
+    """Whether it shards hybrid (``Layout.replicate`` > 1); if not, such a layout is unsupported after its rules."""
 
     def why_unsupported(self, spec, layout, recipe) -> str | None:
         unknown = sorted({**spec.extra, **layout.extra})
@@ -54,6 +56,8 @@ class Supports(NamedTuple):
         why = _first(self.unsupported, spec, layout, recipe)
         if why is None and recipe.optimizer.name not in self.optimizers:
             why = f"{self.stack} does not train with {recipe.optimizer.name} (it trains {', '.join(self.optimizers)})."
+        if why is None and layout.replicate > 1 and not self.hybrid:
+            why = f"{self.stack} does not shard hybrid (replicate x shard) here."
         return why
 
     def why_refused(self, spec, layout, recipe) -> str | None:

@@ -141,7 +141,8 @@ def rank_shards(trainer) -> list[Shard]:
         if steps:
             shards.append(Shard("optim/step", steps[0].detach().to(torch.float32).reshape(()), (), ()))
     experts = [getattr(p, "expert_of", None) is not None for p, *_ in entries]
-    dense_group = getattr(trainer, "dp_group", trainer.groups["dp"])  # dp x cp under context parallelism
+    # dp x cp under context parallelism; hybrid sharding: its shard group (each replica holds every shard)
+    dense_group = getattr(trainer, "zero_group", getattr(trainer, "dp_group", trainer.groups["dp"]))
     for group, take in ((dense_group, False), (trainer.groups.get("edp"), True)):
         mine = [i for i, e in enumerate(experts) if e == take]
         if mine:

@@ -109,8 +109,10 @@ class Parallel3D:
         self.last_grad_norm: float | None = None
         """The global gradient norm of the last step (before clipping), when clipping is on and the step
         was taken (None after a step the loss scaler skipped)."""
-        self.clip_groups = {**groups, "dp": self.dp_group}
-        """The groups the norm's partial terms are reduced over (tp, pp, and dp — dp x cp under cp)."""
+        self.zero_group = r.zero_group
+        self.clip_groups = {**groups, "dp": self.dp_group if not zero_stage else self.zero_group}
+        """The groups the norm's partial terms are reduced over (tp, pp, and dp — dp x cp under cp; ZeRO's shards over
+        its shard group: under hybrid sharding each replica holds every shard, counted once)."""
         self.dropout_key = next((m.key for m in self.local.modules() if isinstance(m, KeyedDropout)), DropoutKey())
         self.steps_done = 0
         """Steps taken (skipped ones included): the data position and the dropout masks' step."""

@@ -138,12 +138,14 @@ def pipeline_split(pieces: Pieces, dims: ParallelDims, rank: int, virtual: int,
 
 
 def data_parallel(local: nn.Module, optimizer: OptimizerSpec, zero_stage: int, dp_group,
-                  reduce_dtype: torch.dtype | None = None, divisor: int | None = None):
+                  reduce_dtype: torch.dtype | None = None, divisor: int | None = None, replicate=None):
     """(the DP synchroniser, the optimizer that steps) over ``local``: gradients averaged (ZeRO 0) or
     reduce-scattered into the rank's shard of a flat buffer with sharded optimizer state (ZeRO 1, 2:
     ``reference.zero``); a bfloat16 / float16 ``local`` with fp32 masters (``MixedPrecisionZero``, its DP
     reduction in ``reduce_dtype``, default fp32). ``divisor``: the sum over ``dp_group`` divided by it instead
-    of the group's size (ZeRO 1, 2 and mixed precision; experts over their EDP group: ``reference.stack.compose``)."""
+    of the group's size (ZeRO 1, 2 and mixed precision; experts over their EDP group: ``reference.stack.compose``).
+    ``replicate``: hybrid sharding's replica group (ZeRO 1, 2 in full precision: ``dp_group`` is then the shard
+    group, each reduced shard all-reduced across ``replicate``)."""
     dtype = next(local.parameters()).dtype
     if dtype not in LOW and reduce_dtype not in (None, dtype):
         raise ValueError(f"reduce_dtype applies to a bfloat16 or float16 model; this one is {dtype}.")
@@ -156,7 +158,7 @@ def data_parallel(local: nn.Module, optimizer: OptimizerSpec, zero_stage: int, d
             raise ValueError("ZeRO 0 in full precision averages over its group; divide the gradients first.")
         return NaiveDataParallel(local, dp_group), optimizer.build_named(local.named_parameters(),
                                                                          tp_split_matrices(local))
-    sync = ShardedOptimizer(local, optimizer, zero_stage, dp_group, divisor)
+    sync = ShardedOptimizer(local, optimizer, zero_stage, dp_group, divisor, replicate)
     return sync, sync.optimizer
 
 

@@ -51,11 +51,15 @@ class Reduction:
         self.local, self.zero_stage, self.mixed, self.groups, self.ep = local, zero_stage, mixed, groups, ep
         self.dp_group = groups.get("dp_cp", groups["dp"])
         """Where gradients are reduced and ZeRO shards: dp, or dp x cp (parameters are replicated over cp)."""
+        self.zero_group = groups.get("dp_shard", self.dp_group)
+        """Where ZeRO shards: ``dp_group``, or under hybrid sharding its shard group (each reduced shard all-reduced
+        across "dp_replicate")."""
         self.experts = [p for p in local.parameters() if getattr(p, "expert_of", None) is not None]
         """Parameters split over the EP group (ep > 1): reduced over the expert-data-parallel group instead."""
         dense = local if not self.experts else _Holding(
             [p for p in local.parameters() if getattr(p, "expert_of", None) is None])
-        self.sync, self.optimizer = data_parallel(dense, optimizer, zero_stage, self.dp_group, reduce_dtype)
+        self.sync, self.optimizer = data_parallel(dense, optimizer, zero_stage, self.zero_group, reduce_dtype,
+                                                  replicate=groups.get("dp_replicate"))
         self.expert_sync = expert_optimizer = None
         if self.experts:
             if zero_stage == 0 and not mixed:  # one optimizer over the dense parameters and the experts

@@ -34,7 +34,16 @@ class ParallelDims:
     it out): each data x context group's ranks in EP groups of ``ep`` consecutive ones, the experts split
     over each EP group, an expert's replicas — its expert-data-parallel group — one rank of each EP group."""
 
+    replicate: int = 1
+    """Hybrid sharding: each data x context group's ranks as replicate x shard (consecutive ranks shard together,
+    torch's ``init_device_mesh((replicate, shard))``): groups "dp_shard" (where ZeRO shards) and "dp_replicate"
+    (where each reduced shard is all-reduced) when > 1."""
+
     def __post_init__(self):
+        if not isinstance(self.replicate, int) or isinstance(self.replicate, bool) or self.replicate < 1 \
+                or (self.dp * self.cp) % self.replicate:
+            raise ValueError(f"replicate ({self.replicate!r}) must be a whole number dividing dp x cp "
+                             f"({self.dp * self.cp}).")
         if not isinstance(self.ep, int) or isinstance(self.ep, bool) or self.ep < 1:
             raise ValueError(f"ep must be a whole number >= 1; got {self.ep!r}.")
         if (self.dp * self.cp) % self.ep:
@@ -111,7 +120,8 @@ def layout(dims: ParallelDims) -> dict[str, list[list[int]]]:
     when cp > 1), "dp_cp" (data and context together: where gradients are reduced and ZeRO shards when
     cp > 1) and "embed" (Megatron's embedding group): the first and the last pipeline rank of each other
     coordinate, which hold the input embedding and the LM head — tied weights' gradients are summed over it
-    (one rank when pp = 1); with ep > 1, "ep" and "edp" (``ParallelDims.ep``)."""
+    (one rank when pp = 1); with ep > 1, "ep" and "edp" (``ParallelDims.ep``); with replicate > 1, "dp_shard" and
+    "dp_replicate" (``ParallelDims.replicate``)."""
     names = [n for n in reversed(ORDER) if n != "cp" or dims.cp > 1]  # tp, (cp,) pp, dp: the order groups are made
     out = {name: groups_along(dims, name) for name in names}
     if dims.cp > 1:
@@ -121,6 +131,10 @@ def layout(dims: ParallelDims) -> dict[str, list[list[int]]]:
         base = out.get("dp_cp", out["dp"])
         out["ep"] = [g[i:i + dims.ep] for g in base for i in range(0, len(g), dims.ep)]
         out["edp"] = [g[j::dims.ep] for g in base for j in range(dims.ep)]
+    if dims.replicate > 1:  # within each data x context group: shard groups of consecutive ranks, replicas across
+        base, shard = out.get("dp_cp", out["dp"]), dims.dp * dims.cp // dims.replicate
+        out["dp_shard"] = [g[i:i + shard] for g in base for i in range(0, len(g), shard)]
+        out["dp_replicate"] = [g[j::shard] for g in base for j in range(shard)]
     return out
 
 

@@ -318,3 +318,19 @@ class MuonOnLocalRows(ReferenceStack):
     def build(self, spec, layout, recipe, group=None):
         super().build(spec, layout, recipe, group)
         return _MuonOnLocalRows(spec, layout, recipe)
+
+
+class _NoReplicaReduction(ReferenceStackTrainer):
+    def _build(self, model):
+        trainer = super()._build(model)
+        trainer.reduction.sync.flat.replicas = 1  # each replica's shard reduced within its shard group only
+        return trainer
+
+
+class HybridNoReplicaReduction(ReferenceStack):
+    """Planted bug: hybrid sharding whose shards are never all-reduced across the replicas — each replica trains on
+    its own rows (the "hybrid" that silently stops synchronising: pytorch #154888's (n, 1) mesh, verl #7493)."""
+
+    def build(self, spec, layout, recipe, group=None):
+        super().build(spec, layout, recipe, group)
+        return _NoReplicaReduction(spec, layout, recipe)

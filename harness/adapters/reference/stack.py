@@ -69,7 +69,10 @@ SUPPORTS = Supports("the reference stack", unsupported=(
          "the reference stack's Muon gathers each TP-split matrix at ZeRO 0 for the dense families in float32 / "
          "float64; ZeRO 1-2's flat shards under Muon are the muon paradigm's (reference.muon.ShardedMuon, layout "
          "flat), not composed here."),
-), optimizers=("sgd", "adam", "muon"), refused=(
+    Rule(lambda s, lay, r: lay.replicate > 1 and (lay.ep > 1 or s.dtype not in ("float32", "float64")),
+         "the reference stack shards hybrid (replicate x shard) the dense parameters of a float32 / float64 model; "
+         "its experts' and its fp32 masters' sharding are not composed with replicas."),
+), optimizers=("sgd", "adam", "muon"), hybrid=True, refused=(
     Rule(lambda s, lay, r: lay.ep > 1 and s.family != "moe",
          lambda s, lay, r: f"ep ({lay.ep}) splits experts: the {s.family} family has none (the moe family has)."),
     Rule(lambda s, lay, r: lay.ep > 1, _raised(_experts_split)),
@@ -97,7 +100,8 @@ class ReferenceStackTrainer(BuiltFromDense):
         from reference.stack.topology import ParallelDims, build_groups
 
         self.spec, self.layout, self.recipe = spec, layout, recipe
-        self.dims = ParallelDims(layout.dp, layout.pp, layout.tp, cp=layout.cp, ep=layout.ep)
+        self.dims = ParallelDims(layout.dp, layout.pp, layout.tp, cp=layout.cp, ep=layout.ep,
+                                 replicate=layout.replicate)
         self.dims.check(dist.get_world_size(), spec.heads, spec.layers)
         if self.dims not in _GROUPS:  # created once per layout and rank process (collectively, in build)
             _GROUPS[self.dims] = build_groups(self.dims, dist.get_rank())

@@ -63,7 +63,7 @@ SUPPORTS = Supports("the torch stack", unsupported=(
          "the torch stack's low-precision recipe is FSDP2's MixedPrecisionPolicy, held in suites/mixed_precision."),
     Rule(lambda s, lay, r: r.optimizer.name == "muon" and r.low_precision,
          "the torch stack trains Muon without a float8 recipe here."),
-), optimizers=("sgd", "adam", "muon"), refused=(
+), optimizers=("sgd", "adam", "muon"), hybrid=True, refused=(
     Rule(lambda s, lay, r: s.heads % lay.tp,
          lambda s, lay, r: f"tp ({lay.tp}) must divide the attention heads ({s.heads})."),
     Rule(lambda s, lay, r: lay.pp > s.layers,
@@ -92,9 +92,12 @@ class TorchStackTrainer(BuiltFromDense):
         from harness.runtime.rank import rank_device
 
         self.spec, self.layout, self.recipe = spec, layout, recipe
-        dims = (layout.dp, layout.pp, layout.tp)
+        dims, names = (layout.dp, layout.pp, layout.tp), ("dp", "pp", "tp")
+        if layout.replicate > 1:  # HSDP: FSDP2 over the (replicate, shard) sub-mesh
+            dims, names = (layout.replicate, layout.dp // layout.replicate, *dims[1:]), ("dp_replicate", "dp_shard",
+                                                                                         *names[1:])
         if dims not in _MESHES:  # process groups are created once per layout and rank process
-            _MESHES[dims] = init_device_mesh(rank_device().type, dims, mesh_dim_names=("dp", "pp", "tp"))
+            _MESHES[dims] = init_device_mesh(rank_device().type, dims, mesh_dim_names=names)
         self.mesh = _MESHES[dims]
 
     def _build(self, model):

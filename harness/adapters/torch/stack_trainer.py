@@ -45,8 +45,12 @@ class Torch3D:
                                       "torch.distributed.pipelining has no parameter shared across stages.")
         mesh = mesh or init_device_mesh(rank_device().type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
         self.dims, self.mesh, self.microbatches, self.accumulation = (dp, pp, tp), mesh, microbatches, accumulation
-        coord = mesh.get_coordinate()
-        self.dp_rank, stage_idx = coord[0], coord[1]
+        hybrid = "dp_replicate" in (mesh.mesh_dim_names or ())
+        """HSDP: a (dp_replicate, dp_shard, pp, tp) mesh — FSDP2 over its 2-D data-parallel sub-mesh."""
+        dp_mesh = mesh["dp_replicate", "dp_shard"] if hybrid else mesh["dp"]
+        self.dp_rank = (mesh.get_local_rank("dp_replicate") * mesh["dp_shard"].size() + mesh.get_local_rank("dp_shard")
+                        if hybrid else mesh.get_local_rank("dp"))
+        stage_idx = mesh.get_local_rank("pp")
         n_layers = len(model.blocks)
         base, extra = divmod(n_layers, pp)
         lo = stage_idx * base + min(stage_idx, extra)
@@ -72,8 +76,8 @@ class Torch3D:
         if last:
             parallelize_module(stage.head, tp_mesh, ColwiseParallel(output_layouts=Shard(-1), use_local_output=False))
         for block in stage.blocks:
-            fully_shard(block, mesh=mesh["dp"], reshard_after_forward=reshard_after_forward)
-        fully_shard(stage, mesh=mesh["dp"], reshard_after_forward=reshard_after_forward)
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
         self.stage = stage
         # by the dense model's names: Muon's rule (``OptimizerSpec.build_named``) — torch's Muon on the DTensors
         self.optimizer = optimizer.build_named((self.names[n], p) for n, p in stage.named_parameters()) \

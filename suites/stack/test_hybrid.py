@@ -1,0 +1,60 @@
+"""A stack sharding hybrid (``Layout.replicate``: the dp x cp ranks as a replicate x shard mesh, ZeRO within each
+shard group, each reduced shard all-reduced across the replicas — torch's FSDP2 on a 2-D mesh, HSDP) equals one
+device: every split of the data-parallel ranks, the degenerate (n, 1) mesh (every shard group one rank: pytorch
+#154888's silent non-reduction) included, and with tensor and pipeline parallelism beside it. (1, n) is
+``replicate`` 1: every other stack case. The bound is the case's (``harness.stack.case.bound``): hybrid sharding
+regroups the same sums."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.contracts.stack import Layout, Recipe
+from harness.stack.judge import hold
+from suites._support.stack import ADAM, GPT, LLAMA, held
+
+CASES = [  # (id, spec, layout, recipe)
+    ("2x2-zero2", GPT, Layout(4, zero=2, replicate=2), Recipe()),
+    ("4x1-zero2", GPT, Layout(4, zero=2, replicate=4), Recipe(max_grad_norm=0.05)),
+    ("2x1-zero3", LLAMA, Layout(2, zero=3, replicate=2), Recipe(accumulation=2)),
+    ("2x1-zero1-tp", LLAMA, Layout(2, 1, 2, zero=1, replicate=2), Recipe(max_grad_norm=0.05)),
+    ("2x1-zero2-tp-adam", LLAMA, Layout(2, 1, 2, zero=2, replicate=2), Recipe(optimizer=ADAM)),
+    ("2x1-zero1-pp", GPT, Layout(2, 2, 1, zero=1, replicate=2), Recipe(accumulation=2)),
+    ("2x2-zero3", LLAMA, Layout(4, zero=3, replicate=2), Recipe(max_grad_norm=0.05)),
+    ("2x2-zero2-tp", LLAMA, Layout(4, 1, 2, zero=2, replicate=2), Recipe(max_grad_norm=0.05)),
+    ("4x2-zero2", GPT, Layout(8, zero=2, replicate=4), Recipe()),
+    ("2x4-zero1", GPT, Layout(8, zero=1, replicate=2), Recipe(max_grad_norm=0.05)),
+    ("2x2-zero1-pp-tp", LLAMA, Layout(4, 2, 1, zero=1, replicate=2), Recipe()),
+    ("2x1-zero1-cp", LLAMA, Layout(1, 1, 1, zero=1, cp=2, replicate=2), Recipe()),
+]
+THOROUGH = {"2x2-zero3", "2x2-zero2-tp", "4x2-zero2", "2x4-zero1", "2x2-zero1-pp-tp", "2x1-zero1-cp",
+            "2x1-zero2-tp-adam"}
+"""tox's budget: the 2- and 4-rank splits with one dimension beside them; the 8-rank meshes, FSDP2 x tp at 8, cp and
+Adam in the thorough env (each split already met in tox)."""
+
+
+@pytest.mark.parametrize("spec, layout, recipe", [
+    pytest.param(*c[1:], id=c[0], marks=[pytest.mark.thorough] if c[0] in THOROUGH else []) for c in CASES])
+def test_hybrid_sharded_stack_equals_one_device(stack_impl, spec, layout, recipe, world_cache, conformance):
+    v = held(world_cache, conformance, stack_impl, layout.world_size, spec, layout, recipe)
+    assert v["outcome"] == "pass", v["problems"][:4]
+
+
+@pytest.mark.parametrize("layout", [Layout(4, zero=2, replicate=2), Layout(2, zero=1, replicate=2)],
+                         ids=["2x2", "2x1"])
+def test_hybrid_without_the_replicas_reduction_fails(layout, world_cache, conformance):
+    """Planted (``HybridNoReplicaReduction``): each replica keeps its own rows' gradient — at (2, 2) and at the
+    degenerate (2, 1), where the shard groups reduce nothing at all."""
+    v = hold(world_cache, conformance, "suites.stack.planted:HybridNoReplicaReduction", layout.world_size, GPT,
+             layout, Recipe())
+    assert v["outcome"] == "fail", v["problems"][:4]
+
+
+@pytest.mark.parametrize("kwargs, sentence", [
+    ({"dp": 4, "zero": 2, "replicate": 3}, "must be a whole number dividing dp x cp"),
+    ({"dp": 2, "zero": 0, "replicate": 2}, "needs zero >= 1"),
+    ({"dp": 2, "zero": 2, "replicate": 0}, "must be a whole number dividing"),
+])
+def test_a_hybrid_layout_that_cannot_be_is_one_sentence(kwargs, sentence):
+    with pytest.raises(ValueError, match=sentence):
+        Layout(**kwargs)
