@@ -11,14 +11,15 @@ import pytest
 
 from harness.contracts.stack import Layout, Recipe
 from harness.stack.judge import hold
-from suites._support.stack import ADAM, GPT, LLAMA, held
+from suites._support.stack import ADAM, GPT, LLAMA, LLAMA32, held
 
 CASES = [  # (id, spec, layout, recipe)
     ("2x2-zero2", GPT, Layout(4, zero=2, replicate=2), Recipe()),
     ("4x1-zero2", GPT, Layout(4, zero=2, replicate=4), Recipe(max_grad_norm=0.05)),
     ("2x1-zero3", LLAMA, Layout(2, zero=3, replicate=2), Recipe(accumulation=2)),
     ("2x1-zero1-tp", LLAMA, Layout(2, 1, 2, zero=1, replicate=2), Recipe(max_grad_norm=0.05)),
-    ("2x1-zero2-tp-adam", LLAMA, Layout(2, 1, 2, zero=2, replicate=2), Recipe(optimizer=ADAM)),
+    ("2x1-zero2-tp-adam", LLAMA32, Layout(2, 1, 2, zero=2, replicate=2), Recipe(optimizer=ADAM)),
+    ("2x2-zero3-adam", LLAMA32, Layout(4, zero=3, replicate=2), Recipe(optimizer=ADAM, max_grad_norm=0.05)),
     ("2x1-zero1-pp", GPT, Layout(2, 2, 1, zero=1, replicate=2), Recipe(accumulation=2)),
     ("2x2-zero3", LLAMA, Layout(4, zero=3, replicate=2), Recipe(max_grad_norm=0.05)),
     ("2x2-zero2-tp", LLAMA, Layout(4, 1, 2, zero=2, replicate=2), Recipe(max_grad_norm=0.05)),
@@ -28,9 +29,10 @@ CASES = [  # (id, spec, layout, recipe)
     ("2x1-zero1-cp", LLAMA, Layout(1, 1, 1, zero=1, cp=2, replicate=2), Recipe()),
 ]
 THOROUGH = {"2x2-zero3", "2x2-zero2-tp", "4x2-zero2", "2x4-zero1", "2x2-zero1-pp-tp", "2x1-zero1-cp",
-            "2x1-zero2-tp-adam"}
-"""tox's budget: the 2- and 4-rank splits with one dimension beside them; the 8-rank meshes, FSDP2 x tp at 8, cp and
-Adam in the thorough env (each split already met in tox)."""
+            "2x1-zero2-tp-adam", "2x1-zero1-pp"}
+"""tox's budget: the 2- and 4-rank splits ((2, 2), (4, 1), (2, 1)), tp beside them, and one float32 Llama with Adam
+(what torchtitan trains); the 8-rank meshes, pp, FSDP2 x tp at 8, cp and a second torchtitan case in the thorough
+env."""
 
 
 @pytest.mark.parametrize("spec, layout, recipe", [

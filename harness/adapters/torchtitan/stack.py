@@ -59,6 +59,9 @@ SUPPORTS = Supports("the torchtitan stack", unsupported=(
          lambda s, lay, r: f"torchtitan's float8 converter offers the rowwise recipes (recipe_name rowwise, "
                            f"rowwise_with_gw_hp), not {r.low_precision}."),
     Rule(always, _v02),
+    Rule(lambda s, lay, r: s.family == "moe" and lay.replicate > 1,
+         "the torchtitan MoE stack here shards over dp_shard alone (its EP carves efsdp from it); hybrid sharding is "
+         "not composed with it."),
     Rule(lambda s, lay, r: s.family == "moe", _moe),
     Rule(lambda s, lay, r: s.family not in ("llama", "moe"),
          lambda s, lay, r: "the torchtitan stack here trains its Llama3 (the llama family) and its Qwen3 MoE (the moe "
@@ -81,7 +84,7 @@ SUPPORTS = Supports("the torchtitan stack", unsupported=(
          "torchtitan does not tie the embedding to the LM head under pipeline parallelism (its own refusal)."),
     Rule(lambda s, lay, r: r.loss_scale is not None,
          "the torchtitan stack here has no loss scaler (float32 needs none)."),
-), refused=(
+), hybrid=True, refused=(
     Rule(lambda s, lay, r: lay.schedule in CHUNKED and 2 * lay.pp > s.layers,
          lambda s, lay, r: f"the {lay.schedule} schedule's 2 x pp = {2 * lay.pp} model chunks need as many layers; the "
                            f"model has {s.layers}."),

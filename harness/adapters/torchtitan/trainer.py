@@ -61,10 +61,10 @@ class TorchtitanStackTrainer(BuiltFromDense):
         from torchtitan.config import ParallelismConfig
 
         layout = self.layout
-        replicate = layout.zero == 0
+        replicate = layout.dp if layout.zero == 0 else layout.replicate  # HSDP: dp_replicate x dp_shard
         return ParallelismConfig(
-            data_parallel_replicate_degree=layout.dp if replicate else 1,
-            data_parallel_shard_degree=1 if replicate else layout.dp, tensor_parallel_degree=layout.tp,
+            data_parallel_replicate_degree=replicate,
+            data_parallel_shard_degree=layout.dp // replicate, tensor_parallel_degree=layout.tp,
             enable_sequence_parallel=layout.sequence_parallel,
             fsdp_reshard_after_forward="never" if layout.zero == 2 else "default", spmd_backend=SPMD_BACKEND,
             expert_parallel_degree=layout.ep,

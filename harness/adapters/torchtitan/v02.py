@@ -74,9 +74,9 @@ class TorchtitanV02Trainer(TorchtitanStackTrainer):
 
         layout, spec = self.layout, self.spec
         job = JobConfig()
-        replicate = layout.zero == 0
+        replicate = layout.dp if layout.zero == 0 else layout.replicate  # HSDP: dp_replicate x dp_shard
         p = job.parallelism
-        p.data_parallel_replicate_degree, p.data_parallel_shard_degree = (layout.dp, 1) if replicate else (1, layout.dp)
+        p.data_parallel_replicate_degree, p.data_parallel_shard_degree = replicate, layout.dp // replicate
         p.tensor_parallel_degree, p.pipeline_parallel_degree = layout.tp, layout.pp
         p.fsdp_reshard_after_forward = "never" if layout.zero == 2 else "default"
         p.pipeline_parallel_schedule, p.pipeline_parallel_microbatch_size = SCHEDULES[layout.schedule], 1
