@@ -48,6 +48,7 @@ BENCHMARK_COLUMNS = COMMON + [
     "time_planned_us", "bubble_planned", "plan_compute_us", "plan_tp_us", "plan_cp_us", "plan_ep_us", "plan_pp_us",
     "plan_bubble_us", "plan_dp_us", "plan_sync_us", "state_bytes_rank_max", "state_bytes_predicted", "tokens_per_s",
     "comm_bytes_routed", "dispatch_p50_us", "received_max", "comm_bytes_forward", "comm_bytes_forward_predicted",
+    "comm_bytes_replicate", "comm_bytes_replicate_predicted",
 ]
 BENCHMARK_KEY = ["suite", "op", "impl", "backend", "world_size", "dtype", "reduce_op", "bytes", "count",
                  "microbatches", "virtual_stages", "zero_stage"]

@@ -9,12 +9,12 @@ from reference.cost_model import collective_bytes
 
 
 @contextlib.contextmanager
-def counted_collectives(counter: list):
+def counted_collectives(counter: list, by_op: dict | None = None):
     """Within the block, every all_reduce / all_gather_into_tensor / reduce_scatter_tensor through
     torch.distributed (and the reference tensor-parallel mappings' aliases of the latter two) adds the
     bytes this rank sends, as its ring algorithm sends them, to ``counter[0]`` — also where a loaded module holds
     one of them under its own name (``_aliases``). Collectives issued from C++ (DDP's reducer) or as functional
-    collectives (DTensor, FSDP2) are not seen."""
+    collectives (DTensor, FSDP2) are not seen. ``by_op``: each op's bytes apart too ({"all_reduce": ..., ...})."""
     import torch.distributed as dist
 
     import reference.tensor_parallel.mappings as mappings
@@ -22,7 +22,10 @@ def counted_collectives(counter: list):
     def wrap(fn, op, size_of):
         def counted(*args, **kwargs):
             group = kwargs.get("group")
-            counter[0] += collective_bytes(op, dist.get_world_size(group), size_of(*args, **kwargs))
+            sent = collective_bytes(op, dist.get_world_size(group), size_of(*args, **kwargs))
+            counter[0] += sent
+            if by_op is not None:
+                by_op[op] = by_op.get(op, 0.0) + sent
             return fn(*args, **kwargs)
         return counted
 

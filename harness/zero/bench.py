@@ -9,7 +9,10 @@ K = 8 bytes of optimizer state per parameter, 4-byte weights and gradients.
 Variants (``ZeroSweep.variants``), at every stage and DP size: ``bf16`` — the reference's mixed precision
 (``reference.mixed_precision.MixedPrecisionZero``: bf16 block, fp32 master and Adam state, gradients
 reduced in fp32; the ZeRO paper's 2 + 2 + 12 bytes; row dtype "bfloat16"); ``clip`` — every
-implementation with global-norm clipping at 1.0 (``StepRecipe``; row op "stage<k>+clip").
+implementation with global-norm clipping at 1.0 (``StepRecipe``; row op "stage<k>+clip"); ``hybrid`` — at the
+largest N, stages 1-3, hybrid sharding over a 2 x N/2 mesh (the zero contract's ``replicate``; row op
+"stage<k>+hybrid<R>x<S>"): the bytes of the across-replicas all-reduce apart (``comm_bytes_replicate``) from the
+shard group's reduce-scatter and gathers, each against ``cost_model.hsdp_step_comm_bytes``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 from harness.records import registry
 from harness.runtime.comm_count import counted_collectives
 from harness.runtime.timing import summarize, time_iterations
-from reference.cost_model import dp_step_comm_bytes, training_memory
+from reference.cost_model import dp_step_comm_bytes, hsdp_step_comm_bytes, training_memory
 from reference.zero.accounting import held_bytes
 
 
@@ -42,11 +45,14 @@ class ZeroSweep:
     iters: int = 10
     warmup: int = 3
     """Untimed steps before the timed ones, counting the first (the optimizer state's) and the counted one."""
-    variants: list[str] = field(default_factory=lambda: ["plain", "bf16", "clip"])
-    """"plain"; "bf16": the reference in mixed precision; "clip": every implementation clipping at 1.0."""
+    variants: list[str] = field(default_factory=lambda: ["plain", "bf16", "clip", "hybrid"])
+    """"plain"; "bf16": the reference in mixed precision; "clip": every implementation clipping at 1.0; "hybrid":
+    every implementation over a 2 x N/2 hybrid mesh."""
 
 
-VARIANTS = ("plain", "bf16", "clip")
+VARIANTS = ("plain", "bf16", "clip", "hybrid")
+REPLICAS = 2
+"""The hybrid variant's replicas: a (2, N/2) mesh — (2, 1) at N = 2, (2, 2) at N = 4."""
 
 
 def bench_rank(impl_spec: str, stage: int, hidden: int, seq: int, batch: int, iters: int, warmup: int,
@@ -66,9 +72,10 @@ def bench_rank(impl_spec: str, stage: int, hidden: int, seq: int, batch: int, it
         if variant == "bf16":
             trainer = _MixedTrainer(model, OptimizerSpec("adam", 1e-4), stage)
         else:
-            recipe = {"recipe": StepRecipe(max_grad_norm=1.0)} if variant == "clip" else {}
+            kwargs = ({"recipe": StepRecipe(max_grad_norm=1.0)} if variant == "clip" else
+                      {"replicate": REPLICAS} if variant == "hybrid" else {})
             trainer = registry.load(impl_spec, "zero").build(model, OptimizerSpec("adam", 1e-4), stage, None,
-                                                             **recipe)
+                                                             **kwargs)
     except (NotImplementedError, ValueError, TypeError) as exc:
         return {"unsupported": str(exc)}
     x = torch.randn(batch, seq, hidden, device=device, dtype=dtype)
@@ -78,12 +85,12 @@ def bench_rank(impl_spec: str, stage: int, hidden: int, seq: int, batch: int, it
         trainer.step(x, y)
 
     step()  # the optimizer state exists from the first step on
-    counter = [0.0]
-    with counted_collectives(counter):
+    counter, by_op = [0.0], {}
+    with counted_collectives(counter, by_op):
         step()
     # those two untimed steps are warm-up steps too: ``warmup`` counts them
     return {"times": time_iterations(step, iters, max(0, warmup - 2), device), "bytes_sent": counter[0],
-            "memory": trainer.memory(), "numel": numel}
+            "by_op": by_op, "memory": trainer.memory(), "numel": numel}
 
 
 class _MixedTrainer:
@@ -130,7 +137,9 @@ def _cases(cfg: ZeroSweep) -> list[tuple[int, str, int, str]]:
     for n, impl, stage, variant in itertools.product(cfg.world_sizes, cfg.impls, cfg.stages, cfg.variants):
         if not registry.resolve(impl, "zero").owns(f"stage{stage}"):  # reference-naive: stage 0 only
             continue
-        if (variant == "bf16" and impl != "reference") or (variant == "clip" and n != max(cfg.world_sizes)):
+        if (variant == "bf16" and impl != "reference") or (variant in ("clip", "hybrid") and n != max(cfg.world_sizes)):
+            continue
+        if variant == "hybrid" and (stage == 0 or n % REPLICAS):  # ZeRO 0 replicates already
             continue
         out.append((n, impl, stage, variant))
     return out
@@ -142,7 +151,8 @@ def run_sweep(cfg: ZeroSweep, get_world, run_dir, progress=sys.stderr) -> int:
         world = get_world(n)
         per_rank = world.run(bench_rank, impl, stage, cfg.hidden, cfg.seq, cfg.batch, cfg.iters, cfg.warmup,
                              variant, timeout=600)
-        row = {"suite": "zero", "op": f"stage{stage}" + ("+clip" if variant == "clip" else ""), "zero_stage": stage,
+        suffix = {"clip": "+clip", "hybrid": f"+hybrid{REPLICAS}x{n // REPLICAS}"}.get(variant, "")
+        row = {"suite": "zero", "op": f"stage{stage}{suffix}", "zero_stage": stage,
                "impl": impl, "backend": world.backend, "world_size": n,
                "dtype": "bfloat16" if variant == "bf16" else "float32", "iters": cfg.iters, "warmup": cfg.warmup,
                "count": cfg.batch * cfg.seq}
@@ -151,13 +161,22 @@ def run_sweep(cfg: ZeroSweep, get_world, run_dir, progress=sys.stderr) -> int:
             row.update(status="unsupported", detail=unsupported[0])
         else:
             numel = per_rank[0]["numel"]
+            shards = n // REPLICAS if variant == "hybrid" else n  # hybrid: the state sharded over the shard group
             model = (training_memory(numel, zero_stage=stage, dp=n) if variant == "bf16" else  # 2 + 2 + 12
-                     training_memory(numel, zero_stage=stage, dp=n, weight_bytes=4, grad_bytes=4, optimizer_bytes=8))
+                     training_memory(numel, zero_stage=stage, dp=shards, weight_bytes=4, grad_bytes=4,
+                                     optimizer_bytes=8))
             counted = max(r["bytes_sent"] for r in per_rank)
             mem = per_rank[0]["memory"]  # rank 0; ranks differ only by padding or whole-parameter partitions
+            predicted = (_mixed_comm_bytes(numel, stage, n) if variant == "bf16"
+                         else dp_step_comm_bytes(numel, stage, n, grad_bytes=4))
+            if variant == "hybrid":  # the two reductions apart: the replicas' all-reduce, the shard group's rest
+                hybrid = hsdp_step_comm_bytes(numel, stage, REPLICAS, n // REPLICAS, grad_bytes=4)
+                across = max(r["by_op"].get("all_reduce", 0.0) for r in per_rank)
+                predicted = hybrid["total"]
+                row.update(comm_bytes_replicate=across if counted else None,
+                           comm_bytes_replicate_predicted=hybrid["replicate"])
             row.update(status="ok", comm_bytes_measured=counted if counted or n == 1 else None,
-                       comm_bytes_predicted=(_mixed_comm_bytes(numel, stage, n) if variant == "bf16"
-                                             else dp_step_comm_bytes(numel, stage, n, grad_bytes=4)),
+                       comm_bytes_predicted=predicted,
                        mem_params_bytes=mem["params"], mem_grads_bytes=mem["grads"],
                        mem_optimizer_bytes=mem["optimizer"], mem_params_predicted=model.weights,
                        mem_grads_predicted=model.gradients, mem_optimizer_predicted=model.optimizer,

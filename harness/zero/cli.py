@@ -11,9 +11,10 @@ def add_arguments(p) -> None:
     p.add_argument("--stages", default="0,1,2,3", help="ZeRO stages (0: plain data parallelism)")
     p.add_argument("--zero-world-sizes", default=None, help="DP sizes (default: --world-sizes)")
     p.add_argument("--zero-hidden", type=int, default=256, help="transformer block width")
-    p.add_argument("--zero-variants", default="plain,bf16,clip",
+    p.add_argument("--zero-variants", default="plain,bf16,clip,hybrid",
                    help="plain; bf16 (the reference in mixed precision); clip (every implementation "
-                        "clipping at 1.0, at the largest DP size)")
+                        "clipping at 1.0, at the largest DP size); hybrid (every implementation over a 2 x N/2 "
+                        "hybrid-sharded mesh, stages 1-3, at the largest DP size)")
 
 
 def config(args):

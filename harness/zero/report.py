@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.records.tables import NO_ROWS, opening
+from harness.records.tables import NO_ROWS, not_provided, opening
 
 # The ZeRO paper's savings claims (Rajbhandari et al. 2020, figure 1: mixed precision, K = 12, N -> inf).
 PAPER_CLAIMS = {1: "~4x", 2: "~8x", 3: "~Nx"}
@@ -14,7 +14,8 @@ KINDS = ("params", "grads", "optimizer")
 
 
 def zero_section(zero, run_dir: Path, md) -> list[str]:
-    variant = zero["op"].astype(str).str.endswith("+clip") | (zero["dtype"] == "bfloat16")
+    hybrid = zero["op"].astype(str).str.contains("+hybrid", regex=False)
+    variant = zero["op"].astype(str).str.endswith("+clip") | (zero["dtype"] == "bfloat16") | hybrid
     out = _plain_section(zero[~variant], run_dir, md)
     mixed = zero[(zero["dtype"] == "bfloat16") & (zero["status"] == "ok")].copy()
     if len(mixed):
@@ -22,7 +23,25 @@ def zero_section(zero, run_dir: Path, md) -> list[str]:
     clipped = zero[zero["op"].astype(str).str.endswith("+clip") & (zero["status"] == "ok")]
     if len(clipped):
         out += _clip_section(zero[~variant & (zero["status"] == "ok")], clipped, md)
+    if hybrid.any():
+        out += _hybrid_section(zero[hybrid], md)
     return out
+
+
+def _hybrid_section(rows, md) -> list[str]:
+    ok, out = opening(rows, "### Hybrid sharding (HSDP): the two reductions",
+                      "ZeRO within each shard group of a 2 x N/2 mesh, each reduced shard all-reduced across the 2 "
+                      "replicas: bytes a rank sends per step (all of them; the replicas' all-reduce apart) against "
+                      "cost_model.hsdp_step_comm_bytes, model-state memory against training_memory over the shard "
+                      "group (an implementation whose collectives reach no counter: blank):")
+    if len(ok):
+        ok = _totals(ok)
+        ok["step_ms"] = ok["time_p50_us"] / 1e3
+        cols = [c for c in ("impl", "world_size", "op", "comm_bytes_measured", "comm_bytes_predicted",
+                            "comm_bytes_replicate", "comm_bytes_replicate_predicted", "measured_total",
+                            "predicted_total", "step_ms") if c in ok.columns]
+        out += [md(ok.sort_values(["impl", "op"])[cols], ".6g", index=False), ""]
+    return out + not_provided(rows, md, ["impl", "world_size", "op", "detail"])
 
 
 def _totals(ok):

@@ -122,6 +122,24 @@ def dp_step_comm_bytes(n_params: float, zero_stage: int, dp: int, grad_bytes: fl
     return (dp - 1) / dp * n_params * passes
 
 
+def hsdp_step_comm_bytes(n_params: float, zero_stage: int, replicate: int, shard: int, grad_bytes: float = 2,
+                         weight_bytes: float | None = None) -> dict[str, float]:
+    """Bytes each rank sends per step under hybrid sharding (HSDP: replicate x shard ranks), the two reductions
+    apart: {"shard": ZeRO's within the shard group — ``dp_step_comm_bytes`` over ``shard`` ranks (the reduce-
+    scatter of the gradients and the parameter gathers), "replicate": the all-reduce of this rank's reduced
+    gradient shard, Psi / shard elements, across the ``replicate`` replicas (a ring: 2 (R - 1) / R of it), "total"}.
+    (n, 1) — every shard group one rank: the shard term is 0 and the replicas all-reduce whole gradients, DP's 2 Psi;
+    (1, n) is ZeRO over n ranks."""
+    positive("n_params", n_params)
+    choice("zero_stage", zero_stage, (1, 2, 3))
+    whole("replicate", replicate)
+    whole("shard", shard)
+    positive("grad_bytes", grad_bytes)
+    within = dp_step_comm_bytes(n_params, zero_stage, shard, grad_bytes, weight_bytes)
+    across = collective_bytes("all_reduce", replicate, n_params / shard * grad_bytes)
+    return {"shard": within, "replicate": across, "total": within + across}
+
+
 def tp_layer_comm_bytes(batch: int, seq: int, hidden: int, tp: int, activation_bytes: float = 2) -> float:
     """Bytes each tensor-parallel rank sends per transformer layer per microbatch.
 

@@ -13,6 +13,7 @@ from reference.cost_model import (
     checkpoint_segments,
     collective_bytes,
     dp_step_comm_bytes,
+    hsdp_step_comm_bytes,
     recompute_overhead,
     sqrt_checkpoint_memory,
     tp_layer_comm_bytes,
@@ -64,6 +65,25 @@ def test_dp_volume_2psi_and_3psi(n, dp):
     for stage in (0, 1, 2):
         assert dp_step_comm_bytes(n, stage, dp) == 2 * (dp - 1) / dp * n * 2
     assert dp_step_comm_bytes(n, 3, dp) == pytest.approx(1.5 * dp_step_comm_bytes(n, 0, dp), rel=1e-15)
+
+
+@given(st.floats(1e6, 1e12), st.integers(1, 64), st.integers(1, 64))
+def test_hsdp_bytes_apart_and_at_its_corners(n, replicate, shard):
+    """HSDP's two reductions: ZeRO-1/2 over R x S moves what ZeRO over R S ranks moves, 2 (RS - 1) / RS Psi, the
+    replicas' share 2 (R - 1) / (R S) Psi; ZeRO-3 gathers within the shard group only — less than flat ZeRO-3 for R > 1.
+    (n, 1): the replicas all-reduce whole gradients (DP's bytes); (1, n): ZeRO's."""
+    world = replicate * shard
+    for stage in (1, 2, 3):
+        b = hsdp_step_comm_bytes(n, stage, replicate, shard)
+        assert b["total"] == b["shard"] + b["replicate"]
+        assert b["replicate"] == pytest.approx(2 * (replicate - 1) / replicate * n / shard * 2, rel=1e-12)
+        if stage < 3:
+            assert b["total"] == pytest.approx(dp_step_comm_bytes(n, stage, world), rel=1e-12)
+        else:
+            assert b["total"] <= dp_step_comm_bytes(n, 3, world) * (1 + 1e-12)
+    assert hsdp_step_comm_bytes(n, 2, world, 1)["shard"] == 0
+    assert hsdp_step_comm_bytes(n, 2, world, 1)["total"] == pytest.approx(dp_step_comm_bytes(n, 0, world), rel=1e-12)
+    assert hsdp_step_comm_bytes(n, 3, 1, world)["total"] == dp_step_comm_bytes(n, 3, world)
 
 
 @given(st.floats(1e6, 1e12), st.integers(2, 4096))

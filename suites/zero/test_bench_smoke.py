@@ -1,7 +1,8 @@
 """The ZeRO benchmark runs end to end on a small block, with its variants (the reference in bf16 mixed
-precision, every implementation clipping); for the reference, measured memory and counted bytes equal the
-cost model's exactly (its padding is zero here: every flat buffer's size is even at N = 2) — in mixed
-precision the ZeRO paper's 2 + 2 + 12 bytes per parameter. No timings asserted."""
+precision, every implementation clipping, hybrid sharding over the (2, 1) mesh); for the reference, measured memory
+and counted bytes equal the cost model's exactly (its padding is zero here: every flat buffer's size is even at
+N = 2) — in mixed precision the ZeRO paper's 2 + 2 + 12 bytes per parameter, hybrid the replicas' all-reduce of
+whole gradients apart (``hsdp_step_comm_bytes``). No timings asserted."""
 
 from __future__ import annotations
 
@@ -20,11 +21,18 @@ def test_zero_sweep_memory_bytes_and_report(world_cache, world_sizes, tmp_path):
     cfg = ZeroSweep(impls=["reference", "reference-naive", "torch"], world_sizes=[2], hidden=64, seq=4, batch=2,
                     iters=2, warmup=1)
     run = RunDir(tmp_path, {"suite": "zero"})
-    # plain: 4 + 1 (the naive variant: stage 0 only) + 4; bf16: the reference's 4; clip: 4 + 1 + 4
-    assert run_sweep(cfg, world_cache.get, run, progress=None) == 9 + 4 + 9
+    # plain: 4 + 1 (the naive variant: stage 0 only) + 4; bf16: the reference's 4; clip: 4 + 1 + 4; hybrid: stages
+    # 1-3 of the reference and of torch (its stage 1: unsupported, one sentence)
+    assert run_sweep(cfg, world_cache.get, run, progress=None) == 9 + 4 + 9 + 6
     run.finish()
     rows = read_run(run.path)[1]["benchmarks.csv"]
-    assert (rows["status"] == "ok").all() and (rows["time_p50_us"] > 0).all()
+    hybrid = rows["op"].str.contains("+hybrid", regex=False)
+    assert list(rows[rows["status"] != "ok"]["op"] + "/" + rows[rows["status"] != "ok"]["impl"]) == \
+        ["stage1+hybrid2x1/torch"]
+    rows = rows[rows["status"] == "ok"]
+    assert (rows["time_p50_us"] > 0).all()
+    for _, r in rows[hybrid & (rows["impl"] == "reference")].iterrows():  # (2, 1): the replicas move everything
+        assert r["comm_bytes_replicate"] == r["comm_bytes_replicate_predicted"] == r["comm_bytes_measured"] > 0, r
     assert sorted(rows[rows["dtype"] == "bfloat16"]["op"]) == ["stage0", "stage1", "stage2", "stage3"]
     assert (rows["op"].str.endswith("+clip")).sum() == 9
     for _, r in rows[~rows["op"].str.endswith("+clip")].iterrows():  # clip rows add the norm's all-reduce
@@ -38,10 +46,12 @@ def test_zero_sweep_memory_bytes_and_report(world_cache, world_sizes, tmp_path):
     assert "## Data parallel / ZeRO: memory per rank" in text and (run.path / "zero_memory.png").exists()
     assert "### Mixed precision: the ZeRO paper's setting, measured" in text
     assert "### Global-norm clipping: step time" in text
+    assert "### Hybrid sharding (HSDP): the two reductions" in text
 
 
 def test_bad_zero_variants_are_one_sentence(capsys):
     from harness.cli.main import main
 
     assert main(["bench", "zero", "--zero-variants", "plain,fp8"]) == 2
-    assert "--zero-variants 'plain,fp8' must be comma-separated among plain, bf16, clip." in capsys.readouterr().err
+    assert "--zero-variants 'plain,fp8' must be comma-separated among plain, bf16, clip, hybrid." in \
+        capsys.readouterr().err
