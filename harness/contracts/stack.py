@@ -21,6 +21,7 @@ from reference.pipeline import GENERATORS
 from reference.zero import OptimizerSpec
 
 SCHEDULES = tuple(GENERATORS)
+CHECKPOINT_POLICIES = ("full", "selective")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,12 @@ class Layout:
     """Microbatches per pipeline pass; None: 2 pp."""
     checkpointing: bool = False
     """Activation checkpointing of every block (recomputed in backward)."""
+    checkpoint_policy: str = "full"
+    """With ``checkpointing``: "full" (the block's forward recomputed whole) or "selective" (selective activation
+    checkpointing: every matrix multiplication's output saved — torch's ``create_selective_checkpoint_contexts``
+    with mm / addmm / bmm MUST_SAVE —, every other op recomputed)."""
+    compile: bool = False
+    """Each block compiled (``torch.compile``, inductor: torchtitan's per-block compile); the one device runs eager."""
     sequence_parallel: bool = False
     """Megatron's sequence parallelism inside each TP group (not context parallelism)."""
     cp: int = 1
@@ -79,6 +86,11 @@ class Layout:
                 or (self.dp * self.cp) % self.replicate:
             raise ValueError(f"replicate ({self.replicate!r}) must be a whole number dividing dp x cp "
                              f"({self.dp * self.cp}): the replicas of a hybrid-sharded mesh.")
+        if self.checkpoint_policy not in CHECKPOINT_POLICIES:
+            raise ValueError(f"checkpoint_policy must be one of {', '.join(CHECKPOINT_POLICIES)}; got "
+                             f"{self.checkpoint_policy!r}.")
+        if self.checkpoint_policy != "full" and not self.checkpointing:
+            raise ValueError(f"checkpoint_policy {self.checkpoint_policy!r} applies with checkpointing=True.")
         if self.replicate > 1 and self.zero == 0:
             raise ValueError("replicate > 1 is hybrid sharding: it needs zero >= 1 (ZeRO 0 replicates everything "
                              "already).")
@@ -93,7 +105,8 @@ class Layout:
 
     def label(self) -> str:
         return f"{self.dp}x{self.pp}x{self.tp}" + (f"-cp{self.cp}" if self.cp > 1 else "") + \
-            (f"-ep{self.ep}" if self.ep > 1 else "") + (f"-r{self.replicate}" if self.replicate > 1 else "")
+            (f"-ep{self.ep}" if self.ep > 1 else "") + (f"-r{self.replicate}" if self.replicate > 1 else "") + \
+            ("-sac" if self.checkpoint_policy == "selective" else "") + ("-compiled" if self.compile else "")
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,19 @@ import math
 from harness.records.findings import Finding
 
 FINDINGS = (
+    Finding("torch", "stack", "torch", ("2.12", None),
+            "torch.compile of a tensor-parallel block fed by a tensor-parallel embedding (RowwiseParallel, Replicate "
+            "in and out — torchtitan's plan without sequence parallelism) back-propagates no gradient into the "
+            "embedding under FSDP2: all zeros, silently (without FSDP2 the backward raises in DTensor's "
+            "Redistribute.backward: 'Tensor' object has no attribute '_local_tensor'). Minimal case: Embedding(10, 8) "
+            "+ a residual Colwise / Rowwise MLP compiled, tp 2, FSDP2 over one dp rank; eager, one device's gradient. "
+            "In the torch stack: every compiled layout with tp > 1 — the embedding's gradient (and momentum) off, "
+            "then every weight after step 2. Seen on 2.12.1, 2.13.0, 2.15.0 (CPU, gloo).",
+            "suites/stack/test_findings.py::test_watch_a_compiled_tp_block_after_a_tp_embedding_drops_its_gradient",
+            {"compile": True, "tp": lambda t: t > 1},
+            symptom=r"^rank \d+: (step \d+: (gradient norm \S+ vs one device"
+                    r"|(parameter|optimizer state|master) \S+: off by)|loss after step \d+:)",
+            cause=r"(parameter|optimizer state) embed\.weight\S*: off by"),
     Finding("torch", "stack", "torch", ("2.13", None),
             "torch.distributed.pipelining over FSDP2 modules: a new schedule built on the same PipelineStage re-runs "
             "the stage's shape inference, whose clean-up sets every FSDP parameter's grad to None — gradients "

@@ -79,11 +79,21 @@ def judged(world, impl: str, spec, layout, recipe, one=None, **kw) -> dict:
 
         short = check(per_rank, spec, layout, recipe, kw.get("steps", 2))
         outcome, problems = ("fail", [short]) if short else (outcome, problems)
+    # equal, but did it recompute as told? (selective's silent failure; "full" is counted by suites/stack/test_recompute)
+    if outcome == "pass" and layout.checkpoint_policy == "selective" and not layout.compile:
+        from .recompute import check as recomputed
+
+        off = recomputed(world, impl, spec, layout, recipe)
+        if isinstance(off, str):
+            problems = [f"(recompute not counted: {off})"]
+        elif off:
+            outcome, problems = "fail", off
     known = findings.match(impl, "stack", problems, norm_type=recipe.norm_type, tp=layout.tp, dp=layout.dp,
                            pp=layout.pp, tie_embeddings=spec.tie_embeddings, zero=layout.zero, ep=layout.ep,
                            cp=layout.cp, sequence_parallel=layout.sequence_parallel, family=spec.family,
                            vocab_remainder=spec.vocab % layout.tp, checkpointing=layout.checkpointing,
                            accumulation=recipe.accumulation, option=impl, low_precision=recipe.low_precision,
+                           compile=layout.compile,
                            clipped=recipe.max_grad_norm is not None) if outcome == "fail" else None
     outcome = "known-nonconformance" if known else outcome
     row = {"suite": "stack", "world_size": layout.world_size, "dtype": spec.dtype, "impl": impl,

@@ -48,6 +48,10 @@ class Supports(NamedTuple):
     another is unsupported after its own rules (which may say why in its own words)."""
     hybrid: bool = False
     """Whether it shards hybrid (``Layout.replicate`` > 1); if not, such a layout is unsupported after its rules."""
+    selective: bool = False
+    """Whether it checkpoints selectively (``Layout.checkpoint_policy`` "selective")."""
+    compiles: bool = False
+    """Whether it compiles its blocks (``Layout.compile``)."""
 
     def why_unsupported(self, spec, layout, recipe) -> str | None:
         unknown = sorted({**spec.extra, **layout.extra})
@@ -58,6 +62,10 @@ class Supports(NamedTuple):
             why = f"{self.stack} does not train with {recipe.optimizer.name} (it trains {', '.join(self.optimizers)})."
         if why is None and layout.replicate > 1 and not self.hybrid:
             why = f"{self.stack} does not shard hybrid (replicate x shard) here."
+        if why is None and layout.checkpoint_policy == "selective" and not self.selective:
+            why = f"{self.stack} does not checkpoint selectively (the matmuls saved, the rest recomputed) here."
+        if why is None and layout.compile and not self.compiles:
+            why = f"{self.stack} does not compile its blocks here."
         return why
 
     def why_refused(self, spec, layout, recipe) -> str | None:

@@ -50,3 +50,53 @@ def inf_norm_of_an_empty_fsdp_shard() -> str | None:
     except RuntimeError as exc:  # its peer waits in the reduction: the World ends it after the grace
         return failed_in_implementation(f"rank {dist.get_rank()}: {str(exc).splitlines()[0]}")
     return None
+
+
+def compiled_tp_block_after_a_tp_embedding(fsdp: bool) -> str:
+    """An embedding split over 2 TP ranks (``RowwiseParallel``, Replicate in and out: torchtitan's without sequence
+    parallelism) feeding a residual MLP whose up / down projections are Colwise / Rowwise and which is compiled
+    (``nn.Module.compile``, inductor), optionally under FSDP2 over a data-parallel mesh of one rank; one backward of
+    the sum of squares. Returns "zero" (the embedding's gradient is all zeros), "equal" (it is one device's), "off"
+    or "raised <error>"."""
+    import copy
+
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up, self.down = nn.Linear(8, 16, bias=False), nn.Linear(16, 8, bias=False)
+
+        def forward(self, x):
+            return x + self.down(torch.relu(self.up(x)))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.mlp = nn.Embedding(10, 8), MLP()
+
+        def forward(self, tokens):
+            return self.mlp(self.embed(tokens)).pow(2).sum()
+
+    torch.manual_seed(0)
+    one = Net()
+    net = copy.deepcopy(one)
+    mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("dp", "tp"))
+    parallelize_module(net.embed, mesh["tp"], RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
+    parallelize_module(net.mlp, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    net.mlp.compile()
+    if fsdp:
+        fully_shard(net.mlp, mesh=mesh["dp"])
+        fully_shard(net, mesh=mesh["dp"])
+    tokens = torch.tensor([[1, 2, 3, 4]])
+    one(tokens).backward()
+    try:
+        net(tokens).backward()
+    except Exception as exc:  # noqa: BLE001 - the behaviour watched
+        return f"raised {type(exc).__name__}: {exc}"
+    got, want = net.embed.weight.grad.full_tensor(), one.embed.weight.grad
+    return "zero" if not got.any() else "equal" if torch.allclose(got, want) else "off"

@@ -334,3 +334,31 @@ class HybridNoReplicaReduction(ReferenceStack):
     def build(self, spec, layout, recipe, group=None):
         super().build(spec, layout, recipe, group)
         return _NoReplicaReduction(spec, layout, recipe)
+
+
+class _TorchPolicy:
+    """The torch stack asked for selective checkpointing, building another policy (every other layout as asked)."""
+
+    policy: str | None = None
+
+    def build(self, spec, layout, recipe, group=None):
+        from dataclasses import replace
+
+        from harness.adapters.torch.stack import TorchStack
+
+        if layout.checkpoint_policy == "selective":
+            layout = replace(layout, checkpointing=self.policy is not None, checkpoint_policy=self.policy or "full")
+        return TorchStack().build(spec, layout, recipe, group)
+
+
+class SelectiveIgnored(_TorchPolicy):
+    """Planted bug: selective checkpointing asked, nothing checkpointed (TRL PR 6280's review: a policy silently not
+    applied) — the same gradients."""
+
+    policy = None
+
+
+class SelectiveSavesNoMatmul(_TorchPolicy):
+    """Planted bug: selective checkpointing asked, every block recomputed whole (the policy's save list ignored)."""
+
+    policy = "full"

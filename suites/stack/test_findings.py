@@ -29,3 +29,15 @@ def test_inf_norm_of_an_empty_fsdp_shard_raises(world_cache):
         world_cache.get(2).run(ranks.inf_norm_of_an_empty_fsdp_shard, timeout=60)
     first = verdict_of(info.value)
     assert first.startswith("rank 1: ") and "cannot compute the infinity norm on an empty tensor" in first, first
+
+
+def test_watch_a_compiled_tp_block_after_a_tp_embedding_drops_its_gradient(world_cache):
+    """torch (2.12.1 - 2.15.0, CPU / gloo): a compiled block of Colwise / Rowwise projections fed by an embedding under
+    ``RowwiseParallel`` (Replicate in and out) back-propagates no gradient into the embedding under FSDP2 — all
+    zeros, silently — and without FSDP2 its backward raises in DTensor's ``Redistribute.backward`` ('Tensor' object
+    has no attribute '_local_tensor'). Eager, the same model is one device's. In the torch stack: every compiled
+    case with tp > 1. Fails once torch compiles the case right (or raises under FSDP2 too)."""
+    world = world_cache.get(2)
+    assert world.run(ranks.compiled_tp_block_after_a_tp_embedding, True, timeout=300)[0] == "zero"
+    without = world.run(ranks.compiled_tp_block_after_a_tp_embedding, False, timeout=300)[0]
+    assert without.startswith("raised AttributeError") and "_local_tensor" in without, without

@@ -13,13 +13,13 @@ from reference.cost_model import checkpoint_segments
 
 def selective_context():
     """torch's selective-checkpoint context for the contract's "selective" policy: the matrix multiplications'
-    outputs MUST_SAVE, every other op PREFER_RECOMPUTE."""
+    outputs (mm, addmm, bmm) MUST_SAVE, every other op PREFER_RECOMPUTE."""
     import functools
 
     import torch
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-    saved = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
+    saved = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
 
     def policy(ctx, op, *args, **kwargs):
         return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE

@@ -3,10 +3,15 @@ TP with torchtitan's plan per family, torch.distributed.pipelining GPipe / 1F1B 
 stack contract, for the GPT and the Llama family (grouped-query attention through the same
 ColwiseParallel plan: the KV heads split over tp).
 
+Activation checkpointing is ``torch.utils.checkpoint`` (non-reentrant) around each block's forward, after TP and
+before FSDP2 (torchtitan's order), "full" or "selective" (``create_selective_checkpoint_contexts``: the matmuls
+saved); ``Layout.compile`` compiles each block's forward with ``torch.compile`` (inductor), checkpointing inside the
+compiled region, the FSDP2 hooks outside it.
+
 What it does not provide is ``Unsupported`` in one sentence: ZeRO 0 / 1 with dp > 1 (FSDP2 shards the
 parameters: ZeRO 2 is ``reshard_after_forward=False``, 3 is True; over one replica nothing is sharded and
 any stage is the same), the schedules of two stages per rank (interleaved, interleaved-zb, zbv, dualpipev),
-activation checkpointing, sequence parallelism, tied
+sequence parallelism, tied
 embeddings (pipelining shares no parameter across stages), kv_heads < tp (ColwiseParallel cannot split
 fewer heads than ranks: they would have to be replicated, which the plan does not do — torchtitan
 requires the KV heads to divide by tp too) and low precision (its mixed-precision recipe is FSDP2's
@@ -46,8 +51,8 @@ SUPPORTS = Supports("the torch stack", unsupported=(
     Rule(lambda s, lay, r: bool(s.dropout),
          "the torch stack trains without dropout: the one-device masks are keyed by each row's global index and the "
          "step, which its pipelining schedules do not pass to the stages."),
-    Rule(lambda s, lay, r: lay.checkpointing or lay.sequence_parallel,
-         "the torch stack applies neither activation checkpointing nor sequence parallelism here."),
+    Rule(lambda s, lay, r: lay.sequence_parallel,
+         "the torch stack does not apply sequence parallelism here."),
     Rule(lambda s, lay, r: s.tie_embeddings,
          "the torch stack cannot tie the embedding to the LM head: torch.distributed.pipelining has no parameter "
          "shared across stages."),
@@ -63,7 +68,7 @@ SUPPORTS = Supports("the torch stack", unsupported=(
          "the torch stack's low-precision recipe is FSDP2's MixedPrecisionPolicy, held in suites/mixed_precision."),
     Rule(lambda s, lay, r: r.optimizer.name == "muon" and r.low_precision,
          "the torch stack trains Muon without a float8 recipe here."),
-), optimizers=("sgd", "adam", "muon"), hybrid=True, refused=(
+), optimizers=("sgd", "adam", "muon"), hybrid=True, selective=True, compiles=True, refused=(
     Rule(lambda s, lay, r: s.heads % lay.tp,
          lambda s, lay, r: f"tp ({lay.tp}) must divide the attention heads ({s.heads})."),
     Rule(lambda s, lay, r: lay.pp > s.layers,
@@ -110,7 +115,9 @@ class TorchStackTrainer(BuiltFromDense):
             float8_blocks(model, recipe.low_precision)
         trainer = Torch3D(model, layout.dp, layout.pp, layout.tp, layout.schedule, layout.num_microbatches,
                           recipe.optimizer.lr, mesh=self.mesh, optimizer=recipe.optimizer,
-                          reshard_after_forward=layout.zero == 3, accumulation=recipe.accumulation)
+                          reshard_after_forward=layout.zero == 3, accumulation=recipe.accumulation,
+                          checkpointing=layout.checkpoint_policy if layout.checkpointing else None,
+                          compile=layout.compile)
         trainer.max_grad_norm, trainer.norm_type = recipe.max_grad_norm, recipe.norm_type
         return trainer
 

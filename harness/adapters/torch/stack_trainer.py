@@ -29,7 +29,8 @@ class Torch3D:
     stage, named as in the dense model."""
 
     def __init__(self, model, dp: int, pp: int, tp: int, schedule: str, microbatches: int, lr: float,
-                 mesh=None, optimizer=None, reshard_after_forward: bool = True, accumulation: int = 1):
+                 mesh=None, optimizer=None, reshard_after_forward: bool = True, accumulation: int = 1,
+                 checkpointing: str | None = None, compile: bool = False):
         from torch.distributed import pipelining
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -75,6 +76,8 @@ class Torch3D:
                                                                      output_layouts=Replicate()))
         if last:
             parallelize_module(stage.head, tp_mesh, ColwiseParallel(output_layouts=Shard(-1), use_local_output=False))
+        for block in stage.blocks:  # torchtitan's order: TP, activation checkpointing, compile, FSDP
+            _wrap_forward(block, checkpointing, compile)
         for block in stage.blocks:
             fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
         fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
@@ -162,6 +165,25 @@ class Torch3D:
 
     def full_params(self) -> dict:
         return {self.names[name]: _full(p.detach()).clone() for name, p in self.stage.named_parameters()}
+
+
+def _wrap_forward(block, checkpointing: str | None, compiled: bool) -> None:
+    """``block``'s forward checkpointed ("full", or "selective": the matmuls saved) and / or compiled, in place — its
+    parameters' names unchanged, FSDP2's hooks (registered on the module) outside the checkpoint and the compiled
+    region."""
+    forward = block.forward
+    if checkpointing is not None:
+        from torch.utils.checkpoint import checkpoint
+
+        from .checkpoint import selective_context
+
+        extra = {"context_fn": selective_context()} if checkpointing == "selective" else {}
+
+        def forward(*args, _inner=block.forward, **kwargs):
+            return checkpoint(_inner, *args, use_reentrant=False, **extra, **kwargs)
+    if compiled:
+        forward = torch.compile(forward)
+    block.forward = forward
 
 
 def _tp_plan(block) -> dict:

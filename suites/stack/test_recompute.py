@@ -1,0 +1,56 @@
+"""A stack checkpointing its blocks, selectively (``Layout.checkpoint_policy="selective"``: the matmuls' outputs saved,
+every other op recomputed) or in full, equals one device — and recomputes what its policy says: its step's ops,
+counted, against its step without checkpointing (``harness.stack.recompute``): selective runs the same matmuls and
+more other ops; full runs more matmuls. A compiled stack (``Layout.compile``: each block through ``torch.compile``,
+inductor on this CPU) equals the eager one device. The Llama (its SwiGLU, RMSNorms and rotary are the ops selective
+recomputes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.contracts.stack import Layout, Recipe
+from harness.stack.judge import hold
+from harness.stack.recompute import check
+from suites._support.stack import ADAM, LLAMA, LLAMA32, held
+
+SAC = {"checkpointing": True, "checkpoint_policy": "selective"}
+CASES = [  # (id, spec, layout, recipe)
+    ("selective", LLAMA, Layout(1, 1, 1, **SAC), Recipe()),
+    ("selective-tp-clip", LLAMA, Layout(1, 1, 2, **SAC), Recipe(max_grad_norm=0.05)),
+    ("selective-fsdp-accumulate", LLAMA, Layout(2, zero=3, **SAC), Recipe(accumulation=2)),
+    ("selective-pp", LLAMA, Layout(1, 2, 1, **SAC), Recipe()),
+    ("full-fsdp-tp", LLAMA, Layout(2, 1, 2, zero=2, checkpointing=True), Recipe()),
+    ("compiled", LLAMA32, Layout(1, 1, 1, compile=True), Recipe(optimizer=ADAM)),
+    ("compiled-fsdp-tp", LLAMA32, Layout(2, 1, 2, zero=2, compile=True), Recipe(optimizer=ADAM, max_grad_norm=0.05)),
+    ("compiled-selective-pp", LLAMA32, Layout(1, 2, 1, compile=True, **SAC), Recipe(optimizer=ADAM)),
+]
+THOROUGH = {"selective-pp", "full-fsdp-tp", "compiled-fsdp-tp", "compiled-selective-pp"}
+"""tox's budget: selective at one rank, tp and FSDP; one compiled case (inductor compiles each distinct block graph:
+~15 s on 2 cores); compiled under FSDP2 x TP and under the pipeline, full checkpointing under FSDP2 x TP in the
+thorough env."""
+
+
+@pytest.mark.parametrize("spec, layout, recipe", [
+    pytest.param(*c[1:], id=c[0], marks=[pytest.mark.thorough] if c[0] in THOROUGH else []) for c in CASES])
+def test_checkpointed_or_compiled_stack_equals_one_device(stack_impl, spec, layout, recipe, world_cache, conformance):
+    v = held(world_cache, conformance, stack_impl, layout.world_size, spec, layout, recipe)
+    assert v["outcome"] == "pass", v["problems"][:4]
+
+
+def test_full_checkpointing_recomputes_the_blocks(stack_impl, world_cache):
+    """One rank, the Llama, checkpointing "full": the step runs more matmuls than without (the blocks' forwards
+    again) — a stack that says it checkpoints and does not is caught here, its gradients being the same."""
+    off = check(world_cache.get(1), stack_impl, LLAMA32, Layout(1, 1, 1, checkpointing=True), Recipe(optimizer=ADAM))
+    if isinstance(off, str):
+        pytest.skip(f"{stack_impl}: {off}")
+    assert off == [], off
+
+
+@pytest.mark.parametrize("planted, says", [
+    ("SelectiveIgnored", "recomputed nothing"), ("SelectiveSavesNoMatmul", "were not all saved")])
+def test_a_selective_policy_not_applied_fails_by_its_count(planted, says, world_cache, conformance):
+    """Planted: "selective" asked, no checkpointing run (``SelectiveIgnored``), or every block recomputed whole
+    (``SelectiveSavesNoMatmul``) — both one device's gradients exactly, both failed by the ops counted."""
+    v = hold(world_cache, conformance, f"suites.stack.planted:{planted}", 1, LLAMA, Layout(1, 1, 1, **SAC), Recipe())
+    assert v["outcome"] == "fail" and any(says in p for p in v["problems"]), v["problems"][:4]
