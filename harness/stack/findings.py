@@ -15,7 +15,8 @@ FINDINGS = (
             "Redistribute.backward: 'Tensor' object has no attribute '_local_tensor'). Minimal case: Embedding(10, 8) "
             "+ a residual Colwise / Rowwise MLP compiled, tp 2, FSDP2 over one dp rank; eager, one device's gradient. "
             "In the torch stack: every compiled layout with tp > 1 — the embedding's gradient (and momentum) off, "
-            "then every weight after step 2. Seen on 2.12.1, 2.13.0, 2.15.0 (CPU, gloo).",
+            "then every weight after step 2 (torchtitan's own Llama plan, compiled on the same layout, passes). Seen "
+            "on 2.12.1, 2.13.0, 2.15.0 (CPU, gloo).",
             "suites/stack/test_findings.py::test_watch_a_compiled_tp_block_after_a_tp_embedding_drops_its_gradient",
             {"compile": True, "tp": lambda t: t > 1},
             symptom=r"^rank \d+: (step \d+: (gradient norm \S+ vs one device"

@@ -84,7 +84,10 @@ SUPPORTS = Supports("the torchtitan stack", unsupported=(
          "torchtitan does not tie the embedding to the LM head under pipeline parallelism (its own refusal)."),
     Rule(lambda s, lay, r: r.loss_scale is not None,
          "the torchtitan stack here has no loss scaler (float32 needs none)."),
-), hybrid=True, refused=(
+    Rule(lambda s, lay, r: lay.checkpoint_policy == "selective",
+         "torchtitan's op-level selective checkpointing recomputes every second matmul (SelectiveAC's "
+         "forward_mm_count % 2 == 0): its own policy, not the contract's (every matmul's output saved)."),
+), hybrid=True, compiles=True, refused=(
     Rule(lambda s, lay, r: lay.schedule in CHUNKED and 2 * lay.pp > s.layers,
          lambda s, lay, r: f"the {lay.schedule} schedule's 2 x pp = {2 * lay.pp} model chunks need as many layers; the "
                            f"model has {s.layers}."),

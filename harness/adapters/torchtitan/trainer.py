@@ -146,7 +146,9 @@ class TorchtitanStackTrainer(BuiltFromDense):
         with torch.device("meta"):  # Trainer.__init__'s order: meta model, parallelize, to_empty, init_weights
             titan = config.build()
         self.loss_fn = CrossEntropyLoss.Config().build()
-        common = {"parallel_dims": self.dims, "parallelism": parallelism, "compile_config": CompileConfig(enable=False),
+        # its per-block compile (apply_compile: after AC, before FSDP); the loss stays eager as the one device's
+        compile_config = CompileConfig(enable=layout.compile, components=["model"])
+        common = {"parallel_dims": self.dims, "parallelism": parallelism, "compile_config": compile_config,
                   "ac_config": FullAC.Config() if layout.checkpointing else None, "dump_folder": "/tmp",
                   "training": TrainingConfig(mixed_precision_param=spec.dtype, mixed_precision_reduce="float32",
                                              local_batch_size=layout.num_microbatches)}

@@ -90,7 +90,9 @@ class TorchtitanV02Trainer(TorchtitanStackTrainer):
         job.training.local_batch_size, job.training.seq_len = layout.num_microbatches, SEQ
         job.training.mixed_precision_param, job.training.mixed_precision_reduce = spec.dtype, "float32"
         job.activation_checkpoint.mode = "full" if layout.checkpointing else "none"
-        job.compile.enable = False
+        job.compile.enable = layout.compile  # its per-block compile; the loss eager, as the one device's
+        if layout.compile and hasattr(job.compile, "components"):
+            job.compile.components = ["model"]
         job.optimizer.name, job.optimizer.implementation = "Adam", "for-loop"
         opt = self.recipe.optimizer
         job.optimizer.lr, (job.optimizer.beta1, job.optimizer.beta2) = opt.lr, opt.betas
