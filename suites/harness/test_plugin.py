@@ -63,6 +63,7 @@ def test_bad_options_are_usage_errors():
         assert out.returncode == 4 and needle in out.stderr, (args, out.stderr[-1000:])
 
 
+@pytest.mark.thorough  # tox's budget (6 s: two pytest sessions); the plugin's other session rules run in tox
 def test_an_impl_that_no_test_exercised_fails_the_session():
     """--impl names a checkpointing implementation, but only the cost-model suite is selected: nothing ran
     for it, and the session says so in one sentence and fails; with its suite selected it passes."""

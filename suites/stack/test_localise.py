@@ -162,6 +162,7 @@ def test_paritybench_localise_says_a_bad_input_in_one_sentence_with_exit_code_2(
     assert said in err and err.count("\n") == 1, err
 
 
+@pytest.mark.thorough  # tox's budget (7.5 s): the localisation itself runs in tox in-process (the tests above)
 def test_paritybench_localise_prints_the_verdict_and_writes_its_plot(tmp_path, capsys):
     from harness.cli.main import main
 

@@ -39,7 +39,9 @@ CASES = [  # (id, spec, layout, recipe)
     ("dp-pp-tp", LLAMA, Layout(2, 2, 2), Recipe(optimizer=MUON, max_grad_norm=0.05)),
     ("cp-tp", LLAMA, Layout(1, 1, 2, cp=2), Recipe(optimizer=MUON)),
 ]
-THOROUGH = {"fsdp-tp", "dp-pp-tp", "cp-tp", "pp-clip"}
+THOROUGH = {"fsdp-tp", "dp-pp-tp", "cp-tp", "pp-clip", "dp"}
+"""tox's budget: each stack's TP (every matrix split) and FSDP2 with accumulation, the one-KV-head gather; replicated
+DP (nothing split), the pipeline, CP and the 4- and 8-rank meshes in the thorough env."""
 
 
 @pytest.mark.parametrize("spec, layout, recipe", [
