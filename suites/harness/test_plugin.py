@@ -55,12 +55,15 @@ def test_impl_option_runs_and_passes_on_the_world():
     assert out.returncode == 0 and "1 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
 
 
-def test_bad_options_are_usage_errors():
-    for args, needle in ((["--impl", "nccl-magic"], "unknown implementation 'nccl-magic'"),
-                         (["--world-sizes", "0,2"], "every world size must be at least 1"),
-                         (["--world-sizes", "two"], "must be comma-separated whole numbers")):
-        out = pytest_run("suites/collectives/test_bad_input.py", *args)
-        assert out.returncode == 4 and needle in out.stderr, (args, out.stderr[-1000:])
+@pytest.mark.parametrize("args, needle", [
+    (["--impl", "nccl-magic"], "unknown implementation 'nccl-magic'"),
+    pytest.param(["--world-sizes", "0,2"], "every world size must be at least 1", marks=pytest.mark.thorough),
+    pytest.param(["--world-sizes", "two"], "must be comma-separated whole numbers", marks=pytest.mark.thorough),
+], ids=["impl", "world-size-0", "world-size-word"])
+def test_bad_options_are_usage_errors(args, needle):
+    """Each a pytest session of its own (~1.8 s): tox runs one, the thorough env all three."""
+    out = pytest_run("suites/collectives/test_bad_input.py", *args)
+    assert out.returncode == 4 and needle in out.stderr, (args, out.stderr[-1000:])
 
 
 @pytest.mark.thorough  # tox's budget (6 s: two pytest sessions); the plugin's other session rules run in tox

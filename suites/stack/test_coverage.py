@@ -22,6 +22,7 @@ from reference.zero import OptimizerSpec
 from suites._support.stack import ADAM as TITAN_ADAM
 from suites._support.stack import LLAMA, LLAMA32, MQA, padded_at
 from suites.stack.test_low_precision import FP8
+from suites.stack.test_muon import MUON
 
 
 class Case(NamedTuple):
@@ -76,6 +77,11 @@ OPTIONS = {  # name: (what a case holds, the probe: the smallest case with it, a
     "experts' state sharded": (lambda c: c.layout.ep > 1 and c.layout.zero in (1, 2),
                                (MOE16, Layout(4, ep=2, zero=1), Recipe())),
     "the llama family": (lambda c: c.spec.family == "llama", (LLAMA32, Layout(), ADAM)),
+    "Muon": (lambda c: c.recipe.optimizer.name == "muon", (LLAMA32, Layout(), Recipe(optimizer=MUON))),
+    "hybrid sharding": (lambda c: c.layout.replicate > 1, (LLAMA32, Layout(2, zero=2, replicate=2), ADAM)),
+    "selective checkpointing": (lambda c: c.layout.checkpoint_policy == "selective",
+                                (LLAMA32, Layout(checkpointing=True, checkpoint_policy="selective"), ADAM)),
+    "compiled blocks": (lambda c: c.layout.compile, (LLAMA32, Layout(compile=True), ADAM)),
     **{f"the {r} recipe": (lambda c, r=r: c.recipe.low_precision == r, (FP8, Layout(), Recipe(low_precision=r)))
        for r in ("float8-tensorwise", "float8-rowwise", "mxfp8")},
     "a float8 recipe over dp": (lambda c: c.recipe.low_precision and c.layout.dp > 1,
@@ -117,6 +123,10 @@ def cases(stack: str) -> list[Case]:
     from . import test_low_precision as lp
 
     out += [Case(s, lay, r, False, name not in lp.THOROUGH) for name, s, lay, r in lp.CASES]
+    from . import test_hybrid, test_muon, test_recompute
+
+    out += [Case(s, lay, r, False, name not in file.THOROUGH) for file in (test_hybrid, test_muon, test_recompute)
+            for name, s, lay, r in file.CASES]
     if stack == "deepspeed":
         from . import test_deepspeed as ds
 
