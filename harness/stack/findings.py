@@ -8,6 +8,21 @@ import math
 from harness.records.findings import Finding
 
 FINDINGS = (
+    Finding("deepspeed", "stack", "deepspeed", ("0.19.8", None),
+            "DeepSpeed's Muon (optimizer type Muon) decides which parameters Muon takes by name, overwriting the "
+            "user's own use_muon tags: every parameter of two or more dimensions whose name holds neither 'embed' nor "
+            "'lm_head' (set_optimizer_flags) — an LM head named otherwise (Megatron's output_layer, torchtitan's "
+            "output, this suite's head) is orthogonalised by Muon instead of stepped by AdamW, silently (minimal "
+            "case: a model of an 'embed' and a 'head' Linear, head.weight.use_muon = False before "
+            "deepspeed.initialize: True after, in the Muon group). In the stack: the head's parameter and its "
+            "momentum instead of AdamW's moments, then every weight after step 2.",
+            "suites/stack/test_deepspeed_findings.py::test_watch_deepspeed_muon_takes_an_lm_head_not_named_lm_head",
+            {"optimizer": "muon"},
+            # after step 1 only the head is off (every other tensor's update reads its own gradient alone); from
+            # step 2 on, everything the head's output reaches
+            symptom=r"^rank \d+: (step 1: (parameter|optimizer state) head\.weight\S*: |step (?!1:)\d+: (parameter|"
+                    r"optimizer state) \S+: |loss after step (?!1:)\d+:)",
+            cause=r"head\.weight"),
     Finding("torch", "stack", "torch", ("2.12", None),
             "torch.compile of a tensor-parallel block fed by a tensor-parallel embedding (RowwiseParallel, Replicate "
             "in and out — torchtitan's plan without sequence parallelism) back-propagates no gradient into the "
@@ -214,7 +229,8 @@ FINDINGS = (
             "safe_get_full_optimizer_state raises 'momentum_buffer not found in optimizer state fragment' for every "
             "expert (minimal case: the moe family, dp 2 x ep 2, ZeRO 1, one step).",
             "suites/stack/test_deepspeed_findings.py::test_watch_deepspeed_links_the_optimizer_state_of_its_first_group_only",
-            handled_by_adapter="the DeepSpeed MoE stack re-links the state after each step "
+            handled_by_adapter="the DeepSpeed MoE stack, and its stack trained with Muon (whose AdamW half is the later "
+                               "group), re-link the state before reading it "
                                "(deepspeed_moe_stack.relink_optimizer_state), where DeepSpeed has the method"),
     Finding("deepspeed", "stack", "deepspeed", ("0.18.0", None),
             "DeepSpeed's checkpoints move between ZeRO stages 1 and 2 only: load_checkpoint of a ZeRO 0 checkpoint "

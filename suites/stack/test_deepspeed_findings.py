@@ -217,3 +217,41 @@ def test_watch_deepspeed_sequence_parallel_mesh_never_reduces_over_sp(world_cach
     (size_0, weight_0), (size_1, weight_1) = world_cache.get(2).run(_mesh_engine, timeout=120)
     assert size_0 == size_1 == 1
     assert (weight_0 - weight_1).abs().max() > 1e-3
+
+
+def _muon_tags() -> dict:
+    """Rank side: a model of an ``embed`` (Embedding) and a ``head`` (Linear), the head tagged ``use_muon = False`` by
+    the user, through ``deepspeed.initialize`` with its Muon: {name: use_muon after, whether in a Muon group}."""
+    import torch
+    from torch import nn
+
+    from harness.adapters.deepspeed.init import init
+    from harness.adapters.deepspeed.zero import engine_config
+
+    init()
+    import deepspeed
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = nn.Embedding(8, 4), nn.Linear(4, 8, bias=False)
+
+        def forward(self, x):
+            return self.head(self.embed(x))
+
+    model = Tiny()
+    model.embed.weight.use_muon, model.head.weight.use_muon = False, False  # the user's own tags
+    config = {**engine_config(0, 1, None),
+              "optimizer": {"type": "Muon", "params": {"lr": 0.02, "torch_adam": True, "ns_method": "standard"}}}
+    _, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    in_muon = {id(p) for g in optimizer.param_groups if g.get("use_muon") for p in g["params"]}
+    return {name: (bool(p.use_muon), id(p) in in_muon) for name, p in model.named_parameters()}
+
+
+def test_watch_deepspeed_muon_takes_an_lm_head_not_named_lm_head(world_cache):
+    """DeepSpeed 0.19.8's Muon tags parameters by name (set_optimizer_flags: two or more dimensions, no 'embed' or
+    'lm_head' in the name), overwriting the user's tags: a head named ``head`` is Muon's. Fails once DeepSpeed keeps
+    the user's tag or recognises the head otherwise."""
+    pytest.importorskip("deepspeed")
+    got = world_cache.get(1).run(_muon_tags, timeout=120)[0]
+    assert got == {"embed.weight": (False, False), "head.weight": (True, True)}, got

@@ -29,6 +29,8 @@ hidden matrix's gradient is rank-deficient by construction (the suite's vocabula
 q's first-block gradient rank 13: the bfloat16 iteration lifts its three null directions' rounding noise to O(1)
 where float64 leaves them ~0, an E_T of 20 % of the update). Here E_T is at most 6 % of a matrix's update."""
 MQA = ModelSpec(**{**LLAMA.as_dict(), "kv_heads": 1})
+LLAMA32 = ModelSpec(**{**LLAMA.as_dict(), "dtype": "float32"})
+"""DeepSpeed's (it trains float32): the case's float32 bound x magnitude adds to the slack."""
 CASES = [  # (id, spec, layout, recipe)
     ("dp", LLAMA, Layout(2), Recipe(optimizer=MUON)),
     ("fsdp-accumulate", LLAMA, Layout(2, zero=2), Recipe(optimizer=MUON, accumulation=2)),
@@ -38,8 +40,11 @@ CASES = [  # (id, spec, layout, recipe)
     ("fsdp-tp", LLAMA, Layout(2, 1, 2, zero=2), Recipe(optimizer=MUON)),
     ("dp-pp-tp", LLAMA, Layout(2, 2, 2), Recipe(optimizer=MUON, max_grad_norm=0.05)),
     ("cp-tp", LLAMA, Layout(1, 1, 2, cp=2), Recipe(optimizer=MUON)),
+    ("dp-float32", LLAMA32, Layout(2), Recipe(optimizer=MUON)),
+    ("zero2-float32", LLAMA32, Layout(2, zero=2), Recipe(optimizer=MUON, max_grad_norm=0.05)),
+    ("zero3-float32", LLAMA32, Layout(2, zero=3), Recipe(optimizer=MUON, max_grad_norm=0.05)),
 ]
-THOROUGH = {"fsdp-tp", "dp-pp-tp", "cp-tp", "pp-clip", "dp"}
+THOROUGH = {"fsdp-tp", "dp-pp-tp", "cp-tp", "pp-clip", "dp", "zero3-float32"}
 """tox's budget: each stack's TP (every matrix split) and FSDP2 with accumulation, the one-KV-head gather; replicated
 DP (nothing split), the pipeline, CP and the 4- and 8-rank meshes in the thorough env."""
 

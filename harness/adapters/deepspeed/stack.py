@@ -56,9 +56,18 @@ def _piped(spec, layout, recipe) -> bool:
 
 
 SUPPORTS = Supports("the DeepSpeed stack", unsupported=(
-    Rule(lambda s, lay, r: r.optimizer.name == "muon",
-         "DeepSpeed's Muon (MuonWithAuxAdam, ZeRO 1-3) orthogonalises by its Gram Newton-Schulz (float32 on a CPU): "
-         "another iteration than torch's, whose one device is its own — not driven yet."),
+    Rule(lambda s, lay, r: r.optimizer.name == "muon" and (lay.pp > 1 or lay.cp > 1 or s.family == "moe"
+                                                          or s.dtype != "float32"),
+         "the DeepSpeed stack trains Muon (its MuonWithAuxAdam) in its engine over data parallelism, a float32 dense "
+         "model; its PipelineModule, Ulysses and MoE with Muon are not driven."),
+    Rule(lambda s, lay, r: r.optimizer.name == "muon" and lay.zero > 0,
+         "DeepSpeed's Muon at ZeRO 1-3 keeps its momentum where its own safe_get_full_optimizer_state does not read it "
+         "(ValueError: momentum_buffer not found in optimizer state fragment, after re-linking its state): the dense "
+         "state the contract asks for cannot be read — its ZeRO 0 is held."),
+    Rule(lambda s, lay, r: r.optimizer.name == "muon" and (r.optimizer.adjust_lr_fn == "match_rms_adamw"
+                                                          or not r.optimizer.nesterov),
+         "DeepSpeed's Muon is Nesterov's, its update scaled by sqrt(max(1, rows / cols)) (torch's \"original\"); "
+         "plain momentum and match_rms_adamw are not its."),
     Rule(lambda s, lay, r: r.low_precision is not None,
          "DeepSpeed has no float8 / MX recipe of its own for these layers (its FP8 path is TransformerEngine's, CUDA "
          "only)."),
@@ -83,7 +92,7 @@ SUPPORTS = Supports("the DeepSpeed stack", unsupported=(
          lambda s, lay, r: f"DeepSpeed's gradient_clipping clips the 2-norm, not the {r.norm_type} norm."),
     Rule(lambda s, lay, r: r.loss_scale is not None,
          "the DeepSpeed stack here has no loss scaler (float32 needs none)."),
-), refused=(
+), optimizers=("sgd", "adam", "muon"), refused=(
     Rule(lambda s, lay, r: s.family == "moe" and s.experts % lay.ep,
          lambda s, lay, r: f"the {s.experts} experts do not split evenly over ep = {lay.ep} (DeepSpeed asserts "
                            "num_experts % ep_size == 0)."),
@@ -128,6 +137,21 @@ class Fp32GradAccum(DeepSpeedStack):
         return super().build(spec, layout, recipe, group)
 
 
+def muon_config(model, spec) -> dict:
+    """DeepSpeed's config for its Muon (``MuonWithAuxAdam``) as ``spec`` (``OptimizerSpec("muon", ...)``) says: each
+    parameter of ``model`` tagged ``use_muon`` by the contract's rule (its one-device name and shape), the Muon half's
+    lr / momentum / weight decay, its AdamW half's lr / betas / eps / weight decay, and the "standard" Newton-Schulz
+    (Keller Jordan's quintic — torch's iteration, bfloat16 where the accelerator has it; DeepSpeed's default "gram"
+    is another iteration); its AdamW half torch's (``torch_adam``: no fused op to build)."""
+    muon = spec.muon()
+    for name, p in model.named_parameters():
+        p.use_muon = muon.takes(name, p.shape)
+    return {"type": "Muon", "params": {"lr": muon.lr, "muon_lr": muon.lr, "adam_lr": muon.adamw_lr,
+                                       "momentum": muon.momentum, "betas": list(muon.adamw_betas),
+                                       "eps": muon.adamw_eps, "weight_decay": muon.weight_decay,
+                                       "ns_method": "standard", "torch_adam": True}}
+
+
 class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
     def __init__(self, spec, layout, recipe, config=None, scale_wrt_gas: bool = True):
         self.spec, self.layout, self.recipe = spec, layout, recipe
@@ -161,8 +185,13 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
 
             model = MoEModel(model, self.layout.ep)
             groups, self.names = optimizer_groups(model), contract_names(model)
-        engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=recipe.optimizer.build(groups),
-                                                       config=config, mpu=mpu)
+        if recipe.optimizer.name == "muon":  # its Muon from its config, every parameter tagged use_muon
+            config["optimizer"] = muon_config(model, recipe.optimizer)
+            engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                                           config=config, mpu=mpu)
+        else:
+            engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=recipe.optimizer.build(groups),
+                                                           config=config, mpu=mpu)
         if self.spec.family == "moe":  # each rank loaded the experts its EP group routes to it
             for block in model.blocks:
                 block.check()
@@ -210,7 +239,9 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
         return engine_memory(self.engine)
 
     def dense_state(self) -> dict:
-        if self.spec.family == "moe" and self.layout.zero in (1, 2) and self.relink:
+        # its Muon's AdamW half, like the MoE's expert groups, is a later parameter group (the known finding)
+        if (self.spec.family == "moe" or self.recipe.optimizer.name == "muon") and self.layout.zero in (1, 2) \
+                and self.relink:
             from harness.adapters.deepspeed.moe_stack import relink_optimizer_state
 
             relink_optimizer_state(self.engine.optimizer)

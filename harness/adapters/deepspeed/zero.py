@@ -116,11 +116,15 @@ class _Trainer:
 
         out = {}
         for name, p in self._params().items():
+            # Muon: the state DeepSpeed keeps for it — its own use_muon tag decides (set_optimizer_flags), reported as
+            # it is; else the contract's keys for the parameter (ZeRO 3: its whole shape)
+            keys = (("momentum_buffer",) if p.use_muon else ("exp_avg", "exp_avg_sq")) if hasattr(p, "use_muon") \
+                else self.spec.state_keys_of(name, getattr(p, "ds_shape", p.shape))
             if self.stage == 0:
                 state = self.optimizer.state[p]
-                out[name] = {k: state[k].clone() for k in self.spec.state_keys}
+                out[name] = {k: state[k].clone() for k in keys}
             else:
-                out[name] = {k: safe_get_full_optimizer_state(p, k) for k in self.spec.state_keys}
+                out[name] = {k: safe_get_full_optimizer_state(p, k) for k in keys}
         return out
 
     def _grad_tensors(self) -> list:
