@@ -222,7 +222,6 @@ def test_watch_deepspeed_sequence_parallel_mesh_never_reduces_over_sp(world_cach
 def _muon_tags() -> dict:
     """Rank side: a model of an ``embed`` (Embedding) and a ``head`` (Linear), the head tagged ``use_muon = False`` by
     the user, through ``deepspeed.initialize`` with its Muon: {name: use_muon after, whether in a Muon group}."""
-    import torch
     from torch import nn
 
     from harness.adapters.deepspeed.init import init
