@@ -49,3 +49,9 @@ def held(world_cache, conformance, impl: str, n: int, spec, layout, recipe, **kw
     if v["known"]:
         conformance.settle()
     return v
+
+
+def named_cases(cases, thorough: set) -> list:
+    """``pytest.param`` of each (id, spec, layout, recipe) case, those whose id is in ``thorough`` marked thorough — the
+    table idiom of the stack files that split their cases between tox and the thorough env."""
+    return [pytest.param(*c[1:], id=c[0], marks=[pytest.mark.thorough] if c[0] in thorough else []) for c in cases]

@@ -11,7 +11,7 @@ import pytest
 
 from harness.contracts.stack import Layout, Recipe
 from harness.stack.judge import hold
-from suites._support.stack import ADAM, GPT, LLAMA, LLAMA32, held
+from suites._support.stack import ADAM, GPT, LLAMA, LLAMA32, held, named_cases
 
 CASES = [  # (id, spec, layout, recipe)
     ("2x2-zero2", GPT, Layout(4, zero=2, replicate=2), Recipe()),
@@ -35,8 +35,7 @@ THOROUGH = {"2x2-zero3", "2x2-zero2-tp", "4x2-zero2", "2x4-zero1", "2x2-zero1-pp
 env."""
 
 
-@pytest.mark.parametrize("spec, layout, recipe", [
-    pytest.param(*c[1:], id=c[0], marks=[pytest.mark.thorough] if c[0] in THOROUGH else []) for c in CASES])
+@pytest.mark.parametrize("spec, layout, recipe", named_cases(CASES, THOROUGH))
 def test_hybrid_sharded_stack_equals_one_device(stack_impl, spec, layout, recipe, world_cache, conformance):
     v = held(world_cache, conformance, stack_impl, layout.world_size, spec, layout, recipe)
     assert v["outcome"] == "pass", v["problems"][:4]

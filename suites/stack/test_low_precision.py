@@ -19,7 +19,7 @@ from harness.contracts.stack import Layout, Recipe
 from harness.stack.judge import hold
 from reference.models import ModelSpec
 from reference.zero import OptimizerSpec
-from suites._support.stack import held
+from suites._support.stack import held, named_cases
 
 FP8 = ModelSpec("llama", vocab=13, hidden=32, heads=4, kv_heads=2, ffn=64, layers=3, dtype="float32")
 ADAM = OptimizerSpec("adam", 1e-2)
@@ -49,8 +49,7 @@ under pp and FSDP (pp is met in tox by tensorwise, FSDP by rowwise, MXFP8 by TP)
 runs in tox with Adam, on every stack including torchtitan's)."""
 
 
-@pytest.mark.parametrize("spec, layout, recipe", [
-    pytest.param(*c[1:], id=c[0], marks=[pytest.mark.thorough] if c[0] in THOROUGH else []) for c in CASES])
+@pytest.mark.parametrize("spec, layout, recipe", named_cases(CASES, THOROUGH))
 def test_stack_under_a_float8_recipe_equals_one_device(stack_impl, spec, layout, recipe, world_cache, conformance):
     v = held(world_cache, conformance, stack_impl, layout.world_size, spec, layout, recipe)
     assert v["outcome"] == "pass", v["problems"][:4]

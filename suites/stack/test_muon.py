@@ -18,7 +18,7 @@ from harness.contracts.stack import Layout, Recipe
 from harness.stack.judge import hold
 from reference.models import ModelSpec
 from reference.zero import OptimizerSpec
-from suites._support.stack import held
+from suites._support.stack import held, named_cases
 
 MUON = OptimizerSpec("muon", 0.02, momentum=0.95, weight_decay=0.1, adamw_lr=1e-2, eps=1e-3)
 """torch's Muon defaults (lr 0.02, momentum 0.95, Nesterov, weight decay 0.1); its AdamW at lr 1e-2 with eps 1e-3
@@ -49,8 +49,7 @@ THOROUGH = {"fsdp-tp", "dp-pp-tp", "cp-tp", "pp-clip", "dp", "zero3-float32"}
 DP (nothing split), the pipeline, CP and the 4- and 8-rank meshes in the thorough env."""
 
 
-@pytest.mark.parametrize("spec, layout, recipe", [
-    pytest.param(*c[1:], id=c[0], marks=[pytest.mark.thorough] if c[0] in THOROUGH else []) for c in CASES])
+@pytest.mark.parametrize("spec, layout, recipe", named_cases(CASES, THOROUGH))
 def test_stack_trained_with_muon_equals_one_device(stack_impl, spec, layout, recipe, world_cache, conformance):
     v = held(world_cache, conformance, stack_impl, layout.world_size, spec, layout, recipe)
     assert v["outcome"] == "pass", v["problems"][:12]

@@ -13,7 +13,7 @@ from harness.contracts.stack import Layout, Recipe
 from harness.stack.judge import hold
 from harness.stack.recompute import check
 from reference.models import ModelSpec
-from suites._support.stack import ADAM, LLAMA, LLAMA32, held
+from suites._support.stack import ADAM, LLAMA, LLAMA32, held, named_cases
 
 SHORT32 = ModelSpec(**{**LLAMA32.as_dict(), "layers": 2})
 """The compiled cases' Llama: two blocks (inductor compiles the block once; each further block is a recompile)."""
@@ -35,8 +35,7 @@ THOROUGH = {"selective-pp", "full-fsdp-tp", "compiled-fsdp-tp", "compiled-select
 thorough env."""
 
 
-@pytest.mark.parametrize("spec, layout, recipe", [
-    pytest.param(*c[1:], id=c[0], marks=[pytest.mark.thorough] if c[0] in THOROUGH else []) for c in CASES])
+@pytest.mark.parametrize("spec, layout, recipe", named_cases(CASES, THOROUGH))
 def test_checkpointed_or_compiled_stack_equals_one_device(stack_impl, spec, layout, recipe, world_cache, conformance):
     v = held(world_cache, conformance, stack_impl, layout.world_size, spec, layout, recipe)
     assert v["outcome"] == "pass", v["problems"][:4]
