@@ -52,6 +52,11 @@ EXAMPLES = {
     "test_watch_deepspeed_zero3_divides_the_sequence_parallel_gradient_by_sp": (
         {"zero": 3, "cp": 2},
         "rank 0: step 1: parameter blocks.0.attn.o.weight: off by 0.0117 of its magnitude > 0.00278"),
+    "test_watch_a_compiled_tp_block_after_a_tp_embedding_drops_its_gradient": (
+        {"compile": True, "tp": 2},
+        "rank 0: step 1: optimizer state embed.weight/momentum_buffer: off by 0.219 of its magnitude > 0.0024"),
+    "test_watch_deepspeed_muon_takes_an_lm_head_not_named_lm_head": (
+        {"optimizer": "muon"}, "rank 0: step 1: optimizer state head.weight/exp_avg: missing from the dense state"),
     "test_watch_torchtitan_02_ddp_divides_by_dp_twice": (
         {"zero": 0, "dp": 2},
         "rank 0: step 1: gradient norm 0.2526765465736389 vs one device 0.5053530931472778 (off by 0.5 > 0.0641)"),

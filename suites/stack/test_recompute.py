@@ -26,13 +26,14 @@ CASES = [  # (id, spec, layout, recipe)
     ("selective-pp", LLAMA, Layout(1, 2, 1, **SAC), Recipe()),
     ("full-fsdp-tp", LLAMA, Layout(2, 1, 2, zero=2, checkpointing=True), Recipe()),
     ("compiled", SHORT32, Layout(1, 1, 1, compile=True), Recipe(optimizer=ADAM)),
+    ("compiled-fsdp", SHORT32, Layout(2, zero=2, compile=True), Recipe(optimizer=ADAM, accumulation=2)),
     ("compiled-fsdp-tp", SHORT32, Layout(2, 1, 2, zero=2, compile=True), Recipe(optimizer=ADAM, max_grad_norm=0.05)),
     ("compiled-selective-pp", SHORT32, Layout(1, 2, 1, compile=True, **SAC), Recipe(optimizer=ADAM)),
 ]
-THOROUGH = {"selective-pp", "full-fsdp-tp", "compiled-fsdp-tp", "compiled-selective-pp"}
-"""tox's budget: selective at one rank, tp and FSDP; one compiled case (inductor compiles each distinct block graph:
-~15 s on 2 cores); compiled under FSDP2 x TP and under the pipeline, full checkpointing under FSDP2 x TP in the
-thorough env."""
+THOROUGH = {"selective-pp", "full-fsdp-tp", "compiled-fsdp", "compiled-fsdp-tp", "compiled-selective-pp"}
+"""tox's budget: selective at one rank, tp and FSDP; one compiled case (inductor's first compile in a process: ~15 s on
+2 cores with a cold cache, then ~5 s a stack); compiled under FSDP2 (with accumulation), FSDP2 x TP and the pipeline,
+full checkpointing under FSDP2 x TP in the thorough env."""
 
 
 @pytest.mark.parametrize("spec, layout, recipe", named_cases(CASES, THOROUGH))
