@@ -26,10 +26,10 @@ def test_zero_sweep_memory_bytes_and_report(world_cache, world_sizes, tmp_path):
     assert run_sweep(cfg, world_cache.get, run, progress=None) == 9 + 4 + 9 + 6
     run.finish()
     rows = read_run(run.path)[1]["benchmarks.csv"]
-    hybrid = rows["op"].str.contains("+hybrid", regex=False)
     assert list(rows[rows["status"] != "ok"]["op"] + "/" + rows[rows["status"] != "ok"]["impl"]) == \
         ["stage1+hybrid2x1/torch"]
     rows = rows[rows["status"] == "ok"]
+    hybrid = rows["op"].str.contains("+hybrid", regex=False)
     assert (rows["time_p50_us"] > 0).all()
     for _, r in rows[hybrid & (rows["impl"] == "reference")].iterrows():  # (2, 1): the replicas move everything
         assert r["comm_bytes_replicate"] == r["comm_bytes_replicate_predicted"] == r["comm_bytes_measured"] > 0, r
