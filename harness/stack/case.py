@@ -127,7 +127,8 @@ def held(state: dict, want: dict, step: int, tokens: int, spec, n: int, slack: d
         float, list[str]]:
     """(worst, problem lines) of a stack's dense state after ``step`` against one device's ``want``: every
     parameter and optimizer state tensor within the step's bound, the gradient norm within ``norm_bound``.
-    ``slack`` (a Muon recipe: ``muon_slack``) widens each tensor's and the norm's bound by its own amount."""
+    ``slack`` (a Muon recipe: ``harness.stack.muon.muon_slacks``) widens each tensor's and the norm's bound by its own
+    amount."""
     slack = slack or {}
     step_limit = bound(step, tokens, spec, n)
     expected_state = flat_state(want["optimizer"])

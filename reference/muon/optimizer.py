@@ -60,14 +60,13 @@ class ReferenceMatrices:
 class _State(MutableMapping):
     """Both optimizers' ``state`` as one mapping, each parameter's in the optimizer whose groups hold it."""
 
-    def __init__(self, optimizers: list):
-        self.optimizers = optimizers
+    def __init__(self, optimizers: list, owners: dict):
+        self.optimizers, self.owners = optimizers, owners
 
     def _owner(self, p):
-        for opt in self.optimizers:
-            if any(q is p for g in opt.param_groups for q in g["params"]):
-                return opt
-        raise KeyError("not a parameter of this optimizer")
+        if id(p) not in self.owners:
+            raise KeyError("not a parameter of this optimizer")
+        return self.owners[id(p)]
 
     def __getitem__(self, p):
         return self._owner(p).state[p]
@@ -88,13 +87,16 @@ class _State(MutableMapping):
 class MuonAdamW:
     """Muon for ``named``'s hidden matrices (``spec.takes``), AdamW for the rest."""
 
-    def __init__(self, named, spec: MuonSpec, ns_dtype: torch.dtype = torch.bfloat16, shards: dict | None = None):
+    def __init__(self, named, spec: MuonSpec, ns_dtype: torch.dtype = torch.bfloat16, shards: dict | None = None,
+                 reference: bool = False):
+        """``reference``: the reference iteration even where torch's Muon would step (their bitwise equality is
+        tested: suites/muon/test_optimizer.py)."""
         named, shards = list(named), shards or {}
         matrices = [(n, p) for n, p in named if spec.takes(n, p.shape)]
         rest = [p for n, p in named if not spec.takes(n, p.shape)]
         self.spec, self.optimizers = spec, []
         if matrices:
-            torchs = ns_dtype == torch.bfloat16 and not shards and not spec.parts
+            torchs = ns_dtype == torch.bfloat16 and not shards and not spec.parts and not reference
             self.matrices = torch.optim.Muon(
                 [p for _, p in matrices], lr=spec.lr, weight_decay=spec.weight_decay, momentum=spec.momentum,
                 nesterov=spec.nesterov, ns_steps=spec.ns_steps, adjust_lr_fn=spec.adjust_lr_fn) if torchs else \
@@ -102,11 +104,13 @@ class MuonAdamW:
             self.optimizers.append(self.matrices)
         if rest:
             self.optimizers.append(spec.adamw(rest))
+        self.owners = {id(p): opt for opt in self.optimizers for g in opt.param_groups for p in g["params"]}
+        """id(parameter) -> the optimizer that steps it (its groups are fixed at construction)."""
 
     @property
     def state(self) -> _State:
         """{parameter: its state} of both optimizers (setting a parameter's sets it in the optimizer that steps it)."""
-        return _State(self.optimizers)
+        return _State(self.optimizers, self.owners)
 
     @property
     def param_groups(self) -> list:

@@ -19,11 +19,13 @@ def _trained(spec: OptimizerSpec, force_reference: bool = False, steps: int = 3)
     from reference.muon.optimizer import MuonAdamW, ReferenceMatrices
 
     model = SPEC.build(0)
-    opt = spec.build_named(model.named_parameters())
     if force_reference:  # the reference iteration in bfloat16 in torch's Muon's place
-        matrices = [(n, p) for n, p in model.named_parameters() if spec.takes_muon(n, p.shape)]
-        opt.optimizers[0] = opt.matrices = ReferenceMatrices(matrices, spec.muon(), torch.bfloat16, {})
-    assert isinstance(opt, MuonAdamW)
+        opt = MuonAdamW(model.named_parameters(), spec.muon(), torch.bfloat16, reference=True)
+        assert isinstance(opt.matrices, ReferenceMatrices)
+    else:
+        opt = spec.build_named(model.named_parameters())
+        assert isinstance(opt, MuonAdamW)  # torch's Muon where it is torch's iteration, the reference otherwise
+        assert isinstance(opt.matrices, torch.optim.Muon) == (spec.ns_dtype == "bfloat16")
     tokens = torch.randint(0, SPEC.vocab, (4, 8), generator=torch.Generator().manual_seed(1))
     for _ in range(steps):
         opt.zero_grad()
