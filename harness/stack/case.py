@@ -178,7 +178,7 @@ def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int 
     if recipe.optimizer.name == "muon":  # bfloat16 Newton-Schulz: harness.stack.muon
         from .muon import exact_recipe, muon_slacks
 
-        slacks = muon_slacks(want, one_device(spec, exact_recipe(recipe), seed, tokens, targets, steps), layout, recipe)
+        slacks = muon_slacks(want, one_device(spec, exact_recipe(recipe), seed, tokens, targets, steps), layout)
     device = rank_device()
     problems, worst, losses = [], 0.0, []
     limit = bound(steps, tokens.numel(), spec, n)
