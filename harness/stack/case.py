@@ -113,8 +113,9 @@ def differences(got: dict, want: dict, limit: float, what: str, floor: float = 0
             diff, allowed = float(off.norm()), limit * mag * math.sqrt(w.numel()) + ratio * e_t
             rel = diff / max(allowed, 1e-300) * limit
             if not rel <= limit:  # NaN fails
-                problems.append(f"{what} {name}: off by {diff:.3g} (Frobenius) = {diff / max(e_t, 1e-300):.3g} E_T > "
-                                f"{limit:.3g} x {mag:.3g} x sqrt({w.numel()}) + {ratio:.3g} E_T (E_T = {e_t:.3g})")
+                times = f" = {diff / e_t:.3g} E_T" if e_t > 0 else ""  # E_T 0: the iteration never reached it
+                problems.append(f"{what} {name}: off by {diff:.3g} (Frobenius){times} > {limit:.3g} x {mag:.3g} x "
+                                f"sqrt({w.numel()}) + {ratio:.3g} E_T (E_T = {e_t:.3g})")
         else:
             rel = float(off.abs().max()) / mag
             if not rel <= limit:  # NaN fails

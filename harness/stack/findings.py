@@ -23,6 +23,20 @@ FINDINGS = (
             symptom=r"^rank \d+: (step 1: (parameter|optimizer state) head\.weight\S*: |step (?!1:)\d+: (parameter|"
                     r"optimizer state) \S+: |loss after step (?!1:)\d+:)",
             cause=r"head\.weight"),
+    Finding("deepspeed", "stack", "deepspeed", ("0.19.8", None),
+            "DeepSpeed's Muon at ZeRO 1-3 orthogonalises each Muon matrix's update into its gradient partition "
+            "before the norm is taken: the norm it reports and clips by (gradient_clipping) is the 2-norm of the "
+            "Newton-Schulz updates (each ~ sqrt(min(rows, cols)), whatever the gradient's size) and the AdamW half's "
+            "gradients, and clipping scales the update while the momentum keeps the unclipped gradient; its ZeRO 0 "
+            "clips the gradients (minimal case: an embed, a 4 x 4 Linear and an lm_head, gradients of norm 7.3e-4: "
+            "it reports 0.87). In the stack: norm 16.67 against the gradients' 1.288, every tensor off from step 1.",
+            "suites/stack/test_deepspeed_findings.py::test_watch_deepspeed_zero_muon_clips_the_orthogonalised_update",
+            {"optimizer": "muon", "clipped": True, "zero": lambda z: z > 0},
+            # every tensor is off (the head finding's lines among them); the norm line is the cause
+            symptom=r"^rank \d+: (step \d+: (gradient norm \S+ vs one device|(parameter|optimizer state) \S+: "
+                    r"(off by|missing from the dense state|not a tensor of the one-device model))"
+                    r"|loss after step \d+:)",
+            cause=r"gradient norm \S+ vs one device"),
     Finding("torch", "stack", "torch", ("2.12", None),
             "torch.compile of a tensor-parallel block fed by a tensor-parallel embedding (RowwiseParallel, Replicate "
             "in and out — torchtitan's plan without sequence parallelism) back-propagates no gradient into the "

@@ -254,3 +254,118 @@ def test_watch_deepspeed_muon_takes_an_lm_head_not_named_lm_head(world_cache):
     pytest.importorskip("deepspeed")
     got = world_cache.get(1).run(_muon_tags, timeout=120)[0]
     assert got == {"embed.weight": (False, False), "head.weight": (True, True)}, got
+
+
+def _tiny_muon(stage: int, clipping: float | None = None) -> tuple:
+    """Rank side: an ``embed``, a hidden Linear ``mid`` (Muon's) and an ``lm_head`` (AdamW's, by DeepSpeed's name
+    rule), a loss scaled down to gradients of ~1e-4, one step of DeepSpeed's Muon at ZeRO ``stage``: (its engine, the
+    gradients of the same model's backward in torch, by name)."""
+    import copy
+
+    import torch
+    from torch import nn
+
+    from harness.adapters.deepspeed.init import init
+    from harness.adapters.deepspeed.zero import engine_config
+
+    init()
+    import deepspeed
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.mid = nn.Embedding(8, 4), nn.Linear(4, 4, bias=False)
+            self.lm_head = nn.Linear(4, 8, bias=False)
+
+        def forward(self, x):
+            return self.lm_head(self.mid(self.embed(x))).sum() * 1e-4
+
+    torch.manual_seed(0)
+    model, x = Tiny(), torch.arange(8)
+    twin = copy.deepcopy(model)
+    twin(x).backward()
+    config = {**engine_config(stage, 1, clipping),
+              "optimizer": {"type": "Muon", "params": {"lr": 0.02, "torch_adam": True, "ns_method": "standard"}}}
+    if stage == 3:  # its stage 3 refuses Muon with reduce-scatter
+        config["zero_optimization"]["reduce_scatter"] = False
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    engine.backward(engine(x))
+    engine.step()
+    return engine, {k: p.grad for k, p in twin.named_parameters()}
+
+
+def _muon_clip_norm(stage: int) -> tuple:
+    """(the norm DeepSpeed's Muon reports after ``_tiny_muon``'s step, clipping at 1.0; the gradients' own 2-norm)."""
+    import torch
+
+    engine, grads = _tiny_muon(stage, 1.0)
+    return float(engine.get_global_grad_norm()), float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads.values())))
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_watch_deepspeed_zero_muon_clips_the_orthogonalised_update(stage, world_cache):
+    """DeepSpeed 0.19.8's ZeRO 1-3 Muon orthogonalises each Muon matrix's update into the gradient partition before
+    the norm: the norm it reports and clips by is of the updates (each ~ sqrt(min(rows, cols)) whatever the
+    gradient's size), not of the gradients. Gradients of 2-norm 7e-4 report 0.87: more than 100 times their own.
+    Fails once it reports the gradients' norm."""
+    pytest.importorskip("deepspeed")
+    reported, own = world_cache.get(1).run(_muon_clip_norm, stage, timeout=120)[0]
+    assert own < 1e-2 and reported > 100 * own, (reported, own)
+
+
+def _muon_momentum_read(mangle: bool):
+    """Rank side: ``muon_state.momentum`` of ``_tiny_muon``'s ZeRO 1 engine against (1 - 0.95) x the twin's gradient
+    (its first step's momentum: ``lerp_`` from zero); with ``mangle`` (the buffer no longer the layout read: another
+    release's), whether what it answers is what DeepSpeed's own reader answers (a tensor, or the error it raises)."""
+    import torch
+    from deepspeed.utils import safe_get_full_optimizer_state
+
+    from harness.adapters.deepspeed.muon_state import KEY, momentum
+
+    engine, grads = _tiny_muon(1)
+    params = dict(engine.module.named_parameters())
+    if not mangle:
+        got = momentum(engine.optimizer, params)
+        return sorted(got), float((got["mid.weight"] - 0.05 * grads["mid.weight"]).abs().max())
+    flat = engine.optimizer.optimizer.param_groups[0]["params"][0]
+    engine.optimizer.optimizer.state[flat][KEY] = torch.zeros(3)
+
+    def answer(read):
+        try:
+            return read()
+        except ValueError as exc:
+            return str(exc)
+
+    ours = answer(lambda: momentum(engine.optimizer, params)["mid.weight"])
+    theirs = answer(lambda: safe_get_full_optimizer_state(params["mid.weight"], KEY))
+    same = ours == theirs if isinstance(ours, str) else torch.equal(ours, theirs)
+    return same, type(ours).__name__
+
+
+def test_muon_momentum_is_read_where_deepspeed_keeps_it(world_cache):
+    """``harness.adapters.deepspeed.muon_state``: ZeRO 1's Muon momentum read from its flat buffer equals the first
+    step's (1 - beta) g — float32's 0.05 x g both ways, a few ulps of 1e-4-sized values at most."""
+    pytest.importorskip("deepspeed")
+    names, off = world_cache.get(1).run(_muon_momentum_read, False, timeout=120)[0]
+    assert names == ["mid.weight"] and off <= 1e-10, (names, off)
+
+
+def test_muon_momentum_falls_back_to_deepspeeds_reader_where_the_layout_differs(world_cache):
+    """Where the buffer is not the layout read (a release that keeps it otherwise), the answer is DeepSpeed's own
+    reader's, whatever it is."""
+    pytest.importorskip("deepspeed")
+    same, what = world_cache.get(1).run(_muon_momentum_read, True, timeout=120)[0]
+    assert same, what
+
+
+def test_the_muon_layout_is_each_tensor_whole_in_order():
+    import torch
+
+    from harness.adapters.deepspeed.muon_state import layout_of
+
+    a, b = torch.zeros(2, 3), torch.zeros(4)
+    buffer = torch.arange(10.0)
+    got = layout_of(buffer, [a, b])
+    assert [m.tolist() for _, m in got] == [[[0, 1, 2], [3, 4, 5]], [6, 7, 8, 9]]
+    assert layout_of(torch.arange(9.0), [a, b]) is None and layout_of(None, [a]) is None
+    assert layout_of(buffer.view(2, 5), [a, b]) is None

@@ -7,8 +7,10 @@ is 2-12 E_T off after step 1 and 37-176 E_T in the optimizer state after step 2.
 
 The reference stack gathers each TP-split matrix (a grouped-query attention's K and V with fewer KV heads than ranks
 included) at ZeRO 0; the torch stack steps torch's Muon on its DTensor parameters (FSDP2's Shard(0), TP's
-Colwise / Rowwise), DTensor redistributing every Newton-Schulz matmul; DeepSpeed's Muon at ZeRO 0. A float64
-Llama (vocabulary 32 > width 16: ``LLAMA``), and its float32 twin for DeepSpeed."""
+Colwise / Rowwise), DTensor redistributing every Newton-Schulz matmul; DeepSpeed's Muon at ZeRO 0-3 (its ZeRO 1 / 2
+momentum read where it keeps it: ``harness.adapters.deepspeed.muon_state``; unclipped, only its head finding stands;
+clipped at ZeRO 1-3, it clips the orthogonalised update: both in ``harness/stack/findings.py``). A float64 Llama
+(vocabulary 32 > width 16: ``LLAMA``), and its float32 twin for DeepSpeed."""
 
 from __future__ import annotations
 
@@ -43,8 +45,10 @@ CASES = [  # (id, spec, layout, recipe)
     ("dp-float32", LLAMA32, Layout(2), Recipe(optimizer=MUON)),
     ("zero2-float32", LLAMA32, Layout(2, zero=2), Recipe(optimizer=MUON, max_grad_norm=0.05)),
     ("zero3-float32", LLAMA32, Layout(2, zero=3), Recipe(optimizer=MUON, max_grad_norm=0.05)),
+    ("zero1-accumulate-float32", LLAMA32, Layout(2, zero=1), Recipe(optimizer=MUON, accumulation=2)),
+    ("zero3-accumulate-float32", LLAMA32, Layout(2, zero=3), Recipe(optimizer=MUON, accumulation=2)),
 ]
-THOROUGH = {"fsdp-tp", "dp-pp-tp", "cp-tp", "pp-clip", "dp", "zero3-float32"}
+THOROUGH = {"fsdp-tp", "dp-pp-tp", "cp-tp", "pp-clip", "dp", "zero3-float32", "zero3-accumulate-float32"}
 """tox's budget: each stack's TP (every matrix split) and FSDP2 with accumulation, the one-KV-head gather; replicated
 DP (nothing split), the pipeline, CP and the 4- and 8-rank meshes in the thorough env."""
 

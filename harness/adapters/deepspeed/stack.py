@@ -60,10 +60,6 @@ SUPPORTS = Supports("the DeepSpeed stack", unsupported=(
                                                           or s.dtype != "float32"),
          "the DeepSpeed stack trains Muon (its MuonWithAuxAdam) in its engine over data parallelism, a float32 dense "
          "model; its PipelineModule, Ulysses and MoE with Muon are not driven."),
-    Rule(lambda s, lay, r: r.optimizer.name == "muon" and lay.zero > 0,
-         "DeepSpeed's Muon at ZeRO 1-3 keeps its momentum where its own safe_get_full_optimizer_state does not read it "
-         "(ValueError: momentum_buffer not found in optimizer state fragment, after re-linking its state): the dense "
-         "state the contract asks for cannot be read — its ZeRO 0 is held."),
     Rule(lambda s, lay, r: r.optimizer.name == "muon" and (r.optimizer.adjust_lr_fn == "match_rms_adamw"
                                                           or not r.optimizer.nesterov),
          "DeepSpeed's Muon is Nesterov's, its update scaled by sqrt(max(1, rows / cols)) (torch's \"original\"); "
@@ -187,6 +183,8 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
             groups, self.names = optimizer_groups(model), contract_names(model)
         if recipe.optimizer.name == "muon":  # its Muon from its config, every parameter tagged use_muon
             config["optimizer"] = muon_config(model, recipe.optimizer)
+            if self.layout.zero == 3:  # its stage 3 refuses Muon with reduce-scatter ("cannot be used together")
+                config["zero_optimization"] = {**config["zero_optimization"], "reduce_scatter": False}
             engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                            config=config, mpu=mpu)
         else:

@@ -114,8 +114,14 @@ class _Trainer:
     def full_optimizer_state(self) -> dict:
         from deepspeed.utils import safe_get_full_optimizer_state
 
-        out = {}
-        for name, p in self._params().items():
+        out, params = {}, self._params()
+        if self.stage in (1, 2):  # its Muon momentum is not where its own reader looks: muon_state
+            from .muon_state import momentum
+
+            out = {k: {"momentum_buffer": m} for k, m in momentum(self.optimizer, params).items()}
+        for name, p in params.items():
+            if name in out:
+                continue
             # Muon: the state DeepSpeed keeps for it — its own use_muon tag decides (set_optimizer_flags), reported as
             # it is; else the contract's keys for the parameter (ZeRO 3: its whole shape)
             keys = (("momentum_buffer",) if p.use_muon else ("exp_avg", "exp_avg_sq")) if hasattr(p, "use_muon") \
