@@ -119,6 +119,15 @@ FINDINGS = (
             "suites/stack/test_megatron.py::test_watch_megatron_without_initialisation_norms_tp_rank_0_alone",
             handled_by_adapter="the megatron stack lets Megatron initialise (perform_initialization=True), then loads "
                                "the one-device weights"),
+    Finding("megatron", "stack", "megatron-core", ("0.16.1", None),
+            "megatron-core's Muon cannot be built with emerging-optimizers 0.3.0 (the one release on PyPI; "
+            "megatron-core's dev / lts extras name it unpinned): its TensorParallelMuon passes use_nesterov= to "
+            "OrthogonalizedOptimizer, which takes nesterov= (TypeError: OrthogonalizedOptimizer.__init__() missing 1 "
+            "required keyword-only argument: 'nesterov'), and calls newton_schulz_tp(mode=...), which takes "
+            "tp_mode= (minimal case: TensorParallelMuon([one 8 x 4 parameter]), Python 3.12).",
+            "suites/stack/test_megatron_findings.py::test_watch_megatron_muon_does_not_construct_with_emerging_optimizers",
+            {"optimizer": "muon"}, symptom=r"TypeError: OrthogonalizedOptimizer\.__init__\(\) missing",
+            handled_by_adapter="the Megatron stack declares Muon unsupported (its iteration is not torch's)"),
     Finding("megatron", "stack", "megatron-core", ("0.16", None),
             "megatron-core's batched p2p (batch_p2p_comm=True, its config default) under the interleaved schedule at "
             "pp = 2: each rank posts send_prev, recv_prev, send_next, recv_next to one peer, so an activation and a "

@@ -63,3 +63,34 @@ def test_watch_megatron_checkpoint_writer_needs_psutil_it_does_not_declare(world
                 if "extra ==" not in r]
     assert not any(r.startswith("psutil") for r in requires), requires
     assert "psutil is not installed" in world_cache.get(1).run(_writer_without_psutil, timeout=120)[0]
+
+
+def _muon_built() -> str:
+    """Rank side: megatron-core's TensorParallelMuon over one 8 x 4 parameter, one step: "stepped", or what it raised
+    (its words: the watch reads them)."""
+    import torch
+    from megatron.core.optimizer.muon import TensorParallelMuon
+
+    p = torch.nn.Parameter(torch.randn(8, 4))
+    p.grad = torch.randn(8, 4)
+    try:
+        TensorParallelMuon([p], lr=0.02).step()
+        return "stepped"
+    except TypeError as exc:
+        return f"TypeError: {exc}"
+
+
+def test_watch_megatron_muon_does_not_construct_with_emerging_optimizers(world_cache):
+    """Watch: megatron-core 0.16.1's TensorParallelMuon against emerging-optimizers 0.3.0 raises a TypeError (its
+    keyword names are another release's). Skips where emerging-optimizers is not importable (it needs Python
+    >= 3.12). Fails once megatron-core's Muon steps with what PyPI serves."""
+    import importlib.util
+
+    if not importlib.util.find_spec("emerging_optimizers"):
+        pytest.skip("emerging-optimizers is not installed (its one release, 0.3.0, needs Python >= 3.12)")
+    why = findings.outside_range("suites/stack/test_megatron_findings.py::"
+                                 "test_watch_megatron_muon_does_not_construct_with_emerging_optimizers")
+    if why:
+        pytest.skip(why)
+    got = world_cache.get(1).run(_muon_built, timeout=120)[0]
+    assert "OrthogonalizedOptimizer.__init__() missing" in got and "'nesterov'" in got, got

@@ -41,6 +41,21 @@ from harness.contracts import Unsupported
 from harness.stack.supports import Rule, Supports
 
 
+def _muon(spec, layout, recipe) -> str:
+    """Why the Megatron stack does not train the contract's Muon (torch's iteration): what megatron-core's own Muon
+    (``get_megatron_muon_optimizer``) computes, and what it needs to run at all here."""
+    import importlib.util
+    import sys
+
+    needs = "" if importlib.util.find_spec("emerging_optimizers") else (
+        f" it needs emerging-optimizers, whose one release (0.3.0) needs Python >= 3.12 (this is "
+        f"{sys.version_info.major}.{sys.version_info.minor}), and")
+    return ("megatron-core's Muon (get_megatron_muon_optimizer) is not torch's:" + needs + " it iterates "
+            "emerging-optimizers' 'quintic' Newton-Schulz (five coefficient sets in turn, not torch's one) with no "
+            "option to change it; and 0.16.1's TensorParallelMuon does not construct against emerging-optimizers "
+            "0.3.0 (harness/stack/findings.py).")
+
+
 def _chunks(spec, layout) -> int:
     return 2 * layout.pp if layout.schedule == "interleaved" and layout.pp > 1 else layout.pp
 
@@ -63,6 +78,7 @@ SUPPORTS = Supports("the Megatron stack", unsupported=(
          "the Megatron stack here trains without dropout (its masks come from its own CUDA RNG tracker)."),
     Rule(lambda s, lay, r: lay.cp > 1 or lay.ep > 1,
          "the Megatron stack here has no context or expert parallelism yet."),
+    Rule(lambda s, lay, r: r.optimizer.name == "muon", _muon),
     Rule(lambda s, lay, r: lay.zero > 1,
          "Megatron's distributed optimizer shards optimizer state and fp32 master weights over dp, its gradients "
          "reduce-scattered into a whole buffer (ZeRO 1); ZeRO 2 / 3 is megatron_fsdp, not driven here."),
