@@ -17,6 +17,7 @@ from __future__ import annotations
 import pytest
 
 from harness.contracts.stack import Layout, Recipe
+from harness.records import registry
 from harness.stack.judge import hold
 from reference.models import ModelSpec
 from reference.zero import OptimizerSpec
@@ -69,3 +70,16 @@ def test_muon_on_a_ranks_own_rows_fails(world_cache, conformance):
     assert v["outcome"] == "fail", v["problems"][:6]
     step2 = [p for p in v["problems"] if "step 2: optimizer state" in p and "momentum_buffer" in p]
     assert len(step2) >= 2 * 7 * LLAMA.layers, v["problems"][:6]  # every Muon matrix's momentum, on both ranks
+
+
+def test_deepspeed_muon_under_zero_init_takes_the_matrices(world_cache, conformance):
+    """DeepSpeed PR 8438's bug: under ``deepspeed.zero.Init`` every parameter reads 1-D and its Muon fell back to AdamW
+    for all of them, silently. The model constructed inside zero.Init (the ``ZeroInit`` option), ZeRO 3, Muon with
+    accumulation: after step 1 only the head may be off (its name finding's symptom); a fallback puts every matrix off
+    at step 1, a failure no finding explains."""
+    if why := registry.skip_reason(registry.resolve("deepspeed", "stack")):
+        pytest.skip(f"deepspeed: {why}")
+    v = hold(world_cache, conformance, "harness.adapters.deepspeed.stack:ZeroInit", 2, LLAMA32, Layout(2, zero=3),
+             Recipe(optimizer=MUON, accumulation=2))
+    assert v["outcome"] == "pass" or (v["outcome"] == "known-nonconformance" and "lm_head" in v["known"].watch), \
+        v["problems"][:6]

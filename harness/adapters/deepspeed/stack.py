@@ -102,6 +102,8 @@ class DeepSpeedStack:
     """DeepSpeed config entries an option adds to the engine's (``engine_config``, ``bf16_config``)."""
     scale_wrt_gas = True
     """``engine.backward``'s: True, the engine divides by the accumulation steps; False, the caller does."""
+    zero_init = False
+    """Whether the model is constructed inside ``deepspeed.zero.Init`` (ZeRO 3: ``ZeroInit``)."""
 
     def build(self, spec, layout, recipe, group=None):
         if group not in (None, dist.group.WORLD):
@@ -114,12 +116,27 @@ class DeepSpeedStack:
             from harness.adapters.deepspeed.stack_pipe import DeepSpeedPipeTrainer
 
             return DeepSpeedPipeTrainer(spec, layout, recipe, self.config)
-        return DeepSpeedStackTrainer(spec, layout, recipe, self.config, self.scale_wrt_gas)
+        return DeepSpeedStackTrainer(spec, layout, recipe, self.config, self.scale_wrt_gas, self.zero_init)
 
 
 class CallerScalesLoss(DeepSpeedStack):
     description = "DeepSpeed's engine, the caller dividing the loss by the accumulation steps (scale_wrt_gas=False)"
     scale_wrt_gas = False
+
+
+class ZeroInit(DeepSpeedStack):
+    description = ("DeepSpeed's engine at ZeRO 3, the model constructed inside deepspeed.zero.Init (each parameter "
+                   "partitioned as it is made, its layer shape only in ds_shape)")
+    zero_init = True
+
+    def build(self, spec, layout, recipe, group=None):
+        if layout.zero != 3:
+            raise Unsupported(f"deepspeed.zero.Init partitions parameters at construction: ZeRO 3's, not ZeRO "
+                              f"{layout.zero}'s.")
+        if spec.family == "moe" or layout.cp > 1 or _piped(spec, layout, recipe):
+            raise Unsupported("the model is constructed inside deepspeed.zero.Init for the dense families over data "
+                              "parallelism; its MoE, Ulysses and PipelineModule wrap a model built outside.")
+        return super().build(spec, layout, recipe, group)
 
 
 class Fp32GradAccum(DeepSpeedStack):
@@ -133,6 +150,23 @@ class Fp32GradAccum(DeepSpeedStack):
         return super().build(spec, layout, recipe, group)
 
 
+def partitioned_at_construction(spec, dense, config):
+    """``spec``'s model constructed inside ``deepspeed.zero.Init`` (``config``'s ZeRO 3), each partitioned parameter
+    then given ``dense``'s weights (the one-device model's, the same on every rank) under ``GatheredParameters``."""
+    import deepspeed
+
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        model = spec.build(0).float()
+    if not all(hasattr(p, "ds_id") for p in model.parameters()):  # else the case would not run the path
+        raise Unsupported(f"DeepSpeed {deepspeed.__version__}'s zero.Init left parameters unpartitioned.")
+    weights = dict(dense.named_parameters())
+    for name, p in model.named_parameters():
+        with deepspeed.zero.GatheredParameters([p], modifier_rank=0), torch.no_grad():
+            if dist.get_rank() == 0:
+                p.copy_(weights[name])
+    return model
+
+
 def muon_config(model, spec) -> dict:
     """DeepSpeed's config for its Muon (``MuonWithAuxAdam``) as ``spec`` (``OptimizerSpec("muon", ...)``) says: each
     parameter of ``model`` tagged ``use_muon`` by the contract's rule (its one-device name and shape), the Muon half's
@@ -140,8 +174,8 @@ def muon_config(model, spec) -> dict:
     (Keller Jordan's quintic — torch's iteration, bfloat16 where the accelerator has it; DeepSpeed's default "gram"
     is another iteration); its AdamW half torch's (``torch_adam``: no fused op to build)."""
     muon = spec.muon()
-    for name, p in model.named_parameters():
-        p.use_muon = muon.takes(name, p.shape)
+    for name, p in model.named_parameters():  # a zero.Init parameter's layer shape is its ds_shape
+        p.use_muon = muon.takes(name, tuple(getattr(p, "ds_shape", p.shape)))
     return {"type": "Muon", "params": {"lr": muon.lr, "muon_lr": muon.lr, "adam_lr": muon.adamw_lr,
                                        "momentum": muon.momentum, "betas": list(muon.adamw_betas),
                                        "eps": muon.adamw_eps, "weight_decay": muon.weight_decay,
@@ -149,9 +183,9 @@ def muon_config(model, spec) -> dict:
 
 
 class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
-    def __init__(self, spec, layout, recipe, config=None, scale_wrt_gas: bool = True):
+    def __init__(self, spec, layout, recipe, config=None, scale_wrt_gas: bool = True, zero_init: bool = False):
         self.spec, self.layout, self.recipe = spec, layout, recipe
-        self.config, self.scale_wrt_gas = config or {}, scale_wrt_gas
+        self.config, self.scale_wrt_gas, self.zero_init = config or {}, scale_wrt_gas, zero_init
         self.last_grad_norm, self.names, self.relink = None, {}, True
         """{the engine's parameter name: the one-device model's} where they differ (the moe family's)."""
 
@@ -175,6 +209,8 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
 
             model, mpu = ulysses_model(model, self.layout.cp)
         model = model.float()  # bf16: DeepSpeed rounds the model itself; its fp32 masters are the rounded weights
+        if self.zero_init:
+            model = partitioned_at_construction(self.spec, model, config)
         groups = model.parameters()
         if self.spec.family == "moe":  # every block's MoE DeepSpeed's, its optimizer groups split as ZeRO asserts
             from harness.adapters.deepspeed.moe_stack import MoEModel, contract_names, optimizer_groups
