@@ -126,7 +126,6 @@ FINDINGS = (
             "required keyword-only argument: 'nesterov'), and calls newton_schulz_tp(mode=...), which takes "
             "tp_mode= (minimal case: TensorParallelMuon([one 8 x 4 parameter]), Python 3.12).",
             "suites/stack/test_megatron_findings.py::test_watch_megatron_muon_does_not_construct_with_emerging_optimizers",
-            {"optimizer": "muon"}, symptom=r"TypeError: OrthogonalizedOptimizer\.__init__\(\) missing",
             handled_by_adapter="the Megatron stack declares Muon unsupported (its iteration is not torch's)"),
     Finding("megatron", "stack", "megatron-core", ("0.16", None),
             "megatron-core's batched p2p (batch_p2p_comm=True, its config default) under the interleaved schedule at "

@@ -56,6 +56,8 @@ def momentum(optimizer, params: dict, group=None) -> dict:
     from deepspeed.utils import safe_get_full_optimizer_state
 
     muon = {k: p for k, p in params.items() if getattr(p, "use_muon", False)}
+    if not muon:  # no Muon (the same tags on every rank): nothing to read, no collective
+        return {}
     mine = _held_here(optimizer, {id(p): k for k, p in muon.items()})
     found = torch.tensor([0 if mine is None else 1])
     dist.all_reduce(found, op=dist.ReduceOp.MIN, group=group)  # every rank reads the same way
