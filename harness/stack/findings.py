@@ -119,6 +119,15 @@ FINDINGS = (
             "suites/stack/test_megatron.py::test_watch_megatron_without_initialisation_norms_tp_rank_0_alone",
             handled_by_adapter="the megatron stack lets Megatron initialise (perform_initialization=True), then loads "
                                "the one-device weights"),
+    Finding("deepspeed", "stack", "deepspeed", ("0.19.8", None),
+            "deepspeed.zero.Init leaves torch.nn.Module.__init_subclass__ replaced when it exits: it puts back the "
+            "inherited object.__init_subclass__, bound to Module, as nn.Module's own attribute, which hides the "
+            "__init_subclass__ of any mixin after nn.Module in a later class's MRO — torchtitan's Module(nn.Module, "
+            "Configurable) then never wires its Config ('Config has no owner class'), in the same process, after "
+            "any zero.Init (minimal case: a Base(nn.Module, Mixin) whose Mixin tags each subclass; a subclass defined "
+            "after a zero.Init context is not tagged).",
+            "suites/stack/test_deepspeed_findings.py::test_watch_zero_init_hides_later_classes_mixin_hooks",
+            handled_by_adapter="the ZeroInit option puts torch.nn.Module's __init_subclass__ back as it found it"),
     Finding("megatron", "stack", "megatron-core", ("0.16.1", None),
             "megatron-core's Muon cannot be built with emerging-optimizers 0.3.0 (the one release on PyPI; "
             "megatron-core's dev / lts extras name it unpinned): its TensorParallelMuon passes use_nesterov= to "

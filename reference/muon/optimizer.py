@@ -16,7 +16,7 @@ from collections.abc import MutableMapping
 import torch
 import torch.distributed as dist
 
-from .spec import MuonSpec, muon_update, orthogonalised
+from .spec import MuonSpec, muon_update, orthogonalised, torch_adjusts
 
 
 class ReferenceMatrices:
@@ -96,7 +96,8 @@ class MuonAdamW:
         rest = [p for n, p in named if not spec.takes(n, p.shape)]
         self.spec, self.optimizers = spec, []
         if matrices:
-            torchs = ns_dtype == torch.bfloat16 and not shards and not spec.parts and not reference
+            torchs = ns_dtype == torch.bfloat16 and not shards and not spec.parts and not reference \
+                and torch_adjusts(spec.adjust_lr_fn)  # else the reference iteration (bitwise torch's where both run)
             self.matrices = torch.optim.Muon(
                 [p for _, p in matrices], lr=spec.lr, weight_decay=spec.weight_decay, momentum=spec.momentum,
                 nesterov=spec.nesterov, ns_steps=spec.ns_steps, adjust_lr_fn=spec.adjust_lr_fn) if torchs else \

@@ -8,6 +8,7 @@ optimizer)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -24,7 +25,8 @@ class MuonSpec:
     weight_decay: float = 0.1
     ns_steps: int = STEPS
     adjust_lr_fn: str | None = None
-    """torch's: None / "original" (sqrt(max(1, A / B))) or "match_rms_adamw" (0.2 sqrt(max(A, B)))."""
+    """torch's: None / "original" (sqrt(max(1, A / B))), "match_rms_adamw" (0.2 sqrt(max(A, B))) or, from torch 2.15,
+    "spectral_unclamped" (sqrt(A / B): Bernstein's; ``torch_adjusts``)."""
     adamw_lr: float = 1e-3
     adamw_betas: tuple = (0.9, 0.999)
     adamw_eps: float = 1e-8
@@ -50,7 +52,10 @@ class MuonSpec:
             return self.lr * math.sqrt(max(1, a / b))
         if self.adjust_lr_fn == "match_rms_adamw":
             return self.lr * 0.2 * math.sqrt(max(a, b))
-        raise ValueError(f"adjust_lr_fn must be None, 'original' or 'match_rms_adamw'; got {self.adjust_lr_fn!r}.")
+        if self.adjust_lr_fn == "spectral_unclamped":
+            return self.lr * math.sqrt(a / b)
+        raise ValueError("adjust_lr_fn must be None, 'original', 'match_rms_adamw' or 'spectral_unclamped'; got "
+                         f"{self.adjust_lr_fn!r}.")
 
     def adamw(self, params) -> torch.optim.AdamW:
         return torch.optim.AdamW(params, lr=self.adamw_lr, betas=self.adamw_betas, eps=self.adamw_eps,
@@ -101,3 +106,22 @@ def one_device(params: dict, grads: list, spec: MuonSpec, dtype=torch.bfloat16) 
             adamw.step()
         out.append({k: v.clone() for k, v in params.items()})
     return out
+
+
+@functools.cache
+def torch_adjusts(adjust_lr_fn: str | None) -> bool:
+    """Whether the installed ``torch.optim.Muon`` takes ``adjust_lr_fn`` (torch 2.15 added "spectral_unclamped"):
+    asked of torch itself — it refuses one it lacks at construction."""
+    try:
+        torch.optim.Muon([torch.nn.Parameter(torch.zeros(2, 2))], adjust_lr_fn=adjust_lr_fn)
+    except ValueError:
+        return False
+    return True
+
+
+def torch_lacks(adjust_lr_fn: str | None) -> str | None:
+    """The sentence where torch's Muon lacks ``adjust_lr_fn``; None where it has it."""
+    if torch_adjusts(adjust_lr_fn):
+        return None
+    return (f"torch {torch.__version__}'s Muon has no adjust_lr_fn {adjust_lr_fn!r} (torch 2.15 added "
+            "'spectral_unclamped').")

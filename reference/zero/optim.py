@@ -28,7 +28,8 @@ class OptimizerSpec:
     nesterov: bool = True
     """Muon's Nesterov momentum (torch's default)."""
     adjust_lr_fn: str | None = None
-    """Muon's learning-rate adjustment by the matrix's shape: torch's None / "original" or "match_rms_adamw"."""
+    """Muon's learning-rate adjustment by the matrix's shape: torch's None / "original", "match_rms_adamw" or (torch
+    2.15's) "spectral_unclamped"."""
     adamw_lr: float | None = None
     """The learning rate of Muon's AdamW (the embedding, head and vectors); None: ``lr``."""
     ns_dtype: str = "bfloat16"

@@ -25,7 +25,10 @@ def _trained(spec: OptimizerSpec, force_reference: bool = False, steps: int = 3)
     else:
         opt = spec.build_named(model.named_parameters())
         assert isinstance(opt, MuonAdamW)  # torch's Muon where it is torch's iteration, the reference otherwise
-        assert isinstance(opt.matrices, torch.optim.Muon) == (spec.ns_dtype == "bfloat16")
+        from reference.muon.spec import torch_adjusts
+
+        assert isinstance(opt.matrices, torch.optim.Muon) == (spec.ns_dtype == "bfloat16"
+                                                              and torch_adjusts(spec.adjust_lr_fn))
     tokens = torch.randint(0, SPEC.vocab, (4, 8), generator=torch.Generator().manual_seed(1))
     for _ in range(steps):
         opt.zero_grad()
@@ -47,10 +50,19 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
     assert OptimizerSpec("adam", 1e-3).state_keys_of("blocks.0.attn.q.weight", (16, 16)) == ("exp_avg", "exp_avg_sq")
 
 
-def test_the_reference_iteration_is_torchs_muon_bit_for_bit():
+@pytest.mark.parametrize("adjust", [None, "match_rms_adamw", "spectral_unclamped"])
+def test_the_reference_iteration_is_torchs_muon_bit_for_bit(adjust):
     """Three steps of a Llama: torch's Muon (what ``build_named`` gives one device) and the reference iteration in
-    bfloat16 (what the reference stack gathers into) leave the same bits in every parameter and state tensor."""
-    torchs, ours = _trained(MUON), _trained(MUON, force_reference=True)
+    bfloat16 (what the reference stack gathers into) leave the same bits in every parameter and state tensor — under
+    each learning-rate adjustment torch has (torch 2.15's "spectral_unclamped": the compat-newest env)."""
+    from dataclasses import replace
+
+    from reference.muon.spec import torch_lacks
+
+    if why := torch_lacks(adjust):
+        pytest.skip(why)
+    spec = replace(MUON, adjust_lr_fn=adjust)
+    torchs, ours = _trained(spec), _trained(spec, force_reference=True)
     for name, p in torchs["params"].items():
         assert torch.equal(p, ours["params"][name]), name
         for key, t in torchs["state"][name].items():
@@ -82,3 +94,30 @@ def test_muon_without_names_is_one_sentence():
         MUON.build(SPEC.build(0).parameters())
     with pytest.raises(ValueError, match="per parameter"):
         MUON.state_bytes_per_param(4)
+
+
+def test_spectral_unclamped_scales_by_the_shape_unclamped():
+    """torch 2.15's "spectral_unclamped": lr x sqrt(A / B) — below lr for a wide matrix, where "original" clamps."""
+    from dataclasses import replace
+
+    spec = replace(MUON, adjust_lr_fn="spectral_unclamped").muon()
+    assert spec.adjusted_lr((4, 16)) == pytest.approx(0.02 * 0.5, rel=1e-15)
+    assert spec.adjusted_lr((16, 4)) == pytest.approx(0.02 * 2.0, rel=1e-15)
+    assert MUON.muon().adjusted_lr((4, 16)) == 0.02
+
+
+def test_where_torch_lacks_an_adjustment_one_device_is_the_reference_iteration():
+    """On a torch without "spectral_unclamped" (before 2.15) the spec still builds: ``build_named`` gives the reference
+    iteration (bitwise torch's where both run), and torch's own adapters say why they cannot."""
+    from dataclasses import replace
+
+    from reference.muon.optimizer import ReferenceMatrices
+    from reference.muon.spec import torch_lacks
+
+    spec = replace(MUON, adjust_lr_fn="spectral_unclamped")
+    why = torch_lacks("spectral_unclamped")
+    if why is None:
+        pytest.skip(f"torch {torch.__version__}'s Muon has spectral_unclamped: the bitwise test holds it")
+    assert "2.15" in why and "\n" not in why
+    opt = spec.build_named(SPEC.build(0).named_parameters())
+    assert isinstance(opt.matrices, ReferenceMatrices)

@@ -369,3 +369,62 @@ def test_the_muon_layout_is_each_tensor_whole_in_order():
     assert [m.tolist() for _, m in got] == [[[0, 1, 2], [3, 4, 5]], [6, 7, 8, 9]]
     assert layout_of(torch.arange(9.0), [a, b]) is None and layout_of(None, [a]) is None
     assert layout_of(buffer.view(2, 5), [a, b]) is None
+
+
+def _later_class_tagged(restore: bool) -> tuple:
+    """Rank side: a ``Base(nn.Module, Mixin)`` whose mixin tags each subclass as it is defined; a model constructed
+    inside ``deepspeed.zero.Init`` — DeepSpeed's own context (``restore`` False) or the ZeroInit option's
+    (``partitioned_at_construction``, True) —, then a subclass defined: (tagged before, tagged after)."""
+    import torch
+    from torch import nn
+
+    from harness.adapters.deepspeed.init import init
+    from harness.adapters.deepspeed.stack import partitioned_at_construction
+    from harness.adapters.deepspeed.zero import engine_config
+
+    init()
+    import deepspeed
+
+    class Mixin:
+        def __init_subclass__(cls, **kwargs):
+            super().__init_subclass__(**kwargs)
+            cls.tagged = cls.__name__
+
+    class Base(nn.Module, Mixin):
+        pass
+
+    class Before(Base):
+        pass
+
+    found = torch.nn.Module.__dict__.get("__init_subclass__")
+    config = engine_config(3, 1, None)
+    try:
+        if restore:
+            partitioned_at_construction(LLAMA32, LLAMA32.build(0), config)
+        else:
+            with deepspeed.zero.Init(config_dict_or_path=config):
+                LLAMA32.build(0)
+
+        class After(Base):
+            pass
+
+        return Before.__dict__.get("tagged"), After.__dict__.get("tagged")
+    finally:  # this rank's process serves later tests: as it was
+        if torch.nn.Module.__dict__.get("__init_subclass__") is not found:
+            if found is None:
+                del torch.nn.Module.__init_subclass__
+            else:
+                torch.nn.Module.__init_subclass__ = found
+
+
+def test_watch_zero_init_hides_later_classes_mixin_hooks(world_cache):
+    """DeepSpeed 0.19.8: after a ``zero.Init`` context, a class defined later misses its mixin's ``__init_subclass__``
+    (torchtitan's Configurable: "Config has no owner class"). Fails once zero.Init leaves nn.Module as it found it."""
+    pytest.importorskip("deepspeed")
+    assert world_cache.get(1).run(_later_class_tagged, False, timeout=120)[0] == ("Before", None)
+
+
+def test_the_zero_init_option_leaves_later_classes_as_they_were(world_cache):
+    """The ZeroInit option's construction puts nn.Module's ``__init_subclass__`` back: a later class is tagged."""
+    pytest.importorskip("deepspeed")
+    assert world_cache.get(1).run(_later_class_tagged, True, timeout=120)[0] == ("Before", "After")

@@ -14,6 +14,8 @@ clipped at ZeRO 1-3, it clips the orthogonalised update: both in ``harness/stack
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from harness.contracts.stack import Layout, Recipe
@@ -26,6 +28,9 @@ from suites._support.stack import held, named_cases
 MUON = OptimizerSpec("muon", 0.02, momentum=0.95, weight_decay=0.1, adamw_lr=1e-2, eps=1e-3)
 """torch's Muon defaults (lr 0.02, momentum 0.95, Nesterov, weight decay 0.1); its AdamW at lr 1e-2 with eps 1e-3
 (the stack suite's Adam: ``suites._support.stack.ADAM``)."""
+SPECTRAL = replace(MUON, adjust_lr_fn="spectral_unclamped")
+"""torch 2.15's learning-rate adjustment, lr x sqrt(A / B) (one device: torch's Muon where it has it, else the reference
+iteration — bitwise torch's where both run)."""
 LLAMA = ModelSpec("llama", vocab=32, hidden=16, heads=4, kv_heads=2, ffn=24, layers=3)
 """A vocabulary larger than the width: the first block's input takes as many directions as it has columns, so no
 hidden matrix's gradient is rank-deficient by construction (the suite's vocabulary of 13 under a width of 16 leaves
@@ -46,6 +51,7 @@ CASES = [  # (id, spec, layout, recipe)
     ("dp-float32", LLAMA32, Layout(2), Recipe(optimizer=MUON)),
     ("zero2-float32", LLAMA32, Layout(2, zero=2), Recipe(optimizer=MUON, max_grad_norm=0.05)),
     ("zero3-float32", LLAMA32, Layout(2, zero=3), Recipe(optimizer=MUON, max_grad_norm=0.05)),
+    ("tp-spectral-unclamped", LLAMA, Layout(1, 1, 2), Recipe(optimizer=SPECTRAL)),
     ("zero1-accumulate-float32", LLAMA32, Layout(2, zero=1), Recipe(optimizer=MUON, accumulation=2)),
     ("zero3-accumulate-float32", LLAMA32, Layout(2, zero=3), Recipe(optimizer=MUON, accumulation=2)),
 ]

@@ -60,10 +60,10 @@ SUPPORTS = Supports("the DeepSpeed stack", unsupported=(
                                                           or s.dtype != "float32"),
          "the DeepSpeed stack trains Muon (its MuonWithAuxAdam) in its engine over data parallelism, a float32 dense "
          "model; its PipelineModule, Ulysses and MoE with Muon are not driven."),
-    Rule(lambda s, lay, r: r.optimizer.name == "muon" and (r.optimizer.adjust_lr_fn == "match_rms_adamw"
+    Rule(lambda s, lay, r: r.optimizer.name == "muon" and (r.optimizer.adjust_lr_fn not in (None, "original")
                                                           or not r.optimizer.nesterov),
          "DeepSpeed's Muon is Nesterov's, its update scaled by sqrt(max(1, rows / cols)) (torch's \"original\"); "
-         "plain momentum and match_rms_adamw are not its."),
+         "plain momentum, match_rms_adamw and spectral_unclamped are not its."),
     Rule(lambda s, lay, r: r.low_precision is not None,
          "DeepSpeed has no float8 / MX recipe of its own for these layers (its FP8 path is TransformerEngine's, CUDA "
          "only)."),
@@ -152,11 +152,21 @@ class Fp32GradAccum(DeepSpeedStack):
 
 def partitioned_at_construction(spec, dense, config):
     """``spec``'s model constructed inside ``deepspeed.zero.Init`` (``config``'s ZeRO 3), each partitioned parameter
-    then given ``dense``'s weights (the one-device model's, the same on every rank) under ``GatheredParameters``."""
+    then given ``dense``'s weights (the one-device model's, the same on every rank) under ``GatheredParameters``.
+    ``torch.nn.Module.__init_subclass__`` is put back as it was found (a known finding: DeepSpeed leaves its own there,
+    which hides every later class's mixin hooks — torchtitan's Configurable among them)."""
     import deepspeed
 
-    with deepspeed.zero.Init(config_dict_or_path=config):
-        model = spec.build(0).float()
+    found = torch.nn.Module.__dict__.get("__init_subclass__")
+    try:
+        with deepspeed.zero.Init(config_dict_or_path=config):
+            model = spec.build(0).float()
+    finally:
+        if torch.nn.Module.__dict__.get("__init_subclass__") is not found:
+            if found is None:
+                del torch.nn.Module.__init_subclass__
+            else:
+                torch.nn.Module.__init_subclass__ = found
     if not all(hasattr(p, "ds_id") for p in model.parameters()):  # else the case would not run the path
         raise Unsupported(f"DeepSpeed {deepspeed.__version__}'s zero.Init left parameters unpartitioned.")
     weights = dict(dense.named_parameters())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from reference.errors import Unsupported
+from reference.muon.spec import torch_lacks
 
 
 def _placement(layout: str, dims: int):
@@ -29,6 +30,8 @@ class TorchMuon:
         if layout == "flat":
             raise Unsupported("torch's Muon steps whole parameters (one DTensor each); a flat ZeRO shard straddling "
                               "parameters is no matrix (DeepSpeed's and Megatron's distributed optimizers are flat).")
+        if why := torch_lacks(spec.adjust_lr_fn):
+            raise Unsupported(why)
         if spec.parts:
             raise Unsupported("torch's Muon orthogonalises each parameter whole: a fused matrix's logical parts "
                               "(QKV, gate + up) would be orthogonalised as one — they train as separate parameters.")

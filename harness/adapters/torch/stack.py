@@ -35,6 +35,13 @@ from harness.stack.supports import Rule, Supports
 _MESHES: dict = {}
 
 
+def _muon_lacks(recipe) -> str | None:
+    """Why torch's Muon cannot step ``recipe``'s (an ``adjust_lr_fn`` this torch lacks), or None."""
+    from reference.muon.spec import torch_lacks
+
+    return torch_lacks(recipe.optimizer.adjust_lr_fn)
+
+
 SUPPORTS = Supports("the torch stack", unsupported=(
     Rule(lambda s, lay, r: s.family == "moe" or lay.ep > 1,
          "the torch stack here trains the gpt and llama families (torch has no mixture-of-experts layer of its own; "
@@ -68,6 +75,8 @@ SUPPORTS = Supports("the torch stack", unsupported=(
          "the torch stack's low-precision recipe is FSDP2's MixedPrecisionPolicy, held in suites/mixed_precision."),
     Rule(lambda s, lay, r: r.optimizer.name == "muon" and r.low_precision,
          "the torch stack trains Muon without a float8 recipe here."),
+    Rule(lambda s, lay, r: r.optimizer.name == "muon" and _muon_lacks(r) is not None,
+         lambda s, lay, r: _muon_lacks(r)),
 ), optimizers=("sgd", "adam", "muon"), hybrid=True, selective=True, compiles=True, refused=(
     Rule(lambda s, lay, r: s.heads % lay.tp,
          lambda s, lay, r: f"tp ({lay.tp}) must divide the attention heads ({s.heads})."),
