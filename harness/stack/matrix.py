@@ -9,7 +9,8 @@ suites/stack/test_torchtitan.py), two steps. The Llama of the stack suite's size
 interleaved split is even) and a vocabulary of 16 (every tp here divides it: the padded-vocabulary finding is
 the suite's own case); each row varies one thing from the 1-rank base — a dp layout at each ZeRO stage, each
 pipeline schedule, tp with and without sequence parallelism, tp x dp with checkpointing, and the seams
-(2-norm and inf-norm clipping, accumulation, a tied embedding). A stack that does not provide a row says so
+(2-norm and inf-norm clipping, accumulation, a tied embedding), and Muon (torch's, with its AdamW) clipped over
+FSDP / ZeRO 2. A stack that does not provide a row says so
 in its one sentence; the suite (``suites/stack``) holds every stack over many more layouts.
 """
 
@@ -32,6 +33,7 @@ def cases() -> list[tuple[str, object, object, object]]:
     llama = ModelSpec("llama", vocab=16, hidden=16, heads=8, kv_heads=2, ffn=24, layers=4, dtype="float32")
     tied = ModelSpec(**{**llama.as_dict(), "tie_embeddings": True})
     adam = Recipe(optimizer=OptimizerSpec("adam", 1e-2, eps=1e-3))
+    muon = OptimizerSpec("muon", 0.02, momentum=0.95, weight_decay=0.1, adamw_lr=1e-2, eps=1e-3)  # test_muon.py's
 
     def with_(**kw):
         return Recipe(**{**adam.__dict__, **kw})
@@ -46,7 +48,8 @@ def cases() -> list[tuple[str, object, object, object]]:
             ("clip inf-norm, dp 2", llama, Layout(2, zero=2), with_(max_grad_norm=0.02, norm_type=math.inf)),
             ("accumulation 2, dp 2", llama, Layout(2), with_(accumulation=2)),
             ("tied embedding, dp 2", tied, Layout(2), adam),
-            ("tied embedding, pp 2", tied, Layout(1, 2, 1), adam)]
+            ("tied embedding, pp 2", tied, Layout(1, 2, 1), adam),
+            ("Muon, dp 2, ZeRO 2, clipped", llama, Layout(2, zero=2), Recipe(optimizer=muon, max_grad_norm=0.05))]
     return out
 
 
