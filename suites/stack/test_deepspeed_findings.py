@@ -286,8 +286,10 @@ def _tiny_muon(stage: int, clipping: float | None = None) -> tuple:
     twin(x).backward()
     config = {**engine_config(stage, 1, clipping),
               "optimizer": {"type": "Muon", "params": {"lr": 0.02, "torch_adam": True, "ns_method": "standard"}}}
-    if stage == 3:  # its stage 3 refuses Muon with reduce-scatter
-        config["zero_optimization"]["reduce_scatter"] = False
+    if stage == 3:  # its stage 3 refuses Muon with reduce-scatter; and its memory-efficient linear would replace
+        # torch.nn.functional.linear for the rest of this rank process's life (DeepSpeed: "This will persist unless
+        # manually reset"), which the 1-rank World's later tests (a compiled stack) must not inherit
+        config["zero_optimization"].update(reduce_scatter=False, memory_efficient_linear=False)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     engine.backward(engine(x))
     engine.step()
@@ -379,7 +381,7 @@ def _later_class_tagged(restore: bool) -> tuple:
     from torch import nn
 
     from harness.adapters.deepspeed.init import init
-    from harness.adapters.deepspeed.stack import partitioned_at_construction
+    from harness.adapters.deepspeed.stack import partitioned_at_construction, put_back_init_subclass
     from harness.adapters.deepspeed.zero import engine_config
 
     init()
@@ -397,7 +399,8 @@ def _later_class_tagged(restore: bool) -> tuple:
         pass
 
     found = torch.nn.Module.__dict__.get("__init_subclass__")
-    config = engine_config(3, 1, None)
+    config = engine_config(3, 1, None)  # F.linear left as torch's for the World's later tests (``_tiny_muon``)
+    config["zero_optimization"]["memory_efficient_linear"] = False
     try:
         if restore:
             partitioned_at_construction(LLAMA32, LLAMA32.build(0), config)
@@ -410,11 +413,7 @@ def _later_class_tagged(restore: bool) -> tuple:
 
         return Before.__dict__.get("tagged"), After.__dict__.get("tagged")
     finally:  # this rank's process serves later tests: as it was
-        if torch.nn.Module.__dict__.get("__init_subclass__") is not found:
-            if found is None:
-                del torch.nn.Module.__init_subclass__
-            else:
-                torch.nn.Module.__init_subclass__ = found
+        put_back_init_subclass(found)
 
 
 def test_watch_zero_init_hides_later_classes_mixin_hooks(world_cache):

@@ -150,6 +150,16 @@ class Fp32GradAccum(DeepSpeedStack):
         return super().build(spec, layout, recipe, group)
 
 
+def put_back_init_subclass(found) -> None:
+    """``torch.nn.Module.__init_subclass__`` as it was before a ``zero.Init`` context: ``found`` (what
+    ``Module.__dict__`` held then; None: nothing of its own, object's inherited)."""
+    if torch.nn.Module.__dict__.get("__init_subclass__") is not found:
+        if found is None:
+            del torch.nn.Module.__init_subclass__
+        else:
+            torch.nn.Module.__init_subclass__ = found
+
+
 def partitioned_at_construction(spec, dense, config):
     """``spec``'s model constructed inside ``deepspeed.zero.Init`` (``config``'s ZeRO 3), each partitioned parameter
     then given ``dense``'s weights (the one-device model's, the same on every rank) under ``GatheredParameters``.
@@ -162,11 +172,7 @@ def partitioned_at_construction(spec, dense, config):
         with deepspeed.zero.Init(config_dict_or_path=config):
             model = spec.build(0).float()
     finally:
-        if torch.nn.Module.__dict__.get("__init_subclass__") is not found:
-            if found is None:
-                del torch.nn.Module.__init_subclass__
-            else:
-                torch.nn.Module.__init_subclass__ = found
+        put_back_init_subclass(found)
     if not all(hasattr(p, "ds_id") for p in model.parameters()):  # else the case would not run the path
         raise Unsupported(f"DeepSpeed {deepspeed.__version__}'s zero.Init left parameters unpartitioned.")
     weights = dict(dense.named_parameters())
