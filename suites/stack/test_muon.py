@@ -55,8 +55,10 @@ CASES = [  # (id, spec, layout, recipe)
     ("zero1-accumulate-float32", LLAMA32, Layout(2, zero=1), Recipe(optimizer=MUON, accumulation=2)),
     ("zero3-accumulate-float32", LLAMA32, Layout(2, zero=3), Recipe(optimizer=MUON, accumulation=2)),
 ]
-THOROUGH = {"fsdp-tp", "dp-pp-tp", "cp-tp", "pp-clip", "dp", "zero3-float32", "zero3-accumulate-float32"}
-"""tox's budget: each stack's TP (every matrix split) and FSDP2 with accumulation, the one-KV-head gather; replicated
+THOROUGH = {"fsdp-tp", "dp-pp-tp", "cp-tp", "pp-clip", "dp", "zero3-float32", "zero3-accumulate-float32",
+            "tp-spectral-unclamped"}
+"""tox's budget: each stack's TP (every matrix split) and FSDP2 with accumulation, the one-KV-head gather (torch 2.15's
+spectral_unclamped: its bitwise optimizer test in tox, its stack case here); replicated
 DP (nothing split), the pipeline, CP and the 4- and 8-rank meshes in the thorough env."""
 
 
@@ -78,6 +80,7 @@ def test_muon_on_a_ranks_own_rows_fails(world_cache, conformance):
     assert len(step2) >= 2 * 7 * LLAMA.layers, v["problems"][:6]  # every Muon matrix's momentum, on both ranks
 
 
+@pytest.mark.thorough  # ~10 s; tox holds the ZeroInit option with Adam (suites/stack/test_deepspeed.py)
 def test_deepspeed_muon_under_zero_init_takes_the_matrices(world_cache, conformance):
     """DeepSpeed PR 8438's bug: under ``deepspeed.zero.Init`` every parameter reads 1-D and its Muon fell back to AdamW
     for all of them, silently. The model constructed inside zero.Init (the ``ZeroInit`` option), ZeRO 3, Muon with
