@@ -40,7 +40,8 @@ _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def cpu_seconds(pid: int) -> float | None:
-    """CPU seconds of process ``pid`` and its live descendants; None where /proc cannot tell."""
+    """CPU seconds of process ``pid``, of the children it has waited for, and of its live descendants; None where /proc
+    cannot tell."""
     total, todo, seen = 0.0, [pid], set()
     while todo:
         p = todo.pop()
@@ -50,7 +51,9 @@ def cpu_seconds(pid: int) -> float | None:
         try:
             with open(f"/proc/{p}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (fields 14, 15)
+            # utime, stime (fields 14, 15) and cutime, cstime (16, 17): the CPU of children it waited for — a
+            # compile's many short compiler processes (inductor's g++), gone before any sample sees them live
+            total += sum(int(fields[i]) for i in (11, 12, 13, 14)) / _TICK
             for task in os.listdir(f"/proc/{p}/task"):
                 with open(f"/proc/{p}/task/{task}/children") as f:
                     todo.extend(int(c) for c in f.read().split())

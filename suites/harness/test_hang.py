@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sysconfig
 
+import pytest
 import torch
 
 from harness.runtime.hang import describe, innermost_frame
@@ -71,3 +72,21 @@ def test_a_window_of_no_progress_restarts_when_a_rank_answers(monkeypatch):
         clock[0] += 1.0
         seen.append(progress.stalled({0}))
     assert seen == [False] * 5
+
+
+def test_a_rank_waiting_on_the_short_processes_it_runs_is_computing():
+    """A compile runs many short compiler processes, each gone before a sample sees it live: their CPU, once waited for,
+    is the rank's (cutime / cstime) — else a rank building a cold torch.compile looks idle and is called hung. A child
+    that burns 0.3 s of CPU (its own process time, whatever the load) adds at least 0.25 s (10 ms ticks)."""
+    import os
+    import subprocess
+    import sys
+
+    from harness.runtime.hang import cpu_seconds
+
+    before = cpu_seconds(os.getpid())
+    if before is None:
+        pytest.skip("no /proc here: nothing is called hung")
+    burn = "import time\nwhile time.process_time() < 0.3:\n    pass"
+    subprocess.run([sys.executable, "-c", burn], check=True)
+    assert cpu_seconds(os.getpid()) - before >= 0.25
