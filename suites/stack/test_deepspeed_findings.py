@@ -291,8 +291,8 @@ def _tiny_muon(stage: int, clipping: float | None = None) -> tuple:
         # manually reset"), which the 1-rank World's later tests (a compiled stack) must not inherit
         config["zero_optimization"].update(reduce_scatter=False, memory_efficient_linear=False)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-    # eager: DeepSpeed torch.compiles its Muon kernels (~10 s cold), and inductor's compile workers are not the rank's
-    # descendants — the hang detector saw an idle rank and called it a deadlock (two CI runs). The same ops run eager.
+    # eager: DeepSpeed torch.compiles its Muon kernels (~10 s on a cold cache) for what these watches read in one step;
+    # the same ops run eager (its compiled path is the 2-rank stack cases')
     with torch.compiler.set_stance("force_eager"):
         engine.backward(engine(x))
         engine.step()
