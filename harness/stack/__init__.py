@@ -30,6 +30,7 @@ PARADIGM = Paradigm(
     options=(("harness.adapters.deepspeed.stack:CallerScalesLoss", "deepspeed"),
              ("harness.adapters.deepspeed.stack:Fp32GradAccum", "deepspeed"),
              ("harness.adapters.deepspeed.stack:ZeroInit", "deepspeed"),
+             ("harness.adapters.deepspeed.stack:Hpz", "deepspeed"),
              ("harness.adapters.megatron.stack:OverlapGradReduce", "megatron")),
     findings=FINDINGS,
     benches=(

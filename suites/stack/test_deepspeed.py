@@ -143,12 +143,16 @@ OPTIONS = [  # (option, spec, layout, recipe, in every profile): the options its
     ("Fp32GradAccum", LLAMA16, Layout(1, 2, 1, zero=1), Recipe(accumulation=2), False),  # its PipelineEngine
     ("ZeroInit", LLAMA32, Layout(2, 1, 1, zero=3), Recipe(optimizer=ADAM, max_grad_norm=0.05, accumulation=2), True),
     ("ZeroInit", LLAMA16, Layout(2, 1, 1, zero=3), Recipe(accumulation=2), False),
+    ("Hpz", LLAMA32, Layout(4, 1, 1, zero=3), Recipe(optimizer=ADAM, max_grad_norm=0.05, accumulation=2), True),
+    ("Hpz", LLAMA16, Layout(4, 1, 1, zero=3), Recipe(accumulation=2), False),
 ]
 """``engine.backward(loss, scale_wrt_gas=False)`` with the caller dividing by the accumulation steps (accelerate's
 and the HF Trainer's call), ``data_types.grad_accum_dtype`` fp32 (bf16's BF16_Optimizer at ZeRO 1), and the model
-constructed inside ``deepspeed.zero.Init`` (ZeRO 3: each parameter partitioned as it is made), every case padded and
-accumulating (what each option changes). Measured 2026-12-03 (DeepSpeed 0.19.8): all pass but
-ZeRO 0 clipped, whose norm the engine does not report (its finding, as without the option)."""
+constructed inside ``deepspeed.zero.Init`` (ZeRO 3: each parameter partitioned as it is made), ZeRO++'s hpZ (ZeRO 3
+over 4 ranks, the backward gathering from a secondary copy sharded within pairs: a copy not refreshed after a step
+would feed the next step's backward stale weights: planted, it fails), every case padded and accumulating (what each
+option changes). Measured 2026-12-03/04 (DeepSpeed 0.19.8): all pass but ZeRO 0 clipped, whose norm the engine does not
+report (its finding, as without the option)."""
 
 
 @pytest.mark.parametrize("option, spec, layout, recipe", [
@@ -167,7 +171,8 @@ def test_deepspeed_under_the_options_its_users_set_equals_one_device(option, spe
     ("Fp32GradAccum", LLAMA16, Layout(2, 1, 1, zero=0), "unsupported mix"),
     ("CallerScalesLoss", LLAMA32, Layout(1, 2, 1, zero=1), "train_batch"),
     ("ZeroInit", LLAMA32, Layout(2, 1, 1, zero=2), "ZeRO 3's"),
-], ids=["fp32-accum-zero0", "caller-scales-pp2", "zero-init-zero2"])
+    ("Hpz", LLAMA32, Layout(2, 1, 1, zero=1), "not ZeRO 1's"),
+], ids=["fp32-accum-zero0", "caller-scales-pp2", "zero-init-zero2", "hpz-zero1"])
 def test_an_option_deepspeed_does_not_combine_is_said_in_one_sentence(option, spec, layout, needle, world_cache,
                                                                        conformance):
     v = hold(world_cache, conformance, OPTION + option, layout.world_size, spec, layout, Recipe(accumulation=2))

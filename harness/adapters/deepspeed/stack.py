@@ -139,6 +139,18 @@ class ZeroInit(DeepSpeedStack):
         return super().build(spec, layout, recipe, group)
 
 
+class Hpz(DeepSpeedStack):
+    description = ("DeepSpeed's engine at ZeRO 3 with ZeRO++'s hierarchical partitioning (hpZ: "
+                   "zero_hpz_partition_size 2, a secondary copy of the parameters sharded within groups of 2 ranks "
+                   "for the backward's all-gathers)")
+    config = {"zero_optimization": {"zero_hpz_partition_size": 2}}
+
+    def build(self, spec, layout, recipe, group=None):
+        if layout.zero != 3:
+            raise Unsupported(f"ZeRO++'s hpZ partitions ZeRO 3's parameters a second time, not ZeRO {layout.zero}'s.")
+        return super().build(spec, layout, recipe, group)
+
+
 class Fp32GradAccum(DeepSpeedStack):
     description = "DeepSpeed's engine, a bf16 model's gradients accumulated in fp32 (data_types.grad_accum_dtype)"
     config = {"data_types": {"grad_accum_dtype": "fp32"}}
@@ -183,6 +195,17 @@ def partitioned_at_construction(spec, dense, config):
     return model
 
 
+def require_secondary_partition(model, size: int) -> None:
+    """Every parameter of the engine's ``model`` given hpZ's secondary group of ``size`` ranks, else the case would
+    not run the path (a release that took the config and made no such group): unsupported, in one sentence."""
+    import deepspeed
+
+    groups = {getattr(p, "ds_zero_param_process_group", None) for p in model.parameters()}
+    if None in groups or {dist.get_world_size(g) for g in groups} != {size}:
+        raise Unsupported(f"DeepSpeed {deepspeed.__version__} took zero_hpz_partition_size {size} but gave its "
+                          f"parameters no secondary group of {size} ranks: the case would not run hpZ's path.")
+
+
 def muon_config(model, spec) -> dict:
     """DeepSpeed's config for its Muon (``MuonWithAuxAdam``) as ``spec`` (``OptimizerSpec("muon", ...)``) says: each
     parameter of ``model`` tagged ``use_muon`` by the contract's rule (its one-device name and shape), the Muon half's
@@ -217,8 +240,9 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
         import deepspeed
 
         recipe = self.recipe
-        config = {**engine_config(self.layout.zero, recipe.accumulation, recipe.max_grad_norm),
-                  **bf16_config(self.spec), **self.config}
+        config = engine_config(self.layout.zero, recipe.accumulation, recipe.max_grad_norm)
+        config = {**config, **bf16_config(self.spec), **self.config,  # an option's ZeRO entries join the stage's
+                  "zero_optimization": {**config["zero_optimization"], **self.config.get("zero_optimization", {})}}
         mpu = None
         if self.layout.cp > 1:  # every attention DeepSpeed-Ulysses', the engine given its sequence-parallel state
             from harness.adapters.deepspeed.ulysses_stack import ulysses_model
@@ -242,6 +266,9 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
         else:
             engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=recipe.optimizer.build(groups),
                                                            config=config, mpu=mpu)
+        hpz = config["zero_optimization"].get("zero_hpz_partition_size", 1)
+        if hpz > 1:
+            require_secondary_partition(model, hpz)
         if self.spec.family == "moe":  # each rank loaded the experts its EP group routes to it
             for block in model.blocks:
                 block.check()

@@ -30,8 +30,9 @@ class DeepSpeedZero:
         from reference.zero import StepRecipe
 
         if replicate is not None:
-            raise Unsupported("DeepSpeed's hybrid sharding (MiCS's mics_shard_size, ZeRO++'s hpZ secondary "
-                              "partition) is not driven here.")
+            raise Unsupported("DeepSpeed shards no state replicate x shard: its MiCS (mics_shard_size) is removed "
+                              "in 0.19, and ZeRO++'s hpZ keeps ZeRO 3's state over every rank (its secondary copy of "
+                              "the parameters: the stack option harness.adapters.deepspeed.stack:Hpz).")
 
         recipe = recipe or StepRecipe()
         if recipe.max_grad_norm is not None and recipe.norm_type != 2.0:
