@@ -163,6 +163,8 @@ PLANTED = [
      "suites/stack/test_recompute.py::test_checkpointed_or_compiled_stack_equals_one_device"),
     ("suites.stack.planted:MuonOnLocalRows", "a stack's Muon: Newton-Schulz on each TP rank's block of a matrix",
      "suites/stack/test_muon.py::test_stack_trained_with_muon_equals_one_device"),
+    ("suites.stack.planted:MuonOnFlatRange", "a stack's Muon at ZeRO 1/2: Newton-Schulz on a rank's flat range",
+     "suites/stack/test_muon.py::test_stack_trained_with_muon_equals_one_device"),
     ("suites.expert_parallel.planted:RouterNotReduced", "the router's gradient never reduced",
      "suites/expert_parallel/test_equivalence.py::test_expert_parallel_moe_equals_one_device"),
     ("suites.expert_parallel.planted:ExpertsDividedByEDP", "expert gradients over the EDP size (the 2x)",

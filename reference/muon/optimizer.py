@@ -19,6 +19,25 @@ import torch.distributed as dist
 from .spec import MuonSpec, muon_update, orthogonalised, torch_adjusts
 
 
+def gathered(block: torch.Tensor, shard) -> torch.Tensor:
+    """The whole matrix from every rank's ``block`` of it; ``shard``: (dim, group, replicas) of a split matrix
+    (``tp_split_matrices``), None for a whole one (returned as it is)."""
+    if shard is None:
+        return block
+    dim, group, replicas = shard
+    parts = [torch.empty_like(block) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, block.contiguous(), group=group)
+    return torch.cat(parts[::replicas], dim)  # each block once: the first of its replicas
+
+
+def block_of(full: torch.Tensor, shape, shard) -> torch.Tensor:
+    """This rank's block (of ``shape``) of the whole matrix ``full`` split as ``shard`` says (None: all of it)."""
+    if shard is None:
+        return full
+    dim, group, replicas = shard
+    return full.narrow(dim, dist.get_rank(group) // replicas * shape[dim], shape[dim])
+
+
 class ReferenceMatrices:
     """Muon over ``named`` matrices (the reference iteration in ``dtype``), each sharded one in ``shards`` gathered."""
 
@@ -27,14 +46,6 @@ class ReferenceMatrices:
         self.state: dict = {}
         self.param_groups = [{"params": [p for _, p in named], "lr": spec.lr}]
 
-    def whole(self, p: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
-        if id(p) not in self.shards:
-            return update
-        dim, group, replicas = self.shards[id(p)]
-        parts = [torch.empty_like(update) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(parts, update.contiguous(), group=group)
-        return torch.cat(parts[::replicas], dim)  # each block once: the first of its replicas
-
     @torch.no_grad()
     def step(self) -> None:
         spec = self.spec
@@ -42,15 +53,12 @@ class ReferenceMatrices:
             if p.grad is None:
                 continue
             buf = self.state.setdefault(p, {}).setdefault("momentum_buffer", torch.zeros_like(p))
-            update = self.whole(p, muon_update(spec, p.grad, buf))
+            update = gathered(muon_update(spec, p.grad, buf), self.shards.get(id(p)))
             p.mul_(1 - spec.lr * spec.weight_decay)
-            dim, group, replicas = self.shards.get(id(p), (0, None, 1))
-            at = dist.get_rank(group) // replicas * p.shape[dim] if group is not None else 0
             for rows, ortho, lr in orthogonalised(spec, name, update, self.dtype):
-                mine = ortho.to(p.dtype)
                 full = torch.zeros_like(update)
-                full[rows] = mine
-                p.add_(full.narrow(dim, at, p.shape[dim]), alpha=-lr)
+                full[rows] = ortho.to(p.dtype)
+                p.add_(block_of(full, p.shape, self.shards.get(id(p))), alpha=-lr)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for _, p in self.named:

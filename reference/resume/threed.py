@@ -146,13 +146,14 @@ def rank_shards(trainer) -> list[Shard]:
     for group, take in ((dense_group, False), (trainer.groups.get("edp"), True)):
         mine = [i for i, e in enumerate(experts) if e == take]
         if mine:
-            shards += _ranged(entries, mine, group, values, states, keys)
+            shards += _ranged(entries, mine, group, values, states, trainer.spec.state_keys_of)
     return shards
 
 
-def _ranged(entries, which: list[int], group, values, states, keys) -> list[Shard]:
+def _ranged(entries, which: list[int], group, values, states, keys_of) -> list[Shard]:
     """The shards of ``entries[which]`` (replicated over ``group``) this rank writes: its range [r S, (r + 1) S)
-    of their flat numbering, S = ceil(numel / group size) — the range ZeRO 1/2 shards."""
+    of their flat numbering, S = ceil(numel / group size) — the range ZeRO 1/2 shards; of the state, each
+    parameter's own keys (``keys_of(name, shape)``: a flat Muon's master holds every key of both its optimizers)."""
     dp, r = dist.get_world_size(group), dist.get_rank(group)
     numel = sum(entries[i][0].numel() for i in which)
     size = -(-numel // dp)
@@ -170,7 +171,7 @@ def _ranged(entries, which: list[int], group, values, states, keys) -> list[Shar
             index = tuple(slice(o, o + n) for o, n in clipped)
             where = tuple(o + g for (o, _), g in zip(clipped, off, strict=True))
             shards.append(Shard(f"model/{name}", values[i][index].clone(), where, dense))
-            for key in keys:
+            for key in keys_of(name, dense):
                 if states[key][i] is not None:
                     shards.append(Shard(f"optim/{key}/{name}", states[key][i].detach()[index].clone(), where, dense))
     return shards
@@ -190,13 +191,15 @@ def load_rank(trainer, read) -> None:
             full[index] = read(f"model/{name}", off, held, dtype, dense)
             p.data.copy_(full)  # mixed precision: the master rounded, as each step writes it back
             values.append(full)
+            own = trainer.spec.state_keys_of(name, dense)  # Muon's matrices a momentum, its AdamW's two moments
             for key in keys:
-                full = torch.zeros_like(p.data, dtype=dtype)
-                full[index] = read(f"optim/{key}/{name}", off, held, dtype, dense)
+                full = torch.zeros_like(p.data, dtype=dtype)  # another optimizer's key: zeros in a flat master
+                if key in own:
+                    full[index] = read(f"optim/{key}/{name}", off, held, dtype, dense)
                 state[key].append(full)
         if not _flat(trainer):
-            for i, (p, *_) in enumerate(entries):
-                trainer.optimizer.state[p] = {key: state[key][i] for key in keys}
+            for i, (p, name, _, _, dense) in enumerate(entries):
+                trainer.optimizer.state[p] = {key: state[key][i] for key in trainer.spec.state_keys_of(name, dense)}
         else:
             index = {id(p): i for i, (p, *_) in enumerate(entries)}
             for data_part in trainer.parts:

@@ -158,7 +158,7 @@ def data_parallel(local: nn.Module, optimizer: OptimizerSpec, zero_stage: int, d
             raise ValueError("ZeRO 0 in full precision averages over its group; divide the gradients first.")
         return NaiveDataParallel(local, dp_group), optimizer.build_named(local.named_parameters(),
                                                                          tp_split_matrices(local))
-    sync = ShardedOptimizer(local, optimizer, zero_stage, dp_group, divisor, replicate)
+    sync = ShardedOptimizer(local, optimizer, zero_stage, dp_group, divisor, replicate, tp_split_matrices(local))
     return sync, sync.optimizer
 
 

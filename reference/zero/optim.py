@@ -68,6 +68,16 @@ class OptimizerSpec:
 
         return MuonAdamW(named, self.muon(), getattr(torch, self.ns_dtype), shards or {})
 
+    def build_flat(self, master, flat, named, shards: dict | None = None):
+        """The optimizer ZeRO 1/2 steps this rank's flat shard ``master`` with (``reference.zero.ShardedOptimizer``):
+        ``build``'s over it for sgd / adam; for muon ``reference.muon.flat.FlatMuon`` — the matrices' updates gathered
+        whole from the ranges (``named``: the flat's parameters, named; ``shards``: as ``build_named``'s)."""
+        if self.name != "muon":
+            return self.build([master])
+        from reference.muon.flat import FlatMuon
+
+        return FlatMuon(master, flat, list(named), self.muon(), getattr(torch, self.ns_dtype), shards or {})
+
     def muon(self):
         """This spec as ``reference.muon.MuonSpec`` (Muon's hyper-parameters and its AdamW's)."""
         from reference.muon import MuonSpec

@@ -24,7 +24,8 @@ from .optim import OptimizerSpec
 
 class ShardedOptimizer:
     def __init__(self, module: nn.Module, spec: OptimizerSpec, stage: int, group=None, divisor: int | None = None,
-                 replicate=None):
+                 replicate=None, shards: dict | None = None):
+        """``shards``: the TP-split matrices a matrix optimizer (Muon) gathers whole (``OptimizerSpec.build_flat``)."""
         if stage not in (1, 2):
             raise ValueError(f"ShardedOptimizer implements ZeRO stages 1 and 2; got {stage}.")
         self.module, self.spec, self.stage, self.group = module, spec, stage, group
@@ -34,7 +35,7 @@ class ShardedOptimizer:
         self.flat = FlatParams([p for p in module.parameters()], group, replicate)  # replicate: hybrid sharding
         # The master shard is a view of this rank's range: stepping it updates the flat buffer in place.
         self.master = nn.Parameter(self.flat.buffer[self.flat.shard])
-        self.optimizer = spec.build([self.master])
+        self.optimizer = spec.build_flat(self.master, self.flat, module.named_parameters(), shards)
         self._grads: torch.Tensor | None = None
 
     def zero_grad(self) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from harness.adapters.reference.stack import ReferenceStack, ReferenceStackTrainer
 from harness.stack.inputs import IGNORE
 
@@ -318,6 +320,39 @@ class MuonOnLocalRows(ReferenceStack):
     def build(self, spec, layout, recipe, group=None):
         super().build(spec, layout, recipe, group)
         return _MuonOnLocalRows(spec, layout, recipe)
+
+
+class _RangeOnly:
+    """A flat buffer whose gather keeps this rank's range and zeros for the others' (no communication)."""
+
+    def __init__(self, flat):
+        self.flat = flat
+
+    def __getattr__(self, name):
+        return getattr(self.flat, name)
+
+    def gather(self, shard, out=None):
+        full = torch.zeros_like(self.flat.buffer)
+        full[self.flat.shard] = shard
+        return full
+
+
+class _MuonOnFlatRange(ReferenceStackTrainer):
+    def _build(self, model):
+        trainer = super()._build(model)
+        if trainer.zero_stage:  # ZeRO 1/2's flat Muon (reference.muon.flat); ZeRO 0 as the reference
+            muon = trainer.reduction.sync.optimizer
+            muon.flat = _RangeOnly(muon.flat)
+        return trainer
+
+
+class MuonOnFlatRange(ReferenceStack):
+    """Planted bug: Muon at ZeRO 1/2 orthogonalising each matrix from the rank's own range of the flat shard (the
+    other ranks' elements zero) — a ZeRO shard's Newton-Schulz without the gather (DeepSpeed's flat partitions)."""
+
+    def build(self, spec, layout, recipe, group=None):
+        super().build(spec, layout, recipe, group)
+        return _MuonOnFlatRange(spec, layout, recipe)
 
 
 class _NoReplicaReduction(ReferenceStackTrainer):

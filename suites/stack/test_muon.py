@@ -54,9 +54,10 @@ CASES = [  # (id, spec, layout, recipe)
     ("tp-spectral-unclamped", LLAMA, Layout(1, 1, 2), Recipe(optimizer=SPECTRAL)),
     ("zero1-accumulate-float32", LLAMA32, Layout(2, zero=1), Recipe(optimizer=MUON, accumulation=2)),
     ("zero3-accumulate-float32", LLAMA32, Layout(2, zero=3), Recipe(optimizer=MUON, accumulation=2)),
+    ("hybrid-zero2-tp", LLAMA, Layout(4, 1, 2, zero=2, replicate=2), Recipe(optimizer=MUON, max_grad_norm=0.05)),
 ]
 THOROUGH = {"fsdp-tp", "dp-pp-tp", "cp-tp", "pp-clip", "dp", "zero3-float32", "zero3-accumulate-float32",
-            "tp-spectral-unclamped"}
+            "tp-spectral-unclamped", "hybrid-zero2-tp"}
 """tox's budget: each stack's TP (every matrix split) and FSDP2 with accumulation, the one-KV-head gather (torch 2.15's
 spectral_unclamped: its bitwise optimizer test in tox, its stack case here); replicated
 DP (nothing split), the pipeline, CP and the 4- and 8-rank meshes in the thorough env."""
@@ -78,6 +79,17 @@ def test_muon_on_a_ranks_own_rows_fails(world_cache, conformance):
     assert v["outcome"] == "fail", v["problems"][:6]
     step2 = [p for p in v["problems"] if "step 2: optimizer state" in p and "momentum_buffer" in p]
     assert len(step2) >= 2 * 7 * LLAMA.layers, v["problems"][:6]  # every Muon matrix's momentum, on both ranks
+
+
+def test_muon_on_a_ranks_flat_range_fails(world_cache, conformance):
+    """Planted (``MuonOnFlatRange``): at ZeRO 2 each rank orthogonalises each matrix from its own range of the flat
+    shard, the other rank's elements zero — no gather. A matrix wholly in one range is right; the one straddling
+    the two ranges (the MLP's gate of the middle block here) is 12.8 E_T off after step 1, and from step 2 the loss
+    and every tensor follow."""
+    v = hold(world_cache, conformance, "suites.stack.planted:MuonOnFlatRange", 2, LLAMA, Layout(2, zero=2),
+             Recipe(optimizer=MUON))
+    assert v["outcome"] == "fail", v["problems"][:6]
+    assert any("step 1: parameter blocks.1.mlp.gate.weight:" in p for p in v["problems"]), v["problems"][:6]
 
 
 @pytest.mark.thorough  # ~10 s; tox holds the ZeroInit option with Adam (suites/stack/test_deepspeed.py)

@@ -16,14 +16,19 @@ from reference.zero import OptimizerSpec
 from suites._support.stack import GPT, LLAMA
 
 CLIPPED, ADAM = Recipe(max_grad_norm=0.05), Recipe(optimizer=OptimizerSpec("adam", 1e-2))
+MUON64 = Recipe(optimizer=OptimizerSpec("muon", 0.02, weight_decay=0.1, adamw_lr=1e-2, eps=1e-3, ns_dtype="float64"))
 PAIRS = [(GPT, Layout(2, 1, 2, zero=2), Layout(1, 2, 2, zero=0, schedule="gpipe"), CLIPPED),
          (LLAMA, Layout(1, 1, 4, zero=0), Layout(2, 2, 1, zero=1, checkpointing=True), CLIPPED),
          (LLAMA, Layout(4, 1, 1, zero=2), Layout(1, 4, 1, zero=1), ADAM),
-         (LLAMA, Layout(1, 1, 1, cp=4, zero=2), Layout(2, 1, 2, zero=1), CLIPPED)]
+         (LLAMA, Layout(1, 1, 1, cp=4, zero=2), Layout(2, 1, 2, zero=1), CLIPPED),
+         (LLAMA, Layout(2, 1, 2, zero=2), Layout(1, 2, 2, zero=0), MUON64)]
 """dp 2 -> 1 with pp 1 -> 2 and ZeRO 2 -> 0; tp 4 over 2 KV heads (replicated) -> dp 2 x pp 2 (checkpointed);
 dp 4 (ZeRO 2) -> pp 4 with middle stages, Adam (both moments and its step count carried). The first and the
 last are what FSDP2 stacks run (ZeRO 2 over dp, KV heads split), so the torch stack's DCP resume is held on
-them; the second is reference-only; the fourth changes cp (4 -> 1, dp 1 -> 2, tp 1 -> 2)."""
+them; the second is reference-only; the fourth changes cp (4 -> 1, dp 1 -> 2, tp 1 -> 2); the fifth carries Muon's
+momentum (its matrices') and AdamW's moments (the rest) from ZeRO 2's flat shards over dp 2 x tp 2 to ZeRO 0 over
+pp 2 x tp 2 — Newton-Schulz in float64 on both sides (its bfloat16 slack is the Muon suite's; here the bound is
+the resume's)."""
 
 
 def _id(v):

@@ -227,6 +227,42 @@ def test_watch_torch_schedules_do_not_take_torchtitans_micro_batch_keywords():
     assert "arg_mbs" not in inspect.signature(PipelineScheduleSingle.step).parameters
 
 
+def _dist_muon_on_this_device():
+    """torchtitan's DistMuon built over one matrix on a 1-rank mesh of the rank's device: (its type, "built" or what
+    it raises)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from harness.runtime.rank import rank_device
+
+    try:
+        from torchtitan.distributed.flex_shard import build_dist_muon
+        from torchtitan.distributed.flex_shard.optimizer_reshard import BucketConfig, ComputeLayout, Owned
+    except ImportError as exc:
+        return rank_device().type, f"ImportError: {exc}"
+    mesh = init_device_mesh(rank_device().type, (1,), mesh_dim_names=("dp",))
+    w = torch.nn.Parameter(distribute_tensor(torch.ones(4, 4, device=rank_device()), mesh, [Shard(0)]))
+    try:
+        build_dist_muon([{"params": [w], "param_names": ["w"]}],
+                        compute_sharding_by_fqn={"w": ComputeLayout(shardings_by_mesh_axis={"dp": Owned()})},
+                        bucket_configs=[BucketConfig(patterns=("w",))])
+        return rank_device().type, "built"
+    except Exception as exc:  # noqa: BLE001 - what it raises is the observation
+        return rank_device().type, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+
+
+def test_watch_torchtitans_dist_muon_runs_on_cuda_only(world_cache):
+    """Watch: torchtitan 0.3's Muon (``build_dist_muon``: DistMuon on FlexShard) refuses a CPU parameter — "DistMuon
+    requires one CUDA device per process" — so on a CPU the stack says so (unsupported) rather than run it; on a
+    CUDA node it builds. Fails where a CPU build succeeds (a release that lifts the check: then drive it here)."""
+    if V02:
+        pytest.skip("torchtitan 0.2.x has no DistMuon (this watches 0.3's)")
+    [(device, got)] = world_cache.get(1).run(_dist_muon_on_this_device, timeout=120)
+    if got.startswith("ImportError"):
+        pytest.skip(f"this torchtitan has no DistMuon: {got}")
+    assert got == ("built" if device == "cuda" else "ValueError: DistMuon requires one CUDA device per process"), got
+
+
 @pytest.mark.parametrize("a, b", [
     pytest.param(Layout(2, 1, 1, zero=3), Layout(1, 1, 2, sequence_parallel=True), id="fsdp2-to-tp2"),
     pytest.param(Layout(1, 2, 1), Layout(2, 1, 1, zero=0), id="pp2-to-dp2", marks=[pytest.mark.thorough])])

@@ -64,11 +64,11 @@ SUPPORTS = Supports("the reference stack", unsupported=(
     Rule(lambda s, lay, r: lay.cp > 1 and s.family not in ("llama", "moe"),
          lambda s, lay, r: "the reference stack's context parallelism splits the Llama family's attention (grouped-"
                            f"query heads, rotary positions), not the {s.family} family's."),
-    Rule(lambda s, lay, r: r.optimizer.name == "muon" and (lay.zero or s.family == "moe" or r.low_precision
+    Rule(lambda s, lay, r: r.optimizer.name == "muon" and (s.family == "moe" or r.low_precision
                                                           or s.dtype not in ("float32", "float64")),
-         "the reference stack's Muon gathers each TP-split matrix at ZeRO 0 for the dense families in float32 / "
-         "float64; ZeRO 1-2's flat shards under Muon are the muon paradigm's (reference.muon.ShardedMuon, layout "
-         "flat), not composed here."),
+         "the reference stack's Muon (each matrix gathered whole over TP, and at ZeRO 1-2 over the flat shards) "
+         "trains the dense families in float32 / float64; its experts, float8 and mixed precision are not composed "
+         "with it."),
     Rule(lambda s, lay, r: lay.replicate > 1 and (lay.ep > 1 or s.dtype not in ("float32", "float64")),
          "the reference stack shards hybrid (replicate x shard) the dense parameters of a float32 / float64 model; "
          "its experts' and its fp32 masters' sharding are not composed with replicas."),

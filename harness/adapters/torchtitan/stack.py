@@ -71,8 +71,9 @@ SUPPORTS = Supports("the torchtitan stack", unsupported=(
                            "(CosSinRoPE.apply_rotary_emb casts q, k and its cache): it trains float32, or bf16 through "
                            f"FSDP2's mixed precision; a {s.dtype} spec is not what it computes."),
     Rule(lambda s, lay, r: r.optimizer.name == "muon",
-         "torchtitan's Muon (DistMuon) steps parameters laid out by its FlexShard compute layouts, not the FSDP2 / TP "
-         "model its trainer builds here: not driven yet."),
+         "torchtitan's Muon (DistMuon, its FlexShard optimizer) runs on CUDA only — it refuses other devices "
+         "(\"DistMuon requires one CUDA device per process\") and needs per-parameter compute layouts this adapter "
+         "does not set: not driven yet."),
     Rule(lambda s, lay, r: r.optimizer.name != "adam",
          lambda s, lay, r: f"torchtitan's optimizers are Adam, AdamW and Muon; {r.optimizer.name} is not one of them."),
     Rule(lambda s, lay, r: lay.dp > 1 and lay.zero == 1,
