@@ -35,9 +35,11 @@ LOW = (torch.bfloat16, torch.float16)
 class MixedPrecisionZero:
     def __init__(self, module: nn.Module, spec: OptimizerSpec, stage: int, group=None, *,
                  reduce_dtype: torch.dtype = torch.float32, loss_scaler: DynamicLossScaler | None = None,
-                 max_grad_norm: float | None = None, divisor: int | None = None):
-        """``divisor``: the reduction's (default the group's size: the average; stages 0-2) — an expert's, whose
-        EP group already collected its tokens' gradients, is the whole dp x cp (``reference.stack.compose``)."""
+                 max_grad_norm: float | None = None, divisor: int | None = None, replicate=None):
+        """``divisor``: the reduction's (default every rank that sums: the average; stages 0-2) — an expert's, whose
+        EP group already collected its tokens' gradients, is the whole dp x cp (``reference.stack.compose``).
+        ``replicate``: hybrid sharding's replica group (stages 1-3: ``group`` is then the shard group, each reduced
+        shard all-reduced across ``replicate``)."""
         dtype = next(module.parameters()).dtype
         if divisor is not None and stage == 3:
             raise ValueError("a reduction divisor applies to ZeRO stages 0-2.")
@@ -47,15 +49,17 @@ class MixedPrecisionZero:
             raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3; got {stage!r}.")
         if reduce_dtype not in (torch.float32, dtype):
             raise ValueError(f"reduce_dtype must be float32 or the model's {dtype}; got {reduce_dtype}.")
+        if replicate is not None and stage == 0:
+            raise ValueError("hybrid sharding shards ZeRO 1-3's state within a group; stage 0 shards none.")
         self.module, self.spec, self.stage, self.group, self.dtype = module, spec, stage, group, dtype
         self.reduce_dtype, self.loss_scaler, self.max_grad_norm = reduce_dtype, loss_scaler, max_grad_norm
         self.n = dist.get_world_size(group)
-        self.divisor = divisor or self.n
+        self.divisor = divisor or self.n * (dist.get_world_size(replicate) if replicate is not None else 1)
         if stage == 3:
-            self.zero3 = Zero3(module, spec, group, reduce_dtype=reduce_dtype)
+            self.zero3 = Zero3(module, spec, group, reduce_dtype=reduce_dtype, replicate=replicate)
             self.parts = [u.shard for u in self.zero3.units]  # this rank's low-precision shards
         else:
-            self.flat = FlatParams(list(module.parameters()), group)
+            self.flat = FlatParams(list(module.parameters()), group, replicate)
             self.parts = [self.flat.buffer[self.flat.shard] if stage else self.flat.buffer]
         self.masters = [nn.Parameter(p.detach().float().clone()) for p in self.parts]
         self.optimizer = spec.build(self.masters)

@@ -144,14 +144,14 @@ def data_parallel(local: nn.Module, optimizer: OptimizerSpec, zero_stage: int, d
     ``reference.zero``); a bfloat16 / float16 ``local`` with fp32 masters (``MixedPrecisionZero``, its DP
     reduction in ``reduce_dtype``, default fp32). ``divisor``: the sum over ``dp_group`` divided by it instead
     of the group's size (ZeRO 1, 2 and mixed precision; experts over their EDP group: ``reference.stack.compose``).
-    ``replicate``: hybrid sharding's replica group (ZeRO 1, 2 in full precision: ``dp_group`` is then the shard
-    group, each reduced shard all-reduced across ``replicate``)."""
+    ``replicate``: hybrid sharding's replica group (ZeRO 1, 2: ``dp_group`` is then the shard group, each reduced
+    shard all-reduced across ``replicate``)."""
     dtype = next(local.parameters()).dtype
     if dtype not in LOW and reduce_dtype not in (None, dtype):
         raise ValueError(f"reduce_dtype applies to a bfloat16 or float16 model; this one is {dtype}.")
     if dtype in LOW:
         sync = MixedPrecisionZero(local, optimizer, zero_stage, dp_group, reduce_dtype=reduce_dtype or torch.float32,
-                                  divisor=divisor)
+                                  divisor=divisor, replicate=replicate)
         return sync, sync.optimizer
     if zero_stage == 0:
         if divisor is not None:

@@ -10,8 +10,13 @@ from __future__ import annotations
 import pytest
 
 from harness.contracts.stack import Layout, Recipe
+from harness.runtime.capabilities import require_dtype
 from harness.stack.judge import hold
+from reference.models import ModelSpec
 from suites._support.stack import ADAM, GPT, LLAMA, LLAMA32, held, named_cases
+
+GPT16 = ModelSpec(**{**GPT.as_dict(), "dtype": "bfloat16"})
+LLAMA16 = ModelSpec(**{**LLAMA.as_dict(), "dtype": "bfloat16"})
 
 CASES = [  # (id, spec, layout, recipe)
     ("2x2-zero2", GPT, Layout(4, zero=2, replicate=2), Recipe()),
@@ -27,9 +32,13 @@ CASES = [  # (id, spec, layout, recipe)
     ("2x4-zero1", GPT, Layout(8, zero=1, replicate=2), Recipe(max_grad_norm=0.05)),
     ("2x2-zero1-pp-tp", LLAMA, Layout(4, 2, 1, zero=1, replicate=2), Recipe()),
     ("2x1-zero1-cp", LLAMA, Layout(1, 1, 1, zero=1, cp=2, replicate=2), Recipe()),
+    ("2x2-zero2-bf16", GPT16, Layout(4, zero=2, replicate=2), Recipe(max_grad_norm=0.05)),
+    ("2x1-zero1-tp-bf16", LLAMA16, Layout(2, 1, 2, zero=1, replicate=2), Recipe(accumulation=2)),
 ]
+"""bf16 (fp32 masters sharded within each shard group, the low-precision gradients reduced in fp32 across both
+groups): held precision-matched as every bf16 stack case (``harness.stack.mixed``)."""
 THOROUGH = {"2x2-zero3", "2x2-zero2-tp", "4x2-zero2", "2x4-zero1", "2x2-zero1-pp-tp", "2x1-zero1-cp",
-            "2x1-zero2-tp-adam", "2x1-zero1-pp"}
+            "2x1-zero2-tp-adam", "2x1-zero1-pp", "2x1-zero1-tp-bf16"}
 """tox's budget: the 2- and 4-rank splits ((2, 2), (4, 1), (2, 1)), tp beside them, and one float32 Llama with Adam
 (what torchtitan trains); the 8-rank meshes, pp, FSDP2 x tp at 8, cp and a second torchtitan case in the thorough
 env."""
@@ -37,16 +46,18 @@ env."""
 
 @pytest.mark.parametrize("spec, layout, recipe", named_cases(CASES, THOROUGH))
 def test_hybrid_sharded_stack_equals_one_device(stack_impl, spec, layout, recipe, world_cache, conformance):
+    require_dtype(world_cache.get(layout.world_size), spec.dtype, conformance, suite="stack", impl=stack_impl)
     v = held(world_cache, conformance, stack_impl, layout.world_size, spec, layout, recipe)
     assert v["outcome"] == "pass", v["problems"][:4]
 
 
-@pytest.mark.parametrize("layout", [Layout(4, zero=2, replicate=2), Layout(2, zero=1, replicate=2)],
-                         ids=["2x2", "2x1"])
-def test_hybrid_without_the_replicas_reduction_fails(layout, world_cache, conformance):
+@pytest.mark.parametrize("spec, layout", [(GPT, Layout(4, zero=2, replicate=2)), (GPT, Layout(2, zero=1, replicate=2)),
+                                          (GPT16, Layout(4, zero=2, replicate=2))], ids=["2x2", "2x1", "2x2-bf16"])
+def test_hybrid_without_the_replicas_reduction_fails(spec, layout, world_cache, conformance):
     """Planted (``HybridNoReplicaReduction``): each replica keeps its own rows' gradient — at (2, 2) and at the
-    degenerate (2, 1), where the shard groups reduce nothing at all."""
-    v = hold(world_cache, conformance, "suites.stack.planted:HybridNoReplicaReduction", layout.world_size, GPT,
+    degenerate (2, 1), where the shard groups reduce nothing at all; and in bf16 (the fp32 masters' path)."""
+    require_dtype(world_cache.get(layout.world_size), spec.dtype)
+    v = hold(world_cache, conformance, "suites.stack.planted:HybridNoReplicaReduction", layout.world_size, spec,
              layout, Recipe())
     assert v["outcome"] == "fail", v["problems"][:4]
 

@@ -69,9 +69,9 @@ SUPPORTS = Supports("the reference stack", unsupported=(
          "the reference stack's Muon (each matrix gathered whole over TP, and at ZeRO 1-2 over the flat shards) "
          "trains the dense families in float32 / float64; its experts, float8 and mixed precision are not composed "
          "with it."),
-    Rule(lambda s, lay, r: lay.replicate > 1 and (lay.ep > 1 or s.dtype not in ("float32", "float64")),
-         "the reference stack shards hybrid (replicate x shard) the dense parameters of a float32 / float64 model; "
-         "its experts' and its fp32 masters' sharding are not composed with replicas."),
+    Rule(lambda s, lay, r: lay.replicate > 1 and lay.ep > 1,
+         "the reference stack shards hybrid (replicate x shard) the dense parameters; its experts' sharding over "
+         "their expert-data-parallel group is not composed with replicas."),
 ), optimizers=("sgd", "adam", "muon"), hybrid=True, refused=(
     Rule(lambda s, lay, r: lay.ep > 1 and s.family != "moe",
          lambda s, lay, r: f"ep ({lay.ep}) splits experts: the {s.family} family has none (the moe family has)."),
