@@ -70,3 +70,59 @@ def test_hybrid_without_the_replicas_reduction_fails(spec, layout, world_cache, 
 def test_a_hybrid_layout_that_cannot_be_is_one_sentence(kwargs, sentence):
     with pytest.raises(ValueError, match=sentence):
         Layout(**kwargs)
+
+
+PARTIAL = [  # (option, spec, layout, recipe, in every profile)
+    ("harness.adapters.torch.stack:ReshardToPairs", GPT, Layout(4, zero=3), Recipe(max_grad_norm=0.05), True),
+    ("harness.adapters.torch.stack:ReshardToPairs", LLAMA32, Layout(4, 1, 1, zero=3),
+     Recipe(optimizer=ADAM, accumulation=2), False),
+    ("harness.adapters.torch.stack:ReshardToPairs", GPT, Layout(8, zero=3, replicate=2), Recipe(), False),
+    ("harness.adapters.deepspeed.stack:Hpz", LLAMA32, Layout(4, zero=3), Recipe(optimizer=ADAM), False),
+]
+"""Partial resharding — ZeRO 3's parameters resharded after forward to a smaller group, the backward's all-gathers
+within it (the state still sharded over the whole shard group): FSDP2's ``reshard_after_forward=2`` at 4 ranks and
+under a (2, 4) hybrid mesh, DeepSpeed ZeRO++'s hpZ (``zero_hpz_partition_size`` 2; its accumulating and bf16 cases
+are the DeepSpeed options' file's). A stale or wrongly placed secondary copy would feed the next backward other
+weights: two steps, every tensor."""
+
+
+@pytest.mark.parametrize("option, spec, layout, recipe", [
+    pytest.param(*c[:4], id=f"{c[0].rsplit(':', 1)[1]}-{c[1].family}-{c[2].label()}-zero3",
+                 marks=[] if c[4] else [pytest.mark.thorough]) for c in PARTIAL])
+def test_partially_resharded_stack_equals_one_device(option, spec, layout, recipe, world_cache, conformance):
+    v = held(world_cache, conformance, option, layout.world_size, spec, layout, recipe)
+    assert v["outcome"] == "pass", v["problems"][:4]
+
+
+def test_partial_resharding_outside_zero3_is_one_sentence(world_cache, conformance):
+    v = hold(world_cache, conformance, "harness.adapters.torch.stack:ReshardToPairs", 2, GPT, Layout(2, zero=2),
+             Recipe())
+    assert v["outcome"] == "unsupported" and "non-trivial divisor" in v["refused"] and "\n" not in v["refused"], v
+
+
+def _fsdp2_partial_reshard_of_a_dtensor() -> str:
+    """A Linear made a DTensor by a one-rank TP plan, then ``fully_shard(reshard_after_forward=2)`` over 4 ranks, one
+    forward: "ran", or what FSDP2 raises."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    from harness.runtime.rank import rank_device
+
+    mesh = init_device_mesh(rank_device().type, (4, 1), mesh_dim_names=("dp", "tp"))
+    lin = parallelize_module(torch.nn.Linear(4, 4, device=rank_device()), mesh["tp"], ColwiseParallel())
+    fully_shard(lin, mesh=mesh["dp"], reshard_after_forward=2)
+    try:
+        lin(torch.ones(2, 4, device=rank_device())).sum().backward()
+        return "ran"
+    except NotImplementedError as exc:
+        return str(exc)
+
+
+def test_watch_fsdp2_reshards_no_dtensor_to_a_smaller_group(world_cache):
+    """Watch: torch's FSDP2 refuses ``reshard_after_forward=<int>`` for parameters that are DTensors already (a TP
+    plan's), at the first forward — so ``ReshardToPairs`` runs tp 1 with plain parameters and says so for tp > 1.
+    Fails when torch lifts it (then hold the option with TP)."""
+    got = world_cache.get(4).run(_fsdp2_partial_reshard_of_a_dtensor, timeout=120)
+    assert got == ["Resharding to smaller mesh is not supported for DTensor parameters yet"] * 4, got

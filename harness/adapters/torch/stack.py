@@ -28,6 +28,7 @@ state tensor, each the rank's DTensor — DCP reshards between placements, world
 
 from __future__ import annotations
 
+from harness.contracts import Unsupported
 from harness.stack.built import BuiltFromDense
 from harness.stack.dense import gathered
 from harness.stack.supports import Rule, Supports
@@ -99,13 +100,35 @@ class TorchStack:
         return TorchStackTrainer(spec, layout, recipe)
 
 
+class ReshardToPairs(TorchStack):
+    description = ("FSDP2 at ZeRO 3 resharding after forward to groups of 2 ranks (reshard_after_forward=2: the "
+                   "backward's all-gathers within each pair, ZeRO++ hpZ's idea in torch)")
+
+    def build(self, spec, layout, recipe, group=None):
+        shard = layout.dp // layout.replicate  # FSDP2's shard dimension
+        if layout.zero != 3 or shard <= 2 or shard % 2:
+            raise Unsupported(f"FSDP2's reshard_after_forward=2 reshards ZeRO 3's parameters to a non-trivial divisor "
+                              f"of the shard group's size (here ZeRO {layout.zero} over {shard} ranks).")
+        if layout.tp > 1:  # watch: suites/stack/test_hybrid.py::test_watch_fsdp2_reshards_no_dtensor_to_a_smaller_group
+            raise Unsupported("FSDP2 does not reshard tensor-parallel (DTensor) parameters to a smaller group "
+                              "(\"Resharding to smaller mesh is not supported for DTensor parameters yet\").")
+        SUPPORTS.check(spec, layout, recipe)
+        return TorchStackTrainer(spec, layout, recipe, reshard_after_forward=2)
+
+
 class TorchStackTrainer(BuiltFromDense):
-    def __init__(self, spec, layout, recipe):
+    def __init__(self, spec, layout, recipe, reshard_after_forward: bool | int | None = None):
+        """``reshard_after_forward``: FSDP2's (None: ZeRO 3's True, ZeRO 2's False; an int: the group size it
+        reshards to after forward, ``ReshardToPairs``)."""
         from torch.distributed.device_mesh import init_device_mesh
 
         from harness.runtime.rank import rank_device
 
         self.spec, self.layout, self.recipe = spec, layout, recipe
+        self.reshard_after_forward = layout.zero == 3 if reshard_after_forward is None else reshard_after_forward
+        self.tensor_parallel = not isinstance(self.reshard_after_forward, int) or isinstance(
+            self.reshard_after_forward, bool)
+        """Plain parameters at tp 1 where FSDP2 reshards to a smaller group (it refuses DTensors there)."""
         dims, names = (layout.dp, layout.pp, layout.tp), ("dp", "pp", "tp")
         if layout.replicate > 1:  # HSDP: FSDP2 over the (replicate, shard) sub-mesh
             dims, names = (layout.replicate, layout.dp // layout.replicate, *dims[1:]), ("dp_replicate", "dp_shard",
@@ -124,9 +147,9 @@ class TorchStackTrainer(BuiltFromDense):
             float8_blocks(model, recipe.low_precision)
         trainer = Torch3D(model, layout.dp, layout.pp, layout.tp, layout.schedule, layout.num_microbatches,
                           recipe.optimizer.lr, mesh=self.mesh, optimizer=recipe.optimizer,
-                          reshard_after_forward=layout.zero == 3, accumulation=recipe.accumulation,
+                          reshard_after_forward=self.reshard_after_forward, accumulation=recipe.accumulation,
                           checkpointing=layout.checkpoint_policy if layout.checkpointing else None,
-                          compile=layout.compile)
+                          compile=layout.compile, tensor_parallel=self.tensor_parallel)
         trainer.max_grad_norm, trainer.norm_type = recipe.max_grad_norm, recipe.norm_type
         return trainer
 

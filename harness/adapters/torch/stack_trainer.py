@@ -30,7 +30,9 @@ class Torch3D:
 
     def __init__(self, model, dp: int, pp: int, tp: int, schedule: str, microbatches: int, lr: float,
                  mesh=None, optimizer=None, reshard_after_forward: bool = True, accumulation: int = 1,
-                 checkpointing: str | None = None, compile: bool = False):
+                 checkpointing: str | None = None, compile: bool = False, tensor_parallel: bool = True):
+        """``tensor_parallel`` False (tp 1 only): the blocks, embedding and head left plain tensors, not DTensors on
+        the one-rank TP mesh — what FSDP2's partial resharding (``reshard_after_forward`` an int) takes."""
         from torch.distributed import pipelining
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -66,15 +68,17 @@ class Torch3D:
             parts = name.split(".")
             self.names[name] = f"blocks.{lo + int(parts[1])}.{'.'.join(parts[2:])}" if parts[0] == "blocks" else name
         tp_mesh = mesh["tp"]
-        for block in stage.blocks:
+        if not tensor_parallel and tp > 1:
+            raise ValueError(f"tp = {tp} splits the layers: they are tensor-parallel.")
+        for block in stage.blocks if tensor_parallel else ():
             parallelize_module(block, tp_mesh, _tp_plan(block))
             block.attn.heads //= tp
             if hasattr(block.attn, "kv_heads"):  # a Llama block: KV heads split like the query heads
                 block.attn.kv_heads //= tp
-        if first:
+        if first and tensor_parallel:
             parallelize_module(stage.embed, tp_mesh, RowwiseParallel(input_layouts=Replicate(),
                                                                      output_layouts=Replicate()))
-        if last:
+        if last and tensor_parallel:
             parallelize_module(stage.head, tp_mesh, ColwiseParallel(output_layouts=Shard(-1), use_local_output=False))
         for block in stage.blocks:  # torchtitan's order: TP, activation checkpointing, compile, FSDP
             _wrap_forward(block, checkpointing, compile)
