@@ -81,7 +81,8 @@ SUPPORTS = Supports("the Megatron stack", unsupported=(
     Rule(lambda s, lay, r: r.optimizer.name == "muon", _muon),
     Rule(lambda s, lay, r: lay.zero > 1,
          "Megatron's distributed optimizer shards optimizer state and fp32 master weights over dp, its gradients "
-         "reduce-scattered into a whole buffer (ZeRO 1); ZeRO 2 / 3 is megatron_fsdp, not driven here."),
+         "reduce-scattered into a whole buffer (ZeRO 1); ZeRO 2 / 3 is megatron_fsdp (Megatron-FSDP, its HFSDP too), "
+         "which runs on CUDA devices only (its side streams are torch.cuda's): not driven here."),
     Rule(lambda s, lay, r: lay.zero == 1 and r.optimizer.name != "adam",
          "megatron-core's distributed optimizer (ZeRO 1) takes Adam only (its own assertion)."),
     Rule(lambda s, lay, r: lay.pp > 1 and lay.schedule == "gpipe",
