@@ -80,7 +80,7 @@ def judged(world, impl: str, spec, layout, recipe, one=None, **kw) -> dict:
         short = check(per_rank, spec, layout, recipe, kw.get("steps", 2))
         outcome, problems = ("fail", [short]) if short else (outcome, problems)
     # equal, but did it recompute as told? (selective: its silent failure; "full": suites/stack/test_recompute.py)
-    if outcome == "pass" and layout.checkpoint_policy == "selective" and not layout.compile:
+    if outcome == "pass" and layout.checkpoint_policy == "selective":
         from .recompute import check as recomputed
 
         off = recomputed(world, impl, spec, layout, recipe)

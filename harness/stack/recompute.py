@@ -5,10 +5,14 @@ without checkpointing — everything else about the two steps is the same, so th
 "full": the blocks' forwards run again, their matrix multiplications among them — more matmuls (mm, addmm, bmm) and
 more other ops. "selective": the matmuls' outputs saved — the same matmuls, more other ops (the nonlinearities, the
 norms). A policy not applied (no more ops) or one that saves nothing (more matmuls) computes the same gradients and
-fails here alone. A compiled stack runs inductor's kernels, which no dispatch mode counts: not checked."""
+fails here alone. A compiled stack runs inductor's kernels, which no dispatch mode counts: its count is the ops of
+the backward graphs torch.compile's partitioner makes (``harness.stack.compiled_ops``), the same comparison — a
+compiled step without checkpointing also recomputes some cheap ops (the min-cut partitioner's own choice), so
+"selective" must recompute more than that and no matmul."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
 MATMULS = ("aten.mm", "aten.addmm", "aten.bmm")
@@ -24,19 +28,27 @@ def step_ops(impl_spec: str, spec, layout, recipe, seed: int = 0) -> dict:
     from harness.records import registry
     from harness.runtime.rank import rank_device
 
+    from .compiled_ops import recording
     from .inputs import global_batch, rows_for, seq_for
 
-    ops = counter()
-    if ops is None:
-        return {"unsupported": "this torch's dispatch mode does not count a backward's ops (probed)."}
     tokens, targets = global_batch(spec.vocab, rows_for(layout, recipe), seed, seq_for(layout))
-    try:
-        trainer = registry.load(impl_spec, "stack").build(spec, layout, recipe)
-    except (Unsupported, ValueError, NotImplementedError) as exc:
-        return {"unsupported": str(exc)}
-    trainer.load_dense(spec.build(seed).state_dict())
-    with ops:
-        trainer.step(tokens.to(rank_device()), targets.to(rank_device()))
+    with contextlib.ExitStack() as stack:
+        if layout.compile:  # inductor's kernels reach no dispatch mode: the compiled backward graphs' ops
+            ops = stack.enter_context(recording())
+            if ops is None:
+                return {"unsupported": "this torch's AOT API (functorch.compile) does not record a compiled backward "
+                                       "(probed)."}
+        else:
+            ops = counter()
+            if ops is None:
+                return {"unsupported": "this torch's dispatch mode does not count a backward's ops (probed)."}
+        try:
+            trainer = registry.load(impl_spec, "stack").build(spec, layout, recipe)
+        except (Unsupported, ValueError, NotImplementedError) as exc:
+            return {"unsupported": str(exc)}
+        trainer.load_dense(spec.build(seed).state_dict())
+        with contextlib.nullcontext() if layout.compile else ops:
+            trainer.step(tokens.to(rank_device()), targets.to(rank_device()))
     dist.barrier()
     return {"ops": dict(ops.ops)}
 

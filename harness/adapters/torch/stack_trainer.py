@@ -186,7 +186,9 @@ def _wrap_forward(block, checkpointing: str | None, compiled: bool) -> None:
         def forward(*args, _inner=block.forward, **kwargs):
             return checkpoint(_inner, *args, use_reentrant=False, **extra, **kwargs)
     if compiled:
-        forward = torch.compile(forward)
+        from harness.stack.compiled_ops import backend
+
+        forward = torch.compile(forward, backend=backend())  # inductor (a recorder while recompute is counted)
     block.forward = forward
 
 

@@ -147,7 +147,9 @@ class TorchtitanStackTrainer(BuiltFromDense):
             titan = config.build()
         self.loss_fn = CrossEntropyLoss.Config().build()
         # its per-block compile (apply_compile: after AC, before FSDP); the loss stays eager as the one device's
-        compile_config = CompileConfig(enable=layout.compile, components=["model"])
+        from harness.stack.compiled_ops import backend  # inductor (a recorder while recompute is counted)
+
+        compile_config = CompileConfig(enable=layout.compile, components=["model"], backend=backend())
         common = {"parallel_dims": self.dims, "parallelism": parallelism, "compile_config": compile_config,
                   "ac_config": FullAC.Config() if layout.checkpointing else None, "dump_folder": "/tmp",
                   "training": TrainingConfig(mixed_precision_param=spec.dtype, mixed_precision_reduce="float32",
