@@ -76,3 +76,24 @@ def test_a_selective_policy_not_applied_fails_by_its_count(planted, says, world_
     (``SelectiveSavesNoMatmul``) — both one device's gradients exactly, both failed by the ops counted."""
     v = hold(world_cache, conformance, f"suites.stack.planted:{planted}", 1, LLAMA, Layout(1, 1, 1, **SAC), Recipe())
     assert v["outcome"] == "fail" and any(says in p for p in v["problems"]), v["problems"][:4]
+
+
+def _count_where_the_aot_api_records_nothing() -> dict:
+    """Rank side: ``step_ops`` of a compiled selective case with the recorder's probe failed (as on a torch whose
+    ``functorch.compile`` moved): its verdict."""
+    from harness.stack import compiled_ops
+    from harness.stack.recompute import step_ops
+
+    saved = list(compiled_ops._WORKS)
+    compiled_ops._WORKS[:] = [False]
+    try:
+        return step_ops("torch", SHORT32, Layout(1, 1, 1, compile=True, **SAC), Recipe(optimizer=ADAM))
+    finally:
+        compiled_ops._WORKS[:] = saved
+
+
+def test_a_compiled_count_this_torch_cannot_record_is_unsupported_in_one_sentence(world_cache):
+    """The fallback of the recorder's guard: where its probe fails, the compiled count is unsupported, saying why (the
+    gradients are still held)."""
+    [got] = world_cache.get(1).run(_count_where_the_aot_api_records_nothing, timeout=120)
+    assert set(got) == {"unsupported"} and "functorch.compile" in got["unsupported"], got
