@@ -52,12 +52,12 @@ def inf_norm_of_an_empty_fsdp_shard() -> str | None:
     return None
 
 
-def compiled_tp_block_after_a_tp_embedding(fsdp: bool) -> str:
+def compiled_tp_block_after_a_tp_embedding(fsdp: bool, backend: str = "inductor") -> str:
     """An embedding split over 2 TP ranks (``RowwiseParallel``, Replicate in and out: torchtitan's without sequence
     parallelism) feeding a residual MLP whose up / down projections are Colwise / Rowwise and which is compiled
-    (``nn.Module.compile``, inductor), optionally under FSDP2 over a data-parallel mesh of one rank; one backward of
-    the sum of squares. Returns "zero" (the embedding's gradient is all zeros), "equal" (it is one device's), "off"
-    or "raised <error>"."""
+    (``nn.Module.compile`` with ``backend``), optionally under FSDP2 over a data-parallel mesh of one rank; one
+    backward of the sum of squares. Returns "zero" (the embedding's gradient is all zeros), "equal" (it is one
+    device's), "off" or "raised <error>"."""
     import copy
 
     from torch import nn
@@ -88,7 +88,7 @@ def compiled_tp_block_after_a_tp_embedding(fsdp: bool) -> str:
     mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("dp", "tp"))
     parallelize_module(net.embed, mesh["tp"], RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
     parallelize_module(net.mlp, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
-    net.mlp.compile()
+    net.mlp.compile(backend=backend)
     if fsdp:
         fully_shard(net.mlp, mesh=mesh["dp"])
         fully_shard(net, mesh=mesh["dp"])
