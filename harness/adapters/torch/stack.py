@@ -126,9 +126,8 @@ class TorchStackTrainer(BuiltFromDense):
 
         self.spec, self.layout, self.recipe = spec, layout, recipe
         self.reshard_after_forward = layout.zero == 3 if reshard_after_forward is None else reshard_after_forward
-        self.tensor_parallel = not isinstance(self.reshard_after_forward, int) or isinstance(
-            self.reshard_after_forward, bool)
-        """Plain parameters at tp 1 where FSDP2 reshards to a smaller group (it refuses DTensors there)."""
+        self.tensor_parallel = isinstance(self.reshard_after_forward, bool)
+        """False (an int: FSDP2 reshards to a smaller group, and refuses DTensors there): plain parameters at tp 1."""
         dims, names = (layout.dp, layout.pp, layout.tp), ("dp", "pp", "tp")
         if layout.replicate > 1:  # HSDP: FSDP2 over the (replicate, shard) sub-mesh
             dims, names = (layout.replicate, layout.dp // layout.replicate, *dims[1:]), ("dp_replicate", "dp_shard",
