@@ -16,8 +16,8 @@ from collections.abc import MutableMapping
 import torch
 from torch import nn
 
-from .optimizer import block_of, gathered
-from .spec import MuonSpec, muon_update, orthogonalised
+from .optimizer import block_steps, gathered
+from .spec import MuonSpec, muon_update
 
 
 class _MasterState(MutableMapping):
@@ -102,10 +102,8 @@ class FlatMuon:
             held = m[mine]
             held.mul_(1 - spec.lr * spec.weight_decay)
             at = slice(mine.start + self.flat.shard.start - offset, mine.stop + self.flat.shard.start - offset)
-            for rows, ortho, lr in orthogonalised(spec, name, full, self.dtype):
-                part = torch.zeros_like(full)
-                part[rows] = ortho.to(full.dtype)
-                held.add_(block_of(part, p.shape, self.shards.get(id(p))).flatten()[at], alpha=-lr)
+            for step, lr in block_steps(spec, name, full, p.shape, self.shards.get(id(p)), self.dtype):
+                held.add_(step.flatten()[at], alpha=-lr)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.master.grad = None

@@ -38,6 +38,15 @@ def block_of(full: torch.Tensor, shape, shard) -> torch.Tensor:
     return full.narrow(dim, dist.get_rank(group) // replicas * shape[dim], shape[dim])
 
 
+def block_steps(spec: MuonSpec, name: str, full: torch.Tensor, shape, shard, dtype: torch.dtype):
+    """(this rank's block of ``shape`` of one logical part's orthogonalised update — zeros outside the part —, that
+    part's adjusted lr) per logical part of the whole matrix's update ``full`` (the step: block -= lr x it)."""
+    for rows, ortho, lr in orthogonalised(spec, name, full, dtype):
+        part = torch.zeros_like(full)
+        part[rows] = ortho.to(full.dtype)
+        yield block_of(part, shape, shard), lr
+
+
 class ReferenceMatrices:
     """Muon over ``named`` matrices (the reference iteration in ``dtype``), each sharded one in ``shards`` gathered."""
 
@@ -55,10 +64,8 @@ class ReferenceMatrices:
             buf = self.state.setdefault(p, {}).setdefault("momentum_buffer", torch.zeros_like(p))
             update = gathered(muon_update(spec, p.grad, buf), self.shards.get(id(p)))
             p.mul_(1 - spec.lr * spec.weight_decay)
-            for rows, ortho, lr in orthogonalised(spec, name, update, self.dtype):
-                full = torch.zeros_like(update)
-                full[rows] = ortho.to(p.dtype)
-                p.add_(block_of(full, p.shape, self.shards.get(id(p))), alpha=-lr)
+            for step, lr in block_steps(spec, name, update, p.shape, self.shards.get(id(p)), self.dtype):
+                p.add_(step, alpha=-lr)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for _, p in self.named:
