@@ -8,7 +8,11 @@ dense tensor T (derivation: ``harness.stack.precision.allowed_ratio``).
 One device: ``harness.stack.precision.OneDevice`` (low-precision forward and backward, the cross-entropy in
 fp32, the gradients upcast into the fp32 masters, torch's ``clip_grad_norm_`` on the masters, the
 optimizer on the masters, the masters rounded back into the model). The gradient norm is held to
-|n' - n| <= ratio x |g - g_exact| (a norm moves by at most the 2-norm of its argument's change)."""
+|n' - n| <= ratio x |g - g_exact| (a norm moves by at most the 2-norm of its argument's change).
+
+Adam: the bound holds its first moments (linear in the gradients); its masters and second moments are replayed
+from the stack's own state (``harness.stack.adam_replay``: why the bound cannot hold them). E_T is each step's: the
+exact run's state is copied at every step (``OneDevice.dense``)."""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from harness.runtime.rank import computed_once, rank_device
 from ..contracts.stack import Layout
 from ..errors import describe
 from ..verdict import attempt, checked
+from . import adam_replay
 from .casts import counter
 from .inputs import failed_here, flat_state, global_batch, rows_for, seq_for
 from .precision import OneDevice, allowed_ratio
@@ -31,6 +36,8 @@ _ORACLES: dict = {}
 
 
 def _oracle(spec, recipe, seed: int, tokens, targets, steps: int) -> list[dict]:
+    """Per step: one device's recipe on the whole batch ("params", "optimizer", its gradient norm), in float64
+    ("exact", "exact_optimizer") and "e_t", each dense tensor's E_T (``rounding_scale``)."""
     from reference.mixed_precision import DynamicLossScaler
 
     scaler = DynamicLossScaler(recipe.loss_scale, growth_interval=recipe.growth_interval) \
@@ -48,13 +55,22 @@ def _oracle(spec, recipe, seed: int, tokens, targets, steps: int) -> list[dict]:
         single.step(step, tokens, targets, clip)
         exact.step(step, tokens, targets, clip)
         moved = math.sqrt(sum(float(((a - b) ** 2).sum()) for a, b in zip(single.grads, exact.grads, strict=True)))
-        out.append({"norm": single.norm, "norm_scale": moved, "params": single.dense(), "exact": exact.dense(),
-                    "optimizer": single.dense_optimizer(keys), "exact_optimizer": exact.dense_optimizer(keys)})
+        params, optimizer = single.dense(), single.dense_optimizer(keys)
+        want = {"exact": exact.dense(), "exact_optimizer": exact.dense_optimizer(keys)}
+        out.append({"norm": single.norm, "norm_scale": moved, "params": params, "optimizer": optimizer, **want,
+                    "e_t": {"master": rounding_scale(params, want["exact"]), "optimizer state": rounding_scale(
+                        flat_state(optimizer), flat_state(want["exact_optimizer"]))}})
     return out
 
 
-def _against(got: dict, single: dict, exact: dict, ratio: float, what: str) -> tuple[float, list[str]]:
-    """(largest |got - one device| / E_T, one line per tensor beyond ``ratio`` x E_T, missing or extra)."""
+def rounding_scale(run: dict, exact: dict) -> dict[str, float]:
+    """E_T per tensor name: one device's (``run``'s) largest distance from ``exact``, the dense tensors by name."""
+    return {name: float((run[name].double() - exact[name]).abs().max()) for name in set(run) & set(exact)}
+
+
+def _against(got: dict, single: dict, scale: dict, ratio: float, what: str) -> tuple[float, list[str]]:
+    """(largest |got - one device| / E_T, one line per tensor beyond ``ratio`` x E_T, missing or extra); ``scale``:
+    E_T by name."""
     problems, worst = [], 0.0
     problems += [f"{what} {n}: missing from the dense state" for n in sorted(set(single) - set(got))]
     problems += [f"{what} {n}: not a tensor of the one-device model" for n in sorted(set(got) - set(single))]
@@ -63,7 +79,7 @@ def _against(got: dict, single: dict, exact: dict, ratio: float, what: str) -> t
         if not torch.is_tensor(g) or tuple(g.shape) != tuple(w.shape):
             problems.append(f"{what} {name}: shape {tuple(getattr(g, 'shape', ()))} != {tuple(w.shape)}")
             continue
-        e_t = float((w - exact[name]).abs().max())
+        e_t = scale.get(name, 0.0)
         diff = float((g.detach().cpu().double() - w).abs().max())
         rel = diff / max(e_t, 1e-300)
         worst = max(worst, rel) if rel == rel else math.inf
@@ -106,20 +122,31 @@ def train_stack_mixed(impl_spec: str, spec, layout, recipe, steps: int = 2, seed
         return declined
     problems, worst, losses, states, device = [], 0.0, [], [], rank_device()
     casts = counter() if recipe.low_precision else None
+    adam = recipe.optimizer.name == "adam"
     try:
-        trainer.load_dense(spec.build(seed).state_dict())
+        model = spec.build(seed)
+        trainer.load_dense(model.state_dict())
+        prev = {"params": dense64({"params": dict(model.named_parameters(remove_duplicate=False))})["params"],
+                "optimizer": {}}
         for k in range(steps):
             with casts if recipe.low_precision else contextlib.nullcontext():
                 losses.append(float(trainer.step(tokens.to(device), targets.to(device))))
             state = trainer.dense_state()
             states += [state] if keep else []
             one = _one_device(want[k], single[k], own_ratio) if single else want[k]
-            for what, got, mine, exact in (
-                    ("master", state.get("params", {}), one["params"], want[k]["exact"]),
-                    ("optimizer state", flat_state(state.get("optimizer", {})), flat_state(one["optimizer"]),
-                     flat_state(want[k]["exact_optimizer"]))):
-                w, off = _against(got, mine, exact, ratio, what)
-                worst, problems = max(worst, w), problems + [f"rank {r}: step {k + 1}: {p}" for p in off]
+            mine = {"params": state.get("params", {}), "optimizer": flat_state(state.get("optimizer", {}))}
+            off = adam_replay.problems(recipe.optimizer, k + 1, prev, dense64(mine), list(want[k]["optimizer"]),
+                                       _ties(want[k]["params"], want[k]["optimizer"])) if adam else []
+            off += [f"master {n}: not a tensor of the one-device model" for n in sorted(set(mine["params"])
+                                                                                       - set(one["params"]))] * adam
+            for what, got, theirs in (("master", mine["params"], one["params"]),
+                                      ("optimizer state", mine["optimizer"], flat_state(one["optimizer"]))):
+                if adam:  # the first moments alone: the masters and second moments are replayed
+                    got, theirs = ({n: t for n, t in d.items() if n.endswith("/exp_avg")} for d in (got, theirs))
+                w, more = _against(got, theirs, one["e_t"][what], ratio, what)
+                worst, off = max(worst, w), off + more
+            problems += [f"rank {r}: step {k + 1}: {p}" for p in off]
+            prev = dense64(mine) if adam else prev
             if one["norm"] is not None:
                 got_norm, n, scale = state.get("grad_norm"), one["norm"], one["norm_scale"]
                 diff = abs(got_norm - n) if got_norm is not None else math.inf
@@ -132,9 +159,23 @@ def train_stack_mixed(impl_spec: str, spec, layout, recipe, steps: int = 2, seed
                    **({"float8_casts": casts.count, "float8_casts_seen": casts.sees} if casts else {}))
 
 
+def _ties(params: dict, optimizer: dict) -> dict[str, str]:
+    """{name: the parameter it is} for each one-device name of a tied parameter without state of its own."""
+    return {n: next(o for o in optimizer if params[o] is t) for n, t in params.items() if n not in optimizer}
+
+
+def dense64(state: dict) -> dict:
+    """{"params": ..., "optimizer": ...} (tensors by name) as float64 on the CPU."""
+    return {part: {n: t.detach().cpu().double() for n, t in tensors.items()} for part, tensors in state.items()}
+
+
 def _one_device(want: dict, own: dict, own_ratio: float) -> dict:
     """The stack's own one-device step (its dense state ``own``) in the place of the contract's (``want``). The
     norm's scale: |g_own - g_exact| <= |g_own - g| + |g - g_exact|, the first within ``own_ratio`` x the second
-    (what holding ``own`` to the contract's recipe asserts of its masters, taken for its gradients)."""
-    return {"params": own.get("params", {}), "optimizer": own.get("optimizer", {}), "norm": own.get("grad_norm"),
-            "norm_scale": (1 + own_ratio) * want["norm_scale"]}
+    (what holding ``own`` to the contract's recipe asserts of its masters, taken for its gradients). E_T: the own
+    run's distance from exact arithmetic (one realization: the stack's)."""
+    params, optimizer = own.get("params", {}), own.get("optimizer", {})
+    return {"params": params, "optimizer": optimizer, "norm": own.get("grad_norm"),
+            "norm_scale": (1 + own_ratio) * want["norm_scale"],
+            "e_t": {"master": rounding_scale(params, want["exact"]), "optimizer state": rounding_scale(
+                flat_state(optimizer), flat_state(want["exact_optimizer"]))}}

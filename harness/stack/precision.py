@@ -78,7 +78,8 @@ class OneDevice:
     def dense(self) -> dict[str, torch.Tensor]:
         """Every parameter by its one-device name (tied ones under both names), as float64."""
         names = [n for n, _ in self.model.named_parameters()]
-        by_name = dict(zip(names, (m.detach().double() for m in self.masters), strict=True))
+        # a copy: float64 masters are the exact run's live parameters, which the next step moves
+        by_name = dict(zip(names, (m.detach().to(torch.float64, copy=True) for m in self.masters), strict=True))
         return {n: by_name.get(n, by_name.get("embed.weight")) for n, _ in
                 self.model.named_parameters(remove_duplicate=False)}
 
