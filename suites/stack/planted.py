@@ -75,6 +75,36 @@ class MixedMissingAverage(ReferenceStack):
         return _SumsReplicas(spec, layout, recipe)
 
 
+class _UpdateInBf16(ReferenceStackTrainer):
+    def _build(self, model):
+        trainer = super()._build(model)
+        opt = trainer.sync.optimizer
+        step = opt.step
+
+        def rounded(*args, **kwargs):  # each master moves by its update rounded to bfloat16
+            params = [p for group in opt.param_groups for p in group["params"]]
+            before = [p.detach().clone() for p in params]
+            out = step(*args, **kwargs)
+            with torch.no_grad():
+                for p, b in zip(params, before, strict=True):
+                    p.copy_(b - (b - p).bfloat16().float())
+            return out
+        opt.step = rounded
+        return trainer
+
+
+class AdamUpdateInBf16(ReferenceStack):
+    """Planted bug: bf16 with fp32 masters, each master moved by its optimizer update rounded to bfloat16 (the step's
+    arithmetic in the model's precision): off by up to half a bf16 unit of the update. No bound on the masters sees it
+    — with Adam's default eps the reference itself sits 194 E_T off one device at step 1 (a gradient element near 0
+    flips its update's sign), this plant 214 —; the replay of Adam's step (harness/stack/adam_replay.py) does,
+    1,600 x fp32's rounding of it."""
+
+    def build(self, spec, layout, recipe, group=None):
+        super().build(spec, layout, recipe, group)
+        return _UpdateInBf16(spec, layout, recipe)
+
+
 class _HighPrecision(ReferenceStackTrainer):
     def _build(self, model):
         import dataclasses
