@@ -115,8 +115,8 @@ BF16 = [  # (spec, layout, recipe, in every profile): DeepSpeed's bf16 (fp32 mas
 ]
 """bf16 at ZeRO 0 (its FP16_UnfusedOptimizer over a bf16 model), 1-3, and its pipeline's BF16_Optimizer (pp 2,
 clipped: its norm counts every stage, unlike fp32's), against one device running the contract's recipe
-(harness/stack/mixed.py). SGD with momentum (Adam's first update is sign(g): no E_T bound holds, see
-test_equivalence.BF16). Measured: 1.2 - 3.2 E_T against allowed ratios of 5.9 - 6.7."""
+(harness/stack/mixed.py). SGD with momentum (Adam in bf16: its first moments bounded, its masters
+and second moments replayed — test_equivalence.BF16). Measured: 1.2 - 3.2 E_T against allowed ratios of 5.9 - 6.7."""
 
 
 @pytest.mark.parametrize("spec, layout, recipe, padded", [

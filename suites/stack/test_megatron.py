@@ -129,8 +129,8 @@ built fp32 otherwise; bf16 in TransformerConfig and OptimizerConfig; gradients a
 Float16OptimizerWithFloat16Params over TP (clipped), the tie across stages, the distributed optimizer's fp32
 shards (Adam, the one it takes; eps 1e-3 keeps its first update off sign(g)), accumulation — against one device
 running the contract's recipe (harness/stack/mixed.py). Measured: 2.1 - 3.5 E_T against allowed ratios of 5.5 -
-6.7 (a tied GPT over dp 2 x tp 2 with the distributed optimizer and Adam: 6.0 against 6.7, not held here — Adam in
-bf16 has no E_T bound, test_equivalence.BF16)."""
+6.7; Adam's masters and second moments replayed, its first moments bounded (harness/stack/adam_replay.py;
+test_equivalence.BF16's Adam case runs it over dp 2 x tp 2 with the distributed optimizer: 2.4 E_T)."""
 
 
 @pytest.mark.parametrize("spec, layout, recipe", [

@@ -133,7 +133,7 @@ BF16 = [(Layout(2, 1, 1, ep=2), Recipe(max_grad_norm=0.05), True),
         (Layout(2, 1, 2, ep=2, zero=2), Recipe(accumulation=2), False)]
 """bf16 with fp32 masters and ep > 1: the experts' fp32 masters (their flat over the EDP group, sharded at ZeRO 1 /
 2) reduced in fp32 and divided by dp x cp; precision-matched (harness/stack/mixed.py). SGD with momentum (Adam in
-bf16 has no E_T bound: test_equivalence.BF16)."""
+bf16: its first moments bounded, the rest replayed — test_equivalence.BF16)."""
 
 
 @pytest.mark.parametrize("layout, recipe", [
