@@ -135,10 +135,8 @@ def train_stack_mixed(impl_spec: str, spec, layout, recipe, steps: int = 2, seed
             states += [state] if keep else []
             one = _one_device(want[k], single[k], own_ratio) if single else want[k]
             mine = {"params": state.get("params", {}), "optimizer": flat_state(state.get("optimizer", {}))}
-            off = adam_replay.problems(recipe.optimizer, k + 1, prev, dense64(mine), list(want[k]["optimizer"]),
-                                       _ties(want[k]["params"], want[k]["optimizer"])) if adam else []
-            off += [f"master {n}: not a tensor of the one-device model" for n in sorted(set(mine["params"])
-                                                                                       - set(one["params"]))] * adam
+            now = dense64(mine) if adam else None
+            off = _replayed(recipe.optimizer, k + 1, prev, now, want[k]) if adam else []
             for what, got, theirs in (("master", mine["params"], one["params"]),
                                       ("optimizer state", mine["optimizer"], flat_state(one["optimizer"]))):
                 if adam:  # the first moments alone: the masters and second moments are replayed
@@ -146,7 +144,7 @@ def train_stack_mixed(impl_spec: str, spec, layout, recipe, steps: int = 2, seed
                 w, more = _against(got, theirs, one["e_t"][what], ratio, what)
                 worst, off = max(worst, w), off + more
             problems += [f"rank {r}: step {k + 1}: {p}" for p in off]
-            prev = dense64(mine) if adam else prev
+            prev = now
             if one["norm"] is not None:
                 got_norm, n, scale = state.get("grad_norm"), one["norm"], one["norm_scale"]
                 diff = abs(got_norm - n) if got_norm is not None else math.inf
@@ -159,9 +157,13 @@ def train_stack_mixed(impl_spec: str, spec, layout, recipe, steps: int = 2, seed
                    **({"float8_casts": casts.count, "float8_casts_seen": casts.sees} if casts else {}))
 
 
-def _ties(params: dict, optimizer: dict) -> dict[str, str]:
-    """{name: the parameter it is} for each one-device name of a tied parameter without state of its own."""
-    return {n: next(o for o in optimizer if params[o] is t) for n, t in params.items() if n not in optimizer}
+def _replayed(spec, k: int, prev: dict, now: dict, want: dict) -> list[str]:
+    """``adam_replay.problems`` of step ``k`` (``prev`` -> ``now``: the stack's dense state, float64) over one device's
+    parameters (``want``: the oracle's step), each tied name held to its parameter, and a master one device lacks."""
+    params, names = want["params"], list(want["optimizer"])
+    ties = {n: next(o for o in names if params[o] is t) for n, t in params.items() if n not in names}
+    extra = [f"master {n}: not a tensor of the one-device model" for n in sorted(set(now["params"]) - set(params))]
+    return adam_replay.problems(spec, k, prev, now, names, ties) + extra
 
 
 def dense64(state: dict) -> dict:
