@@ -27,10 +27,11 @@ EPS32 = torch.finfo(torch.float32).eps
 
 def gradient(m, m_prev, beta1: float):
     """The gradient Adam's first moment took at this step (float64), and how far it may be from the stack's fp32 one:
-    m_k = m_{k-1} + (1 - b1)(g - m_{k-1}) rounds within EPS32 (|m_k| + |m_{k-1}|) (two operations, each within half
-    of that), which the division by 1 - b1 scales; 1 - b1 itself rounded to fp32 adds EPS32 |g|."""
+    m_k = m_{k-1} + (1 - b1)(g - m_{k-1}) (torch's lerp; b1 m_{k-1} + (1 - b1) g alike) rounds three times, each
+    within EPS32 / 2 of |m_k| + |m_{k-1}| — within 2 EPS32 of it with margin —, which recovering g divides by 1 - b1;
+    1 - b1 itself rounded to fp32 adds EPS32 |g|."""
     g = (m - beta1 * m_prev) / (1 - beta1)
-    return g, EPS32 * ((m.abs() + m_prev.abs()) / (1 - beta1) + g.abs())
+    return g, EPS32 * (2 * (m.abs() + m_prev.abs()) / (1 - beta1) + g.abs())
 
 
 def tol_v(v, v_prev, g, slack, beta2: float):
@@ -38,6 +39,13 @@ def tol_v(v, v_prev, g, slack, beta2: float):
     |v_k| + |v_{k-1}|, b2 and 1 - b2 in fp32 included) and (1 - b2)((|g| + slack)^2 - g^2), the gradient recovered
     from m being within ``slack`` of the stack's."""
     return 2 * EPS32 * (v.abs() + v_prev.abs()) + (1 - beta2) * slack * (2 * g.abs() + slack)
+
+
+def tol_p(p, update):
+    """|p_k - replay| allowed: the stack's update rounds five times (sqrt, two divisions, the eps sum, the product:
+    within 5 EPS32 / 2 of it), its sum with p_{k-1} once (within EPS32 / 2 of |p_k|); twice that, for the step size
+    and the bias corrections cast to fp32 and the order of the operations."""
+    return EPS32 * (p.abs() + 5 * update.abs())
 
 
 def problems(spec, k: int, prev: dict, state: dict, names: list[str], ties: dict[str, str]) -> list[str]:
@@ -62,9 +70,7 @@ def problems(spec, k: int, prev: dict, state: dict, names: list[str], ties: dict
         off_v = _over((v - want_v).abs(), tol_v(v, v_prev, g, slack, b2))
         denom = (v / (1 - b2 ** k)).sqrt() + spec.eps
         update = spec.lr / (1 - b1 ** k) * m / denom
-        # the stack's update: sqrt, two divisions, the eps sum, the product (five roundings, within 5 EPS32 / 2 of
-        # it), then its sum with p_{k-1} (within EPS32 / 2 of |p_k|); twice that, for fp32 constants and the order
-        off_p = _over((p - (p_prev - update)).abs(), EPS32 * (p.abs() + 5 * update.abs()))
+        off_p = _over((p - (p_prev - update)).abs(), tol_p(p, update))
         for what, off, got, want in (("second moment", off_v, v, want_v), ("master", off_p, p, p_prev - update)):
             worst = float(off.max()) if off.numel() else 0.0
             if not worst <= 1.0:
