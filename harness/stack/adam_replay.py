@@ -62,6 +62,10 @@ def problems(spec, k: int, prev: dict, state: dict, names: list[str], ties: dict
         if p is None or m is None or v is None or p_prev is None:
             out.append(f"master {name}: missing from the dense state, or its Adam state (exp_avg, exp_avg_sq)")
             continue
+        if not p.shape == p_prev.shape == m.shape == v.shape:
+            out.append(f"master {name}: shape {tuple(p.shape)}, its Adam state's {tuple(m.shape)} and "
+                       f"{tuple(v.shape)}, the parameter's {tuple(p_prev.shape)}")
+            continue
         zero = torch.zeros_like(p)
         m_prev = prev["optimizer"].get(f"{name}/exp_avg", zero)
         v_prev = prev["optimizer"].get(f"{name}/exp_avg_sq", zero)

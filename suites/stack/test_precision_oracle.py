@@ -118,7 +118,7 @@ def test_a_master_off_by_one_element_names_it():
     assert len(lines) == 1 and lines[0].startswith("master mlp.weight: not Adam's step 2") and "element 9" in lines[0]
 
 
-def test_nan_missing_state_and_an_untied_tie_fail():
+def test_nan_missing_state_a_wrong_shape_and_an_untied_tie_fail():
     states, init = _torch_adam(1, 4)
     nan = {"params": {**states[0]["params"], "bias": torch.tensor([math.nan], dtype=torch.float64)},
            "optimizer": states[0]["optimizer"]}
@@ -133,3 +133,7 @@ def test_nan_missing_state_and_an_untied_tie_fail():
     tied["params"]["head.weight"][0] += 1e-6
     assert _replayed([tied], init, {"head.weight": "norm.weight"}) == ["master head.weight: not norm.weight, which "
                                                                        "it is tied to"]
+    flat = {"params": {**states[0]["params"], "mlp.weight": states[0]["params"]["mlp.weight"].flatten()},
+            "optimizer": states[0]["optimizer"]}
+    assert _replayed([flat], init) == ["master mlp.weight: shape (32,), its Adam state's (8, 4) and (8, 4), the "
+                                       "parameter's (8, 4)"]
