@@ -58,14 +58,20 @@ def _oracle(spec, recipe, seed: int, tokens, targets, steps: int) -> list[dict]:
         params, optimizer = single.dense(), single.dense_optimizer(keys)
         want = {"exact": exact.dense(), "exact_optimizer": exact.dense_optimizer(keys)}
         out.append({"norm": single.norm, "norm_scale": moved, "params": params, "optimizer": optimizer, **want,
-                    "e_t": {"master": rounding_scale(params, want["exact"]), "optimizer state": rounding_scale(
-                        flat_state(optimizer), flat_state(want["exact_optimizer"]))}})
+                    "e_t": _scales(params, optimizer, want)})
     return out
 
 
 def rounding_scale(run: dict, exact: dict) -> dict[str, float]:
     """E_T per tensor name: one device's (``run``'s) largest distance from ``exact``, the dense tensors by name."""
     return {name: float((run[name].double() - exact[name]).abs().max()) for name in set(run) & set(exact)}
+
+
+def _scales(params: dict, optimizer: dict, want: dict) -> dict[str, dict[str, float]]:
+    """E_T of a one-device run's masters and optimizer state ({name: {key: tensor}}) against the oracle's exact
+    ones (``want``: "exact", "exact_optimizer"), by what ``_against`` calls them."""
+    return {"master": rounding_scale(params, want["exact"]),
+            "optimizer state": rounding_scale(flat_state(optimizer), flat_state(want["exact_optimizer"]))}
 
 
 def _against(got: dict, single: dict, scale: dict, ratio: float, what: str) -> tuple[float, list[str]]:
@@ -127,7 +133,7 @@ def train_stack_mixed(impl_spec: str, spec, layout, recipe, steps: int = 2, seed
         model = spec.build(seed)
         trainer.load_dense(model.state_dict())
         prev = {"params": dense64({"params": dict(model.named_parameters(remove_duplicate=False))})["params"],
-                "optimizer": {}}
+                "optimizer": {}} if adam else None  # Adam's replay starts from the loaded weights
         for k in range(steps):
             with casts if recipe.low_precision else contextlib.nullcontext():
                 losses.append(float(trainer.step(tokens.to(device), targets.to(device))))
@@ -178,6 +184,4 @@ def _one_device(want: dict, own: dict, own_ratio: float) -> dict:
     run's distance from exact arithmetic (one realization: the stack's)."""
     params, optimizer = own.get("params", {}), own.get("optimizer", {})
     return {"params": params, "optimizer": optimizer, "norm": own.get("grad_norm"),
-            "norm_scale": (1 + own_ratio) * want["norm_scale"],
-            "e_t": {"master": rounding_scale(params, want["exact"]), "optimizer state": rounding_scale(
-                flat_state(optimizer), flat_state(want["exact_optimizer"]))}}
+            "norm_scale": (1 + own_ratio) * want["norm_scale"], "e_t": _scales(params, optimizer, want)}
