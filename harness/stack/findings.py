@@ -9,6 +9,21 @@ from harness.records.findings import Finding
 
 FINDINGS = (
     Finding("deepspeed", "stack", "deepspeed", ("0.19.8", None),
+            "DeepSpeed's bf16 at ZeRO 0 wraps the client optimizer in FP16_UnfusedOptimizer, whose constructor "
+            "(initialize_optimizer_states) steps it once with zero gradients to create its state: torch's Adam then "
+            "counts that step, and every real step is bias-corrected as the next one — each master's first move is "
+            "0.744 lr where torch's Adam moves it by lr (0.526 / sqrt(0.5)), silently (its ZeRO 1-3 optimizers no "
+            "longer step at construction — the change DeepSpeed PR 5104 proposed; FP16_Optimizer, fp16's with a fused "
+            "optimizer, still does too). Minimal case: one rank, a Linear, bf16 ZeRO 0, torch's Adam: "
+            "its step count is 1 after deepspeed.initialize and 2 after one engine.step. In the stack: every master "
+            "not Adam's step of DeepSpeed's own state (4e5 x fp32's rounding), then the first moments off at step 2.",
+            "suites/stack/test_deepspeed_findings.py::test_watch_deepspeed_bf16_zero0_counts_a_zero_gradient_adam_step",
+            {"optimizer": "adam", "zero": 0, "dtype": "bfloat16", "pp": 1, "checkpointing": False},
+            # the masters' replay is the cause (step 1 on); from step 2 what they move: moments, norm, loss
+            symptom=r"^rank \d+: (step \d+: (master \S+: not Adam's step \d+ of the stack's own state|(parameter|"
+                    r"optimizer state) \S+: off by|gradient norm \S+ vs one device)|loss after step \d+:)",
+            cause=r"step 1: master \S+: not Adam's step 1 of the stack's own state"),
+    Finding("deepspeed", "stack", "deepspeed", ("0.19.8", None),
             "DeepSpeed's Muon (optimizer type Muon) decides which parameters Muon takes by name, overwriting the "
             "user's own use_muon tags: every parameter of two or more dimensions whose name holds neither 'embed' nor "
             "'lm_head' (set_optimizer_flags) — an LM head named otherwise (Megatron's output_layer, torchtitan's "

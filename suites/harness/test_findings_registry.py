@@ -55,6 +55,10 @@ EXAMPLES = {
     "test_watch_a_compiled_tp_block_after_a_tp_embedding_drops_its_gradient": (
         {"compile": True, "tp": 2},
         "rank 0: step 1: optimizer state embed.weight/momentum_buffer: off by 0.219 of its magnitude > 0.0024"),
+    "test_watch_deepspeed_bf16_zero0_counts_a_zero_gradient_adam_step": (
+        {"optimizer": "adam", "zero": 0, "dtype": "bfloat16", "pp": 1, "checkpointing": False},
+        "rank 0: step 1: master blocks.0.attn.k.weight: not Adam's step 1 of the stack's own state — element 24 "
+        "0.0154908411, the step gives 0.0180498259 (3.28e+05 x fp32's rounding of it)"),
     "test_watch_deepspeed_muon_takes_an_lm_head_not_named_lm_head": (
         {"optimizer": "muon"}, "rank 0: step 1: optimizer state head.weight/exp_avg: missing from the dense state"),
     "test_watch_deepspeed_zero_muon_clips_the_orthogonalised_update": (

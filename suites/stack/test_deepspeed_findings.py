@@ -1,6 +1,7 @@
 """Watches of DeepSpeed's findings on the release tox pins (harness/stack/findings.py): the norms its engine clips by
-(ZeRO 0, its pipeline, its MoE at ZeRO 0), its MoE groups' optimizer state, its Ulysses' reduction over sp. Each
-fails once DeepSpeed changes the behaviour; the older releases' own watches are test_deepspeed_releases.py's."""
+(ZeRO 0, its pipeline, its MoE at ZeRO 0), its MoE groups' optimizer state, its Ulysses' reduction over sp, the
+Adam step its ZeRO 0 bf16 wrapper counts at construction. Each fails once DeepSpeed changes the behaviour; the older
+releases' own watches are test_deepspeed_releases.py's."""
 
 from __future__ import annotations
 
@@ -254,6 +255,48 @@ def test_watch_deepspeed_muon_takes_an_lm_head_not_named_lm_head(world_cache):
     pytest.importorskip("deepspeed")
     got = world_cache.get(1).run(_muon_tags, timeout=120)[0]
     assert got == {"embed.weight": (False, False), "head.weight": (True, True)}, got
+
+
+def _zero0_bf16_adam_steps() -> dict:
+    """Rank side, the finding's minimal case: a Linear in DeepSpeed's bf16 at ZeRO 0 with torch's Adam (lr 0.01) as
+    its client optimizer — Adam's step count right after ``deepspeed.initialize`` and after one ``engine.step``, and
+    each master's move over lr (torch's Adam moves every element by lr at its first step: |g| >> eps)."""
+    import torch
+
+    from harness.adapters.deepspeed.init import init
+    from harness.adapters.deepspeed.zero import engine_config
+    from harness.runtime import capabilities
+
+    reason = capabilities.deepspeed_dtype_unsupported(torch.bfloat16)
+    if reason:
+        return {"unsupported": reason}
+    init()
+    import deepspeed
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3, bias=False)
+    start = model.weight.detach().to(torch.bfloat16).float()  # the master DeepSpeed makes of the bf16 weight
+    config = {**engine_config(0, 1, None), "bf16": {"enabled": True}}
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=0.01),
+                                                   config=config)
+    adam = optimizer.optimizer  # FP16_UnfusedOptimizer's client: its param groups are the fp32 masters
+    (master,) = adam.param_groups[0]["params"]
+    counted = [float(s["step"]) for s in adam.state.values()]
+    engine.backward(engine(torch.randn(5, 4).to(torch.bfloat16)).float().pow(2).sum())
+    engine.step()
+    return {"wrapper": type(optimizer).__name__, "at_init": counted, "after_one": float(adam.state[master]["step"]),
+            "moved": sorted({round(float(d), 4) for d in ((master.detach() - start).abs() / 0.01).flatten()})}
+
+
+def test_watch_deepspeed_bf16_zero0_counts_a_zero_gradient_adam_step(world_cache):
+    """The finding's minimal case: Adam counts the zero-gradient step DeepSpeed's ZeRO 0 bf16 wrapper takes at
+    construction, so its first real update moves each master by 0.744 lr (the bias correction of step 2 after a
+    zero gradient: 0.526 / sqrt(0.5)), not lr. Fails once DeepSpeed stops stepping at construction (or resets the
+    count)."""
+    got = world_cache.get(1).run(_zero0_bf16_adam_steps, timeout=120)[0]
+    if "unsupported" in got:
+        pytest.skip(f"unsupported on this machine: {got['unsupported']}")
+    assert got == {"wrapper": "FP16_UnfusedOptimizer", "at_init": [1.0], "after_one": 2.0, "moved": [0.7441]}, got
 
 
 def _tiny_muon(stage: int, clipping: float | None = None) -> tuple:
