@@ -31,6 +31,7 @@ PARADIGM = Paradigm(
              ("harness.adapters.deepspeed.stack:Fp32GradAccum", "deepspeed"),
              ("harness.adapters.deepspeed.stack:ZeroInit", "deepspeed"),
              ("harness.adapters.deepspeed.stack:Hpz", "deepspeed"),
+             ("harness.adapters.deepspeed.stack:Offload", "deepspeed"),
              ("harness.adapters.torch.stack:ReshardToPairs", "torch"),
              ("harness.adapters.megatron.stack:OverlapGradReduce", "megatron")),
     findings=FINDINGS,

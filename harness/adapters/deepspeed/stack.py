@@ -28,6 +28,8 @@ Ulysses attention (``deepspeed_ulysses_stack.py``)."""
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.distributed as dist
 
@@ -151,6 +153,20 @@ class Hpz(DeepSpeedStack):
         return super().build(spec, layout, recipe, group)
 
 
+class Offload(DeepSpeedStack):
+    description = ("DeepSpeed's engine with ZeRO-Offload: the optimizer's state, masters and step on the host "
+                   "(offload_optimizer cpu, ZeRO 1-3), and at ZeRO 3 the parameters too (offload_param cpu)")
+
+    def build(self, spec, layout, recipe, group=None):
+        if layout.zero == 0:
+            raise Unsupported("ZeRO-Offload moves ZeRO's sharded state to the host: ZeRO 0 shards none.")
+        from harness.adapters.deepspeed.zero import offload_config
+
+        offloading = copy.copy(self)
+        offloading.config = offload_config(layout.zero)
+        return DeepSpeedStack.build(offloading, spec, layout, recipe, group)
+
+
 class Fp32GradAccum(DeepSpeedStack):
     description = "DeepSpeed's engine, a bf16 model's gradients accumulated in fp32 (data_types.grad_accum_dtype)"
     config = {"data_types": {"grad_accum_dtype": "fp32"}}
@@ -234,15 +250,14 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
 
     def _build(self, model):
         from harness.adapters.deepspeed.init import init
-        from harness.adapters.deepspeed.zero import _Trainer, engine_config
+        from harness.adapters.deepspeed.zero import _Trainer, engine_config, merged, require_offload
 
         init()
         import deepspeed
 
         recipe = self.recipe
-        config = engine_config(self.layout.zero, recipe.accumulation, recipe.max_grad_norm)
-        config = {**config, **bf16_config(self.spec), **self.config,  # an option's ZeRO entries join the stage's
-                  "zero_optimization": {**config["zero_optimization"], **self.config.get("zero_optimization", {})}}
+        config = merged(engine_config(self.layout.zero, recipe.accumulation, recipe.max_grad_norm),
+                        bf16_config(self.spec), self.config)
         mpu = None
         if self.layout.cp > 1:  # every attention DeepSpeed-Ulysses', the engine given its sequence-parallel state
             from harness.adapters.deepspeed.ulysses_stack import ulysses_model
@@ -266,6 +281,7 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
         else:
             engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=recipe.optimizer.build(groups),
                                                            config=config, mpu=mpu)
+        require_offload(config, optimizer)  # where an option offloads
         hpz = config["zero_optimization"].get("zero_hpz_partition_size", 1)
         if hpz > 1:
             require_secondary_partition(model, hpz)

@@ -127,18 +127,19 @@ class DeepSpeedPipeTrainer(DeepSpeedCheckpoint, BuiltFromDense):
     def _build(self, model):
         from harness.adapters.deepspeed.init import init
         from harness.adapters.deepspeed.mixed import bf16_config
-        from harness.adapters.deepspeed.zero import engine_config
+        from harness.adapters.deepspeed.zero import engine_config, merged, require_offload
 
         init()
         import deepspeed
 
         recipe, layout = self.recipe, self.layout
-        config = {**engine_config(layout.zero, self.micro_batches, recipe.max_grad_norm), **bf16_config(self.spec),
-                  **self.config}
+        config = merged(engine_config(layout.zero, self.micro_batches, recipe.max_grad_norm), bf16_config(self.spec),
+                        self.config)
         model = model.float()  # bf16: DeepSpeed rounds the model itself; its fp32 masters are the rounded weights
         module = pipeline_module(model, layout.pp, layout.checkpointing)
         client = recipe.optimizer.build([p for p in module.parameters()])
         engine, optimizer, _, _ = deepspeed.initialize(model=module, optimizer=client, config=config)
+        require_offload(config, optimizer)  # where an option offloads
         self.state = PipeState(engine, client if layout.zero == 0 else optimizer, recipe.optimizer, layout.zero,
                                model)
         return engine

@@ -50,18 +50,32 @@ class DeepSpeedZero:
         if offload and stage == 0:
             raise ValueError("offloading moves ZeRO's sharded state to the host: stage 0 shards none.")
         config = engine_config(stage, recipe.accumulation, recipe.max_grad_norm)
-        if offload:  # ZeRO-Offload: the optimizer (stages 1-3) and the parameters (stage 3) on the host
-            config["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
-            if stage == 3:
-                config["zero_optimization"]["offload_param"] = {"device": "cpu"}
-            config["zero_force_ds_cpu_optimizer"] = False  # the spec's torch optimizer, not DeepSpeedCPUAdam
+        if offload:
+            config = merged(config, offload_config(stage))
         names = [name for name, _ in model.named_parameters()]
         engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=optimizer.build(model.parameters()),
                                                  config=config)
-        if offload and not (getattr(opt, "cpu_offload", False) or getattr(opt, "offload_optimizer", False)):
-            raise Unsupported(f"DeepSpeed {deepspeed.__version__} took the offload config but its ZeRO optimizer "
-                              f"({type(opt).__name__}) reports no offload: the case would not run the offload path.")
+        require_offload(config, opt)
         return _Trainer(engine, opt, optimizer, stage, names, recipe)
+
+
+def offload_config(stage: int) -> dict:
+    """ZeRO-Offload's config entries: the optimizer's state and step on the host (stages 1-3) and, at stage 3, the
+    parameters too; the client torch optimizer kept (``zero_force_ds_cpu_optimizer`` off: not DeepSpeedCPUAdam)."""
+    zero = {"offload_optimizer": {"device": "cpu"}, **({"offload_param": {"device": "cpu"}} if stage == 3 else {})}
+    return {"zero_optimization": zero, "zero_force_ds_cpu_optimizer": False}
+
+
+def require_offload(config: dict, optimizer) -> None:
+    """Where ``config`` offloads, DeepSpeed's ZeRO ``optimizer`` reports the offload, else the case would not run the
+    offload path: unsupported, in one sentence."""
+    import deepspeed
+
+    if "offload_optimizer" not in config.get("zero_optimization", {}):
+        return
+    if not (getattr(optimizer, "cpu_offload", False) or getattr(optimizer, "offload_optimizer", False)):
+        raise Unsupported(f"DeepSpeed {deepspeed.__version__} took the offload config but its ZeRO optimizer "
+                          f"({type(optimizer).__name__}) reports no offload: the case would not run the offload path.")
 
 
 def engine_config(stage: int, accumulation: int, max_grad_norm: float | None) -> dict:
@@ -73,6 +87,16 @@ def engine_config(stage: int, accumulation: int, max_grad_norm: float | None) ->
     return {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": accumulation,
             "zero_optimization": zero, "gradient_clipping": max_grad_norm or 0.0,
             "zero_allow_untested_optimizer": True, "steps_per_print": 1 << 30, "wall_clock_breakdown": False}
+
+
+def merged(config: dict, *extra: dict) -> dict:
+    """``config`` with each of ``extra``'s entries (an option's, the precision's), its ``zero_optimization`` entries
+    joining the stage's rather than replacing them."""
+    out = dict(config)
+    for entries in extra:
+        out = {**out, **entries, "zero_optimization": {**out.get("zero_optimization", {}),
+                                                       **entries.get("zero_optimization", {})}}
+    return out
 
 
 class _Trainer:
