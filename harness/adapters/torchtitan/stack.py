@@ -36,6 +36,7 @@ from harness.adapters.torchtitan.trainer import (
     TorchtitanStackTrainer,
     model_config,
 )
+from harness.contracts import Unsupported
 from harness.stack.supports import Rule, Supports, always
 
 __all__ = ["SPMD_BACKEND", "TorchtitanStack", "TorchtitanStackTrainer", "model_config", "v02"]
@@ -110,6 +111,8 @@ SUPPORTS = Supports("the torchtitan stack", unsupported=(
 
 class TorchtitanStack:
     description = "torchtitan: its Llama3Model + parallelize_llama (TP/SP/loss parallel, FSDP2 / replicate, AC)"
+    options: dict = {}
+    """What an option passes its trainer (``CpuOffload``)."""
 
     def build(self, spec, layout, recipe, group=None):
         SUPPORTS.check(spec, layout, recipe)
@@ -120,4 +123,22 @@ class TorchtitanStack:
             from harness.adapters.torchtitan.v02 import TorchtitanV02Trainer
 
             return TorchtitanV02Trainer(spec, layout, recipe)
-        return TorchtitanStackTrainer(spec, layout, recipe)
+        return TorchtitanStackTrainer(spec, layout, recipe, **self.options)
+
+
+class CpuOffload(TorchtitanStack):
+    description = ("torchtitan with training.enable_cpu_offload: FSDP2's CPUOffloadPolicy, the sharded parameters, "
+                   "their gradients and the optimizer's step on the host")
+    options = {"cpu_offload": True}
+
+    def build(self, spec, layout, recipe, group=None):
+        from harness.runtime.capabilities import pinned_memory_unsupported
+
+        why = pinned_memory_unsupported()
+        if why:  # torchtitan's apply_fsdp builds CPUOffloadPolicy() (pin_memory=True), which pins its host shards
+            raise Unsupported(f"torchtitan's enable_cpu_offload pins the host copies (CPUOffloadPolicy's default "
+                              f"pin_memory=True) and {why[0].lower() + why[1:]}")
+        trainer = super().build(spec, layout, recipe, group)
+        if not isinstance(trainer, TorchtitanStackTrainer):
+            raise Unsupported("the CpuOffload option drives torchtitan 0.3's trainer, not 0.2's.")
+        return trainer

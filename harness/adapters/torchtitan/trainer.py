@@ -54,8 +54,10 @@ CHUNKED = ("interleaved", "interleaved-zb", "zbv", "dualpipev")
 
 
 class TorchtitanStackTrainer(BuiltFromDense):
-    def __init__(self, spec, layout, recipe):
-        self.spec, self.layout, self.recipe = spec, layout, recipe
+    def __init__(self, spec, layout, recipe, cpu_offload: bool = False):
+        """``cpu_offload``: its ``training.enable_cpu_offload`` (FSDP2's CPUOffloadPolicy: the sharded parameters, their
+        gradients and the optimizer's step on the host)."""
+        self.spec, self.layout, self.recipe, self.cpu_offload = spec, layout, recipe, cpu_offload
 
     def _parallelism(self):
         from torchtitan.config import ParallelismConfig
@@ -153,7 +155,8 @@ class TorchtitanStackTrainer(BuiltFromDense):
         common = {"parallel_dims": self.dims, "parallelism": parallelism, "compile_config": compile_config,
                   "ac_config": FullAC.Config() if layout.checkpointing else None, "dump_folder": "/tmp",
                   "training": TrainingConfig(mixed_precision_param=spec.dtype, mixed_precision_reduce="float32",
-                                             local_batch_size=layout.num_microbatches)}
+                                             local_batch_size=layout.num_microbatches,
+                                             enable_cpu_offload=self.cpu_offload)}
         if layout.pp > 1:
             self.schedule, parts, self.first, self.last = pipeline_llm(
                 titan, **common, device=torch.device("cpu"), model_config=config, parallelize_fn=parallelize,
