@@ -32,6 +32,11 @@ cover; with 1e-3 it stays below lr δg / 1e-3. Gradients here are 1e-2 to 1: Ada
 reference stack, float32, same Adam, on the finding's case: 1.3e-6 — the bound is not what fails there.)"""
 
 
+ADAM8 = OptimizerSpec("adam", 1e-2)
+"""Adam at torch's default eps (1e-8), as the stacks' users run it: in bf16 its masters and second moments are held by
+the replay (Adam's step of the stack's own state, harness/stack/adam_replay.py), its first moments by the bound."""
+
+
 def padded_at(i: int) -> bool:
     """Whether the i-th case of a stack's own case list draws a padded batch: two in three do (their counted
     targets differ per replica, micro-batch and pass; the last micro-batch may hold none), the rest are full."""

@@ -23,7 +23,7 @@ from harness.stack.judge import hold
 from harness.verdict import reduce
 from reference.models import ModelSpec
 from reference.zero import OptimizerSpec
-from suites._support.stack import ADAM, LLAMA32, MOE32, padded_at
+from suites._support.stack import ADAM, ADAM8, LLAMA32, MOE32, padded_at
 
 DEEPSPEED = registry.skip_reason(registry.resolve("deepspeed", "stack"))
 pytestmark = pytest.mark.skipif(bool(DEEPSPEED), reason=f"deepspeed: {DEEPSPEED}")
@@ -105,7 +105,6 @@ def test_what_the_deepspeed_stack_does_not_compose_is_said_in_one_sentence(layou
 
 LLAMA16 = ModelSpec(**{**LLAMA32.as_dict(), "dtype": "bfloat16"})
 GPT16 = ModelSpec(**{**GPT32.as_dict(), "dtype": "bfloat16"})
-ADAM8 = OptimizerSpec("adam", 1e-2)  # torch's eps, 1e-8: Adam's masters replayed, not bounded (harness/stack/mixed.py)
 BF16 = [  # (spec, layout, recipe, in every profile): DeepSpeed's bf16 (fp32 masters) held precision-matched
     (LLAMA16, Layout(2, 1, 1, zero=0), Recipe(max_grad_norm=0.05), False),  # tox: its dtype check (the budget)
     (GPT16, Layout(2, 1, 1, zero=2), Recipe(accumulation=2), False),
