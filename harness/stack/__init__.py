@@ -33,6 +33,7 @@ PARADIGM = Paradigm(
              ("harness.adapters.deepspeed.stack:Hpz", "deepspeed"),
              ("harness.adapters.deepspeed.stack:Offload", "deepspeed"),
              ("harness.adapters.torch.stack:ReshardToPairs", "torch"),
+             ("harness.adapters.torch.stack:CpuOffload", "torch"),
              ("harness.adapters.torchtitan.stack:CpuOffload", "torchtitan"),
              ("harness.adapters.megatron.stack:OverlapGradReduce", "megatron")),
     findings=FINDINGS,

@@ -134,64 +134,6 @@ def test_torchtitan_bf16_mixed_precision_equals_one_device(layout, recipe, padde
     assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
 
 
-OFFLOAD = [  # (layout, recipe, in every profile): torchtitan's training.enable_cpu_offload, bf16 with Adam
-    (Layout(2, 1, 1, zero=2), Recipe(optimizer=ADAM, max_grad_norm=0.05, accumulation=2), True),
-    (Layout(2, 1, 1, zero=3), Recipe(optimizer=ADAM, accumulation=2), False),
-    (Layout(1, 1, 2), Recipe(optimizer=ADAM, max_grad_norm=0.05), False),
-    (Layout(4, 1, 1, zero=3, replicate=2), Recipe(optimizer=ADAM, accumulation=2), False),
-]
-"""The option ``harness.adapters.torchtitan.stack:CpuOffload``: FSDP2's CPUOffloadPolicy as torchtitan builds it (the
-sharded parameters, their gradients and the optimizer's step on the host) — accumulating, clipped, over TP and HSDP.
-torchtitan's policy pins the host copies (``CPUOffloadPolicy()``: pin_memory=True), which needs an accelerator: on a
-CPU host every case is unsupported with torch's own reason (the capability's watch below), on a GPU node they run
-(docs/guides/gpu-node.md)."""
-
-
-@pytest.mark.parametrize("layout, recipe", [
-    pytest.param(lay, r, id=f"{lay.label()}-zero{lay.zero}", marks=[] if every else [pytest.mark.thorough])
-    for lay, r, every in OFFLOAD])
-def test_torchtitan_cpu_offload_equals_one_device(layout, recipe, world_cache, conformance):
-    from harness.runtime.capabilities import pinned_memory_unsupported, require_dtype
-
-    require_dtype(world_cache.get(layout.world_size), "bfloat16", conformance, suite="stack", impl="torchtitan")
-    v = hold(world_cache, conformance, "harness.adapters.torchtitan.stack:CpuOffload", layout.world_size, LLAMA16,
-             layout, recipe, padded=True)
-    if pinned_memory_unsupported() or V02:  # this machine, or a torchtitan without the option: said in one sentence
-        assert v["outcome"] == "unsupported" and "\n" not in v["refused"], v
-        pytest.skip(v["refused"])
-    assert v["outcome"] == "pass", v["problems"][:4] or v["refused"]
-
-
-def _offload_without_the_probe():
-    """Rank side: torchtitan's own offload path on this machine, the capability check bypassed — what it raises."""
-    from harness.adapters.torchtitan.imports import import_torchtitan
-    from harness.adapters.torchtitan.stack import TorchtitanStackTrainer
-
-    import_torchtitan()
-    trainer = TorchtitanStackTrainer(LLAMA16, Layout(1, 1, 1, zero=3), Recipe(optimizer=ADAM), cpu_offload=True)
-    try:
-        trainer.load_dense(LLAMA16.build(0).state_dict())
-    except RuntimeError as exc:
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-    return None
-
-
-def test_watch_torchtitans_cpu_offload_needs_pinned_memory(world_cache):
-    """Watch of the capability the CpuOffload option checks: where this machine cannot pin host memory, torchtitan's
-    own offload path (its CPUOffloadPolicy pins) raises the same error; where it can, it builds. Fails once torchtitan
-    offloads without pinning (then the option runs on a CPU host) or pins where torch cannot."""
-    if V02:
-        pytest.skip("torchtitan 0.2.x: the CpuOffload option drives 0.3's trainer")
-    from harness.runtime.capabilities import pinned_memory_unsupported
-
-    why = pinned_memory_unsupported()
-    [raised] = world_cache.get(1).run(_offload_without_the_probe, timeout=120)
-    if why is None:
-        assert raised is None, raised
-    else:
-        assert raised is not None and raised in why, (raised, why)
-
-
 class _Watched:
     """The torchtitan stack, every nn.Linear of its model recording the weight it computes with (FSDP2's
     unsharded copy, in the policy's dtype)."""

@@ -116,17 +116,26 @@ class ReshardToPairs(TorchStack):
         return TorchStackTrainer(spec, layout, recipe, reshard_after_forward=2)
 
 
+class CpuOffload(TorchStack):
+    description = ("FSDP2 with CPUOffloadPolicy: the sharded parameters, their gradients and the optimizer's step on "
+                   "the host (pinned where the machine pins), under TP and pipelining as without")
+
+    def build(self, spec, layout, recipe, group=None):
+        SUPPORTS.check(spec, layout, recipe)
+        return TorchStackTrainer(spec, layout, recipe, offload=True)
+
+
 class TorchStackTrainer(BuiltFromDense):
-    def __init__(self, spec, layout, recipe, reshard_after_forward: bool | int | None = None):
+    def __init__(self, spec, layout, recipe, reshard_after_forward: bool | int | None = None, offload: bool = False):
         """``reshard_after_forward``: FSDP2's (None: ZeRO 3's True, ZeRO 2's False; an int: the group size it
-        reshards to after forward, ``ReshardToPairs``)."""
+        reshards to after forward, ``ReshardToPairs``). ``offload``: FSDP2's CPUOffloadPolicy (``CpuOffload``)."""
         from torch.distributed.device_mesh import init_device_mesh
 
         from harness.runtime.rank import rank_device
 
         self.spec, self.layout, self.recipe = spec, layout, recipe
         self.reshard_after_forward = layout.zero == 3 if reshard_after_forward is None else reshard_after_forward
-        self.tensor_parallel = isinstance(self.reshard_after_forward, bool)
+        self.tensor_parallel, self.offload = isinstance(self.reshard_after_forward, bool), offload
         """False (an int: FSDP2 reshards to a smaller group, and refuses DTensors there): plain parameters at tp 1."""
         dims, names = (layout.dp, layout.pp, layout.tp), ("dp", "pp", "tp")
         if layout.replicate > 1:  # HSDP: FSDP2 over the (replicate, shard) sub-mesh
@@ -148,7 +157,7 @@ class TorchStackTrainer(BuiltFromDense):
                           recipe.optimizer.lr, mesh=self.mesh, optimizer=recipe.optimizer,
                           reshard_after_forward=self.reshard_after_forward, accumulation=recipe.accumulation,
                           checkpointing=layout.checkpoint_policy if layout.checkpointing else None,
-                          compile=layout.compile, tensor_parallel=self.tensor_parallel)
+                          compile=layout.compile, tensor_parallel=self.tensor_parallel, offload=self.offload)
         trainer.max_grad_norm, trainer.norm_type = recipe.max_grad_norm, recipe.norm_type
         return trainer
 

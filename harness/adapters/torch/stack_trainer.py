@@ -30,9 +30,12 @@ class Torch3D:
 
     def __init__(self, model, dp: int, pp: int, tp: int, schedule: str, microbatches: int, lr: float,
                  mesh=None, optimizer=None, reshard_after_forward: bool = True, accumulation: int = 1,
-                 checkpointing: str | None = None, compile: bool = False, tensor_parallel: bool = True):
+                 checkpointing: str | None = None, compile: bool = False, tensor_parallel: bool = True,
+                 offload: bool = False):
         """``tensor_parallel`` False (tp 1 only): the blocks, embedding and head left plain tensors, not DTensors on
-        the one-rank TP mesh — what FSDP2's partial resharding (``reshard_after_forward`` an int) takes."""
+        the one-rank TP mesh — what FSDP2's partial resharding (``reshard_after_forward`` an int) takes. ``offload``:
+        FSDP2's ``CPUOffloadPolicy`` (the sharded parameters, their gradients and the optimizer's step on the host;
+        pinned where the machine pins)."""
         from torch.distributed import pipelining
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -82,9 +85,16 @@ class Torch3D:
             parallelize_module(stage.head, tp_mesh, ColwiseParallel(output_layouts=Shard(-1), use_local_output=False))
         for block in stage.blocks:  # torchtitan's order: TP, activation checkpointing, compile, FSDP
             _wrap_forward(block, checkpointing, compile)
+        policy = {}
+        if offload:
+            from torch.distributed.fsdp import CPUOffloadPolicy
+
+            from harness.runtime.capabilities import pinned_memory_unsupported
+
+            policy = {"offload_policy": CPUOffloadPolicy(pin_memory=pinned_memory_unsupported() is None)}
         for block in stage.blocks:
-            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
-        fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, **policy)
+        fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, **policy)
         self.stage = stage
         # by the dense model's names: Muon's rule (``OptimizerSpec.build_named``) — torch's Muon on the DTensors
         self.optimizer = optimizer.build_named((self.names[n], p) for n, p in stage.named_parameters()) \
