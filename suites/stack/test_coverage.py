@@ -112,7 +112,7 @@ def cases(stack: str) -> list[Case]:
 
     out = [Case(*p.values[1:], _tox(p)) for p in eq._cases()]
     out += [Case(LLAMA, layout, recipe, False, _tox(p)) for p in eq._cp_cases() for _, layout, recipe in [p.values]]
-    out += [Case(spec, layout, recipe, False, True) for spec, layout, recipe in eq.BF16]
+    out += [Case(*p.values, False, _tox(p)) if hasattr(p, "values") else Case(*p, False, True) for p in eq.BF16]
     out += [Case(spec, Layout(2, 1, 2, zero=1), Recipe(optimizer=OptimizerSpec("adam", 1e-2)), False, True)
             for spec in (LLAMA, MQA)]
     from . import test_moe as moe

@@ -124,11 +124,15 @@ BF16 = [(ModelSpec(**{**GPT.as_dict(), "dtype": "bfloat16", "tie_embeddings": Tr
         (ModelSpec(**{**MQA.as_dict(), "dtype": "bfloat16"}), Layout(2, 1, 2, zero=2, checkpointing=True),
          Recipe()),
         (ModelSpec(**{**LLAMA.as_dict(), "dtype": "bfloat16", "vocab": 16}), Layout(2, 1, 2, zero=1),
-         Recipe(optimizer=OptimizerSpec("adam", 0.01), max_grad_norm=0.05))]
+         Recipe(optimizer=OptimizerSpec("adam", 0.01), max_grad_norm=0.05)),
+        pytest.param(ModelSpec(**{**LLAMA.as_dict(), "dtype": "bfloat16", "vocab": 16}), Layout(2, 1, 2, zero=2),
+                     Recipe(optimizer=OptimizerSpec("adam", 0.01), max_grad_norm=0.05, accumulation=2),
+                     marks=pytest.mark.thorough)]
 """bfloat16 with fp32 masters: a tied GPT over dp x tp (ZeRO 1, clipped), a Llama over pp x tp (GPipe,
 accumulating 2, the inf norm clipped), the multi-query Llama over dp x tp (its one KV head replicated, ZeRO 2,
 checkpointed), SGD with momentum; and a Llama over dp x tp (ZeRO 1, clipped) with Adam at its default eps (a vocabulary
-tp divides: megatron's padded-vocabulary finding has its own test). Adam's first
+tp divides: megatron's padded-vocabulary finding has its own test), and in the thorough env the same over FSDP x TP
+(ZeRO 2: the reference's flat shards, torch's and torchtitan's FSDP2 mixed precision), accumulating. Adam's first
 update is lr x g / |g| per element, whose sign flips with the rounding of any gradient element near zero — no bound
 from E_T holds for its masters or its second moment (measured: 42 E_T on the embedding at step 2): the bound holds its
 first moments (linear in the gradients), and its masters and second moments are replayed — Adam's step of the stack's
@@ -137,7 +141,7 @@ own state, within fp32's rounding (harness/stack/adam_replay.py). Measured (refe
 
 
 @pytest.mark.parametrize("spec, layout, recipe", BF16, ids=["gpt-tied-2x1x2", "llama-1x2x2", "llama-mqa-2x1x2",
-                                                           "llama-adam-2x1x2"])
+                                                           "llama-adam-2x1x2", "llama-adam-fsdp-tp"])
 def test_bf16_with_fp32_masters_equals_one_device(stack_impl, spec, layout, recipe, world_cache, conformance):
     """Every rank's fp32 masters and their optimizer state within allowed_ratio x E_T of one device running
     the same recipe (harness/stack/mixed.py; E_T: one device's own distance from float64), the norm

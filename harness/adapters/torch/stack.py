@@ -8,17 +8,17 @@ before FSDP2 (torchtitan's order), "full" or "selective" (``create_selective_che
 saved); ``Layout.compile`` compiles each block's forward with ``torch.compile`` (inductor), checkpointing inside the
 compiled region, the FSDP2 hooks outside it.
 
-What it does not provide is ``Unsupported`` in one sentence: ZeRO 0 / 1 with dp > 1 (FSDP2 shards the
-parameters: ZeRO 2 is ``reshard_after_forward=False``, 3 is True; over one replica nothing is sharded and
-any stage is the same), the schedules of two stages per rank (interleaved, interleaved-zb, zbv, dualpipev),
-sequence parallelism, tied
-embeddings (pipelining shares no parameter across stages), kv_heads < tp (ColwiseParallel cannot split
-fewer heads than ranks: they would have to be replicated, which the plan does not do — torchtitan
-requires the KV heads to divide by tp too) and low precision (its mixed-precision recipe is FSDP2's
-``MixedPrecisionPolicy``, held separately in suites/mixed_precision). A float8 recipe (``Recipe.low_precision``,
-tensorwise or rowwise) is torchao's emulated ``Float8Linear`` in every block, MXFP8 its emulated ``MXFP8Linear``
-(the module torchtitan's MXFP8 converter builds), converted before TP (torch's ``ColwiseParallel`` /
-``RowwiseParallel`` over it, as torchtitan does for rowwise), pipelining and FSDP2.
+What it does not provide is ``Unsupported`` in one sentence: ZeRO 0 / 1 with dp > 1 (FSDP2 shards the parameters:
+ZeRO 2 is ``reshard_after_forward=False``, 3 is True; over one replica nothing is sharded and any stage is the
+same), the schedules of two stages per rank (interleaved, interleaved-zb, zbv, dualpipev), sequence parallelism,
+tied embeddings (pipelining shares no parameter across stages), kv_heads < tp (ColwiseParallel cannot split fewer
+heads than ranks: they would have to be replicated, which the plan does not do — torchtitan requires the KV heads
+to divide by tp too) and fp16 (a loss scaler: torch's GradScaler over FSDP2 is held in suites/mixed_precision).
+bf16 is FSDP2's ``MixedPrecisionPolicy`` (torchtitan's recipe: fp32 parameters as the masters, each module
+computing in a bf16 copy, gradients reduced in fp32), held precision-matched. A float8 recipe
+(``Recipe.low_precision``, tensorwise or rowwise) is torchao's emulated ``Float8Linear`` in every block, MXFP8 its
+emulated ``MXFP8Linear`` (the module torchtitan's MXFP8 converter builds), converted before TP (torch's
+``ColwiseParallel`` / ``RowwiseParallel`` over it, as torchtitan does for rowwise), pipelining and FSDP2.
 
 ``save`` / ``load`` go through ``torch.distributed.checkpoint`` (DCP), keyed by the one-device names (each
 stage's local names renamed, as torchtitan's pipeline split keeps global FQNs) so that a split that changes
@@ -72,8 +72,10 @@ SUPPORTS = Supports("the torch stack", unsupported=(
          "'paritybench[torchao]')."),
     Rule(lambda s, lay, r: r.low_precision and s.dtype != "float32",
          "the torch stack's float8 recipe converts the linear layers of a float32 model (torchao's Float8Linear)."),
-    Rule(lambda s, lay, r: s.dtype not in ("float64", "float32"),
-         "the torch stack's low-precision recipe is FSDP2's MixedPrecisionPolicy, held in suites/mixed_precision."),
+    Rule(lambda s, lay, r: s.dtype not in ("float64", "float32", "bfloat16"),
+         lambda s, lay, r: f"the torch stack trains float64, float32, and bf16 through FSDP2's MixedPrecisionPolicy "
+                           f"(fp32 masters); {s.dtype} needs a loss scaler, which the stack contract does not drive "
+                           "(torch's GradScaler over FSDP2: suites/mixed_precision)."),
     Rule(lambda s, lay, r: r.optimizer.name == "muon" and r.low_precision,
          "the torch stack trains Muon without a float8 recipe here."),
     Rule(lambda s, lay, r: r.optimizer.name == "muon" and _muon_lacks(r) is not None,

@@ -86,12 +86,19 @@ class Torch3D:
         for block in stage.blocks:  # torchtitan's order: TP, activation checkpointing, compile, FSDP
             _wrap_forward(block, checkpointing, compile)
         policy = {}
+        low = next(stage.parameters()).dtype
+        if low in (torch.bfloat16, torch.float16):  # FSDP2's mixed precision: fp32 parameters (the masters), each
+            # module computing in a low-precision copy, gradients reduced in fp32 — torchtitan's recipe
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+
+            stage.float()
+            policy["mp_policy"] = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
         if offload:
             from torch.distributed.fsdp import CPUOffloadPolicy
 
             from harness.runtime.capabilities import pinned_memory_unsupported
 
-            policy = {"offload_policy": CPUOffloadPolicy(pin_memory=pinned_memory_unsupported() is None)}
+            policy["offload_policy"] = CPUOffloadPolicy(pin_memory=pinned_memory_unsupported() is None)
         for block in stage.blocks:
             fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, **policy)
         fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, **policy)
