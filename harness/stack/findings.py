@@ -8,7 +8,7 @@ import math
 from harness.records.findings import Finding
 
 FINDINGS = (
-    Finding("deepspeed", "stack", "deepspeed", ("0.19.8", None),
+    Finding("deepspeed", "stack", "deepspeed", ("0.18.9", None),
             "DeepSpeed's bf16 at ZeRO 0 wraps the client optimizer in FP16_UnfusedOptimizer, whose constructor "
             "(initialize_optimizer_states) steps it once with zero gradients to create its state: torch's Adam then "
             "counts that step, and every real step is bias-corrected as the next one — each master's first move is "
