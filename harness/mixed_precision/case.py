@@ -133,7 +133,10 @@ def train_mixed(stage: int, dtype_name: str, reduce_name: str, steps: int = 3, p
     growing every 2 clean steps; its state must match one device's. ``planted``: "missing-average" (the
     reduced gradient summed, not averaged). ``optimizer`` "adam": K = 12 bytes of fp32 state per parameter
     (the memory table); its masters are not held to ``bound`` (derived for SGD: Adam's normalisation
-    divides a rounding difference by sqrt(v) + eps) — ``checked`` is False."""
+    divides a rounding difference by sqrt(v) + eps) — ``checked`` is False. These trainers' bf16 with Adam is held in
+    the stack suite instead, per step against one device's E_T with the masters replayed as Adam's step of their own
+    state (harness/stack/mixed.py, adam_replay.py): the reference's MixedPrecisionZero, FSDP2's MixedPrecisionPolicy
+    (the torch stack, torchtitan) and DeepSpeed's bf16 at ZeRO 0-3."""
     n, r = dist.get_world_size(), dist.get_rank()
     dtype = DTYPES[dtype_name]
     model, x, y, slices = inputs(n, per_rank, seed, dtype)
