@@ -106,13 +106,14 @@ def test_what_the_deepspeed_stack_does_not_compose_is_said_in_one_sentence(layou
 LLAMA16 = ModelSpec(**{**LLAMA32.as_dict(), "dtype": "bfloat16"})
 GPT16 = ModelSpec(**{**GPT32.as_dict(), "dtype": "bfloat16"})
 BF16 = [  # (spec, layout, recipe, in every profile): DeepSpeed's bf16 (fp32 masters) held precision-matched
-    (LLAMA16, Layout(2, 1, 1, zero=0), Recipe(max_grad_norm=0.05), False),  # tox: its dtype check (the budget)
+    (LLAMA16, Layout(2, 1, 1, zero=0), Recipe(max_grad_norm=0.05), False),
     (GPT16, Layout(2, 1, 1, zero=2), Recipe(accumulation=2), False),
     (LLAMA16, Layout(1, 2, 1), Recipe(max_grad_norm=0.05), False),
     (LLAMA16, Layout(2, 1, 1, zero=1), Recipe(max_grad_norm=0.05), False),
     (LLAMA16, Layout(2, 1, 1, zero=3), Recipe(), False),
     (GPT16, Layout(2, 2, 1, zero=1), Recipe(max_grad_norm=0.05), False),
-    # Adam at its default eps, as DeepSpeed's users run bf16 (ZeRO 0: the known finding — its watch runs in tox)
+    # Adam at its default eps, as DeepSpeed's users run bf16 (ZeRO 0: the known finding — its watch runs in tox); tox:
+    # ZeRO 3 with Adam, its dtype check (the budget)
     (LLAMA16, Layout(2, 1, 1, zero=3), Recipe(optimizer=ADAM8, max_grad_norm=0.05, accumulation=2), True),
     (LLAMA16, Layout(2, 1, 1, zero=0), Recipe(optimizer=ADAM8, max_grad_norm=0.05), False),
     (GPT16, Layout(2, 1, 1, zero=1), Recipe(optimizer=ADAM8, accumulation=2), False),
