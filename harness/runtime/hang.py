@@ -182,16 +182,19 @@ def rank_stacks(world, ranks: list[int]) -> dict[int, str]:
         if world._procs[rank].is_alive():
             os.kill(world._procs[rank].pid, signal.SIGUSR1)
     stacks: dict[int, str] = {}
+    partial: dict[int, str] = {}
     end = time.monotonic() + STACK_WAIT_S
     while len(stacks) < len(ranks) and time.monotonic() < end:
         time.sleep(0.02)
         for rank in ranks:
             path = world._stack_path(rank)
             if rank not in stacks and os.path.exists(path) and os.path.getsize(path) > sizes[rank]:
-                time.sleep(0.02)  # let faulthandler finish the dump
                 with open(path) as f:
                     f.seek(sizes[rank])
-                    stacks[rank] = f.read()
+                    text = f.read()
+                # faulthandler writes the newest thread first and the main thread (the rank's loop) last: a dump
+                # read before that block is written names no frame of the rank's call — wait for it
+                (stacks if "in _rank_main" in text else partial)[rank] = text
     for rank in ranks:
-        stacks.setdefault(rank, "(no stack: the rank did not answer SIGUSR1)")
+        stacks.setdefault(rank, partial.get(rank) or "(no stack: the rank did not answer SIGUSR1)")
     return stacks

@@ -90,3 +90,37 @@ def test_a_rank_waiting_on_the_short_processes_it_runs_is_computing():
     burn = "import time\nwhile time.process_time() < 0.3:\n    pass"
     subprocess.run([sys.executable, "-c", burn], check=True)
     assert cpu_seconds(os.getpid()) - before >= 0.25
+
+
+def test_a_rank_s_stack_is_read_once_its_main_thread_is_written(tmp_path):
+    """faulthandler writes the newest thread first and the main thread (the rank's loop, ``_rank_main``) last: a dump
+    read as soon as the file grows can hold the other threads only, and named no frame of the rank's call under load
+    (CI: "rank 2 is in code with no Python frame of its own" for a rank in time.sleep). The reader waits for the main
+    thread's block; a rank that never writes it gets what it wrote."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from harness.runtime import hang
+
+    paths = {r: tmp_path / f"stack{r}" for r in (0, 1)}
+    for path in paths.values():
+        path.write_text("")
+    dead = SimpleNamespace(is_alive=lambda: False)  # no signal sent: the test writes the dumps itself
+    world = SimpleNamespace(_tmpdir=str(tmp_path), _stack_path=lambda r: str(paths[r]), _procs={0: dead, 1: dead})
+    other = 'Thread 0x01 (most recent call first):\n  File "/x/threading.py", line 3 in wait\n\n'
+    main = ('Current thread 0x02 (most recent call first):\n  File "/x/ranks.py", line 180 in wait_in_a_subgroup\n'
+            '  File "/x/harness/runtime/rank.py", line 112 in _rank_main\n')
+
+    def dump():
+        for path in paths.values():
+            path.write_text(other)
+        time.sleep(0.3)  # longer than the old reader's 20 ms grace
+        paths[0].write_text(other + main)  # rank 1 never writes its main thread
+
+    writer = threading.Thread(target=dump)
+    writer.start()
+    stacks = hang.rank_stacks(world, [0, 1])
+    writer.join()
+    assert innermost_frame(stacks[0]) == "wait_in_a_subgroup at ranks.py:180", stacks[0]
+    assert stacks[1] == other

@@ -28,8 +28,6 @@ Ulysses attention (``deepspeed_ulysses_stack.py``)."""
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.distributed as dist
 
@@ -117,8 +115,12 @@ class DeepSpeedStack:
                                   "train_batch runs the backward itself.")
             from harness.adapters.deepspeed.stack_pipe import DeepSpeedPipeTrainer
 
-            return DeepSpeedPipeTrainer(spec, layout, recipe, self.config)
-        return DeepSpeedStackTrainer(spec, layout, recipe, self.config, self.scale_wrt_gas, self.zero_init)
+            return DeepSpeedPipeTrainer(spec, layout, recipe, self.entries(layout))
+        return DeepSpeedStackTrainer(spec, layout, recipe, self.entries(layout), self.scale_wrt_gas, self.zero_init)
+
+    def entries(self, layout) -> dict:
+        """The config entries this option adds to the engine's on ``layout`` (``config``)."""
+        return self.config
 
 
 class CallerScalesLoss(DeepSpeedStack):
@@ -160,11 +162,12 @@ class Offload(DeepSpeedStack):
     def build(self, spec, layout, recipe, group=None):
         if layout.zero == 0:
             raise Unsupported("ZeRO-Offload moves ZeRO's sharded state to the host: ZeRO 0 shards none.")
+        return super().build(spec, layout, recipe, group)
+
+    def entries(self, layout) -> dict:
         from harness.adapters.deepspeed.zero import offload_config
 
-        offloading = copy.copy(self)
-        offloading.config = offload_config(layout.zero)
-        return DeepSpeedStack.build(offloading, spec, layout, recipe, group)
+        return offload_config(layout.zero)
 
 
 class Fp32GradAccum(DeepSpeedStack):
