@@ -86,19 +86,14 @@ def deepspeed_dtype_unsupported(dtype: torch.dtype) -> str | None:
 
 
 @cache
-def _pin_error() -> str | None:
-    try:
-        torch.empty(1).pin_memory()
-    except RuntimeError as exc:
-        return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0].rstrip('.')}"
-    return None
-
-
 def pinned_memory_unsupported() -> str | None:
     """None where this machine pins host memory (page-locked, for copies to and from an accelerator: what an offload
     policy that pins asks for); else why not, in one sentence — torch's own error (no accelerator on a CPU host)."""
-    error = _pin_error()
-    return None if error is None else f"this machine cannot pin host memory: {error}."
+    try:
+        torch.empty(1).pin_memory()
+    except RuntimeError as exc:
+        return f"this machine cannot pin host memory: {type(exc).__name__}: {str(exc).splitlines()[0].rstrip('.')}."
+    return None
 
 
 def rank_dtype_unsupported(name: str) -> str | None:

@@ -137,7 +137,7 @@ class CpuOffload(TorchtitanStack):
         why = pinned_memory_unsupported()
         if why:  # torchtitan's apply_fsdp builds CPUOffloadPolicy() (pin_memory=True), which pins its host shards
             raise Unsupported(f"torchtitan's enable_cpu_offload pins the host copies (CPUOffloadPolicy's default "
-                              f"pin_memory=True) and {why[0].lower() + why[1:]}")
+                              f"pin_memory=True) and {why}")
         trainer = super().build(spec, layout, recipe, group)
         if not isinstance(trainer, TorchtitanStackTrainer):
             raise Unsupported("the CpuOffload option drives torchtitan 0.3's trainer, not 0.2's.")
