@@ -57,10 +57,11 @@ CASES = [  # (id, spec, layout, recipe)
     ("hybrid-zero2-tp", LLAMA, Layout(4, 1, 2, zero=2, replicate=2), Recipe(optimizer=MUON, max_grad_norm=0.05)),
 ]
 THOROUGH = {"fsdp-tp", "dp-pp-tp", "cp-tp", "pp-clip", "dp", "zero3-float32", "zero3-accumulate-float32",
-            "tp-spectral-unclamped", "hybrid-zero2-tp"}
-"""tox's budget: each stack's TP (every matrix split) and FSDP2 with accumulation, the one-KV-head gather (torch 2.15's
-spectral_unclamped: its bitwise optimizer test in tox, its stack case here); replicated
-DP (nothing split), the pipeline, CP and the 4- and 8-rank meshes in the thorough env."""
+            "tp-spectral-unclamped", "hybrid-zero2-tp", "dp-float32", "zero2-float32"}
+"""tox's budget: each stack's TP (every matrix split) and FSDP2 with accumulation, the one-KV-head gather, a float32
+ZeRO 1 with accumulation (DeepSpeed's Muon: its first step torch.compiles its kernels, ~10 s once per process; its two
+findings' watches run in tox too); replicated DP (nothing split), ZeRO 2 / 3 in float32, torch 2.15's spectral_unclamped
+(its bitwise optimizer test in tox), the pipeline, CP and the 4- and 8-rank meshes in the thorough env."""
 
 
 @pytest.mark.parametrize("spec, layout, recipe", named_cases(CASES, THOROUGH))
