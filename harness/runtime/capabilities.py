@@ -47,8 +47,13 @@ def _probe(dtype: torch.dtype, device: str) -> str | None:
         a = torch.ones(3, 3, dtype=dtype, device=device, requires_grad=True)
         torch.nn.functional.mse_loss(a @ a, torch.zeros(3, 3, dtype=dtype, device=device)).backward()
     except (RuntimeError, NotImplementedError) as exc:
-        return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+        return _said(exc)
     return None
+
+
+def _said(exc: Exception) -> str:
+    """'RuntimeError: <the error's first line>' (an error with no message: its type alone, and the colon)."""
+    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
 
 
 def dtype_unsupported(dtype: torch.dtype, device: torch.device | str = "cpu") -> str | None:
@@ -92,7 +97,7 @@ def pinned_memory_unsupported() -> str | None:
     try:
         torch.empty(1).pin_memory()
     except RuntimeError as exc:
-        return f"this machine cannot pin host memory: {type(exc).__name__}: {str(exc).splitlines()[0].rstrip('.')}."
+        return f"this machine cannot pin host memory: {_said(exc).rstrip('.')}."
     return None
 
 
