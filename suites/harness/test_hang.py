@@ -106,13 +106,21 @@ def test_a_rank_s_stack_is_read_once_its_main_thread_is_written(tmp_path):
     paths = {r: tmp_path / f"stack{r}" for r in (0, 1)}
     for path in paths.values():
         path.write_text("")
-    dead = SimpleNamespace(is_alive=lambda: False)  # no signal sent: the test writes the dumps itself
-    world = SimpleNamespace(_tmpdir=str(tmp_path), _stack_path=lambda r: str(paths[r]), _procs={0: dead, 1: dead})
+    asked = threading.Event()  # the reader has taken both files' sizes: the dumps may start (no race with it)
+
+    def alive(rank):
+        if rank == 1:
+            asked.set()
+        return False  # no signal sent: the test writes the dumps itself
+
+    procs = {r: SimpleNamespace(is_alive=lambda r=r: alive(r)) for r in (0, 1)}
+    world = SimpleNamespace(_tmpdir=str(tmp_path), _stack_path=lambda r: str(paths[r]), _procs=procs)
     other = 'Thread 0x01 (most recent call first):\n  File "/x/threading.py", line 3 in wait\n\n'
     main = ('Current thread 0x02 (most recent call first):\n  File "/x/ranks.py", line 180 in wait_in_a_subgroup\n'
             '  File "/x/harness/runtime/rank.py", line 112 in _rank_main\n')
 
     def dump():
+        asked.wait(5)
         for path in paths.values():
             path.write_text(other)
         time.sleep(0.3)  # longer than the old reader's 20 ms grace
