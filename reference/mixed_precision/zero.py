@@ -58,11 +58,13 @@ class MixedPrecisionZero:
         if stage == 3:
             self.zero3 = Zero3(module, spec, group, reduce_dtype=reduce_dtype, replicate=replicate)
             self.parts = [u.shard for u in self.zero3.units]  # this rank's low-precision shards
+            masks = [u.flat.decaying(spec)[u.flat.shard] for u in self.zero3.units]
         else:
             self.flat = FlatParams(list(module.parameters()), group, replicate)
             self.parts = [self.flat.buffer[self.flat.shard] if stage else self.flat.buffer]
+            masks = [self.flat.decaying(spec)[self.flat.shard if stage else slice(None)]]
         self.masters = [nn.Parameter(p.detach().float().clone()) for p in self.parts]
-        self.optimizer = spec.build(self.masters)
+        self.optimizer = spec.build(self.masters, masks)  # AdamW's rule by each element's parameter
         self.grads: list[torch.Tensor | None] = [None] * len(self.parts)
         self.last_grad_norm: float | None = None
 

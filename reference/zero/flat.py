@@ -54,6 +54,14 @@ class FlatParams:
         """Each parameter's view into ``flat`` (a tensor laid out like the buffer)."""
         return [flat[o:o + p.numel()].view_as(p) for p, o in zip(self.params, self.offsets, strict=True)]
 
+    def decaying(self, spec) -> torch.Tensor:
+        """Which of the buffer's elements AdamW decays (bool, laid out like it; padding does not): each parameter's
+        elements by its shape (``OptimizerSpec.decays``)."""
+        mask = torch.zeros(self.padded, dtype=torch.bool, device=self.buffer.device)
+        for p, o in zip(self.params, self.offsets, strict=True):
+            mask[o:o + p.numel()] = spec.decays(p.shape)
+        return mask
+
     def flatten_grads(self) -> torch.Tensor:
         """The parameters' gradients laid out like the buffer (zeros for padding and missing grads)."""
         flat = torch.zeros_like(self.buffer)

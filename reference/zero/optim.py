@@ -6,14 +6,16 @@ from dataclasses import dataclass
 
 import torch
 
-OPTIMIZERS = ("sgd", "adam", "muon")
+OPTIMIZERS = ("sgd", "adam", "adamw", "muon")
+DECAY_RULES = ("all", "matrices")
 NS_DTYPES = ("bfloat16", "float64")
 
 
 @dataclass(frozen=True)
 class OptimizerSpec:
     name: str
-    """"sgd" (with momentum), "adam", or "muon": Muon for the hidden matrices, AdamW for the rest
+    """"sgd" (with momentum), "adam", "adamw" (Adam with decoupled weight decay: torch's AdamW, ``weight_decay`` by
+    ``decay``'s rule), or "muon": Muon for the hidden matrices, AdamW for the rest
     (``reference.muon.MuonSpec``'s rule: the embedding, the LM head and every vector) — ``build_named``."""
     lr: float
     """Learning rate."""
@@ -24,7 +26,13 @@ class OptimizerSpec:
     eps: float = 1e-8
     """Adam's epsilon."""
     weight_decay: float = 0.0
-    """Muon's decoupled weight decay, and its AdamW's (sgd / adam: none, 0)."""
+    """AdamW's decoupled weight decay (each step a decayed parameter is first multiplied by 1 - lr x weight_decay:
+    torch's), Muon's and its AdamW's (sgd / adam: none, 0)."""
+    decay: str = "all"
+    """Which parameters AdamW decays: "all" (torch's AdamW over the model's parameters, torchtitan's one group) or
+    "matrices" — those of two or more dimensions (embeddings, the head, the projections), not the biases and norms:
+    Megatron's rule (its standard overrides: a bias or a 1-D parameter has wd_mult 0) and the HF Trainer's (not a
+    bias, not a LayerNorm's weight). The dense parameter's shape decides, however a stack shards it."""
     nesterov: bool = True
     """Muon's Nesterov momentum (torch's default)."""
     adjust_lr_fn: str | None = None
@@ -41,20 +49,64 @@ class OptimizerSpec:
             raise ValueError(f"optimizer {self.name!r} is not one of {', '.join(OPTIMIZERS)}.")
         if not self.lr > 0:
             raise ValueError(f"lr must be positive; got {self.lr}.")
-        if self.name != "muon" and self.weight_decay:
-            raise ValueError(f"weight_decay is Muon's (and its AdamW's); {self.name} here trains without it.")
+        if self.name not in ("adamw", "muon") and self.weight_decay:
+            raise ValueError(f"weight_decay is AdamW's and Muon's; {self.name} here trains without it (adamw is Adam "
+                             "with a decoupled weight decay).")
+        if self.decay not in DECAY_RULES:
+            raise ValueError(f"decay must be one of {', '.join(DECAY_RULES)}; got {self.decay!r}.")
+        if self.decay != "all" and self.name != "adamw":
+            raise ValueError(f"decay (which parameters decay) is AdamW's rule; {self.name} decays "
+                             f"{'every parameter its AdamW steps' if self.name == 'muon' else 'none'}.")
         if self.ns_dtype not in NS_DTYPES:
             raise ValueError(f"ns_dtype must be one of {', '.join(NS_DTYPES)}; got {self.ns_dtype!r}.")
         if self.name == "muon":
             self.muon()  # its checks (adjust_lr_fn), its sentences
 
-    def build(self, params) -> torch.optim.Optimizer:
+    @property
+    def adam(self) -> bool:
+        """Adam's step and state (Adam, AdamW)."""
+        return self.name in ("adam", "adamw")
+
+    def decays(self, shape) -> bool:
+        """Whether AdamW decays a parameter of this (dense) shape."""
+        return self.name == "adamw" and self.weight_decay > 0 and (self.decay == "all" or len(shape) >= 2)
+
+    def build(self, params, masks=None) -> torch.optim.Optimizer:
+        """The optimizer over ``params`` (tensors, or torch's parameter groups). AdamW's rule "matrices" reads each
+        tensor's shape; a flat shard's elements decay by ``masks`` (per tensor, bool, shaped like it:
+        ``reference.zero.flat.FlatParams.decaying``) — ``reference.zero.adamw.MaskedAdamW``."""
         if self.name == "muon":
             raise ValueError("Muon takes the hidden matrices by name: build it with build_named((name, parameter) "
                              "pairs).")
         if self.name == "sgd":
             return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum)
-        return torch.optim.Adam(params, lr=self.lr, betas=self.betas, eps=self.eps)
+        if self.name == "adam":
+            return torch.optim.Adam(params, lr=self.lr, betas=self.betas, eps=self.eps)
+        if masks is not None and self.decay != "all":
+            from .adamw import MaskedAdamW
+
+            return MaskedAdamW(params, masks, lr=self.lr, betas=self.betas, eps=self.eps,
+                               weight_decay=self.weight_decay)
+        return torch.optim.AdamW(self.param_groups(params), lr=self.lr, betas=self.betas, eps=self.eps,
+                                 weight_decay=self.weight_decay)
+
+    def param_groups(self, params) -> list:
+        """``params`` (tensors or groups) as AdamW's groups: rule "matrices" splits each group into the tensors of two
+        or more dimensions and the rest (weight_decay 0); every other rule and optimizer keeps them."""
+        params = list(params)
+        if not params:
+            return params
+        groups = params if isinstance(params[0], dict) else [{"params": params}]
+        if self.name != "adamw" or self.decay == "all":
+            return groups
+        out = []
+        for group in groups:
+            tensors = list(group["params"])
+            for decayed in (True, False):
+                part = [p for p in tensors if (p.dim() >= 2) == decayed]
+                if part:
+                    out.append({**group, "params": part} | ({} if decayed else {"weight_decay": 0.0}))
+        return out
 
     def build_named(self, named, shards: dict | None = None):
         """The optimizer over ``named`` ((name, parameter) pairs; the names decide Muon's matrices): ``build``'s for
@@ -73,7 +125,7 @@ class OptimizerSpec:
         ``build``'s over it for sgd / adam; for muon ``reference.muon.flat.FlatMuon`` — the matrices' updates gathered
         whole from the ranges (``named``: the flat's parameters, named; ``shards``: as ``build_named``'s)."""
         if self.name != "muon":
-            return self.build([master])
+            return self.build([master], [flat.decaying(self)[flat.shard]])
         from reference.muon.flat import FlatMuon
 
         return FlatMuon(master, flat, list(named), self.muon(), getattr(torch, self.ns_dtype), shards or {})
@@ -96,13 +148,13 @@ class OptimizerSpec:
     def state_keys(self) -> tuple[str, ...]:
         """The per-element state tensors (Adam's scalar ``step`` is not one); Muon's: every key of either of its
         optimizers — a parameter's own are ``state_keys_of``."""
-        return {"sgd": ("momentum_buffer",), "adam": ("exp_avg", "exp_avg_sq"),
+        return {"sgd": ("momentum_buffer",), "adam": ("exp_avg", "exp_avg_sq"), "adamw": ("exp_avg", "exp_avg_sq"),
                 "muon": ("momentum_buffer", "exp_avg", "exp_avg_sq")}[self.name]
 
     @property
     def extra_state(self) -> tuple[str, ...]:
         """Per-parameter state that is not per element: Adam's ``step`` (the same count for every parameter)."""
-        return ("step",) if self.name in ("adam", "muon") else ()
+        return ("step",) if self.name in ("adam", "adamw", "muon") else ()
 
     def state_keys_of(self, name: str, shape) -> tuple[str, ...]:
         """Parameter ``name``'s per-element state: Muon's matrices its momentum, its AdamW's the two moments."""

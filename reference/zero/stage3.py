@@ -79,7 +79,8 @@ class Zero3:
         self.module, self.spec, self.group = module, spec, group
         owners = [m for m in module.modules() if next(m.parameters(recurse=False), None) is not None]
         self.units = [_Unit(m, group, reduce_dtype, replicate) for m in owners]
-        self.optimizer = spec.build([u.shard for u in self.units])
+        self.optimizer = spec.build([u.shard for u in self.units],  # AdamW's rule by each element's parameter
+                                    [u.flat.decaying(spec)[u.flat.shard] for u in self.units])
 
     def zero_grad(self) -> None:
         for u in self.units:

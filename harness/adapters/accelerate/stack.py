@@ -66,7 +66,7 @@ SUPPORTS = Supports("the accelerate stack", unsupported=(
          "the step, which its training loop does not pass."),
     Rule(lambda s, lay, r: r.loss_scale is not None,
          "the accelerate stack here has no loss scaler (float32 needs none)."),
-))
+), optimizers=("sgd", "adam", "adamw"))
 
 
 def reset_accelerate() -> None:

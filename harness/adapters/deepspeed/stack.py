@@ -88,7 +88,7 @@ SUPPORTS = Supports("the DeepSpeed stack", unsupported=(
          lambda s, lay, r: f"DeepSpeed's gradient_clipping clips the 2-norm, not the {r.norm_type} norm."),
     Rule(lambda s, lay, r: r.loss_scale is not None,
          "the DeepSpeed stack here has no loss scaler (float32 needs none)."),
-), optimizers=("sgd", "adam", "muon"), refused=(
+), optimizers=("sgd", "adam", "adamw", "muon"), refused=(
     Rule(lambda s, lay, r: s.family == "moe" and s.experts % lay.ep,
          lambda s, lay, r: f"the {s.experts} experts do not split evenly over ep = {lay.ep} (DeepSpeed asserts "
                            "num_experts % ep_size == 0)."),
@@ -335,9 +335,11 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
         return engine_memory(self.engine)
 
     def dense_state(self) -> dict:
-        # its Muon's AdamW half, like the MoE's expert groups, is a later parameter group (the known finding)
-        if (self.spec.family == "moe" or self.recipe.optimizer.name == "muon") and self.layout.zero in (1, 2) \
-                and self.relink:
+        # its Muon's AdamW half, like the MoE's expert groups and AdamW's undecayed vectors, is a later parameter group
+        # (the known finding)
+        opt = self.recipe.optimizer
+        grouped = self.spec.family == "moe" or opt.name == "muon" or opt.decay != "all"
+        if grouped and self.layout.zero in (1, 2) and self.relink:
             from harness.adapters.deepspeed.moe_stack import relink_optimizer_state
 
             relink_optimizer_state(self.engine.optimizer)

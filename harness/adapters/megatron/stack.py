@@ -83,7 +83,7 @@ SUPPORTS = Supports("the Megatron stack", unsupported=(
          "Megatron's distributed optimizer shards optimizer state and fp32 master weights over dp, its gradients "
          "reduce-scattered into a whole buffer (ZeRO 1); ZeRO 2 / 3 is megatron_fsdp (Megatron-FSDP, its HFSDP too), "
          "which runs on CUDA devices only (its side streams are torch.cuda's): not driven here."),
-    Rule(lambda s, lay, r: lay.zero == 1 and r.optimizer.name != "adam",
+    Rule(lambda s, lay, r: lay.zero == 1 and not r.optimizer.adam,
          "megatron-core's distributed optimizer (ZeRO 1) takes Adam only (its own assertion)."),
     Rule(lambda s, lay, r: lay.pp > 1 and lay.schedule == "gpipe",
          "megatron-core's pipeline schedules are 1F1B and interleaved 1F1B; it has no GPipe."),
@@ -95,7 +95,7 @@ SUPPORTS = Supports("the Megatron stack", unsupported=(
                            "norm."),
     Rule(lambda s, lay, r: r.loss_scale is not None,
          "the Megatron stack here has no loss scaler (float32 and bf16 need none)."),
-), refused=(
+), optimizers=("sgd", "adam", "adamw"), refused=(
     Rule(lambda s, lay, r: s.heads % lay.tp or s.kv % lay.tp,
          lambda s, lay, r: f"tp ({lay.tp}) must divide the attention heads ({s.heads}) and the KV heads ({s.kv}): "
                            "megatron-core splits query groups, it does not replicate them."),

@@ -14,6 +14,7 @@ from harness.adapters.megatron.cpu import on_cpu
 from harness.adapters.megatron.names import _global_names, _local, _main_params, _scatter_dense
 from harness.adapters.megatron.tensor_parallel import _padded
 from harness.stack.built import BuiltFromDense
+from reference.errors import Unsupported
 
 _ACTIVE: list = [None]
 """The (tp, pp, vp) megatron-core's parallel state was last initialised with by this adapter (None: not by it)."""
@@ -90,6 +91,7 @@ class MegatronStackTrainer(MegatronCheckpoint, BuiltFromDense):
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
         from megatron.core.transformer.module import Float16Module
 
@@ -121,12 +123,32 @@ class MegatronStackTrainer(MegatronCheckpoint, BuiltFromDense):
                 gpt = Float16Module(config, gpt)
             chunks.append(DistributedDataParallel(config, ddp_config, gpt))
         opt = recipe.optimizer
-        kwargs = {"optimizer": opt.name, "lr": opt.lr, "weight_decay": 0.0, "params_dtype": self.dtype,
+        # its "adam" is AdamW (decoupled_weight_decay, its default); its standard overrides (config_overrides None)
+        # give a bias or a 1-D parameter wd_mult 0 — AdamW's rule "matrices"; {} (no overrides) decays every one
+        kwargs = {"optimizer": "sgd" if opt.name == "sgd" else "adam", "lr": opt.lr, "weight_decay": opt.weight_decay,
+                  "params_dtype": self.dtype,
                   "bf16": self.mixed,
                   "clip_grad": recipe.max_grad_norm or 0.0, "use_distributed_optimizer": layout.zero == 1}
         kwargs |= {"sgd_momentum": opt.momentum} if opt.name == "sgd" else \
             {"adam_beta1": opt.betas[0], "adam_beta2": opt.betas[1], "adam_eps": opt.eps}
-        self.optimizer = get_megatron_optimizer(OptimizerConfig(**kwargs), chunks)
+        every = {}
+        if opt.name == "adamw" and opt.decay == "all":  # no overrides: every parameter at the config's decay
+            import inspect
+
+            if "config_overrides" not in inspect.signature(get_megatron_optimizer).parameters:
+                raise Unsupported("this megatron-core's get_megatron_optimizer has no config_overrides: its "
+                                  "no_weight_decay_cond spares the biases and norms (AdamW's rule 'matrices'); "
+                                  "decaying every parameter is not set here.")
+            every = {"config_overrides": {}}
+        self.optimizer = get_megatron_optimizer(OptimizerConfig(**kwargs), chunks, **every)
+        # Megatron-LM's setup_model_and_optimizer: its OptimizerParamScheduler sets each group's lr and weight decay
+        # (the config's times the group's wd_mult: 0 for a bias or a norm) at construction and after each step;
+        # megatron-core's groups carry wd_mult alone — without the scheduler every group decays (watched in
+        # suites/stack/test_megatron.py). Constant here: lr and weight decay as the spec's
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer, init_lr=opt.lr, max_lr=opt.lr, min_lr=0.0, lr_warmup_steps=0, lr_decay_steps=1,
+            lr_decay_style="constant", start_wd=opt.weight_decay, end_wd=opt.weight_decay, wd_incr_steps=1,
+            wd_incr_style="constant", use_checkpoint_opt_param_scheduler=False, override_opt_param_scheduler=True)
         config.finalize_model_grads_func = finalize_model_grads  # Megatron-LM's training setup
         config.no_sync_func = [c.no_sync for c in chunks] if len(chunks) > 1 else chunks[0].no_sync
         if ddp_config.overlap_grad_reduce:  # Megatron-LM's setup_model_and_optimizer, --align-grad-reduce
@@ -197,6 +219,7 @@ class MegatronStackTrainer(MegatronCheckpoint, BuiltFromDense):
         success, grad_norm, _ = self.optimizer.step()
         if not success:
             raise RuntimeError("megatron-core's optimizer skipped the step (found inf / NaN gradients).")
+        self.scheduler.step(increment=1)  # Megatron-LM's train_step, after a successful update
         self.last_grad_norm = float(grad_norm) if recipe.max_grad_norm is not None else None
         last = losses and self.tp_rank == 0  # each replica's (sum, count), from its last stage's first TP rank
         total = torch.tensor([sum(float(d["lm loss"][i]) for d in losses) if last else 0.0 for i in (0, 1)],

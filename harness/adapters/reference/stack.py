@@ -72,7 +72,7 @@ SUPPORTS = Supports("the reference stack", unsupported=(
     Rule(lambda s, lay, r: lay.replicate > 1 and lay.ep > 1,
          "the reference stack shards hybrid (replicate x shard) the dense parameters; its experts' sharding over "
          "their expert-data-parallel group is not composed with replicas."),
-), optimizers=("sgd", "adam", "muon"), hybrid=True, refused=(
+), optimizers=("sgd", "adam", "adamw", "muon"), hybrid=True, refused=(
     Rule(lambda s, lay, r: lay.ep > 1 and s.family != "moe",
          lambda s, lay, r: f"ep ({lay.ep}) splits experts: the {s.family} family has none (the moe family has)."),
     Rule(lambda s, lay, r: lay.ep > 1, _raised(_experts_split)),

@@ -80,7 +80,7 @@ SUPPORTS = Supports("the torch stack", unsupported=(
          "the torch stack trains Muon without a float8 recipe here."),
     Rule(lambda s, lay, r: r.optimizer.name == "muon" and _muon_lacks(r) is not None,
          lambda s, lay, r: _muon_lacks(r)),
-), optimizers=("sgd", "adam", "muon"), hybrid=True, selective=True, compiles=True, refused=(
+), optimizers=("sgd", "adam", "adamw", "muon"), hybrid=True, selective=True, compiles=True, refused=(
     Rule(lambda s, lay, r: s.heads % lay.tp,
          lambda s, lay, r: f"tp ({lay.tp}) must divide the attention heads ({s.heads})."),
     Rule(lambda s, lay, r: lay.pp > s.layers,

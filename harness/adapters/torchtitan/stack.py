@@ -75,7 +75,7 @@ SUPPORTS = Supports("the torchtitan stack", unsupported=(
          "torchtitan's Muon (DistMuon, its FlexShard optimizer) runs on CUDA only — it refuses other devices "
          "(\"DistMuon requires one CUDA device per process\") and needs per-parameter compute layouts this adapter "
          "does not set: not driven yet."),
-    Rule(lambda s, lay, r: r.optimizer.name != "adam",
+    Rule(lambda s, lay, r: r.optimizer.name not in ("adam", "adamw"),
          lambda s, lay, r: f"torchtitan's optimizers are Adam, AdamW and Muon; {r.optimizer.name} is not one of them."),
     Rule(lambda s, lay, r: lay.dp > 1 and lay.zero == 1,
          "torchtitan replicates (ZeRO 0) or shards with FSDP2 (ZeRO 2 / 3) over dp; ZeRO 1 it does not do."),
@@ -89,7 +89,7 @@ SUPPORTS = Supports("the torchtitan stack", unsupported=(
     Rule(lambda s, lay, r: lay.checkpoint_policy == "selective",
          "torchtitan's op-level selective checkpointing recomputes every second matmul (SelectiveAC's "
          "forward_mm_count % 2 == 0): its own policy, not the contract's (every matmul's output saved)."),
-), hybrid=True, compiles=True, refused=(
+), optimizers=("adam", "adamw"), hybrid=True, compiles=True, refused=(
     Rule(lambda s, lay, r: lay.schedule in CHUNKED and 2 * lay.pp > s.layers,
          lambda s, lay, r: f"the {lay.schedule} schedule's 2 x pp = {2 * lay.pp} model chunks need as many layers; the "
                            f"model has {s.layers}."),

@@ -53,6 +53,33 @@ CHUNKED = ("interleaved", "interleaved-zb", "zbv", "dualpipev")
 """Two model chunks per pipeline rank (torchtitan places ZBV's and DualPipeV's as a V itself)."""
 
 
+NO_DECAY = r"norm\.weight$|\.bias$"
+"""The pattern a torchtitan user gives the parameters AdamW does not decay (its ``ParamGroupConfig``: first match
+wins; its docstring's example names biases and norms) — ``OptimizerSpec.decay`` "matrices"."""
+
+
+def param_groups(opt, parts) -> list:
+    """torchtitan's ``ParamGroupConfig`` list for the spec's Adam / AdamW: one group of every parameter, or AdamW's
+    rule "matrices" as its users set it — ``NO_DECAY``'s parameters at weight_decay 0 first, the rest decayed. The
+    pattern must name exactly the vectors (the rule is by shape): else the case is not what torchtitan can be told."""
+    from torchtitan.components.optimizer.optimizer import ParamGroupConfig
+
+    name = {"adam": "Adam", "adamw": "AdamW"}[opt.name]
+    kwargs = {"lr": opt.lr, "betas": opt.betas, "eps": opt.eps, "weight_decay": opt.weight_decay}
+    every = ParamGroupConfig(pattern=".*", optimizer_name=name, optimizer_kwargs=kwargs)
+    if opt.name != "adamw" or opt.decay == "all":
+        return [every]
+    import re
+
+    named = [(n, p) for part in parts for n, p in part.named_parameters()]
+    off = sorted(n for n, p in named if bool(re.search(NO_DECAY, n)) != (p.dim() < 2))
+    if off:
+        raise Unsupported(f"torchtitan's no-decay pattern {NO_DECAY!r} does not name exactly the parameters of fewer "
+                          f"than two dimensions here ({', '.join(off[:3])}): AdamW's rule 'matrices' is not set.")
+    return [ParamGroupConfig(pattern=NO_DECAY, optimizer_name=name, optimizer_kwargs={**kwargs, "weight_decay": 0.0}),
+            every]
+
+
 class TorchtitanStackTrainer(BuiltFromDense):
     def __init__(self, spec, layout, recipe, cpu_offload: bool = False):
         """``cpu_offload``: its ``training.enable_cpu_offload`` (FSDP2's CPUOffloadPolicy: the sharded parameters, their
@@ -132,7 +159,7 @@ class TorchtitanStackTrainer(BuiltFromDense):
         """torchtitan's model of the spec, ``model``'s weights loaded, parallelized by ``parallelize_llama``
         (through ``pipeline_llm`` with pp > 1: its stage split, its schedule, each stage parallelized)."""
         from torchtitan.components.loss import CrossEntropyLoss
-        from torchtitan.components.optimizer.optimizer import OptimizersContainer, ParamGroupConfig
+        from torchtitan.components.optimizer.optimizer import OptimizersContainer
         from torchtitan.config import CompileConfig, TrainingConfig
         from torchtitan.distributed import ParallelDims
         from torchtitan.distributed import utils as dist_utils
@@ -164,11 +191,8 @@ class TorchtitanStackTrainer(BuiltFromDense):
         else:
             self.schedule, parts, self.first, self.last = None, [parallelize(titan, **common)], True, True
         materialise(parts, self._titan_state(model))
-        opt = self.recipe.optimizer
-        kwargs = {"lr": opt.lr, "betas": opt.betas, "eps": opt.eps, "weight_decay": 0.0}
-        self.optimizers = OptimizersContainer.Config(
-            param_groups=[ParamGroupConfig(pattern=".*", optimizer_name="Adam", optimizer_kwargs=kwargs)],
-            implementation="for-loop").build(model_parts=parts)
+        self.optimizers = OptimizersContainer.Config(param_groups=param_groups(self.recipe.optimizer, parts),
+                                                     implementation="for-loop").build(model_parts=parts)
         self.last_grad_norm = None
         return parts
 

@@ -45,6 +45,9 @@ def unsupported(spec, layout, recipe) -> str | None:
     if spec.dtype == "bfloat16" and (layout.zero == 0 or layout.dp == 1) and (layout.tp > 1 or layout.pp > 1):
         return ("torchtitan 0.2 trains bf16 through FSDP2 or, alone or under DDP, torch.autocast (its words: 'Mixed "
                 "precision training with TP or PP is only supported when FSDP/HSDP/CP is enabled').")
+    if recipe.optimizer.name == "adamw" and recipe.optimizer.decay != "all":
+        return ("torchtitan 0.2's build_optimizers gives every parameter the one weight decay (no parameter groups): "
+                "AdamW's rule 'matrices' (biases and norms not decayed) is 0.3's ParamGroupConfig.")
     if layout.zero == 0 and layout.dp > 1 and layout.world_size > layout.dp:
         return "torchtitan 0.2 replicates over dp with DDP alone (its words: 'DDP has not supported > 1D parallelism')."
     return None
@@ -93,10 +96,10 @@ class TorchtitanV02Trainer(TorchtitanStackTrainer):
         job.compile.enable = layout.compile  # its per-block compile; the loss eager, as the one device's
         if layout.compile and hasattr(job.compile, "components"):
             job.compile.components = ["model"]
-        job.optimizer.name, job.optimizer.implementation = "Adam", "for-loop"
         opt = self.recipe.optimizer
+        job.optimizer.name, job.optimizer.implementation = {"adam": "Adam", "adamw": "AdamW"}[opt.name], "for-loop"
         job.optimizer.lr, (job.optimizer.beta1, job.optimizer.beta2) = opt.lr, opt.betas
-        job.optimizer.eps, job.optimizer.weight_decay = opt.eps, 0.0
+        job.optimizer.eps, job.optimizer.weight_decay = opt.eps, opt.weight_decay
         job.job.dump_folder = "/tmp"
         return job
 
