@@ -11,9 +11,10 @@ tp 2, Llama bf16, Adam eps 1e-3: 4 of 12 seeds beyond 6.3 E_T, up to 12.3, all i
 first moments, the gradients, 2.2 - 4.0). So those two are held by what they are, Adam applied to the stack's own
 state: per step k and element, with g the gradient the stack's first moment took,
 
-    v_k = b2 v_{k-1} + (1 - b2) g^2,    p_k = p_{k-1} - lr / (1 - b1^k) * m_k / (sqrt(v_k / (1 - b2^k)) + eps)
+    v_k = b2 v_{k-1} + (1 - b2) g^2,    p_k = d p_{k-1} - lr / (1 - b1^k) * m_k / (sqrt(v_k / (1 - b2^k)) + eps)
 
-(torch's Adam; p_0 the loaded weights, m_0 = v_0 = 0) — within the rounding of fp32 arithmetic, per element (``tol_v``,
+(torch's Adam, d = 1; AdamW's d = 1 - lr x weight_decay for a parameter its rule decays; p_0 the loaded weights, m_0 =
+v_0 = 0) — within the rounding of fp32 arithmetic, per element (``tol_v``,
 ``tol_p``). A wrong second moment (a local gradient's, a stale one), an update off the recipe or a master not kept in
 fp32 fails here; a wrong gradient fails the first moment's bound."""
 
@@ -41,11 +42,12 @@ def tol_v(v, v_prev, g, slack, beta2: float):
     return 2 * EPS32 * (v.abs() + v_prev.abs()) + (1 - beta2) * slack * (2 * g.abs() + slack)
 
 
-def tol_p(p, update):
+def tol_p(p, update, decayed=None):
     """|p_k - replay| allowed: the stack's update rounds five times (sqrt, two divisions, the eps sum, the product:
     within 5 EPS32 / 2 of it), its sum with p_{k-1} once (within EPS32 / 2 of |p_k|); twice that, for the step size
-    and the bias corrections cast to fp32 and the order of the operations."""
-    return EPS32 * (p.abs() + 5 * update.abs())
+    and the bias corrections cast to fp32 and the order of the operations. AdamW's decay (``decayed``: d p_{k-1}, one
+    more product) rounds once more, within EPS32 / 2 of it: its own term, doubled likewise."""
+    return EPS32 * (p.abs() + 5 * update.abs() + (decayed.abs() if decayed is not None else 0))
 
 
 def problems(spec, k: int, prev: dict, state: dict, names: list[str], ties: dict[str, str]) -> list[str]:
@@ -74,8 +76,10 @@ def problems(spec, k: int, prev: dict, state: dict, names: list[str], ties: dict
         off_v = _over((v - want_v).abs(), tol_v(v, v_prev, g, slack, b2))
         denom = (v / (1 - b2 ** k)).sqrt() + spec.eps
         update = spec.lr / (1 - b1 ** k) * m / denom
-        off_p = _over((p - (p_prev - update)).abs(), tol_p(p, update))
-        for what, off, got, want in (("second moment", off_v, v, want_v), ("master", off_p, p, p_prev - update)):
+        decayed = p_prev * (1 - spec.lr * spec.weight_decay) if spec.decays(p.shape) else None
+        want_p = (p_prev if decayed is None else decayed) - update
+        off_p = _over((p - want_p).abs(), tol_p(p, update, decayed))
+        for what, off, got, want in (("second moment", off_v, v, want_v), ("master", off_p, p, want_p)):
             worst = float(off.max()) if off.numel() else 0.0
             if not worst <= 1.0:
                 i = int(off.flatten().argmax())

@@ -18,7 +18,8 @@ FINDINGS = (
             "its step count is 1 after deepspeed.initialize and 2 after one engine.step. In the stack: every master "
             "not Adam's step of DeepSpeed's own state (4e5 x fp32's rounding), then the first moments off at step 2.",
             "suites/stack/test_deepspeed_findings.py::test_watch_deepspeed_bf16_zero0_counts_a_zero_gradient_adam_step",
-            {"optimizer": "adam", "zero": 0, "dtype": "bfloat16", "pp": 1, "checkpointing": False},
+            {"optimizer": lambda name: name in ("adam", "adamw"), "zero": 0, "dtype": "bfloat16", "pp": 1,
+             "checkpointing": False},  # AdamW's step count too
             # the masters' replay is the cause (step 1 on); from step 2 what they move: moments, norm, loss
             symptom=r"^rank \d+: (step \d+: (master \S+: not Adam's step \d+ of the stack's own state|(parameter|"
                     r"optimizer state) \S+: off by|gradient norm \S+ vs one device)|loss after step \d+:)",

@@ -128,7 +128,7 @@ def train_stack_mixed(impl_spec: str, spec, layout, recipe, steps: int = 2, seed
         return declined
     problems, worst, losses, states, device = [], 0.0, [], [], rank_device()
     casts = counter() if recipe.low_precision else None
-    adam = recipe.optimizer.name == "adam"
+    adam = recipe.optimizer.adam  # Adam or AdamW
     try:
         model = spec.build(seed)
         trainer.load_dense(model.state_dict())

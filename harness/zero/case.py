@@ -36,7 +36,7 @@ def bound(step: int, batch: int, n: int, dtype: str, spec: OptimizerSpec, grad_s
     gradient of scale G, (1 + lr G / eps) times. ZeRO's shards step elementwise and add nothing.
     A missing average (x n) or a shifted shard boundary is off by O(1): 10^6 times this and more."""
     u = torch.finfo(getattr(torch, dtype)).eps / 2
-    amplification = 1 + (spec.lr * grad_scale / spec.eps if spec.name == "adam" else 0)
+    amplification = 1 + (spec.lr * grad_scale / spec.eps if spec.adam else 0)
     return step * (batch + n + 16) * u * 16 * amplification
 
 

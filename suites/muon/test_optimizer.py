@@ -80,7 +80,7 @@ def test_the_float64_iteration_is_another_run():
 
 
 @pytest.mark.parametrize("kwargs, sentence", [
-    ({"name": "sgd", "lr": 0.1, "weight_decay": 0.1}, "weight_decay is Muon's"),
+    ({"name": "sgd", "lr": 0.1, "weight_decay": 0.1}, "weight_decay is AdamW's and Muon's"),
     ({"name": "muon", "lr": 0.02, "adjust_lr_fn": "spectral"}, "adjust_lr_fn must be"),
     ({"name": "muon", "lr": 0.02, "ns_dtype": "float16"}, "ns_dtype must be one of"),
 ])

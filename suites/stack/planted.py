@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields, replace
+
 import torch
 
 from harness.adapters.reference.stack import ReferenceStack, ReferenceStackTrainer
 from harness.stack.inputs import IGNORE
+from reference.zero import OptimizerSpec
 
 
 class _KVNotSummed(ReferenceStackTrainer):
@@ -427,3 +430,34 @@ class SelectiveSavesNoMatmul(_TorchPolicy):
     """Planted bug: selective checkpointing asked, every block recomputed whole (the policy's save list ignored)."""
 
     policy = "full"
+
+
+class DecaysEveryParameter(ReferenceStack):
+    """Planted bug: AdamW decays every parameter where the rule spares the biases and norms — one parameter group (a
+    torchtitan config without its no-decay pattern, megatron-core's optimizer stepped without Megatron-LM's
+    scheduler)."""
+
+    def build(self, spec, layout, recipe, group=None):
+        if recipe.optimizer.name == "adamw":
+            recipe = replace(recipe, optimizer=replace(recipe.optimizer, decay="all"))
+        return super().build(spec, layout, recipe, group)
+
+
+@dataclass(frozen=True)
+class _L2(OptimizerSpec):
+    def build(self, params, masks=None):
+        if self.name != "adamw":
+            return super().build(params, masks)
+        # Adam's weight_decay: L2, wd x p added to the gradient before the moments — not AdamW's decoupled decay
+        return torch.optim.Adam(self.param_groups(params), lr=self.lr, betas=self.betas, eps=self.eps,
+                                weight_decay=self.weight_decay)
+
+
+class CoupledWeightDecay(ReferenceStack):
+    """Planted bug: AdamW's weight decay coupled into the gradient (L2, torch's Adam with weight_decay; DeepSpeed's
+    FusedAdam with adam_w_mode False) — the update then normalises the decay away by sqrt(v)."""
+
+    def build(self, spec, layout, recipe, group=None):
+        opt = recipe.optimizer
+        return super().build(spec, layout, replace(recipe, optimizer=_L2(**{f.name: getattr(opt, f.name)
+                                                                            for f in fields(opt)})), group)
