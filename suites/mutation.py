@@ -69,6 +69,8 @@ PLANTED = [
      "suites/zero/test_hybrid.py::test_hybrid_sharding_equals_one_device"),
     ("suites.zero.planted:DividesByWorld", "hybrid sharding: the shard group's sum divided by the world size",
      "suites/zero/test_hybrid.py::test_hybrid_sharding_equals_one_device"),
+    ("suites.zero.planted:FlatShardDecayedWhole", "ZeRO's AdamW decaying a flat shard whole (its norms and biases too)",
+     "suites/zero/test_conformance.py::test_adamw_decays_only_what_its_rule_decays"),
     ("suites.zero.planted:OffloadKeepsFirstMicroStep", "offload: only the first micro-step's gradients kept",
      "suites/zero/test_offload.py::test_offloaded_training_equals_one_device"),
     ("suites.checkpoint.planted:SelectiveIgnored", "selective checkpointing asked, whole layers recomputed",

@@ -16,12 +16,15 @@ from harness.verdict import failed as verdict_failed
 from reference.models import TransformerBlock, mlp
 from reference.zero import OptimizerSpec, StepRecipe
 
-LR = {"sgd": 0.05, "adam": 0.01}
+LR = {"sgd": 0.05, "adam": 0.01, "adamw": 0.01}
 ADAM_EPS = 1e-3  # bounds Adam's sensitivity to gradient rounding (see bound())
+ADAMW = {"weight_decay": 0.1, "decay": "matrices"}
+"""AdamW as users set it: torch's usual decay, the biases and norms spared (Megatron's / the HF Trainer's rule) — in
+float64 a 0.1 % decay of the wrong parameters is 1e9 times the bound."""
 
 
 def spec_for(opt_name: str) -> OptimizerSpec:
-    return OptimizerSpec(opt_name, LR[opt_name], eps=ADAM_EPS)
+    return OptimizerSpec(opt_name, LR[opt_name], eps=ADAM_EPS, **(ADAMW if opt_name == "adamw" else {}))
 
 
 def bound(step: int, batch: int, n: int, dtype: str, spec: OptimizerSpec, grad_scale: float) -> float:

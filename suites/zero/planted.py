@@ -247,3 +247,17 @@ class OffloadKeepsFirstMicroStep(ReferenceZero):
         trainer = super().build(model, optimizer, stage, group, recipe=recipe, replicate=replicate)
         trainer.__class__ = _FirstMicroStepOnly
         return trainer
+
+
+class FlatShardDecayedWhole(ReferenceZero):
+    """Planted bug: ZeRO 1-3's AdamW stepping each flat shard as one tensor (torch's AdamW over it): every element
+    decays, the biases and norms laid beside the matrices too — the flat optimizer AdamW's rule needs per-element
+    masks (or per-group flats, as DeepSpeed keeps) for."""
+
+    def build(self, model, optimizer, stage, group=None, **kwargs):
+        trainer = super().build(model, optimizer, stage, group, **kwargs)
+        if optimizer.name == "adamw" and trainer.engine is not None:
+            shards = [trainer.engine.master] if stage < 3 else [u.shard for u in trainer.engine.units]
+            trainer.engine.optimizer = trainer.optimizer = torch.optim.AdamW(
+                shards, lr=optimizer.lr, betas=optimizer.betas, eps=optimizer.eps, weight_decay=optimizer.weight_decay)
+        return trainer

@@ -16,13 +16,11 @@ from suites._support.zero import THIRD_PARTY_SIZES, skip_unless_stage
 STEPS, PER_RANK = 5, 2
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_training_equals_one_device(zero_impl, stage, world_cache, world_sizes, thorough, conformance):
-    skip_unless_stage(zero_impl, stage)
+def _held(zero_impl, stage, cases, world_cache, conformance) -> None:
+    """Each (dp size, model, optimizer) of ``cases`` trained against one device, recorded as a conformance row; the
+    failures' first lines asserted away."""
     failures = []
-    sizes = world_sizes if thorough or zero_impl.startswith("reference") else \
-        [n for n in world_sizes if n in THIRD_PARTY_SIZES] or world_sizes
-    for n, model, opt in itertools.product(sizes, ("mlp", "block"), ("sgd", "adam")):
+    for n, model, opt in cases:
         r = ranks.merge(run_or_fail(world_cache.get(n), ranks.train_case, zero_impl, stage, model, opt, STEPS,
                                     PER_RANK, n, timeout=300, failed=ranks.failed))
         case = f"stage {stage}, dp {n}, {model}, {opt}"
@@ -37,7 +35,24 @@ def test_training_equals_one_device(zero_impl, stage, world_cache, world_sizes, 
                            max_rel_err=worst, detail=" | ".join(r["problems"][:1]))
         failures += [f"{case}: {p}" for p in r["problems"][:2]]
     assert not failures, "\n".join(failures[:6])
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_training_equals_one_device(zero_impl, stage, world_cache, world_sizes, thorough, conformance):
+    skip_unless_stage(zero_impl, stage)
+    sizes = world_sizes if thorough or zero_impl.startswith("reference") else \
+        [n for n in world_sizes if n in THIRD_PARTY_SIZES] or world_sizes
+    _held(zero_impl, stage, itertools.product(sizes, ("mlp", "block"), ("sgd", "adam")), world_cache, conformance)
     assert conformance.counts.get("pass", 0) > 0
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_adamw_decays_only_what_its_rule_decays(zero_impl, stage, world_cache, conformance):
+    """AdamW (weight decay 0.1, the biases and norms spared: ``harness.zero.case.ADAMW``) at every stage, dp 2, both
+    models: a flat shard laying a bias or a LayerNorm's weight beside a matrix must decay each element by its own
+    parameter (the planted ``FlatShardDecayedWhole`` decays the shard whole)."""
+    skip_unless_stage(zero_impl, stage)
+    _held(zero_impl, stage, [(2, model, "adamw") for model in ("mlp", "block")], world_cache, conformance)
 
 
 @pytest.mark.parametrize("planted, stage, steps", [("MissingAverage", 0, 1), ("ShiftedShardBoundary", 2, 1),

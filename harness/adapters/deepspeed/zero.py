@@ -140,6 +140,10 @@ class _Trainer:
         from deepspeed.utils import safe_get_full_optimizer_state
 
         out, params = {}, self._params()
+        if self.stage in (1, 2) and len(self.optimizer.param_groups) > 1:  # AdamW's two groups: the finding
+            from .moe_stack import relink_optimizer_state
+
+            relink_optimizer_state(self.optimizer)
         if self.stage in (1, 2):  # its Muon momentum is not where its own reader looks: muon_state
             from .muon_state import momentum
 
