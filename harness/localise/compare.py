@@ -247,6 +247,6 @@ def from_state(result, oracle, spec, recipe, tokens, n) -> list[Item]:
                 upd = want["update"][name]
                 items.append(_item(step, "update", name, result["rank"], 0, p - params[name], upd,
                                    max(float(upd.abs().max()), float(params[name].abs().max())), limit,
-                                   order.get(name, 0)))
+                                   order.get(name, 0), before=params[name]))
         before, params = state["optimizer"], {**params, **state["params"]}
     return items

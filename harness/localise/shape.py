@@ -4,6 +4,8 @@ signature most parallel bugs leave, and said in words. Rules, tried in this orde
 ``nonfinite``  a NaN / inf where one device is finite: where it first appears;
 ``zeroed``     every element off is exactly 0 where one device's is not: a block zeroed or left stale (a dropped
                remainder, a missing gather; in an update, a parameter not updated);
+``decay``      an update off by exactly lr x weight_decay x the parameter (AdamW): a decay where one device's rule
+               spares the parameter, or none where it decays it;
 ``sign``       got = -want everywhere;
 ``factor``     got = f x want everywhere, f a group's size or its inverse (an extra sum or a missing average over
                that group, or the reverse) — or another uniform factor, named as such;
@@ -84,6 +86,22 @@ def _zero_region(item) -> str:
         span = f"row {idx[0]}" if len(idx) == 1 else f"rows {idx[0]}-{idx[-1]}"
         return f"{span} of {rows.numel()} along dimension 0 on rank {item.rank}"
     return f"{int(wrong.sum())} of {wrong.numel()} elements on rank {item.rank}"
+
+
+def decay(items, layout, recipe):
+    opt = recipe.optimizer
+    off = [i for i in items if i.off and i.phase == "update" and i.meta.get("before") is not None]
+    if opt.name != "adamw" or not opt.weight_decay or not off:
+        return None
+    d = opt.lr * opt.weight_decay
+    for extra in (True, False):  # decoupled: p' = (1 - d) p - u, so one decay too many moves the update by -d p
+        moved = [-d * i.meta["before"] if extra else d * i.meta["before"] for i in off]
+        if all(float((i.got - i.want - m).abs().max()) <= i.limit for i, m in zip(off, moved, strict=True)):
+            which = ("decayed where one device's AdamW spares it (its rule: " + opt.decay + ")" if extra else
+                     "not decayed where one device's AdamW decays it")
+            return (f"an update off by exactly {'-' if extra else ''}lr x weight_decay x the parameter ({d:g}): "
+                    f"the parameter {which}")
+    return None
 
 
 def _factor(items):
@@ -225,7 +243,7 @@ def one_rank(items, layout, recipe):
     return f"right on ranks {', '.join(map(str, good))}, wrong on {', '.join(map(str, bad))}"
 
 
-RULES = (("nonfinite", nonfinite), ("zeroed", zeroed), ("factor", factor), ("per-part", per_part),
+RULES = (("nonfinite", nonfinite), ("zeroed", zeroed), ("decay", decay), ("factor", factor), ("per-part", per_part),
          ("partial", partial), ("offset", offset), ("permuted", permuted), ("one-rank", one_rank))
 
 

@@ -28,6 +28,7 @@ import pytest
 from harness.contracts.stack import Layout, Recipe
 from harness.records import registry
 from harness.runtime.capabilities import require_dtype
+from harness.stack.judge import hold
 from reference.models import ModelSpec
 from reference.zero import OptimizerSpec
 from suites._support.stack import GPT, LLAMA32, held, named_cases
@@ -72,6 +73,18 @@ def test_stack_trained_with_adamw_equals_one_device(stack_impl, spec, layout, re
         require_dtype(world_cache.get(layout.world_size), spec.dtype, conformance, suite="stack", impl=stack_impl)
     v = held(world_cache, conformance, stack_impl, layout.world_size, spec, layout, recipe, padded=True)
     assert v["outcome"] == "pass", v["problems"][:8]
+
+
+@pytest.mark.thorough  # ~2 s: the localisation's 4 extra World calls; its shape rule is tested alone in tox
+def test_biases_and_norms_decayed_are_localised_to_their_update_and_said(world_cache, conformance):
+    """Planted ``DecaysEveryParameter`` on the GPT at dp 2: localised to the first vector's update at step 1 (one rank,
+    one step suffice), its shape AdamW's decay of a parameter the rule spares (harness/localise/shape.py)."""
+    v = hold(world_cache, conformance, "suites.stack.planted:DecaysEveryParameter", 2, GPT32, Layout(2),
+             Recipe(optimizer=ADAMW), padded=True, localise=True)
+    assert v["outcome"] == "fail", v["problems"][:4]
+    loc = v["localised"]
+    assert loc.shape[0] == "decay" and "decayed where one device's AdamW spares it" in loc.shape[1], loc.lines()
+    assert "the update of" in loc.lines()[1] and "at step 1" in loc.lines()[1], loc.lines()
 
 
 def test_a_decay_rule_is_a_sentence_where_a_stack_cannot_be_told_it():

@@ -125,6 +125,23 @@ def test_none_of_the_shapes_says_only_the_magnitude():
     assert rule == "none" and said.startswith("none of the known shapes: off by"), said
 
 
+def test_an_update_off_by_adamws_decay_of_the_parameter_says_which_way():
+    """lr x weight_decay = 1/4 (exact in binary), integer parameters: one decay too many moves the update by exactly
+    -p / 4, a decay missing by +p / 4; another difference, or the same difference under Adam, is not this shape."""
+    adamw = Recipe(optimizer=OptimizerSpec("adamw", 0.5, weight_decay=0.5, decay="matrices"))
+    p, u = _want(3, 4, seed=1), _want(3, 4, seed=2)
+
+    def update(got):
+        return [_item(got, u, phase="update", before=p)]
+
+    rule, said = _classified(update(u - p / 4), recipe=adamw)
+    assert rule == "decay" and "decayed where one device's AdamW spares it (its rule: matrices)" in said, said
+    rule, said = _classified(update(u + p / 4), recipe=adamw)
+    assert rule == "decay" and "not decayed where one device's AdamW decays it" in said, said
+    assert _classified(update(u - p / 2), recipe=adamw)[0] != "decay"
+    assert _classified(update(u - p / 4), recipe=Recipe(optimizer=OptimizerSpec("adam", 0.5)))[0] != "decay"
+
+
 def _fails_when(rule):
     calls = []
 
