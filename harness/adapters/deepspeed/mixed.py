@@ -42,9 +42,16 @@ class MastersState:
             return {k: m.detach().clone() for k, m in self._masters().items()}
         return {k: safe_get_full_fp32_param(p).detach().clone() for k, p in self._masters().items()}
 
+    relink = True
+    """As the ZeRO adapter's (``harness.adapters.deepspeed.zero._Trainer.relink``)."""
+
     def full_optimizer_state(self) -> dict:
         from deepspeed.utils import safe_get_full_optimizer_state
 
+        if self.relink:  # a later parameter group's state linked (the finding)
+            from .moe_stack import relink_groups
+
+            relink_groups(self.optimizer, self.stage)
         if self.stage == 0:
             inner = self.optimizer.optimizer
             return {k: {key: inner.state[m][key].clone() for key in self.spec.state_keys}

@@ -156,6 +156,12 @@ def every_expert(entries: dict, model: MoEModel) -> dict:
     return {**gathered({k: v for k, v in entries.items() if ".moe.experts." in k}, group), **entries}
 
 
+def relink_groups(optimizer, stage: int) -> bool:
+    """``relink_optimizer_state`` where the finding bites: ZeRO 1 / 2 with more than one parameter group (a MoE's
+    expert groups, Muon's AdamW half, AdamW's undecayed vectors). Returns whether it re-linked."""
+    return stage in (1, 2) and len(getattr(optimizer, "param_groups", ())) > 1 and relink_optimizer_state(optimizer)
+
+
 def relink_optimizer_state(optimizer) -> bool:
     """Work around DeepSpeed's ZeRO 1 / 2 linking the optimizer state of only its first parameter group to its
     parameters (``_lazy_init_hp_params_optimizer_state`` runs once, after the first group's step, when the later

@@ -335,14 +335,9 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
         return engine_memory(self.engine)
 
     def dense_state(self) -> dict:
-        # its Muon's AdamW half, like the MoE's expert groups and AdamW's undecayed vectors, is a later parameter group
-        # (the known finding)
-        opt = self.recipe.optimizer
-        grouped = self.spec.family == "moe" or opt.name == "muon" or opt.decay != "all"
-        if grouped and self.layout.zero in (1, 2) and self.relink:
-            from harness.adapters.deepspeed.moe_stack import relink_optimizer_state
-
-            relink_optimizer_state(self.engine.optimizer)
+        # its Muon's AdamW half, a MoE's expert groups, AdamW's undecayed vectors: a later parameter group, whose
+        # state the reader re-links (the known finding) unless the watch turned it off
+        self.state.relink = self.relink
         params = {self.names.get(k, k): v.cpu() for k, v in self.state.full_params().items()}
         optimizer = {self.names.get(k, k): {key: t.detach().cpu() for key, t in v.items()} for k, v in
                      self.state.full_optimizer_state().items()}

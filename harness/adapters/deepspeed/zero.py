@@ -100,6 +100,10 @@ def merged(config: dict, *extra: dict) -> dict:
 
 
 class _Trainer:
+    relink = True
+    """Re-link a later parameter group's optimizer state before reading it (``moe_stack.relink_groups``); off: what
+    DeepSpeed does itself (its finding's watch)."""
+
     def __init__(self, engine, optimizer, spec, stage, names, recipe):
         self.engine, self.optimizer, self.spec, self.stage, self.names = engine, optimizer, spec, stage, names
         self.recipe, self.last_grad_norm = recipe, None
@@ -140,10 +144,10 @@ class _Trainer:
         from deepspeed.utils import safe_get_full_optimizer_state
 
         out, params = {}, self._params()
-        if self.stage in (1, 2) and len(self.optimizer.param_groups) > 1:  # AdamW's two groups: the finding
-            from .moe_stack import relink_optimizer_state
+        if self.relink:  # a later parameter group's state linked (the finding)
+            from .moe_stack import relink_groups
 
-            relink_optimizer_state(self.optimizer)
+            relink_groups(self.optimizer, self.stage)
         if self.stage in (1, 2):  # its Muon momentum is not where its own reader looks: muon_state
             from .muon_state import momentum
 
