@@ -44,8 +44,9 @@ class Supports(NamedTuple):
     unsupported: tuple = ()
     refused: tuple = ()
     optimizers: tuple = ("sgd", "adam")
-    """The ``OptimizerSpec`` names it trains (Muon, "muon", where it steps the hidden matrices by Muon's rule);
-    another is unsupported after its own rules (which may say why in its own words)."""
+    """The ``OptimizerSpec`` names it trains (AdamW, "adamw", where it decays by the spec's rule; Muon, "muon", where
+    it steps the hidden matrices by Muon's rule); another is unsupported after its own rules (which may say why in its
+    own words)."""
     hybrid: bool = False
     """Whether it shards hybrid (``Layout.replicate`` > 1); if not, such a layout is unsupported after its rules."""
     selective: bool = False
