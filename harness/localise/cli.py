@@ -28,7 +28,11 @@ def add_parser(sub) -> None:
     p.add_argument("--tie", action="store_true", help="tie the embedding to the LM head")
     p.add_argument("--accumulation", type=int, default=1)
     p.add_argument("--clip", type=float, default=None, help="max global gradient norm (default: no clipping)")
-    p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
+    p.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="sgd")
+    p.add_argument("--weight-decay", type=float, default=None,
+                   help="AdamW's decoupled weight decay (default 0.1; only --optimizer adamw takes one)")
+    p.add_argument("--decay", choices=["all", "matrices"], default="matrices",
+                   help="which parameters AdamW decays: every one, or the matrices (not the biases and norms)")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--padded", action="store_true", help="a right-padded batch")
     p.add_argument("--budget", type=int, default=24, help="extra World calls the shrinking may spend")
@@ -55,7 +59,12 @@ def case_of(args):
         spec = ModelSpec(args.family, dtype=args.dtype, tie_embeddings=args.tie, **SIZES[args.family])
         layout = Layout(*dims, zero=args.zero, schedule=args.schedule, checkpointing=args.checkpointing, cp=args.cp,
                         ep=args.ep)
-        optimizer = OptimizerSpec("adam", 1e-2, eps=1e-3) if args.optimizer == "adam" else OptimizerSpec("sgd", 0.05)
+        if args.weight_decay is not None and args.optimizer != "adamw":
+            raise ValueError(f"--weight-decay is AdamW's (--optimizer adamw); {args.optimizer} takes none.")
+        optimizer = {"sgd": lambda: OptimizerSpec("sgd", 0.05), "adam": lambda: OptimizerSpec("adam", 1e-2, eps=1e-3),
+                     "adamw": lambda: OptimizerSpec("adamw", 1e-2, eps=1e-3, decay=args.decay,
+                                                    weight_decay=0.1 if args.weight_decay is None
+                                                    else args.weight_decay)}[args.optimizer]()
         recipe = Recipe(optimizer=optimizer, max_grad_norm=args.clip, accumulation=args.accumulation)
     except (ValueError, TypeError) as exc:
         raise UsageError(str(exc)) from None

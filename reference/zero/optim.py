@@ -49,6 +49,8 @@ class OptimizerSpec:
             raise ValueError(f"optimizer {self.name!r} is not one of {', '.join(OPTIMIZERS)}.")
         if not self.lr > 0:
             raise ValueError(f"lr must be positive; got {self.lr}.")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0; got {self.weight_decay}.")
         if self.name not in ("adamw", "muon") and self.weight_decay:
             raise ValueError(f"weight_decay is AdamW's and Muon's; {self.name} here trains without it (adamw is Adam "
                              "with a decoupled weight decay).")

@@ -153,6 +153,8 @@ def test_a_passing_case_traced_blames_no_tensor(impl, spec, layout, recipe, worl
     (["--layout", "1x1x1", "--steps", "0"], "--steps must be >= 1"),
     (["--layout", "2x1x1", "--ep", "3"], "ep (3) must divide dp x cp (2)"),
     (["--layout", "1x1x1", "--accumulation", "0"], "accumulation must be a whole number >= 1"),
+    (["--weight-decay", "0.1"], "--weight-decay is AdamW's (--optimizer adamw); sgd takes none."),
+    (["--optimizer", "adamw", "--weight-decay", "-1"], "weight_decay must be >= 0; got -1.0."),
 ])
 def test_paritybench_localise_says_a_bad_input_in_one_sentence_with_exit_code_2(argv, said, capsys):
     from harness.cli.main import main
@@ -172,6 +174,16 @@ def test_paritybench_localise_prints_the_verdict_and_writes_its_plot(tmp_path, c
     assert out[0].startswith("Fails at tp 2, one step — no smaller case fails") and "passes with tp 1" in out[0], out
     assert out[2].startswith("Shape: an exact factor 2 = the size of tp"), out
     assert len(list((tmp_path / "localised").glob("*.png"))) == 1
+
+
+@pytest.mark.thorough  # ~3 s; the decay shape runs in tox alone (test_localise_rules.py)
+def test_paritybench_localise_names_adamws_decay_of_the_spared_parameters(capsys):
+    from harness.cli.main import main
+
+    assert main(["localise", "suites.stack.planted:DecaysEveryParameter", "--layout", "2x1x1", "--steps", "1",
+                 "--optimizer", "adamw"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[2].startswith("Shape: an update off by exactly -lr x weight_decay x the parameter (0.001)"), out
 
 
 def test_a_localisation_that_breaks_leaves_the_verdict_standing(world_cache, conformance, monkeypatch):
