@@ -59,9 +59,10 @@ CASES = [  # (id, spec, layout, recipe)
     ("bf16-zero3", LLAMA16, Layout(2, zero=3), Recipe(optimizer=TORCH_DEFAULTS, **CLIPPED)),
     ("bf16-zero1-gpt", ModelSpec(**{**GPT.as_dict(), "dtype": "bfloat16"}), Layout(2, zero=1),
      Recipe(optimizer=TORCH_DEFAULTS, accumulation=2)),
+    ("bf16-zero0-clip", LLAMA16, Layout(2), Recipe(optimizer=TORCH_DEFAULTS, max_grad_norm=0.05)),
 ]
 THOROUGH = {"zero1-accumulate-gpt", "zero3-clip", "dp-gpt-every", "zero3-every", "tp-gpt", "pp-clip", "hybrid-zero3",
-            "bf16-zero3", "bf16-zero1-gpt"}
+            "bf16-zero3", "bf16-zero1-gpt", "bf16-zero0-clip"}
 """tox's budget: the GPT's biases and norms at ZeRO 0 (the reference, Megatron, DeepSpeed, accelerate) and a Llama's
 norms in flat / FSDP2 shards with accumulation and clipping (the reference's masked flat shard, torch, torchtitan,
 DeepSpeed ZeRO 2); the rest — rule "all", ZeRO 1 / 3, TP, the pipeline, the hybrid mesh, bf16 — in the thorough env."""

@@ -257,10 +257,11 @@ def test_watch_deepspeed_muon_takes_an_lm_head_not_named_lm_head(world_cache):
     assert got == {"embed.weight": (False, False), "head.weight": (True, True)}, got
 
 
-def _zero0_bf16_adam_steps() -> dict:
+def _zero0_bf16_adam_steps(weight_decay: float = 0.0) -> dict:
     """Rank side, the finding's minimal case: a Linear in DeepSpeed's bf16 at ZeRO 0 with torch's Adam (lr 0.01) as
     its client optimizer — Adam's step count right after ``deepspeed.initialize`` and after one ``engine.step``, and
-    each master's move over lr (torch's Adam moves every element by lr at its first step: |g| >> eps)."""
+    each master's move over lr (torch's Adam moves every element by lr at its first step: |g| >> eps). With a
+    ``weight_decay`` torch's AdamW, and each master over its start right after ``deepspeed.initialize``."""
     import torch
 
     from harness.adapters.deepspeed.init import init
@@ -277,11 +278,15 @@ def _zero0_bf16_adam_steps() -> dict:
     model = torch.nn.Linear(4, 3, bias=False)
     start = model.weight.detach().to(torch.bfloat16).float()  # the master DeepSpeed makes of the bf16 weight
     config = {**engine_config(0, 1, None), "bf16": {"enabled": True}}
-    engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=0.01),
-                                                   config=config)
+    client = (torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=weight_decay) if weight_decay
+              else torch.optim.Adam(model.parameters(), lr=0.01))
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client, config=config)
     adam = optimizer.optimizer  # FP16_UnfusedOptimizer's client: its param groups are the fp32 masters
     (master,) = adam.param_groups[0]["params"]
     counted = [float(s["step"]) for s in adam.state.values()]
+    at_init = sorted({round(float(r), 6) for r in (master.detach() / start).flatten()})
+    if weight_decay:
+        return {"at_init": counted, "decayed_at_init": at_init}
     engine.backward(engine(torch.randn(5, 4).to(torch.bfloat16)).float().pow(2).sum())
     engine.step()
     return {"wrapper": type(optimizer).__name__, "at_init": counted, "after_one": float(adam.state[master]["step"]),
@@ -297,6 +302,9 @@ def test_watch_deepspeed_bf16_zero0_counts_a_zero_gradient_adam_step(world_cache
     if "unsupported" in got:
         pytest.skip(f"unsupported on this machine: {got['unsupported']}")
     assert got == {"wrapper": "FP16_UnfusedOptimizer", "at_init": [1.0], "after_one": 2.0, "moved": [0.7441]}, got
+    # AdamW: the same zero-gradient step decays every master once before training (1 - lr x weight_decay = 0.995)
+    assert world_cache.get(1).run(_zero0_bf16_adam_steps, 0.5, timeout=120)[0] == {
+        "at_init": [1.0], "decayed_at_init": [0.995]}
 
 
 def _tiny_muon(stage: int, clipping: float | None = None) -> tuple:

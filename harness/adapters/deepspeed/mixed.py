@@ -23,7 +23,8 @@ def bf16_config(spec) -> dict:
 
 class MastersState:
     """DeepSpeed's fp32 masters and their optimizer state under the one-device names: ZeRO 0's
-    ``FP16_UnfusedOptimizer`` keeps them in ``fp32_groups`` (the model's parameter order), ZeRO 1-3 behind
+    ``FP16_UnfusedOptimizer`` keeps them in ``fp32_groups``, beside the model's parameters in ``fp16_groups`` (group by
+    group: the client's order, not the model's once AdamW splits its groups), ZeRO 1-3 behind
     ``safe_get_full_fp32_param`` / ``safe_get_full_optimizer_state``."""
 
     def __init__(self, engine, optimizer, spec, stage, names, recipe=None):
@@ -32,7 +33,11 @@ class MastersState:
     def _masters(self) -> dict:
         params = dict(self.engine.module.named_parameters())
         if self.stage == 0:
-            return dict(zip(params, [m for group in self.optimizer.fp32_groups for m in group], strict=True))
+            name = {id(p): n for n, p in params.items()}
+            pairs = zip([p for group in self.optimizer.fp16_groups for p in group],
+                        [m for group in self.optimizer.fp32_groups for m in group], strict=True)
+            masters = {name[id(p)]: m for p, m in pairs}
+            return {n: masters[n] for n in params}  # the model's order
         return params
 
     def full_params(self) -> dict:
