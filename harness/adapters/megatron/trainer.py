@@ -144,7 +144,7 @@ class MegatronStackTrainer(MegatronCheckpoint, BuiltFromDense):
         # Megatron-LM's setup_model_and_optimizer: its OptimizerParamScheduler sets each group's lr and weight decay
         # (the config's times the group's wd_mult: 0 for a bias or a norm) at construction and after each step;
         # megatron-core's groups carry wd_mult alone — without the scheduler every group decays (watched in
-        # suites/stack/test_megatron.py). Constant here: lr and weight decay as the spec's
+        # suites/stack/test_adamw.py). Constant here: lr and weight decay as the spec's
         self.scheduler = OptimizerParamScheduler(
             self.optimizer, init_lr=opt.lr, max_lr=opt.lr, min_lr=0.0, lr_warmup_steps=0, lr_decay_steps=1,
             lr_decay_style="constant", start_wd=opt.weight_decay, end_wd=opt.weight_decay, wd_incr_steps=1,
