@@ -136,6 +136,17 @@ FINDINGS = (
             "suites/stack/test_megatron.py::test_watch_megatron_without_initialisation_norms_tp_rank_0_alone",
             handled_by_adapter="the megatron stack lets Megatron initialise (perform_initialization=True), then loads "
                                "the one-device weights"),
+    Finding("megatron", "stack", "megatron-core", ("0.16.1", None),
+            "megatron-core's standard optimizer overrides spare a bias or a 1-D parameter from weight decay by "
+            "marking its group wd_mult 0, but get_megatron_optimizer's groups all carry the config's weight_decay: "
+            "only Megatron-LM's OptimizerParamScheduler (at construction and after each step) sets a group's decay "
+            "to weight_decay x wd_mult — a megatron-core user stepping the optimizer without it decays every bias and "
+            "norm, silently (minimal case: one rank, the GPT, weight_decay 0.1: groups (wd_mult 0, 0.1) and (1, 0.1) "
+            "until the scheduler is built; in the stack, AdamW at weight_decay 2: every bias and norm 2 % off at step "
+            "1).",
+            "suites/stack/test_adamw.py::test_watch_megatron_core_spares_biases_and_norms_only_through_its_scheduler",
+            handled_by_adapter="the megatron stack runs Megatron-LM's OptimizerParamScheduler (constant lr and weight "
+                               "decay), stepped after each successful update as Megatron-LM's train_step does"),
     Finding("deepspeed", "stack", "deepspeed", ("0.19.8", None),
             "deepspeed.zero.Init leaves torch.nn.Module.__init_subclass__ replaced when it exits: it puts back the "
             "inherited object.__init_subclass__, bound to Module, as nn.Module's own attribute, which hides the "

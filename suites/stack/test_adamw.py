@@ -26,7 +26,7 @@ from dataclasses import replace
 import pytest
 
 from harness.contracts.stack import Layout, Recipe
-from harness.records import registry
+from harness.records import findings, registry
 from harness.runtime.capabilities import require_dtype
 from harness.stack.judge import hold
 from reference.models import ModelSpec
@@ -133,6 +133,9 @@ def test_watch_megatron_core_spares_biases_and_norms_only_through_its_scheduler(
     scheduler as Megatron-LM does. Fails once megatron-core applies wd_mult itself."""
     if why := registry.skip_reason(registry.resolve("megatron", "stack")):
         pytest.skip(f"megatron: {why}")
+    if why := findings.outside_range("suites/stack/test_adamw.py::"
+                                     "test_watch_megatron_core_spares_biases_and_norms_only_through_its_scheduler"):
+        pytest.skip(why)
     alone, scheduled = world_cache.get(1).run(_megatron_groups, 0.1, timeout=300)[0]
     assert alone == [(0.0, 0.1), (1.0, 0.1)], alone  # the vectors' group decays at the config's 0.1
     assert scheduled == [(0.0, 0.0), (1.0, 0.1)], scheduled
