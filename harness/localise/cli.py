@@ -61,10 +61,9 @@ def case_of(args):
                         ep=args.ep)
         if args.weight_decay is not None and args.optimizer != "adamw":
             raise ValueError(f"--weight-decay is AdamW's (--optimizer adamw); {args.optimizer} takes none.")
-        optimizer = {"sgd": lambda: OptimizerSpec("sgd", 0.05), "adam": lambda: OptimizerSpec("adam", 1e-2, eps=1e-3),
-                     "adamw": lambda: OptimizerSpec("adamw", 1e-2, eps=1e-3, decay=args.decay,
-                                                    weight_decay=0.1 if args.weight_decay is None
-                                                    else args.weight_decay)}[args.optimizer]()
+        adamw = {"decay": args.decay, "weight_decay": 0.1 if args.weight_decay is None else args.weight_decay}
+        optimizer = OptimizerSpec("sgd", 0.05) if args.optimizer == "sgd" else \
+            OptimizerSpec(args.optimizer, 1e-2, eps=1e-3, **(adamw if args.optimizer == "adamw" else {}))
         recipe = Recipe(optimizer=optimizer, max_grad_norm=args.clip, accumulation=args.accumulation)
     except (ValueError, TypeError) as exc:
         raise UsageError(str(exc)) from None

@@ -77,20 +77,24 @@ class OptimizerSpec:
         """The optimizer over ``params`` (tensors, or torch's parameter groups). AdamW's rule "matrices" reads each
         tensor's shape; a flat shard's elements decay by ``masks`` (per tensor, bool, shaped like it:
         ``reference.zero.flat.FlatParams.decaying``) — ``reference.zero.adamw.MaskedAdamW``."""
+        cls, kwargs = self.torch_class()
+        if self.name == "adamw" and masks is not None and self.decay != "all":
+            from .adamw import MaskedAdamW
+
+            return MaskedAdamW(params, masks, **kwargs)
+        return cls(self.param_groups(params), **kwargs)
+
+    def torch_class(self) -> tuple[type, dict]:
+        """torch's optimizer class for sgd / adam / adamw and its keyword arguments (what ``build`` constructs; what a
+        wrapper taking an ``optimizer_class``, such as ``ZeroRedundancyOptimizer``, is given)."""
         if self.name == "muon":
             raise ValueError("Muon takes the hidden matrices by name: build it with build_named((name, parameter) "
                              "pairs).")
         if self.name == "sgd":
-            return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum)
-        if self.name == "adam":
-            return torch.optim.Adam(params, lr=self.lr, betas=self.betas, eps=self.eps)
-        if masks is not None and self.decay != "all":
-            from .adamw import MaskedAdamW
-
-            return MaskedAdamW(params, masks, lr=self.lr, betas=self.betas, eps=self.eps,
-                               weight_decay=self.weight_decay)
-        return torch.optim.AdamW(self.param_groups(params), lr=self.lr, betas=self.betas, eps=self.eps,
-                                 weight_decay=self.weight_decay)
+            return torch.optim.SGD, {"lr": self.lr, "momentum": self.momentum}
+        adam = {"lr": self.lr, "betas": self.betas, "eps": self.eps}
+        return (torch.optim.Adam, adam) if self.name == "adam" else \
+            (torch.optim.AdamW, {**adam, "weight_decay": self.weight_decay})
 
     def param_groups(self, params) -> list:
         """``params`` (tensors or groups) as AdamW's groups: rule "matrices" splits each group into the tensors of two

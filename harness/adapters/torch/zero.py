@@ -77,10 +77,7 @@ class _Trainer:
 
                     raise Unsupported("torch's ZeroRedundancyOptimizer steps each rank's whole parameters with one "
                                       "optimizer class: Muon with its AdamW half is not composed with it here.")
-                cls, kwargs = {"sgd": (torch.optim.SGD, {"lr": spec.lr, "momentum": spec.momentum}),
-                               "adam": (torch.optim.Adam, {"lr": spec.lr, "betas": spec.betas, "eps": spec.eps}),
-                               "adamw": (torch.optim.AdamW, {"lr": spec.lr, "betas": spec.betas, "eps": spec.eps,
-                                                             "weight_decay": spec.weight_decay})}[spec.name]
+                cls, kwargs = spec.torch_class()
                 # AdamW's rule as parameter groups (ZeroRedundancyOptimizer keeps them: each rank's share per group)
                 self.optimizer = ZeroRedundancyOptimizer(spec.param_groups(model.parameters()), optimizer_class=cls,
                                                          process_group=group, **kwargs)
