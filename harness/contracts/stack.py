@@ -18,7 +18,7 @@ from typing import Protocol, runtime_checkable
 
 from reference.models import ModelSpec
 from reference.pipeline import GENERATORS
-from reference.zero import OptimizerSpec
+from reference.zero import LRSchedule, OptimizerSpec
 
 SCHEDULES = tuple(GENERATORS)
 CHECKPOINT_POLICIES = ("full", "selective")
@@ -134,6 +134,10 @@ class Recipe:
     head, the parameters, gradients and optimizer state stay in the spec's dtype (float32). None: no recipe. Held
     precision-matched (``harness.stack.mixed``) and by counting the float8 casts the step ran
     (``harness.stack.casts``)."""
+    lr_schedule: LRSchedule | None = None
+    """The learning rate of each update (``reference.zero.lr_schedule``: a factor of the optimizer's lr by the updates
+    already taken — warmup, a stable peak, a linear or cosine decay); None: the optimizer's lr throughout. Each stack
+    runs it with its own scheduler, in its own convention, stepped once per applied update."""
 
     def __post_init__(self):
         if self.low_precision is not None:
@@ -146,6 +150,11 @@ class Recipe:
             raise ValueError(f"norm_type must be 2 or inf; got {self.norm_type}.")
         if not isinstance(self.accumulation, int) or self.accumulation < 1:
             raise ValueError(f"accumulation must be a whole number >= 1; got {self.accumulation!r}.")
+        if self.lr_schedule is not None and not isinstance(self.lr_schedule, LRSchedule):
+            raise ValueError(f"lr_schedule must be a reference.zero.LRSchedule or None; got {self.lr_schedule!r}.")
+        if self.lr_schedule is not None and self.optimizer.name == "muon":
+            raise ValueError("a learning-rate schedule with Muon is not in the contract yet (its reference steps each "
+                             "matrix at the spec's lr); schedule sgd, adam or adamw.")
 
 
 @runtime_checkable
@@ -176,4 +185,4 @@ class StackTrainer(Protocol):
         master rounded)."""
 
 
-__all__ = ["Layout", "ModelSpec", "Recipe", "SCHEDULES", "Stack", "StackTrainer"]
+__all__ = ["LRSchedule", "Layout", "ModelSpec", "Recipe", "SCHEDULES", "Stack", "StackTrainer"]

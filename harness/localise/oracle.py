@@ -10,6 +10,7 @@ import math
 import torch
 
 from reference.models.moe import zero_missing_grads
+from reference.zero import Scheduled
 
 from ..stack.inputs import IGNORE
 
@@ -104,6 +105,7 @@ def one_device_trace(spec, recipe, seed: int, tokens, targets, steps: int, repli
     model = spec.build(seed)
     batch_dim = _batch_dims(model, tokens)
     opt = recipe.optimizer.build_named(model.named_parameters())
+    lr = Scheduled(recipe.lr_schedule)  # each update at its schedule's learning rate
     hooks = _Hooks(model)
     initial = {n: p.detach().to(torch.float64).clone() for n, p in model.named_parameters()}
     out = []
@@ -123,7 +125,9 @@ def one_device_trace(spec, recipe, seed: int, tokens, targets, steps: int, repli
                                                             recipe.norm_type))
             clipped = {n: p.grad.detach().to(torch.float64).clone() for n, p in model.named_parameters()}
             before = {n: p.detach().to(torch.float64).clone() for n, p in model.named_parameters()}
+            lr.before_update([opt])
             opt.step()
+            lr.after_update()
             update = {n: p.detach().to(torch.float64) - before[n] for n, p in model.named_parameters()}
             out.append({"forward": hooks.forward, "backward": hooks.backward, "grads": grads, "clipped": clipped,
                         "update": update, "norm": norm, "replicas": per_replica, "loss": float(loss.detach())})

@@ -50,12 +50,15 @@ def tol_p(p, update, decayed=None):
     return EPS32 * (p.abs() + 5 * update.abs() + (decayed.abs() if decayed is not None else 0))
 
 
-def problems(spec, k: int, prev: dict, state: dict, names: list[str], ties: dict[str, str]) -> list[str]:
+def problems(spec, k: int, prev: dict, state: dict, names: list[str], ties: dict[str, str],
+             lr: float | None = None) -> list[str]:
     """One line per tensor whose master or second moment is not Adam's step of the stack's own state. ``k``: the
     step (1-based); ``prev`` / ``state``: {"params": {name: tensor}, "optimizer": {"name/key": tensor}} before and
     after it (float64; ``prev`` at k = 1: the loaded weights and no state); ``names``: the parameters (each once);
-    ``ties``: {name: the parameter it is} — the stack's tensor under it must be that parameter's, bitwise."""
+    ``ties``: {name: the parameter it is} — the stack's tensor under it must be that parameter's, bitwise; ``lr``: the
+    step's learning rate (a schedule's; None: the spec's)."""
     b1, b2 = spec.betas
+    lr = spec.lr if lr is None else lr
     out = [f"master {n}: not {o}, which it is tied to" for n, o in sorted(ties.items())
            if n in state["params"] and o in state["params"] and not torch.equal(state["params"][n], state["params"][o])]
     for name in sorted(names):
@@ -75,8 +78,8 @@ def problems(spec, k: int, prev: dict, state: dict, names: list[str], ties: dict
         want_v = b2 * v_prev + (1 - b2) * g * g
         off_v = _over((v - want_v).abs(), tol_v(v, v_prev, g, slack, b2))
         denom = (v / (1 - b2 ** k)).sqrt() + spec.eps
-        update = spec.lr / (1 - b1 ** k) * m / denom
-        decayed = p_prev * (1 - spec.lr * spec.weight_decay) if spec.decays(p.shape) else None
+        update = lr / (1 - b1 ** k) * m / denom
+        decayed = p_prev * (1 - lr * spec.weight_decay) if spec.decays(p.shape) else None
         want_p = (p_prev if decayed is None else decayed) - update
         off_p = _over((p - want_p).abs(), tol_p(p, update, decayed))
         for what, off, got, want in (("second moment", off_v, v, want_v), ("master", off_p, p, want_p)):

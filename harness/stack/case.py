@@ -4,7 +4,7 @@ against the family's one-device module, every rank's dense state compared.
 Inputs: the one-device model built from the spec (seed), one global batch of ``rows`` x ``SEQ`` tokens
 (the same on every rank; the stack slices it), full or right-padded (targets ``IGNORE``: not counted).
 Oracle: the one-device module trained on the whole batch with the same recipe — the mean cross-entropy over
-every counted target, SGD with momentum (or Adam), global-norm
+every counted target, SGD with momentum (or Adam), each update at its learning rate (the recipe's schedule), global-norm
 clipping at the recipe's ``max_grad_norm`` (``torch.nn.utils.clip_grad_norm_``); accumulation changes
 nothing on one device (k passes over row blocks, each divided by the whole batch's counted targets, are the
 whole batch's mean-loss gradient). Trained once per World by rank 0 and broadcast (``computed_once``).
@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from harness.runtime.rank import computed_once, rank_device
 from reference.models.moe import zero_missing_grads
+from reference.zero import Scheduled
 
 from ..errors import describe
 from ..verdict import attempt, checked, refusal, refused_by
@@ -57,6 +58,7 @@ def _one_device(spec, recipe, seed: int, tokens, targets, steps: int) -> list[di
     model = spec.build(seed)
     opt = recipe.optimizer.build_named(model.named_parameters())
     out, muon = [], recipe.optimizer.name == "muon"
+    lr = Scheduled(recipe.lr_schedule)
     for step in range(steps):
         model.dropout_key.step = step
         margin = model.routing_margin(tokens) if hasattr(model, "routing_margin") else math.inf
@@ -70,7 +72,9 @@ def _one_device(spec, recipe, seed: int, tokens, targets, steps: int) -> list[di
         norm = None
         if recipe.max_grad_norm is not None:
             norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm, recipe.norm_type))
+        lr.before_update([opt])
         opt.step()
+        lr.after_update()
         state = {n: {k: opt.state[p][k].detach().clone() for k in recipe.optimizer.state_keys_of(n, p.shape)}
                  for n, p in model.named_parameters()}
         out.append({"loss": float(loss.detach()), "norm": norm, "margin": margin,

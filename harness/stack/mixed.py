@@ -47,8 +47,8 @@ def _oracle(spec, recipe, seed: int, tokens, targets, steps: int) -> list[dict]:
         from reference.low_precision.convert import to_recipe
 
         to_recipe(model, recipe.low_precision)
-    single = OneDevice(model, scaler, recipe.optimizer)
-    exact = OneDevice(spec.build(seed).double(), None, recipe.optimizer)  # the same rounded weights, exactly
+    single = OneDevice(model, scaler, recipe.optimizer, recipe.lr_schedule)
+    exact = OneDevice(spec.build(seed).double(), None, recipe.optimizer, recipe.lr_schedule)  # the same rounded weights
     clip = (recipe.max_grad_norm, recipe.norm_type) if recipe.max_grad_norm is not None else None
     keys, out = recipe.optimizer.state_keys, []
     for step in range(steps):
@@ -58,6 +58,7 @@ def _oracle(spec, recipe, seed: int, tokens, targets, steps: int) -> list[dict]:
         params, optimizer = single.dense(), single.dense_optimizer(keys)
         want = {"exact": exact.dense(), "exact_optimizer": exact.dense_optimizer(keys)}
         out.append({"norm": single.norm, "norm_scale": moved, "params": params, "optimizer": optimizer, **want,
+                    "lr": recipe.optimizer.lr * single.lr_factor,
                     "e_t": _scales(params, optimizer, want)})
     return out
 
@@ -169,7 +170,7 @@ def _replayed(spec, k: int, prev: dict, now: dict, want: dict) -> list[str]:
     params, names = want["params"], list(want["optimizer"])
     ties = {n: next(o for o in names if params[o] is t) for n, t in params.items() if n not in names}
     extra = [f"master {n}: not a tensor of the one-device model" for n in sorted(set(now["params"]) - set(params))]
-    return adam_replay.problems(spec, k, prev, now, names, ties) + extra
+    return adam_replay.problems(spec, k, prev, now, names, ties, want.get("lr")) + extra
 
 
 def dense64(state: dict) -> dict:

@@ -13,7 +13,7 @@ import torch
 from reference.mixed_precision import DynamicLossScaler
 from reference.models import GPT
 from reference.models.moe import zero_missing_grads
-from reference.zero import OptimizerSpec
+from reference.zero import LRSchedule, OptimizerSpec, Scheduled
 
 LR = 0.05
 """The SGD learning rate of the one-device recipe when none is given (the 3D suite's)."""
@@ -45,8 +45,12 @@ class OneDevice:
     gradients unscaled in fp32, the step skipped on an inf / NaN, clipped by torch's clip_grad_norm_.
     ``grads``: the last step's gradients before clipping; ``norm``: its norm."""
 
-    def __init__(self, model: GPT, scaler: DynamicLossScaler | None, optimizer: OptimizerSpec | None = None):
+    def __init__(self, model: GPT, scaler: DynamicLossScaler | None, optimizer: OptimizerSpec | None = None,
+                 schedule: LRSchedule | None = None):
         self.model, self.scaler = model, scaler
+        self.lr = Scheduled(schedule)
+        self.lr_factor = 1.0
+        """The last applied update's learning rate as a fraction of the spec's (its schedule's factor)."""
         self.low = next(model.parameters()).dtype != torch.float64
         self.masters = ([torch.nn.Parameter(p.detach().float().clone()) for p in model.parameters()] if self.low
                         else list(model.parameters()))
@@ -68,7 +72,10 @@ class OneDevice:
             return float(loss.detach())
         if clip:
             self.norm = float(torch.nn.utils.clip_grad_norm_(self.masters, *clip))
+        self.lr.before_update([self.opt])
+        self.lr_factor = self.lr.schedule.factor(self.lr.taken) if self.lr.schedule is not None else 1.0
         self.opt.step()
+        self.lr.after_update()
         if self.low:
             with torch.no_grad():
                 for m, p in zip(self.masters, model.parameters(), strict=True):

@@ -53,6 +53,8 @@ class Supports(NamedTuple):
     """Whether it checkpoints selectively (``Layout.checkpoint_policy`` "selective")."""
     compiles: bool = False
     """Whether it compiles its blocks (``Layout.compile``)."""
+    schedules: bool = False
+    """Whether it runs a learning-rate schedule (``Recipe.lr_schedule``) with its own scheduler."""
 
     def why_unsupported(self, spec, layout, recipe) -> str | None:
         unknown = sorted({**spec.extra, **layout.extra})
@@ -67,6 +69,8 @@ class Supports(NamedTuple):
             why = f"{self.stack} does not checkpoint selectively (the matmuls saved, the rest recomputed) here."
         if why is None and layout.compile and not self.compiles:
             why = f"{self.stack} does not compile its blocks here."
+        if why is None and recipe.lr_schedule is not None and not self.schedules:
+            why = f"{self.stack} does not schedule its learning rate here."
         return why
 
     def why_refused(self, spec, layout, recipe) -> str | None:

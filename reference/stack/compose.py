@@ -62,7 +62,7 @@ from reference.stack.dimensions import (
 from reference.stack.reduction import DataPart, Reduction  # noqa: F401 - DataPart: the parts' type
 from reference.stack.topology import ParallelDims, all_reduce_over, build_groups, coordinates
 from reference.tensor_parallel.vocab import IGNORE_INDEX
-from reference.zero import OptimizerSpec, StepRecipe
+from reference.zero import LRSchedule, OptimizerSpec, Scheduled, StepRecipe
 
 __all__ = ["Parallel3D", "Pieces", "SCHEDULES", "Stage", "activation_checkpointing", "data_parallel", "parallelize",
            "pieces_of", "pipeline_split", "shard_stages", "stage_bounds", "tensor_parallel"]
@@ -77,7 +77,8 @@ class Parallel3D:
     def __init__(self, model: GPT, dims: ParallelDims, groups: dict, schedule: str, zero_stage: int,
                  checkpointing: bool, optimizer: OptimizerSpec, microbatches: int,
                  loss_scaler: DynamicLossScaler | None = None, max_grad_norm: float | None = None,
-                 norm_type: float = 2.0, accumulation: int = 1, reduce_dtype: torch.dtype | None = None):
+                 norm_type: float = 2.0, accumulation: int = 1, reduce_dtype: torch.dtype | None = None,
+                 lr_schedule: LRSchedule | None = None):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}; got {schedule!r}.")
         if zero_stage not in (0, 1, 2):
@@ -106,6 +107,9 @@ class Parallel3D:
         self.sync, self.optimizer, self.expert_sync = r.sync, r.optimizer, r.expert_sync
         self.loss_scaler, self.max_grad_norm, self.norm_type = loss_scaler, max_grad_norm, norm_type
         self.accumulation = accumulation
+        self.lr = Scheduled(lr_schedule)
+        """The learning-rate schedule: each applied update at its factor of the optimizer's lr (a skipped one does
+        not advance it)."""
         self.last_grad_norm: float | None = None
         """The global gradient norm of the last step (before clipping), when clipping is on and the step
         was taken (None after a step the loss scaler skipped)."""
@@ -185,7 +189,9 @@ class Parallel3D:
                 params, kwargs = self._norm_args
                 norm = clip_grad_norm_(params, self.max_grad_norm, self.clip_groups, self.norm_type, **kwargs)
                 self.last_grad_norm = float(norm)
+            self.lr.before_update(self.optimizers)
             self.reduction.update()
+            self.lr.after_update()
         return self._global_loss(loss, len(tokens))
 
     def _global_loss(self, loss: torch.Tensor | None, rows: int) -> float:
@@ -239,17 +245,19 @@ def parallelize(model: GPT, dims: ParallelDims, schedule: str = "1f1b", zero_sta
                 checkpointing: bool = False, *, groups: dict | None = None,
                 optimizer: OptimizerSpec | None = None, microbatches: int | None = None,
                 loss_scaler: DynamicLossScaler | None = None, max_grad_norm: float | None = None,
-                norm_type: float = 2.0, accumulation: int = 1, reduce_dtype: torch.dtype | None = None) -> Parallel3D:
+                norm_type: float = 2.0, accumulation: int = 1, reduce_dtype: torch.dtype | None = None,
+                lr_schedule: LRSchedule | None = None) -> Parallel3D:
     """``model`` over ``dims`` (TP, then checkpointing, then the pipeline split, then DP / ZeRO), trained
     with ``optimizer`` (default SGD, lr 0.05, momentum 0.9) on ``microbatches`` per step (default 2 pp),
     with ``loss_scaler`` (``reference.mixed_precision``) scaling the loss and skipping non-finite steps, and
     the gradients clipped to a global ``norm_type`` norm of ``max_grad_norm`` (``reference.clipping``), and
     ``accumulation`` pipeline passes (each of ``microbatches``) per optimizer step; a bfloat16 / float16
     ``model`` trains in mixed precision (fp32 masters), its DP gradients reduced in ``reduce_dtype`` (default
-    fp32; a float32 / float64 model takes none).
+    fp32; a float32 / float64 model takes none); each applied update at ``lr_schedule``'s learning rate
+    (``reference.zero.lr_schedule``; None: the optimizer's).
     ``groups`` (from ``topology.build_groups``) is created here when not given — collectively."""
     dims.check(dist.get_world_size(), model.heads, len(model.blocks))
     groups = groups if groups is not None else build_groups(dims, dist.get_rank())
     return Parallel3D(model, dims, groups, schedule, zero_stage, checkpointing,
                       optimizer or OptimizerSpec("sgd", 0.05), microbatches or 2 * dims.pp, loss_scaler,
-                      max_grad_norm, norm_type, accumulation, reduce_dtype)
+                      max_grad_norm, norm_type, accumulation, reduce_dtype, lr_schedule)

@@ -2,8 +2,9 @@
 
 from .accounting import held_bytes
 from .flat import FlatParams
+from .lr_schedule import LRSchedule, Scheduled, set_lr
 from .optim import OptimizerSpec, StepRecipe
 from .sharded_optimizer import ShardedOptimizer
 from .stage3 import Zero3
 
-__all__ = ["FlatParams", "OptimizerSpec", "ShardedOptimizer", "StepRecipe", "Zero3", "held_bytes"]
+__all__ = ["FlatParams", "LRSchedule", "Scheduled", "set_lr", "OptimizerSpec", "ShardedOptimizer", "StepRecipe", "Zero3", "held_bytes"]

@@ -72,7 +72,7 @@ SUPPORTS = Supports("the reference stack", unsupported=(
     Rule(lambda s, lay, r: lay.replicate > 1 and lay.ep > 1,
          "the reference stack shards hybrid (replicate x shard) the dense parameters; its experts' sharding over "
          "their expert-data-parallel group is not composed with replicas."),
-), optimizers=("sgd", "adam", "adamw", "muon"), hybrid=True, refused=(
+), optimizers=("sgd", "adam", "adamw", "muon"), hybrid=True, schedules=True, refused=(
     Rule(lambda s, lay, r: lay.ep > 1 and s.family != "moe",
          lambda s, lay, r: f"ep ({lay.ep}) splits experts: the {s.family} family has none (the moe family has)."),
     Rule(lambda s, lay, r: lay.ep > 1, _raised(_experts_split)),
@@ -115,7 +115,8 @@ class ReferenceStackTrainer(BuiltFromDense):
         trainer = parallelize(model, self.dims, layout.schedule, layout.zero, layout.checkpointing,
                               groups=self.groups, optimizer=recipe.optimizer, microbatches=layout.num_microbatches,
                               loss_scaler=self.scaler(), max_grad_norm=recipe.max_grad_norm,
-                              norm_type=recipe.norm_type, accumulation=recipe.accumulation)
+                              norm_type=recipe.norm_type, accumulation=recipe.accumulation,
+                              lr_schedule=recipe.lr_schedule)
         if recipe.low_precision is not None:  # the blocks' projections (the LM head is not one of these classes)
             from reference.low_precision.convert import set_recipe
             from reference.tensor_parallel import ColumnParallelLinear, RowParallelLinear

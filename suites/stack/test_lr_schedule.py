@@ -1,0 +1,90 @@
+"""A stack trained under a learning-rate schedule (``Recipe.lr_schedule``: warmup from a start, a stable peak, a linear or
+cosine decay to a floor — ``reference.zero.lr_schedule``) equals one device stepping each update at the schedule's
+learning rate — the schedule indexed by the updates taken, whatever the stack's scheduler counts.
+
+Each stack runs it with its own scheduler, as its users configure it: the reference sets each group's lr before an
+applied update; torch a ``LambdaLR`` over its optimizer; torchtitan its ``LRSchedulersContainer`` config (warmup
+(s + 1) / warmup_steps and one peak step: the contract's start 1 / (warmup + 1), its own stable steps — what it
+cannot express is unsupported in a sentence); Megatron-LM's ``OptimizerParamScheduler`` (the contract's own
+convention: init_lr, warmup, decay steps, its WSD style), stepped in samples as Megatron-LM does; DeepSpeed a client
+scheduler built over the engine's optimizer (its own config schedulers train update 1 at their iteration -1's lr: the
+watch below); accelerate a prepared ``LambdaLR`` (which accelerate steps once per process per update: the adapter
+writes it in those steps; the watch below).
+
+The signal: every case trains 4 updates with Adam (or AdamW), whose update is lr x a normalised step — a factor off
+by one position is 40-100 % of an update, against a bound of 0.3 % (float32). Accumulation and the pipeline are in the
+cases because a scheduler stepped per micro-batch, or per pipeline pass, runs the schedule that many times as fast;
+AdamW's two groups because a scheduler that sets only the first group's lr leaves the norms at the peak."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from harness.contracts.stack import Layout, Recipe
+from harness.runtime.capabilities import require_dtype
+from reference.models import ModelSpec
+from reference.zero import LRSchedule, OptimizerSpec
+from suites._support.stack import ADAM, GPT, LLAMA32, held, named_cases
+
+STEPS = 4
+COSINE = LRSchedule(warmup=1, start=0.5, decay="cosine", total=3, min_ratio=0.1)
+"""Factors 0.5, 1, 0.55, 0.1 over the 4 updates: warmup, the peak, the cosine half way, the floor past total."""
+WSD = LRSchedule(warmup=1, start=0.5, stable=1, decay="linear", total=4)
+"""Warmup-stable-decay: 0.5, 1, 1, 0.5."""
+FROM_ZERO = LRSchedule(warmup=2, decay="linear", total=4, min_ratio=0.2)
+"""Megatron's default start (init_lr 0): update 1 moves nothing (Adam's moments still do); 0, 0.5, 1, 0.6."""
+ADAMW = OptimizerSpec("adamw", 1e-2, eps=1e-3, weight_decay=2.0, decay="matrices")
+"""Two groups (suites/stack/test_adamw.py's): the schedule must reach the norms' and biases' group too; the decay
+(1 - lr_k x wd) follows the scheduled lr."""
+GPT32 = ModelSpec(**{**GPT.as_dict(), "dtype": "float32"})
+GPT16V = ModelSpec(**{**GPT32.as_dict(), "vocab": 16})
+LLAMA16 = ModelSpec(**{**LLAMA32.as_dict(), "dtype": "bfloat16"})
+
+CASES = [  # (id, spec, layout, recipe)
+    ("dp-cosine-adamw", GPT32, Layout(2), Recipe(optimizer=ADAMW, lr_schedule=COSINE)),
+    ("zero2-accumulate-wsd", LLAMA32, Layout(2, zero=2),
+     Recipe(optimizer=ADAM, accumulation=2, max_grad_norm=0.05, lr_schedule=WSD)),
+    ("zero3-from-zero", LLAMA32, Layout(2, zero=3), Recipe(optimizer=ADAM, lr_schedule=FROM_ZERO)),
+    ("zero1-cosine-sgd", GPT32, Layout(2, zero=1),
+     Recipe(optimizer=OptimizerSpec("sgd", 0.05), accumulation=2, lr_schedule=COSINE)),
+    ("tp-cosine", GPT16V, Layout(1, 1, 2), Recipe(optimizer=ADAMW, lr_schedule=COSINE)),
+    ("pp-accumulate-wsd", LLAMA32, Layout(1, 2, 1), Recipe(optimizer=ADAM, accumulation=2, lr_schedule=WSD)),
+    ("hybrid-zero3-cosine", LLAMA32, Layout(4, zero=3, replicate=2), Recipe(optimizer=ADAM, lr_schedule=COSINE)),
+    ("bf16-zero1-cosine", LLAMA16, Layout(2, zero=1),
+     Recipe(optimizer=replace(ADAMW, eps=1e-8, weight_decay=0.1), accumulation=2, lr_schedule=COSINE)),
+]
+THOROUGH = {"zero3-from-zero", "zero1-cosine-sgd", "tp-cosine", "pp-accumulate-wsd", "hybrid-zero3-cosine",
+            "bf16-zero1-cosine"}
+"""tox's budget: AdamW's two groups under warmup + cosine at ZeRO 0, and accumulation + clipping at ZeRO 2 under WSD
+(every stack); the rest — warmup from 0, SGD, TP, the pipeline, the hybrid mesh, bf16 — in the thorough env."""
+
+
+@pytest.mark.parametrize("spec, layout, recipe", named_cases(CASES, THOROUGH))
+def test_stack_under_a_schedule_equals_one_device(stack_impl, spec, layout, recipe, world_cache, conformance):
+    if spec.dtype != "float32":
+        require_dtype(world_cache.get(layout.world_size), spec.dtype, conformance, suite="stack", impl=stack_impl)
+    v = held(world_cache, conformance, stack_impl, layout.world_size, spec, layout, recipe, padded=True, steps=STEPS)
+    assert v["outcome"] == "pass", v["problems"][:8]
+
+
+def test_the_schedule_is_the_contract_s_function_of_the_updates_taken():
+    """The factors each phase gives (exact where the arithmetic is: warmup fractions, the floor; a decay's half way
+    within a rounding), and its bad inputs: one sentence each."""
+    assert [COSINE.factor(s) for s in (0, 1, 3, 9)] == [0.5, 1.0, 0.1, 0.1]
+    assert COSINE.factor(2) == pytest.approx(0.55, abs=1e-15)
+    assert [WSD.factor(s) for s in range(5)] == [0.5, 1.0, 1.0, 0.5, 0.0]
+    assert [FROM_ZERO.factor(s) for s in (0, 1, 2, 4)] == [0.0, 0.5, 1.0, 0.2]
+    assert FROM_ZERO.factor(3) == pytest.approx(0.6, abs=1e-15)  # 0.2 + 0.8 x 0.5
+    assert [LRSchedule(warmup=4, start=0.25).factor(s) for s in (0, 2, 4, 100)] == [0.25, 0.625, 1.0, 1.0]
+    for kwargs, needle in ((dict(decay="cosine"), "needs total"),
+                           (dict(decay="linear", warmup=2, stable=1, total=3), "greater than warmup \\+ stable = 3"),
+                           (dict(total=5), "a constant schedule"),
+                           (dict(warmup=-1), "warmup must be a whole number"),
+                           (dict(start=1.5), "start is a fraction of lr"),
+                           (dict(decay="step"), "decay must be one of constant, linear, cosine")):
+        with pytest.raises(ValueError, match=needle):
+            LRSchedule(**kwargs)
+    with pytest.raises(ValueError, match="schedule with Muon is not in the contract yet"):
+        Recipe(optimizer=OptimizerSpec("muon", 1e-2), lr_schedule=COSINE)
