@@ -6,6 +6,8 @@ signature most parallel bugs leave, and said in words. Rules, tried in this orde
                remainder, a missing gather; in an update, a parameter not updated);
 ``decay``      an update off by exactly lr x weight_decay x the parameter (AdamW): a decay where one device's rule
                spares the parameter, or none where it decays it;
+``schedule``   an update f x one device's with f a ratio of the recipe's learning-rate schedule: the update at another
+               position's lr (a scheduler stepped early, late or per micro-step) or at the base lr (none applied);
 ``sign``       got = -want everywhere;
 ``factor``     got = f x want everywhere, f a group's size or its inverse (an extra sum or a missing average over
                that group, or the reverse) — or another uniform factor, named as such;
@@ -102,6 +104,33 @@ def decay(items, layout, recipe):
             return (f"an update off by exactly {'-' if extra else ''}lr x weight_decay x the parameter ({d:g}): "
                     f"the parameter {which}")
     return None
+
+
+def schedule(items, layout, recipe):
+    plan = recipe.lr_schedule
+    off = [i for i in items if i.off and i.phase == "update"]
+    if plan is None or not off or len({i.step for i in off}) != 1:
+        return None
+    f, s = _factor(off), off[0].step - 1  # the update of step k is taken after s = k - 1 updates
+    want = plan.factor(s)
+    if f is None or want == 0 or abs(f - 1) < 1e-9:
+        return None
+    tol = max(1e-6, 100 * max(i.bound for i in off))
+    said = []
+    for other in range(max(4 * (s + 1), plan.total or 0, plan.warmup + plan.stable) + 2):
+        if other != s and abs(f * want - plan.factor(other)) <= tol * max(1.0, plan.factor(other)):
+            lead = other - s
+            said.append(f"position {other}'s lr: the scheduler {abs(lead)} update{'s' if abs(lead) > 1 else ''} "
+                        f"{'ahead' if lead > 0 else 'behind'}" + (f" ({other // s} positions per update: stepped per "
+                                                                  "micro-step?)" if s and other % s == 0 and other > s
+                                                                  else ""))
+            break
+    if abs(f * want - 1) <= tol:
+        said.append("the optimizer's base lr: the schedule not applied to this parameter's group")
+    if not said:
+        return None
+    return f"an update x {f:.4g} one device's, which steps at the schedule's lr of position {s}: at " + \
+        " — or ".join(said)
 
 
 def _factor(items):
@@ -243,7 +272,8 @@ def one_rank(items, layout, recipe):
     return f"right on ranks {', '.join(map(str, good))}, wrong on {', '.join(map(str, bad))}"
 
 
-RULES = (("nonfinite", nonfinite), ("zeroed", zeroed), ("decay", decay), ("factor", factor), ("per-part", per_part),
+RULES = (("nonfinite", nonfinite), ("zeroed", zeroed), ("decay", decay), ("schedule", schedule),
+         ("factor", factor), ("per-part", per_part),
          ("partial", partial), ("offset", offset), ("permuted", permuted), ("one-rank", one_rank))
 
 

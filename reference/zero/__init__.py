@@ -7,4 +7,5 @@ from .optim import OptimizerSpec, StepRecipe
 from .sharded_optimizer import ShardedOptimizer
 from .stage3 import Zero3
 
-__all__ = ["FlatParams", "LRSchedule", "Scheduled", "set_lr", "OptimizerSpec", "ShardedOptimizer", "StepRecipe", "Zero3", "held_bytes"]
+__all__ = ["FlatParams", "LRSchedule", "Scheduled", "set_lr",
+           "OptimizerSpec", "ShardedOptimizer", "StepRecipe", "Zero3", "held_bytes"]

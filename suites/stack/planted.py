@@ -8,7 +8,7 @@ import torch
 
 from harness.adapters.reference.stack import ReferenceStack, ReferenceStackTrainer
 from harness.stack.inputs import IGNORE
-from reference.zero import OptimizerSpec
+from reference.zero import OptimizerSpec, Scheduled
 
 
 class _KVNotSummed(ReferenceStackTrainer):
@@ -461,3 +461,65 @@ class CoupledWeightDecay(ReferenceStack):
         opt = recipe.optimizer
         return super().build(spec, layout, replace(recipe, optimizer=_L2(**{f.name: getattr(opt, f.name)
                                                                             for f in fields(opt)})), group)
+
+
+class _MisScheduled(Scheduled):
+    """A scheduler stepped wrongly: ``ahead`` updates early, ``per_update`` positions per update, or only the first
+    parameter group's lr set."""
+
+    def __init__(self, schedule, ahead: int = 0, per_update: int = 1, first_group_only: bool = False):
+        super().__init__(schedule)
+        self.taken, self.per_update, self.first_group_only = ahead, per_update, first_group_only
+
+    def before_update(self, optimizers) -> None:
+        if self.first_group_only:
+            optimizers = [_FirstGroup(opt) for opt in optimizers]
+        super().before_update(optimizers)
+
+    def after_update(self) -> None:
+        self.taken += self.per_update
+
+
+class _FirstGroup:
+    def __init__(self, opt):
+        self.param_groups = opt.param_groups[:1]
+
+
+class _ScheduleBug(ReferenceStack):
+    bug: dict = {}
+
+    def build(self, spec, layout, recipe, group=None):
+        trainer = super().build(spec, layout, recipe, group)
+        built = trainer._build
+        bug = dict(self.bug)
+        if bug.get("per_update") == "accumulation":
+            bug["per_update"] = recipe.accumulation
+
+        def _build(model):
+            t = built(model)
+            t.lr = _MisScheduled(recipe.lr_schedule, **bug)
+            return t
+
+        trainer._build = _build
+        return trainer
+
+
+class ScheduleStepsPerMicroBatch(_ScheduleBug):
+    """Planted bug: the learning-rate scheduler stepped once per accumulation micro-step (inside the loop, as a
+    per-batch scheduler is) — the schedule runs that many times as fast."""
+
+    bug = {"per_update": "accumulation"}
+
+
+class ScheduleOneAhead(_ScheduleBug):
+    """Planted bug: the scheduler stepped before the optimizer (torch warns of it; a loop that steps it first) — every
+    update at the next update's learning rate."""
+
+    bug = {"ahead": 1}
+
+
+class ScheduleFirstGroupOnly(_ScheduleBug):
+    """Planted bug: a scheduler that sets only the first parameter group's lr — AdamW's no-decay group (the biases and
+    norms) trains at the peak throughout."""
+
+    bug = {"first_group_only": True}
