@@ -1,6 +1,6 @@
 """A stack trained under a learning-rate schedule (``Recipe.lr_schedule``: warmup from a start, a stable peak, a
-linear or cosine decay to a floor — ``reference.zero.lr_schedule``) equals one device stepping each update at the schedule's
-learning rate — the schedule indexed by the updates taken, whatever the stack's scheduler counts.
+linear or cosine decay to a floor — ``reference.zero.lr_schedule``) equals one device stepping each update at the
+schedule's learning rate — the schedule indexed by the updates taken, whatever the stack's scheduler counts.
 
 Each stack runs it with its own scheduler, as its users configure it: the reference sets each group's lr before an
 applied update; torch a ``LambdaLR`` over its optimizer; torchtitan its ``LRSchedulersContainer`` config (warmup
