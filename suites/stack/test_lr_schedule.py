@@ -33,6 +33,8 @@ COSINE = LRSchedule(warmup=1, start=0.5, decay="cosine", total=3, min_ratio=0.1)
 """Factors 0.5, 1, 0.55, 0.1 over the 4 updates: warmup, the peak, the cosine half way, the floor past total."""
 WSD = LRSchedule(warmup=1, start=0.5, stable=1, decay="linear", total=4)
 """Warmup-stable-decay: 0.5, 1, 1, 0.5."""
+COSINE_PEAK = LRSchedule(warmup=1, start=0.5, stable=1, decay="cosine", total=4, min_ratio=0.1)
+"""0.5, 1, 1, 0.55: a cosine after one stable step (torchtitan's peak lasts two updates at least)."""
 FROM_ZERO = LRSchedule(warmup=2, decay="linear", total=4, min_ratio=0.2)
 """Megatron's default start (init_lr 0): update 1 moves nothing (Adam's moments still do); 0, 0.5, 1, 0.6."""
 ADAMW = OptimizerSpec("adamw", 1e-2, eps=1e-3, weight_decay=2.0, decay="matrices")
@@ -45,18 +47,20 @@ LLAMA16 = ModelSpec(**{**LLAMA32.as_dict(), "dtype": "bfloat16"})
 CASES = [  # (id, spec, layout, recipe)
     ("dp-cosine-adamw", GPT32, Layout(2), Recipe(optimizer=ADAMW, lr_schedule=COSINE)),
     ("zero2-accumulate-wsd", LLAMA32, Layout(2, zero=2),
-     Recipe(optimizer=ADAM, accumulation=2, max_grad_norm=0.05, lr_schedule=WSD)),
+     Recipe(optimizer=ADAMW, accumulation=2, max_grad_norm=0.05, lr_schedule=WSD)),
     ("zero3-from-zero", LLAMA32, Layout(2, zero=3), Recipe(optimizer=ADAM, lr_schedule=FROM_ZERO)),
     ("zero1-cosine-sgd", GPT32, Layout(2, zero=1),
      Recipe(optimizer=OptimizerSpec("sgd", 0.05), accumulation=2, lr_schedule=COSINE)),
     ("tp-cosine", GPT16V, Layout(1, 1, 2), Recipe(optimizer=ADAMW, lr_schedule=COSINE)),
+    ("tp-cosine-peak-llama", LLAMA32, Layout(1, 1, 2), Recipe(optimizer=ADAMW, lr_schedule=COSINE_PEAK)),
     ("pp-accumulate-wsd", LLAMA32, Layout(1, 2, 1), Recipe(optimizer=ADAM, accumulation=2, lr_schedule=WSD)),
-    ("hybrid-zero3-cosine", LLAMA32, Layout(4, zero=3, replicate=2), Recipe(optimizer=ADAM, lr_schedule=COSINE)),
+    ("hybrid-zero3-cosine", LLAMA32, Layout(4, zero=3, replicate=2),
+     Recipe(optimizer=ADAM, lr_schedule=COSINE_PEAK)),
     ("bf16-zero1-cosine", LLAMA16, Layout(2, zero=1),
      Recipe(optimizer=replace(ADAMW, eps=1e-8, weight_decay=0.1), accumulation=2, lr_schedule=COSINE)),
 ]
-THOROUGH = {"zero3-from-zero", "zero1-cosine-sgd", "tp-cosine", "pp-accumulate-wsd", "hybrid-zero3-cosine",
-            "bf16-zero1-cosine"}
+THOROUGH = {"zero3-from-zero", "zero1-cosine-sgd", "tp-cosine", "tp-cosine-peak-llama", "pp-accumulate-wsd",
+            "hybrid-zero3-cosine", "bf16-zero1-cosine"}
 """tox's budget: AdamW's two groups under warmup + cosine at ZeRO 0, and accumulation + clipping at ZeRO 2 under WSD
 (every stack); the rest — warmup from 0, SGD, TP, the pipeline, the hybrid mesh, bf16 — in the thorough env."""
 

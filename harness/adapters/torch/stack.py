@@ -80,7 +80,8 @@ SUPPORTS = Supports("the torch stack", unsupported=(
          "the torch stack trains Muon without a float8 recipe here."),
     Rule(lambda s, lay, r: r.optimizer.name == "muon" and _muon_lacks(r) is not None,
          lambda s, lay, r: _muon_lacks(r)),
-), optimizers=("sgd", "adam", "adamw", "muon"), hybrid=True, selective=True, compiles=True, refused=(
+), optimizers=("sgd", "adam", "adamw", "muon"), hybrid=True, selective=True, compiles=True, schedules=True,
+    refused=(
     Rule(lambda s, lay, r: s.heads % lay.tp,
          lambda s, lay, r: f"tp ({lay.tp}) must divide the attention heads ({s.heads})."),
     Rule(lambda s, lay, r: lay.pp > s.layers,
@@ -159,7 +160,8 @@ class TorchStackTrainer(BuiltFromDense):
                           recipe.optimizer.lr, mesh=self.mesh, optimizer=recipe.optimizer,
                           reshard_after_forward=self.reshard_after_forward, accumulation=recipe.accumulation,
                           checkpointing=layout.checkpoint_policy if layout.checkpointing else None,
-                          compile=layout.compile, tensor_parallel=self.tensor_parallel, offload=self.offload)
+                          compile=layout.compile, tensor_parallel=self.tensor_parallel, offload=self.offload,
+                          lr_schedule=recipe.lr_schedule)
         trainer.max_grad_norm, trainer.norm_type = recipe.max_grad_norm, recipe.norm_type
         return trainer
 

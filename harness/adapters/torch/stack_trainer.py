@@ -31,8 +31,10 @@ class Torch3D:
     def __init__(self, model, dp: int, pp: int, tp: int, schedule: str, microbatches: int, lr: float,
                  mesh=None, optimizer=None, reshard_after_forward: bool = True, accumulation: int = 1,
                  checkpointing: str | None = None, compile: bool = False, tensor_parallel: bool = True,
-                 offload: bool = False):
-        """``tensor_parallel`` False (tp 1 only): the blocks, embedding and head left plain tensors, not DTensors on
+                 offload: bool = False, lr_schedule=None):
+        """``lr_schedule`` (``reference.zero.LRSchedule``): torch's ``LambdaLR`` over the optimizer with its factor,
+        stepped after each update, as a torch user writes it.
+        ``tensor_parallel`` False (tp 1 only): the blocks, embedding and head left plain tensors, not DTensors on
         the one-rank TP mesh — what FSDP2's partial resharding (``reshard_after_forward`` an int) takes. ``offload``:
         FSDP2's ``CPUOffloadPolicy`` (the sharded parameters, their gradients and the optimizer's step on the host;
         pinned where the machine pins)."""
@@ -106,6 +108,8 @@ class Torch3D:
         # by the dense model's names: Muon's rule (``OptimizerSpec.build_named``) — torch's Muon on the DTensors
         self.optimizer = optimizer.build_named((self.names[n], p) for n, p in stage.named_parameters()) \
             if optimizer is not None else torch.optim.SGD(stage.parameters(), lr=lr, momentum=0.9)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_schedule.factor) \
+            if lr_schedule is not None else None
         self.pstage = pipelining.PipelineStage(stage, stage_idx, pp, rank_device(), group=mesh["pp"].get_group())
         self.first, self.last = first, last
         self.schedule_cls = getattr(pipelining, SCHEDULES[schedule])
@@ -149,6 +153,8 @@ class Torch3D:
         if self.max_grad_norm is not None:
             self.last_grad_norm = self._clip()
         self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
         value = torch.tensor([float(sum(_full(loss).item() for loss in losses)) if self.last else 0.0],
                              dtype=torch.float64, device=rank_device())
         dist.all_reduce(value)  # the last stage's replicas, times tp ranks each

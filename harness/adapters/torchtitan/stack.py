@@ -48,6 +48,12 @@ def _v02(spec, layout, recipe) -> str | None:
     return unsupported(spec, layout, recipe) if v02() else None
 
 
+def _lr_unsupported(schedule) -> str | None:
+    from harness.adapters.torchtitan.lr import unsupported
+
+    return unsupported(schedule)
+
+
 def _moe(spec, layout, recipe) -> str | None:
     from harness.adapters.torchtitan.moe_stack import unsupported
 
@@ -60,6 +66,9 @@ SUPPORTS = Supports("the torchtitan stack", unsupported=(
          lambda s, lay, r: f"torchtitan's float8 converter offers the rowwise recipes (recipe_name rowwise, "
                            f"rowwise_with_gw_hp), not {r.low_precision}."),
     Rule(always, _v02),
+    Rule(lambda s, lay, r: r.lr_schedule is not None and s.family == "moe",
+         "the torchtitan MoE stack here steps its optimizers without a learning-rate scheduler."),
+    Rule(lambda s, lay, r: r.lr_schedule is not None, lambda s, lay, r: _lr_unsupported(r.lr_schedule)),
     Rule(lambda s, lay, r: s.family == "moe" and lay.replicate > 1,
          "the torchtitan MoE stack here shards over dp_shard alone (its EP carves efsdp from it); hybrid sharding is "
          "not composed with it."),
@@ -89,7 +98,7 @@ SUPPORTS = Supports("the torchtitan stack", unsupported=(
     Rule(lambda s, lay, r: lay.checkpoint_policy == "selective",
          "torchtitan's op-level selective checkpointing recomputes every second matmul (SelectiveAC's "
          "forward_mm_count % 2 == 0): its own policy, not the contract's (every matmul's output saved)."),
-), optimizers=("adam", "adamw"), hybrid=True, compiles=True, refused=(
+), optimizers=("adam", "adamw"), hybrid=True, compiles=True, schedules=True, refused=(
     Rule(lambda s, lay, r: lay.schedule in CHUNKED and 2 * lay.pp > s.layers,
          lambda s, lay, r: f"the {lay.schedule} schedule's 2 x pp = {2 * lay.pp} model chunks need as many layers; the "
                            f"model has {s.layers}."),

@@ -193,6 +193,12 @@ class TorchtitanStackTrainer(BuiltFromDense):
         materialise(parts, self._titan_state(model))
         self.optimizers = OptimizersContainer.Config(param_groups=param_groups(self.recipe.optimizer, parts),
                                                      implementation="for-loop").build(model_parts=parts)
+        self.lr_schedulers = None
+        if self.recipe.lr_schedule is not None:  # its job's lr_scheduler section (harness/adapters/torchtitan/lr.py)
+            from .lr import config
+
+            cfg, steps = config(self.recipe.lr_schedule)
+            self.lr_schedulers = cfg.build(optimizers=self.optimizers, training_steps=steps)
         self.last_grad_norm = None
         return parts
 
@@ -229,6 +235,8 @@ class TorchtitanStackTrainer(BuiltFromDense):
                                               ep_enabled=dims.ep_enabled)
             self.last_grad_norm = _scalar(norm)
         self.optimizers.step()
+        if self.lr_schedulers is not None:  # Trainer.train_step's order: after the optimizers
+            self.lr_schedulers.step()
         total = torch.tensor([loss_sum], dtype=torch.float64)
         for axis in ("pp", "batch"):  # the last stage's sums, over every replica
             mesh = dims.get_optional_mesh(axis)

@@ -48,6 +48,9 @@ def unsupported(spec, layout, recipe) -> str | None:
     if recipe.optimizer.name == "adamw" and recipe.optimizer.decay != "all":
         return ("torchtitan 0.2's build_optimizers gives every parameter the one weight decay (no parameter groups): "
                 "AdamW's rule 'matrices' (biases and norms not decayed) is 0.3's ParamGroupConfig.")
+    if recipe.lr_schedule is not None:
+        return ("the torchtitan 0.2 stack here steps its optimizers without its learning-rate scheduler (0.3's is "
+                "mapped).")
     if layout.zero == 0 and layout.dp > 1 and layout.world_size > layout.dp:
         return "torchtitan 0.2 replicates over dp with DDP alone (its words: 'DDP has not supported > 1D parallelism')."
     return None
