@@ -95,7 +95,7 @@ SUPPORTS = Supports("the Megatron stack", unsupported=(
                            "norm."),
     Rule(lambda s, lay, r: r.loss_scale is not None,
          "the Megatron stack here has no loss scaler (float32 and bf16 need none)."),
-), optimizers=("sgd", "adam", "adamw"), refused=(
+), optimizers=("sgd", "adam", "adamw"), schedules=True, refused=(
     Rule(lambda s, lay, r: s.heads % lay.tp or s.kv % lay.tp,
          lambda s, lay, r: f"tp ({lay.tp}) must divide the attention heads ({s.heads}) and the KV heads ({s.kv}): "
                            "megatron-core splits query groups, it does not replicate them."),

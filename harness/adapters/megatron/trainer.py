@@ -20,6 +20,24 @@ _ACTIVE: list = [None]
 """The (tp, pp, vp) megatron-core's parallel state was last initialised with by this adapter (None: not by it)."""
 
 
+def lr_arguments(lr: float, schedule) -> dict:
+    """``OptimizerParamScheduler``'s learning-rate arguments for the contract's ``schedule`` (None: constant at lr) —
+    the contract's convention is its own (``reference.zero.lr_schedule``): init_lr the warmup's start, its WSD style
+    for a stable peak. In iterations, stepped by 1 (Megatron-LM counts samples: warmup, decay and each increment
+    times the global batch — the same ratios, exactly)."""
+    if schedule is None:
+        return {"init_lr": lr, "max_lr": lr, "min_lr": 0.0, "lr_warmup_steps": 0, "lr_decay_steps": 1,
+                "lr_decay_style": "constant"}
+    out = {"init_lr": schedule.start * lr if schedule.warmup else lr, "max_lr": lr,
+           "min_lr": schedule.min_ratio * lr, "lr_warmup_steps": schedule.warmup}
+    if schedule.decay == "constant":
+        return {**out, "lr_decay_steps": schedule.warmup + 1, "lr_decay_style": "constant"}
+    if schedule.stable:
+        return {**out, "lr_decay_steps": schedule.total, "lr_decay_style": "WSD",
+                "wsd_decay_steps": schedule.total - schedule.decay_begins, "lr_wsd_decay_style": schedule.decay}
+    return {**out, "lr_decay_steps": schedule.total, "lr_decay_style": schedule.decay}
+
+
 class MegatronStackTrainer(MegatronCheckpoint, BuiltFromDense):
     perform_initialization = True
     """Megatron initialises its weights (then the one-device weights are loaded over them): with
@@ -125,7 +143,10 @@ class MegatronStackTrainer(MegatronCheckpoint, BuiltFromDense):
         opt = recipe.optimizer
         # its "adam" is AdamW (decoupled_weight_decay, its default); its standard overrides (config_overrides None)
         # give a bias or a 1-D parameter wd_mult 0 — AdamW's rule "matrices"; {} (no overrides) decays every one
-        kwargs = {"optimizer": "sgd" if opt.name == "sgd" else "adam", "lr": opt.lr, "weight_decay": opt.weight_decay,
+        # lr and min_lr: each group's max_lr and min_lr, which its scheduler reads (Megatron-LM's --lr, --min-lr)
+        floor = recipe.lr_schedule.min_ratio * opt.lr if recipe.lr_schedule is not None else None
+        kwargs = {"optimizer": "sgd" if opt.name == "sgd" else "adam", "lr": opt.lr, "min_lr": floor,
+                  "weight_decay": opt.weight_decay,
                   "params_dtype": self.dtype,
                   "bf16": self.mixed,
                   "clip_grad": recipe.max_grad_norm or 0.0, "use_distributed_optimizer": layout.zero == 1}
@@ -144,11 +165,12 @@ class MegatronStackTrainer(MegatronCheckpoint, BuiltFromDense):
         # Megatron-LM's setup_model_and_optimizer: its OptimizerParamScheduler sets each group's lr and weight decay
         # (the config's times the group's wd_mult: 0 for a bias or a norm) at construction and after each step;
         # megatron-core's groups carry wd_mult alone — without the scheduler every group decays (watched in
-        # suites/stack/test_adamw.py). Constant here: lr and weight decay as the spec's
+        # suites/stack/test_adamw.py). Its learning rate: the recipe's schedule (constant without one); its decay the
+        # spec's throughout
         self.scheduler = OptimizerParamScheduler(
-            self.optimizer, init_lr=opt.lr, max_lr=opt.lr, min_lr=0.0, lr_warmup_steps=0, lr_decay_steps=1,
-            lr_decay_style="constant", start_wd=opt.weight_decay, end_wd=opt.weight_decay, wd_incr_steps=1,
-            wd_incr_style="constant", use_checkpoint_opt_param_scheduler=False, override_opt_param_scheduler=True)
+            self.optimizer, **lr_arguments(opt.lr, recipe.lr_schedule), start_wd=opt.weight_decay,
+            end_wd=opt.weight_decay, wd_incr_steps=1, wd_incr_style="constant",
+            use_checkpoint_opt_param_scheduler=False, override_opt_param_scheduler=True)
         config.finalize_model_grads_func = finalize_model_grads  # Megatron-LM's training setup
         config.no_sync_func = [c.no_sync for c in chunks] if len(chunks) > 1 else chunks[0].no_sync
         if ddp_config.overlap_grad_reduce:  # Megatron-LM's setup_model_and_optimizer, --align-grad-reduce
