@@ -148,6 +148,17 @@ FINDINGS = (
             handled_by_adapter="the megatron stack runs Megatron-LM's OptimizerParamScheduler (constant lr and weight "
                                "decay), stepped after each successful update as Megatron-LM's train_step does"),
     Finding("deepspeed", "stack", "deepspeed", ("0.19.8", None),
+            "DeepSpeed's config schedulers (WarmupLR, WarmupCosineLR) set the optimizer's lr at construction to their "
+            "value at iteration -1 and the engine steps them after each update: update k trains at iteration k - 2's "
+            "lr — a linear warmup from 0 trains the first two updates at lr 0 and peaks one update late, and "
+            "WarmupCosineLR never trains at its peak (its cosine starts one step in) (minimal case: one rank, a "
+            "Linear, warmup 4 steps: lr x [0, 0, 0.25, 0.5, 0.75, 1] for WarmupLR, x [..., 0.75, 0.854] for "
+            "WarmupCosineLR at total 8).",
+            "suites/stack/test_deepspeed_findings.py::"
+            "test_watch_deepspeed_config_schedulers_train_the_first_two_updates_at_one_lr",
+            handled_by_adapter="the deepspeed stack gives the contract's schedule as a client scheduler (a LambdaLR "
+                               "DeepSpeed builds over the optimizer it wraps), update k at position k - 1"),
+    Finding("deepspeed", "stack", "deepspeed", ("0.19.8", None),
             "deepspeed.zero.Init leaves torch.nn.Module.__init_subclass__ replaced when it exits: it puts back the "
             "inherited object.__init_subclass__, bound to Module, as nn.Module's own attribute, which hides the "
             "__init_subclass__ of any mixin after nn.Module in a later class's MRO — torchtitan's Module(nn.Module, "

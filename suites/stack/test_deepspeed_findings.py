@@ -489,3 +489,42 @@ def test_the_zero_init_option_leaves_later_classes_as_they_were(world_cache):
     """The ZeroInit option's construction puts nn.Module's ``__init_subclass__`` back: a later class is tagged."""
     pytest.importorskip("deepspeed")
     assert world_cache.get(1).run(_later_class_tagged, True, timeout=120)[0] == ("Before", "After")
+
+
+def _config_scheduler_lrs(kind: str) -> list:
+    """Rank side: a Linear under DeepSpeed (ZeRO 0, fp32) with its own config scheduler ``kind`` — WarmupLR or
+    WarmupCosineLR, linear warmup over 4 steps from 0 to lr 0.01 — and the learning rate each of the first 6 updates
+    trains at (the group's lr when ``engine.step`` applies it)."""
+    import torch
+
+    from harness.adapters.deepspeed.init import init
+    from harness.adapters.deepspeed.zero import engine_config
+
+    init()
+    import deepspeed
+
+    params = {"WarmupLR": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.01},
+              "WarmupCosineLR": {"total_num_steps": 8, "warmup_min_ratio": 0.0, "cos_min_ratio": 0.0}}[kind]
+    config = {**engine_config(0, 1, None), "optimizer": {"type": "Adam", "params": {"lr": 0.01}},
+              "scheduler": {"type": kind, "params": {**params, "warmup_num_steps": 4, "warmup_type": "linear"}}}
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    out = []
+    for _ in range(6):
+        out.append(round(optimizer.param_groups[0]["lr"] / 0.01, 6))  # the lr this update trains at
+        engine.backward(engine(torch.randn(2, 4)).pow(2).sum())
+        engine.step()
+    return out
+
+
+@pytest.mark.parametrize("kind, sixth", [("WarmupLR", 1.0), ("WarmupCosineLR", 0.853553)])
+def test_watch_deepspeed_config_schedulers_train_the_first_two_updates_at_one_lr(kind, sixth, world_cache):
+    """Watch: DeepSpeed's config schedulers set the optimizer's lr at construction to their value at iteration -1
+    (WarmupLR: warmup_min_lr; WarmupCosineLR: 0) and the engine steps them after each update, so update k trains at
+    iteration k - 2's: a linear warmup from 0 over 4 steps trains updates 1 and 2 at lr 0 (they move nothing) and
+    WarmupLR reaches its peak at update 6, one update later than its own count. WarmupCosineLR never trains at its
+    peak: its cosine starts one step in (iteration 4, the first after the warmup, is (1 + cos(pi / 4)) / 2 = 0.854 of
+    lr at total_num_steps 8). The contract's schedule (update k at position k - 1) is what the DeepSpeed stack gives
+    DeepSpeed, as a client scheduler. Fails once the config schedulers start at iteration 0."""
+    assert world_cache.get(1).run(_config_scheduler_lrs, kind, timeout=120)[0] == [0.0, 0.0, 0.25, 0.5, 0.75, sixth]

@@ -88,7 +88,7 @@ SUPPORTS = Supports("the DeepSpeed stack", unsupported=(
          lambda s, lay, r: f"DeepSpeed's gradient_clipping clips the 2-norm, not the {r.norm_type} norm."),
     Rule(lambda s, lay, r: r.loss_scale is not None,
          "the DeepSpeed stack here has no loss scaler (float32 needs none)."),
-), optimizers=("sgd", "adam", "adamw", "muon"), refused=(
+), optimizers=("sgd", "adam", "adamw", "muon"), schedules=True, refused=(
     Rule(lambda s, lay, r: s.family == "moe" and s.experts % lay.ep,
          lambda s, lay, r: f"the {s.experts} experts do not split evenly over ep = {lay.ep} (DeepSpeed asserts "
                            "num_experts % ep_size == 0)."),
@@ -253,7 +253,7 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
 
     def _build(self, model):
         from harness.adapters.deepspeed.init import init
-        from harness.adapters.deepspeed.zero import _Trainer, engine_config, merged, require_offload
+        from harness.adapters.deepspeed.zero import _Trainer, client_scheduler, engine_config, merged, require_offload
 
         init()
         import deepspeed
@@ -283,7 +283,8 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
                                                            config=config, mpu=mpu)
         else:
             engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=recipe.optimizer.build(groups),
-                                                           config=config, mpu=mpu)
+                                                           config=config, mpu=mpu,
+                                                           **client_scheduler(recipe.lr_schedule))
         require_offload(config, optimizer)  # where an option offloads
         hpz = config["zero_optimization"].get("zero_hpz_partition_size", 1)
         if hpz > 1:

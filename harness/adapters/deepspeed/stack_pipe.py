@@ -127,7 +127,7 @@ class DeepSpeedPipeTrainer(DeepSpeedCheckpoint, BuiltFromDense):
     def _build(self, model):
         from harness.adapters.deepspeed.init import init
         from harness.adapters.deepspeed.mixed import bf16_config
-        from harness.adapters.deepspeed.zero import engine_config, merged, require_offload
+        from harness.adapters.deepspeed.zero import client_scheduler, engine_config, merged, require_offload
 
         init()
         import deepspeed
@@ -138,7 +138,8 @@ class DeepSpeedPipeTrainer(DeepSpeedCheckpoint, BuiltFromDense):
         model = model.float()  # bf16: DeepSpeed rounds the model itself; its fp32 masters are the rounded weights
         module = pipeline_module(model, layout.pp, layout.checkpointing)
         client = recipe.optimizer.build([p for p in module.parameters()])
-        engine, optimizer, _, _ = deepspeed.initialize(model=module, optimizer=client, config=config)
+        engine, optimizer, _, _ = deepspeed.initialize(model=module, optimizer=client, config=config,
+                                                       **client_scheduler(recipe.lr_schedule))
         require_offload(config, optimizer)  # where an option offloads
         self.state = PipeState(engine, client if layout.zero == 0 else optimizer, recipe.optimizer, layout.zero,
                                model)

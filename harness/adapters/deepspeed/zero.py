@@ -89,6 +89,17 @@ def engine_config(stage: int, accumulation: int, max_grad_norm: float | None) ->
             "zero_allow_untested_optimizer": True, "steps_per_print": 1 << 30, "wall_clock_breakdown": False}
 
 
+def client_scheduler(schedule) -> dict:
+    """``deepspeed.initialize``'s ``lr_scheduler`` for the contract's ``schedule`` (None: none): a callable DeepSpeed
+    calls with the optimizer it wraps (the client's, whose groups its ZeRO optimizers step), giving torch's
+    ``LambdaLR`` with the schedule's factor — the engine steps it after each applied update (``_take_model_step``),
+    as the HF Trainer's DeepSpeed path hands it its own scheduler. DeepSpeed's config schedulers train update 1 at
+    their iteration -1's lr (suites/stack/test_deepspeed_findings.py)."""
+    if schedule is None:
+        return {}
+    return {"lr_scheduler": lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, schedule.factor)}
+
+
 def merged(config: dict, *extra: dict) -> dict:
     """``config`` with each of ``extra``'s entries (an option's, the precision's), its ``zero_optimization`` entries
     joining the stage's rather than replacing them."""
