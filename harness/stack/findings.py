@@ -241,6 +241,14 @@ FINDINGS = (
             "suites/stack/test_accelerate.py::test_watch_accelerate_ignores_its_fsdp_plugin_on_a_cpu",
             handled_by_adapter="the accelerate adapter refuses ZeRO 2 / 3 (unsupported, with the distributed type) "
                                "where accelerate's type is not FSDP"),
+    Finding("accelerate", "stack", "accelerate", ("1.16.0", None),
+            "accelerate's AcceleratedScheduler steps a prepared scheduler num_processes times per optimizer update "
+            "(split_batches off, its default: each process's batch counted as one of the schedule's steps): a "
+            "schedule written in updates — warmup, decay, total — runs num_processes times as fast, and nothing says "
+            "so (minimal case: 2 processes on gloo, a LambdaLR: last_epoch 2, 4, 6 after updates 1-3).",
+            "suites/stack/test_accelerate.py::test_watch_accelerate_steps_a_prepared_scheduler_once_per_process",
+            handled_by_adapter="the accelerate stack writes the contract's schedule in accelerate's steps (a LambdaLR "
+                               "of position // num_processes)"),
     Finding("deepspeed", "stack", "deepspeed", ("0.18.0", None),
             "DeepSpeed's engine at ZeRO stage 0 with a client torch optimizer clips the gradients (gradient_clipping) "
             "but get_global_grad_norm() returns None: the norm it clipped by is not reported (minimal case: 1 rank, "

@@ -47,7 +47,7 @@ LLAMA16V = ModelSpec(**{**LLAMA32.as_dict(), "vocab": 16})
 LLAMA16 = ModelSpec(**{**LLAMA32.as_dict(), "dtype": "bfloat16"})
 
 CASES = [  # (id, spec, layout, recipe)
-    ("dp-cosine-adamw", GPT32, Layout(2), Recipe(optimizer=ADAMW, lr_schedule=COSINE)),
+    ("dp-cosine-adamw", GPT32, Layout(2), Recipe(optimizer=ADAMW, accumulation=2, lr_schedule=COSINE)),
     ("zero2-accumulate-wsd", LLAMA32, Layout(2, zero=2),
      Recipe(optimizer=ADAMW, accumulation=2, max_grad_norm=0.05, lr_schedule=WSD)),
     ("zero3-from-zero", LLAMA32, Layout(2, zero=3), Recipe(optimizer=ADAM, lr_schedule=FROM_ZERO)),

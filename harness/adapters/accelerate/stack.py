@@ -66,7 +66,7 @@ SUPPORTS = Supports("the accelerate stack", unsupported=(
          "the step, which its training loop does not pass."),
     Rule(lambda s, lay, r: r.loss_scale is not None,
          "the accelerate stack here has no loss scaler (float32 needs none)."),
-), optimizers=("sgd", "adam", "adamw"))
+), optimizers=("sgd", "adam", "adamw"), schedules=True)
 
 
 def reset_accelerate() -> None:
@@ -125,7 +125,15 @@ class AccelerateTrainer(BuiltFromDense):
 
     def _build(self, model):
         optimizer = self.recipe.optimizer.build(model.parameters())
-        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.scheduler = None
+        plan = self.recipe.lr_schedule
+        if plan is not None:  # prepared, accelerate steps it num_processes times per update (split_batches off, its
+            # default; suites/stack/test_accelerate.py's watch): the schedule written in those steps
+            n = self.accelerator.num_processes
+            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: plan.factor(i // n))
+            self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
+        else:
+            self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.module = self.accelerator.unwrap_model(self.model)
         return self.model
 
@@ -146,6 +154,8 @@ class AccelerateTrainer(BuiltFromDense):
                     norm = acc.clip_grad_norm_(model.parameters(), recipe.max_grad_norm, recipe.norm_type)
                     self.last_grad_norm = float(norm)
                 self.optimizer.step()  # a no-op until the step that syncs
+                if self.scheduler is not None:  # likewise (AcceleratedScheduler: only with the optimizer's step)
+                    self.scheduler.step()
                 self.optimizer.zero_grad()
             total += float(loss.detach()) / k
         value = torch.tensor([total / self.layout.dp], dtype=torch.float64)
