@@ -33,6 +33,9 @@ def add_parser(sub) -> None:
                    help="AdamW's decoupled weight decay (default 0.1; only --optimizer adamw takes one)")
     p.add_argument("--decay", choices=["all", "matrices"], default="matrices",
                    help="which parameters AdamW decays: every one, or the matrices (not the biases and norms)")
+    p.add_argument("--lr-schedule", default=None, metavar="KEY=VALUE,...",
+                   help="a learning-rate schedule (reference.zero.LRSchedule's fields), e.g. "
+                        "warmup=1,start=0.5,decay=cosine,total=3,min_ratio=0.1")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--padded", action="store_true", help="a right-padded batch")
     p.add_argument("--budget", type=int, default=24, help="extra World calls the shrinking may spend")
@@ -64,10 +67,34 @@ def case_of(args):
         adamw = {"decay": args.decay, "weight_decay": 0.1 if args.weight_decay is None else args.weight_decay}
         optimizer = OptimizerSpec("sgd", 0.05) if args.optimizer == "sgd" else \
             OptimizerSpec(args.optimizer, 1e-2, eps=1e-3, **(adamw if args.optimizer == "adamw" else {}))
-        recipe = Recipe(optimizer=optimizer, max_grad_norm=args.clip, accumulation=args.accumulation)
+        recipe = Recipe(optimizer=optimizer, max_grad_norm=args.clip, accumulation=args.accumulation,
+                        lr_schedule=schedule_of(args.lr_schedule))
     except (ValueError, TypeError) as exc:
         raise UsageError(str(exc)) from None
     return Case(spec, layout, recipe, args.steps, args.padded)
+
+
+def schedule_of(text: str | None):
+    """``LRSchedule`` of "key=value,..." (None: none); an unknown key or a bad value: ValueError, one sentence."""
+    from dataclasses import fields
+
+    from reference.zero import LRSchedule
+
+    if text is None:
+        return None
+    kinds = {f.name: (str if f.name == "decay" else float if f.name in ("start", "min_ratio") else int)
+             for f in fields(LRSchedule)}
+    values = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        if key.strip() not in kinds or not value:
+            raise ValueError(f"--lr-schedule takes key=value pairs of {', '.join(kinds)}; got {item!r}.")
+        try:
+            values[key.strip()] = kinds[key.strip()](value.strip())
+        except ValueError:
+            kind = "whole number" if kinds[key.strip()] is int else "number"
+            raise ValueError(f"--lr-schedule's {key.strip()} must be a {kind}; got {value!r}.") from None
+    return LRSchedule(**values)
 
 
 def run(args) -> int:

@@ -155,6 +155,9 @@ def test_a_passing_case_traced_blames_no_tensor(impl, spec, layout, recipe, worl
     (["--layout", "1x1x1", "--accumulation", "0"], "accumulation must be a whole number >= 1"),
     (["--weight-decay", "0.1"], "--weight-decay is AdamW's (--optimizer adamw); sgd takes none."),
     (["--optimizer", "adamw", "--weight-decay", "-1"], "weight_decay must be >= 0; got -1.0."),
+    (["--lr-schedule", "warmup=x"], "--lr-schedule's warmup must be a whole number; got 'x'."),
+    (["--lr-schedule", "peak=2"], "--lr-schedule takes key=value pairs of warmup, start, stable, decay, total"),
+    (["--lr-schedule", "decay=cosine"], "a cosine decay needs total"),
 ])
 def test_paritybench_localise_says_a_bad_input_in_one_sentence_with_exit_code_2(argv, said, capsys):
     from harness.cli.main import main

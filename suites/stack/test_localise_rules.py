@@ -15,7 +15,7 @@ from harness.localise.oracle import gradient_from_state
 from harness.localise.shape import classify
 from harness.localise.shrink import Case, describe, kind, shrink
 from reference.models import ModelSpec
-from reference.zero import OptimizerSpec
+from reference.zero import LRSchedule, OptimizerSpec
 
 BOUND = 1e-9
 GPT = ModelSpec("gpt", vocab=13, hidden=16, heads=8, ffn=24, layers=5)
@@ -26,10 +26,10 @@ def _want(*shape, seed=0):
     return torch.randint(1, 9, shape, generator=g).to(torch.float64)
 
 
-def _item(got, want, rank=0, call=0, phase="reduced gradient", **meta):
+def _item(got, want, rank=0, call=0, phase="reduced gradient", step=1, **meta):
     mag = float(want.abs().max())
     rel = float((got - want).abs().max()) / mag if bool(torch.isfinite(got).all()) else float("inf")
-    return Item(1, phase, "blocks.0.attn.o.weight", rank, call, got, want, BOUND * mag, rel, BOUND, 0, meta)
+    return Item(step, phase, "blocks.0.attn.o.weight", rank, call, got, want, BOUND * mag, rel, BOUND, 0, meta)
 
 
 TP2 = Layout(1, 1, 2)
@@ -140,6 +140,29 @@ def test_an_update_off_by_adamws_decay_of_the_parameter_says_which_way():
     assert rule == "decay" and "not decayed where one device's AdamW decays it" in said, said
     assert _classified(update(u - p / 2), recipe=adamw)[0] != "decay"
     assert _classified(update(u - p / 4), recipe=Recipe(optimizer=OptimizerSpec("adam", 0.5)))[0] != "decay"
+
+
+def test_an_update_at_another_positions_learning_rate_names_the_position():
+    """A schedule of exact factors (warmup 3 from 1/4: 1/4, 1/2, 3/4, then 1), integer updates: the update of step 2
+    (position 1) taken at 3/2 of its lr is position 2's (one ahead, two positions per update: a scheduler stepped per
+    micro-step at accumulation 2); step 3's at 2/3 position 1's (one behind); step 1's at 4 x is the peak's — position
+    3's, or the base lr (the schedule not applied): both said; a factor no position gives, or the same update without
+    a schedule, is not this shape."""
+    plan = Recipe(optimizer=OptimizerSpec("adam", 0.5), lr_schedule=LRSchedule(warmup=3, start=0.25))
+    u = _want(3, 4, seed=2)
+
+    def update(got, step):
+        return [_item(got, u, phase="update", step=step)]
+
+    rule, said = _classified(update(u * 3 / 2, 2), recipe=plan)
+    assert rule == "schedule" and "at position 2's lr: the scheduler 1 update ahead (2 positions per update" in said, \
+        said
+    rule, said = _classified(update(u * 2 / 3, 3), recipe=plan)
+    assert rule == "schedule" and "at position 1's lr: the scheduler 1 update behind" in said, said
+    rule, said = _classified(update(4 * u, 1), recipe=plan)
+    assert rule == "schedule" and "at position 3's lr" in said and "the optimizer's base lr" in said, said
+    assert _classified(update(u * 5 / 3, 2), recipe=plan)[0] != "schedule"
+    assert _classified(update(u * 3 / 2, 2), recipe=Recipe(optimizer=OptimizerSpec("adam", 0.5)))[0] != "schedule"
 
 
 def _fails_when(rule):

@@ -94,3 +94,20 @@ def test_the_schedule_is_the_contract_s_function_of_the_updates_taken():
             LRSchedule(**kwargs)
     with pytest.raises(ValueError, match="schedule with Muon is not in the contract yet"):
         Recipe(optimizer=OptimizerSpec("muon", 1e-2), lr_schedule=COSINE)
+
+
+@pytest.mark.thorough  # ~2 s: the localisation's extra World calls; its shape rule is tested alone in tox
+def test_a_scheduler_stepped_per_micro_step_is_localised_to_the_update_that_took_the_wrong_lr(world_cache,
+                                                                                             conformance):
+    """Planted ``ScheduleStepsPerMicroBatch`` (accumulation 2, warmup 3 from 1/4): its first wrong update is step 2's,
+    taken at position 2's lr where one device's is position 1's — localised to it and said
+    (harness/localise/shape.py, ``schedule``)."""
+    from harness.stack.judge import hold
+
+    plan = LRSchedule(warmup=3, start=0.25)
+    v = hold(world_cache, conformance, "suites.stack.planted:ScheduleStepsPerMicroBatch", 2, GPT32, Layout(2),
+             Recipe(optimizer=ADAM, accumulation=2, lr_schedule=plan), steps=3, localise=True)
+    assert v["outcome"] == "fail", v["problems"][:4]
+    loc = v["localised"]
+    assert loc.shape[0] == "schedule" and "at position 2's lr" in loc.shape[1], loc.lines()
+    assert "at step 2" in loc.lines()[1], loc.lines()
