@@ -9,9 +9,9 @@ suites/stack/test_torchtitan.py), two steps. The Llama of the stack suite's size
 interleaved split is even) and a vocabulary of 16 (every tp here divides it: the padded-vocabulary finding is
 the suite's own case); each row varies one thing from the 1-rank base — a dp layout at each ZeRO stage, each
 pipeline schedule, tp with and without sequence parallelism, tp x dp with checkpointing, and the seams
-(2-norm and inf-norm clipping, accumulation, a tied embedding), and Muon (torch's, with its AdamW) clipped over
-FSDP / ZeRO 2. A stack that does not provide a row says so
-in its one sentence; the suite (``suites/stack``) holds every stack over many more layouts.
+(2-norm and inf-norm clipping, accumulation, a tied embedding), Muon (torch's, with its AdamW) clipped over
+FSDP / ZeRO 2, and AdamW sparing the biases and norms under a learning-rate warmup. A stack that does not provide
+a row says so in its one sentence; the suite (``suites/stack``) holds every stack over many more layouts.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from harness.contracts.stack import SCHEDULES
 def cases() -> list[tuple[str, object, object, object]]:
     """(what the row varies, spec, layout, recipe)."""
     from reference.models import ModelSpec
-    from reference.zero import OptimizerSpec
+    from reference.zero import LRSchedule, OptimizerSpec
 
     from ..contracts.stack import Layout, Recipe
 
@@ -34,6 +34,10 @@ def cases() -> list[tuple[str, object, object, object]]:
     tied = ModelSpec(**{**llama.as_dict(), "tie_embeddings": True})
     adam = Recipe(optimizer=OptimizerSpec("adam", 1e-2, eps=1e-3))
     muon = OptimizerSpec("muon", 0.02, momentum=0.95, weight_decay=0.1, adamw_lr=1e-2, eps=1e-3)  # test_muon.py's
+    adamw = OptimizerSpec("adamw", 1e-2, eps=1e-3, weight_decay=2.0, decay="matrices")  # test_adamw.py's
+    # factors 1/3, 2/3 over the two steps (a scheduler one update ahead, or stepped per micro-step, is off by half an
+    # update); the warmup every scheduler here can be told (torchtitan's starts at 1 / (warmup + 1))
+    warmup = LRSchedule(warmup=2, start=1 / 3, stable=1, decay="cosine", total=5, min_ratio=0.1)
 
     def with_(**kw):
         return Recipe(**{**adam.__dict__, **kw})
@@ -49,7 +53,9 @@ def cases() -> list[tuple[str, object, object, object]]:
             ("accumulation 2, dp 2", llama, Layout(2), with_(accumulation=2)),
             ("tied embedding, dp 2", tied, Layout(2), adam),
             ("tied embedding, pp 2", tied, Layout(1, 2, 1), adam),
-            ("Muon, dp 2, ZeRO 2, clipped", llama, Layout(2, zero=2), Recipe(optimizer=muon, max_grad_norm=0.05))]
+            ("Muon, dp 2, ZeRO 2, clipped", llama, Layout(2, zero=2), Recipe(optimizer=muon, max_grad_norm=0.05)),
+            ("AdamW (biases, norms spared) + lr warmup, dp 2, accumulation 2", llama, Layout(2),
+             Recipe(optimizer=adamw, accumulation=2, lr_schedule=warmup))]
     return out
 
 

@@ -57,7 +57,7 @@ def test_the_main_jobs_matrix_holds_each_stack_and_writes_its_rows(world_cache, 
     from harness.records.results import RunDir
     from harness.stack.matrix import MatrixSweep, cases, run_sweep
 
-    assert len(cases()) == 21 and {layout.world_size for _, _, layout, _ in cases()} == {1, 2, 4}
+    assert len(cases()) == 22 and {layout.world_size for _, _, layout, _ in cases()} == {1, 2, 4}
     run = RunDir(tmp_path, {"suite": "matrix"})
     run.create_files()
     impls = ["reference"]
