@@ -53,12 +53,13 @@ def _oracle(spec, recipe, seed: int, tokens, targets, steps: int) -> list[dict]:
     keys, out = recipe.optimizer.state_keys, []
     for step in range(steps):
         single.step(step, tokens, targets, clip)
-        exact.step(step, tokens, targets, clip)
+        exact.step(step, tokens, targets, clip, skip=not single.applied)  # the same updates skipped: exact arithmetic
         moved = math.sqrt(sum(float(((a - b) ** 2).sum()) for a, b in zip(single.grads, exact.grads, strict=True)))
         params, optimizer = single.dense(), single.dense_optimizer(keys)
         want = {"exact": exact.dense(), "exact_optimizer": exact.dense_optimizer(keys)}
         out.append({"norm": single.norm, "norm_scale": moved, "params": params, "optimizer": optimizer, **want,
-                    "lr": recipe.optimizer.lr * single.lr_factor,
+                    "lr": recipe.optimizer.lr * single.lr_factor, "applied": single.applied,
+                    "updates": single.lr.taken,
                     "e_t": _scales(params, optimizer, want)})
     return out
 
@@ -143,10 +144,12 @@ def train_stack_mixed(impl_spec: str, spec, layout, recipe, steps: int = 2, seed
             one = _one_device(want[k], single[k], own_ratio) if single else want[k]
             mine = {"params": state.get("params", {}), "optimizer": flat_state(state.get("optimizer", {}))}
             now = dense64(mine) if adam else None
-            off = _replayed(recipe.optimizer, k + 1, prev, now, want[k]) if adam else []
+            # an update the loss scaler skipped is not replayed: its masters are held as they are (unmoved)
+            replay = adam and want[k]["applied"]
+            off = _replayed(recipe.optimizer, want[k]["updates"], prev, now, want[k]) if replay else []
             for what, got, theirs in (("master", mine["params"], one["params"]),
                                       ("optimizer state", mine["optimizer"], flat_state(one["optimizer"]))):
-                if adam:  # the first moments alone: the masters and second moments are replayed
+                if replay:  # the first moments alone: the masters and second moments are replayed
                     got, theirs = ({n: t for n, t in d.items() if n.endswith("/exp_avg")} for d in (got, theirs))
                 w, more = _against(got, theirs, one["e_t"][what], ratio, what)
                 worst, off = max(worst, w), off + more

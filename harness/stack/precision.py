@@ -55,9 +55,11 @@ class OneDevice:
         self.masters = ([torch.nn.Parameter(p.detach().float().clone()) for p in model.parameters()] if self.low
                         else list(model.parameters()))
         self.opt = (optimizer or OptimizerSpec("sgd", LR)).build(self.masters)
-        self.norm, self.grads = None, []
+        self.norm, self.grads, self.applied = None, [], False
 
-    def step(self, step: int, tokens, targets, clip) -> float:
+    def step(self, step: int, tokens, targets, clip, skip: bool | None = None) -> float:
+        """One step; ``skip``: skip the update (the exact run following a scaled run's skips), None: the scaler's
+        decision. ``applied``: whether it updated."""
         model, scale = self.model, self.scaler.scale if self.scaler is not None else 1.0
         model.dropout_key.step, self.norm = step, None
         model.zero_grad()
@@ -68,7 +70,9 @@ class OneDevice:
             for m, p in zip(self.masters, model.parameters(), strict=True):
                 m.grad = p.grad.float() / scale  # a power of two: exact
         self.grads = [m.grad.detach().double().clone() for m in self.masters]
-        if self.scaler is not None and not self.scaler.update_from([m.grad for m in self.masters], {}):
+        self.applied = not skip if skip is not None else \
+            self.scaler is None or self.scaler.update_from([m.grad for m in self.masters], {})
+        if not self.applied:
             return float(loss.detach())
         if clip:
             self.norm = float(torch.nn.utils.clip_grad_norm_(self.masters, *clip))
@@ -91,10 +95,11 @@ class OneDevice:
                 self.model.named_parameters(remove_duplicate=False)}
 
     def dense_optimizer(self, keys) -> dict[str, dict[str, torch.Tensor]]:
-        """Each parameter's optimizer state tensors ``keys`` by its one-device name (once), as float64."""
+        """Each parameter's optimizer state tensors ``keys`` by its one-device name (once), as float64 — those it has:
+        none before the first applied update (torch's optimizers create their state lazily)."""
         names = [n for n, _ in self.model.named_parameters()]
         return {n: {k: self.opt.state[m][k].detach().double().clone() for k in keys}
-                for n, m in zip(names, self.masters, strict=True)}
+                for n, m in zip(names, self.masters, strict=True) if self.opt.state.get(m)}
 
     def as_model(self) -> GPT:
         """The float64 model holding the masters (to be split as the parallel run is)."""

@@ -523,3 +523,4 @@ class ScheduleFirstGroupOnly(_ScheduleBug):
     norms) trains at the peak throughout."""
 
     bug = {"first_group_only": True}
+

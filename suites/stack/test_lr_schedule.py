@@ -18,6 +18,7 @@ AdamW's two groups because a scheduler that sets only the first group's lr leave
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import pytest
@@ -45,6 +46,8 @@ GPT16V = ModelSpec(**{**GPT32.as_dict(), "vocab": 16})
 LLAMA16V = ModelSpec(**{**LLAMA32.as_dict(), "vocab": 16})
 """The TP Llama: a vocabulary tp divides (Megatron pads 13 to 14 and softmaxes over the padding: its known finding)."""
 LLAMA16 = ModelSpec(**{**LLAMA32.as_dict(), "dtype": "bfloat16"})
+LLAMA_FP16 = ModelSpec(**{**LLAMA32.as_dict(), "dtype": "float16"})
+
 
 CASES = [  # (id, spec, layout, recipe)
     ("dp-cosine-adamw", GPT32, Layout(2), Recipe(optimizer=ADAMW, accumulation=2, lr_schedule=COSINE)),
@@ -111,3 +114,34 @@ def test_a_scheduler_stepped_per_micro_step_is_localised_to_the_update_that_took
     loc = v["localised"]
     assert loc.shape[0] == "schedule" and "at position 2's lr" in loc.shape[1], loc.lines()
     assert "at step 2" in loc.lines()[1], loc.lines()
+
+
+
+def test_the_one_device_schedule_does_not_advance_on_an_update_the_loss_scaler_skips():
+    """The contract's rule in its oracle (harness/stack/precision.py's ``OneDevice``, the low-precision seam's one
+    device): float16 under a loss scale of 2^20 overflows and skips its first update (the scale halving), and may skip
+    again when the scale grows back; the schedule's position is the count of applied updates, each trains at its
+    factor, and the exact (float64) run skips the same steps, so its state is the same number of updates old."""
+    import torch
+
+    from harness.runtime.capabilities import dtype_unsupported
+    from harness.stack.inputs import global_batch
+    from harness.stack.precision import OneDevice
+    from reference.mixed_precision import DynamicLossScaler
+
+    if why := dtype_unsupported(torch.float16):
+        pytest.skip(f"unsupported on this machine: {why}")
+    plan = LRSchedule(warmup=3, start=0.25)
+    single = OneDevice(LLAMA_FP16.build(0), DynamicLossScaler(2.0**20, growth_interval=2), ADAM, plan)
+    exact = OneDevice(LLAMA_FP16.build(0).double(), None, ADAM, plan)
+    tokens, targets = global_batch(LLAMA_FP16.vocab, 4, 0, 8, False)
+    seen = []
+    for k in range(4):
+        single.step(k, tokens, targets, None)
+        exact.step(k, tokens, targets, None, skip=not single.applied)
+        seen.append((single.applied, single.lr.taken, exact.lr.taken))
+    applied = [a for a, _, _ in seen]
+    assert not applied[0] and any(applied[1:]), seen  # the first skipped, a later one applied
+    taken = list(itertools.accumulate(int(a) for a in applied))
+    assert [t for _, t, _ in seen] == [e for _, _, e in seen] == taken, seen
+    assert single.lr_factor == plan.factor(taken[-1] - 1), (seen, single.lr_factor)  # the last applied update's
