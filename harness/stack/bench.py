@@ -189,7 +189,10 @@ def _build(cfg: StackSweep, impl: str, family: str, dims):
     spec, (dp, pp, tp) = spec_of(cfg, family), dims
     layout = Layout(dp, pp, tp, zero=cfg.zero_stage, schedule=cfg.schedule, checkpointing=cfg.checkpointing)
     try:
-        trainer = registry.load(impl, "stack").build(spec, layout, Recipe(optimizer=OptimizerSpec(cfg.optimizer, 1e-3)))
+        # AdamW as its users set it: torch's weight decay 0.1, the biases and norms spared
+        decay = {"weight_decay": 0.1, "decay": "matrices"} if cfg.optimizer == "adamw" else {}
+        trainer = registry.load(impl, "stack").build(spec, layout,
+                                                     Recipe(optimizer=OptimizerSpec(cfg.optimizer, 1e-3, **decay)))
         trainer.load_dense(spec.build(0).state_dict())
     except (NotImplementedError, ValueError) as exc:
         return str(exc).splitlines()[0]
@@ -260,7 +263,7 @@ def _row(cfg: StackSweep, case, rounds: list, backend: str) -> dict:
     if rounds[0][0]["unsupported"]:
         return {**row, "status": "unsupported", "detail": rounds[0][0]["unsupported"]}
     states = training_memory(numel, zero_stage=cfg.zero_stage, dp=dp, tp=tp, pp=pp, weight_bytes=4, grad_bytes=4,
-                             optimizer_bytes=8 if cfg.optimizer == "adam" else 4)  # Adam: two moments
+                             optimizer_bytes=8 if cfg.optimizer in ("adam", "adamw") else 4)  # Adam: two moments
     final = rounds[-1]
     memories = [r["memory"] for r in final if r.get("memory")]
     worst = max(memories, key=lambda mem: sum(mem.values())) if memories else {}

@@ -16,8 +16,9 @@ def add_arguments(p) -> None:
     p.add_argument("--stack-schedule", dest="stack_schedule", default="1f1b", choices=SCHEDULES)
     p.add_argument("--stack-zero", dest="stack_zero", type=int, default=2, choices=[0, 1, 2, 3],
                    help="ZeRO stage over dp (2: what every stack here shards; FSDP2 is 2 or 3)")
-    p.add_argument("--stack-optimizer", dest="stack_optimizer", default="sgd", choices=["sgd", "adam"],
-                   help="the stacks' optimizer (adam: the one every stack here trains)")
+    p.add_argument("--stack-optimizer", dest="stack_optimizer", default="sgd", choices=["sgd", "adam", "adamw"],
+                   help="the stacks' optimizer (adam: the one every stack here trains; adamw: weight decay 0.1, the "
+                        "biases and norms spared)")
     p.add_argument("--stack-layouts", dest="stack_layouts", default=None,
                    help="comma-separated dpxppxtp layouts (default: every one the model allows)")
 
