@@ -119,11 +119,11 @@ def schedule(items, layout, recipe):
     said = []
     for other in range(max(4 * (s + 1), plan.total or 0, plan.warmup + plan.stable) + 2):
         if other != s and abs(f * want - plan.factor(other)) <= tol * max(1.0, plan.factor(other)):
-            lead = other - s
-            said.append(f"position {other}'s lr: the scheduler {abs(lead)} update{'s' if abs(lead) > 1 else ''} "
-                        f"{'ahead' if lead > 0 else 'behind'}" + (f" ({other // s} positions per update: stepped per "
-                                                                  "micro-step?)" if s and other % s == 0 and other > s
-                                                                  else ""))
+            lead = abs(other - s)
+            way = "ahead" if other > s else "behind"
+            per = f" ({other // s} positions per update: stepped per micro-step?)" if s and other % s == 0 and \
+                other > s else ""
+            said.append(f"position {other}'s lr: the scheduler {lead} update{'s' * (lead > 1)} {way}{per}")
             break
     if abs(f * want - 1) <= tol:
         said.append("the optimizer's base lr: the schedule not applied to this parameter's group")

@@ -77,7 +77,7 @@ class OneDevice:
         if clip:
             self.norm = float(torch.nn.utils.clip_grad_norm_(self.masters, *clip))
         self.lr.before_update([self.opt])
-        self.lr_factor = self.lr.schedule.factor(self.lr.taken) if self.lr.schedule is not None else 1.0
+        self.lr_factor = self.lr.factor
         self.opt.step()
         self.lr.after_update()
         if self.low:

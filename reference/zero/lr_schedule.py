@@ -90,9 +90,14 @@ class Scheduled:
     def __init__(self, schedule: LRSchedule | None):
         self.schedule, self.taken = schedule, 0
 
+    @property
+    def factor(self) -> float:
+        """The next update's learning rate as a fraction of lr (1 without a schedule)."""
+        return self.schedule.factor(self.taken) if self.schedule is not None else 1.0
+
     def before_update(self, optimizers) -> None:
         if self.schedule is not None:
-            set_lr(optimizers, self.schedule.factor(self.taken))
+            set_lr(optimizers, self.factor)
 
     def after_update(self) -> None:
         self.taken += 1

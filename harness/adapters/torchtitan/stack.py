@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from harness.adapters.torchtitan.imports import v02
 from harness.adapters.torchtitan.low_precision import MXFP8_WHY
+from harness.adapters.torchtitan.lr import unsupported as lr_unsupported
 from harness.adapters.torchtitan.trainer import (
     CHUNKED,
     SCHEDULES,
@@ -48,12 +49,6 @@ def _v02(spec, layout, recipe) -> str | None:
     return unsupported(spec, layout, recipe) if v02() else None
 
 
-def _lr_unsupported(schedule) -> str | None:
-    from harness.adapters.torchtitan.lr import unsupported
-
-    return unsupported(schedule)
-
-
 def _moe(spec, layout, recipe) -> str | None:
     from harness.adapters.torchtitan.moe_stack import unsupported
 
@@ -68,7 +63,7 @@ SUPPORTS = Supports("the torchtitan stack", unsupported=(
     Rule(always, _v02),
     Rule(lambda s, lay, r: r.lr_schedule is not None and s.family == "moe",
          "the torchtitan MoE stack here steps its optimizers without a learning-rate scheduler."),
-    Rule(lambda s, lay, r: r.lr_schedule is not None, lambda s, lay, r: _lr_unsupported(r.lr_schedule)),
+    Rule(lambda s, lay, r: r.lr_schedule is not None, lambda s, lay, r: lr_unsupported(r.lr_schedule)),
     Rule(lambda s, lay, r: s.family == "moe" and lay.replicate > 1,
          "the torchtitan MoE stack here shards over dp_shard alone (its EP carves efsdp from it); hybrid sharding is "
          "not composed with it."),
