@@ -18,9 +18,10 @@ import pytest
 
 from harness.contracts.stack import Layout, Recipe
 from reference.models import ModelSpec
-from reference.zero import OptimizerSpec
+from reference.zero import LRSchedule, OptimizerSpec
 from suites._support.stack import ADAM as TITAN_ADAM
 from suites._support.stack import LLAMA, LLAMA32, MQA, padded_at
+from suites.stack.test_adamw import ADAMW
 from suites.stack.test_low_precision import FP8
 from suites.stack.test_muon import MUON
 
@@ -78,6 +79,12 @@ OPTIONS = {  # name: (what a case holds, the probe: the smallest case with it, a
                                (MOE16, Layout(4, ep=2, zero=1), Recipe())),
     "the llama family": (lambda c: c.spec.family == "llama", (LLAMA32, Layout(), ADAM)),
     "Muon": (lambda c: c.recipe.optimizer.name == "muon", (LLAMA32, Layout(), Recipe(optimizer=MUON))),
+    "AdamW sparing the biases and norms": (lambda c: c.recipe.optimizer.name == "adamw" and
+                                           c.recipe.optimizer.decay == "matrices",
+                                           (LLAMA32, Layout(), Recipe(optimizer=ADAMW))),
+    "a learning-rate schedule": (lambda c: c.recipe.lr_schedule is not None,
+                                 (LLAMA32, Layout(), Recipe(optimizer=ADAMW, lr_schedule=LRSchedule(warmup=1,
+                                                                                                    start=0.5)))),
     "hybrid sharding": (lambda c: c.layout.replicate > 1, (LLAMA32, Layout(2, zero=2, replicate=2), ADAM)),
     "selective checkpointing": (lambda c: c.layout.checkpoint_policy == "selective",
                                 (LLAMA32, Layout(checkpointing=True, checkpoint_policy="selective"), ADAM)),
@@ -123,9 +130,10 @@ def cases(stack: str) -> list[Case]:
     from . import test_low_precision as lp
 
     out += [Case(s, lay, r, False, name not in lp.THOROUGH) for name, s, lay, r in lp.CASES]
-    from . import test_hybrid, test_muon, test_recompute
+    from . import test_adamw, test_hybrid, test_lr_schedule, test_muon, test_recompute
 
-    out += [Case(s, lay, r, False, name not in file.THOROUGH) for file in (test_hybrid, test_muon, test_recompute)
+    out += [Case(s, lay, r, False, name not in file.THOROUGH)
+            for file in (test_hybrid, test_muon, test_recompute, test_adamw, test_lr_schedule)
             for name, s, lay, r in file.CASES]
     if stack == "deepspeed":
         from . import test_deepspeed as ds
