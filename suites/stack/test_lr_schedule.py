@@ -145,3 +145,50 @@ def test_the_one_device_schedule_does_not_advance_on_an_update_the_loss_scaler_s
     taken = list(itertools.accumulate(int(a) for a in applied))
     assert [t for _, t, _ in seen] == [e for _, _, e in seen] == taken, seen
     assert single.lr_factor == plan.factor(taken[-1] - 1), (seen, single.lr_factor)  # the last applied update's
+
+
+def _torch_lrs(make, updates: int) -> list[float]:
+    """The lr each of ``updates`` updates trains at under the scheduler ``make(optimizer)`` builds (lr 1: the
+    factor), stepped after each update as torch's documentation does."""
+    import warnings
+
+    import torch
+
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=1.0)
+    with warnings.catch_warnings():  # SequentialLR steps its next scheduler with an epoch (its own deprecation)
+        warnings.simplefilter("ignore")
+        scheduler, out = make(opt), []
+        for _ in range(updates):
+            out.append(opt.param_groups[0]["lr"])
+            opt.step()
+            scheduler.step()
+    return out
+
+
+@pytest.mark.parametrize("decay", ["linear", "cosine"])
+def test_torchs_own_schedulers_chained_are_the_contract_s_schedule_up_to_total(decay):
+    """For a torch user who chains torch's schedulers rather than write a LambdaLR: ``SequentialLR`` of ``LinearLR``
+    (start_factor = start, total_iters = warmup) and ``LinearLR`` (1 -> min_ratio) or ``CosineAnnealingLR`` (T_max =
+    total - warmup, eta_min = min_ratio x lr), milestone warmup, is the contract's schedule at every position up to
+    total (within float64 rounding: torch computes the cosine recursively). Past total torch's cosine rises again
+    (CosineAnnealingLR is periodic, documented) where the contract holds the floor — so a total shorter than the
+    training is not one chained cosine."""
+    import math
+
+    from torch.optim import lr_scheduler as L
+
+    plan = LRSchedule(warmup=2, start=0.25, decay=decay, total=6, min_ratio=0.1)
+
+    def chained(opt):
+        warm = L.LinearLR(opt, start_factor=plan.start, end_factor=1.0, total_iters=plan.warmup)
+        span = plan.total - plan.warmup
+        down = L.CosineAnnealingLR(opt, T_max=span, eta_min=plan.min_ratio) if decay == "cosine" else \
+            L.LinearLR(opt, start_factor=1.0, end_factor=plan.min_ratio, total_iters=span)
+        return L.SequentialLR(opt, [warm, down], milestones=[plan.warmup])
+
+    got = _torch_lrs(chained, plan.total + 2)
+    want = [plan.factor(s) for s in range(plan.total + 2)]
+    assert all(math.isclose(g, w, rel_tol=1e-12) for g, w in zip(got[:plan.total + 1], want, strict=False)), got
+    past = got[plan.total + 1]
+    assert (past > plan.min_ratio + 0.1) if decay == "cosine" else math.isclose(past, plan.min_ratio), (past, got)
