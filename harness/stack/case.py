@@ -213,12 +213,10 @@ def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int 
 def resume_stack(impl_spec: str, spec, layout_a, layout_b, recipe, directory: str, seed: int = 0) -> dict:
     """Rank side: one step on ``layout_a``, ``save(directory)``; a new trainer on ``layout_b``,
     ``load(directory)``, one more step: its dense state against one device after two steps. A stack without
-    ``save`` / ``load`` is unsupported for resume."""
+    ``save`` / ``load`` is unsupported for resume; under a learning-rate schedule, one whose trainer does not declare
+    ``resumes_lr_schedule`` (its scheduler's position carried through them) too."""
     from harness.records import registry
 
-    if recipe.lr_schedule is not None:  # a scheduler's position is state too: not in the resume contract yet
-        return refusal("resume under a learning-rate schedule is not in the contract yet (the scheduler's position "
-                       "would have to be saved and loaded with the rest).", unsupported=True)
     r, n = dist.get_rank(), dist.get_world_size()
     rows = math.lcm(*(rows_for(lay, recipe) for lay in (layout_a, layout_b)))
     tokens, targets = global_batch(spec.vocab, rows, seed, seq_for(layout_a, layout_b))
@@ -228,6 +226,9 @@ def resume_stack(impl_spec: str, spec, layout_a, layout_b, recipe, directory: st
         first = impl.build(spec, layout_a, recipe)
         if not (callable(getattr(first, "save", None)) and callable(getattr(first, "load", None))):
             return refusal(f"{impl_spec} has no save / load: resume is unsupported.", unsupported=True)
+        if recipe.lr_schedule is not None and not getattr(first, "resumes_lr_schedule", False):
+            return refusal(f"{impl_spec} does not carry its learning-rate scheduler's position through save / load "
+                           "(resumes_lr_schedule): resume under a schedule is unsupported.", unsupported=True)
         first.load_dense(spec.build(seed).state_dict())
         first.step(tokens.to(device), targets.to(device))
         first.save(directory)

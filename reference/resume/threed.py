@@ -237,7 +237,7 @@ def save_3d(root, step_name: str, trainer, meta: dict, group=None, _die_after_wr
     meta = {**meta, "versions": {"torch": torch.__version__.split("+")[0]}, "zero_stage": trainer.zero_stage,
             "dims": [trainer.dims.dp, trainer.dims.pp, trainer.dims.tp], "optimizer": trainer.spec.name,
             "steps_done": trainer.steps_done, "dropout_seed": trainer.dropout_key.seed,
-            "tie_embeddings": trainer.tie_embeddings,
+            "tie_embeddings": trainer.tie_embeddings, "lr_updates": trainer.lr.taken,
             "loss_scaler": trainer.loss_scaler.state_dict() if trainer.loss_scaler is not None else None}
     name = [f".staging-{step_name}-{secrets.token_hex(4)}" if rank == 0 else None]
     dist.broadcast_object_list(name, src=src, group=group)
@@ -264,7 +264,7 @@ def save_3d(root, step_name: str, trainer, meta: dict, group=None, _die_after_wr
 
 def load_3d(ckpt, trainer) -> dict:
     """Fill ``trainer`` (any layout) from the published checkpoint folder ``ckpt``: parameters, optimizer
-    state, steps done, dropout seed, loss scaler; returns its ``meta``."""
+    state, steps done, dropout seed, loss scaler, the schedule's position; returns its ``meta``."""
     from reference.resume.store import ResumeError, read_box, read_metadata
 
     metadata = read_metadata(ckpt)
@@ -281,6 +281,10 @@ def load_3d(ckpt, trainer) -> dict:
         return read_box(ckpt, name, offsets, lengths, dtype=dtype, metadata=metadata, global_shape=dense)
 
     load_rank(trainer, read)
+    if trainer.lr.schedule is not None and "lr_updates" not in meta:
+        raise ResumeError(f"{ckpt}/metadata.json holds no learning-rate schedule position (lr_updates), but this "
+                          "trainer runs a schedule: it would restart its warmup.")
+    trainer.lr.taken = int(meta.get("lr_updates", 0))  # the schedule's position: the updates taken
     trainer.steps_done = int(meta.get("steps_done", meta.get("step", 0)))
     trainer.dropout_key.seed = int(meta.get("dropout_seed", trainer.dropout_key.seed))
     if trainer.loss_scaler is not None:

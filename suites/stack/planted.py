@@ -45,6 +45,21 @@ class ResumeForgetsMomentum(ReferenceStack):
         return _ForgetsMomentum(spec, layout, recipe)
 
 
+class _RestartsSchedule(ReferenceStackTrainer):
+    def load(self, directory) -> None:
+        super().load(directory)
+        self.trainer.lr.taken = 0  # the parameters and optimizer state restored; the scheduler built anew
+
+
+class ResumeRestartsSchedule(ReferenceStack):
+    """Planted bug: resume restores the parameters and optimizer state but not the learning-rate scheduler's position
+    (a scheduler rebuilt at load, its state not in the checkpoint): the warmup starts over."""
+
+    def build(self, spec, layout, recipe, group=None):
+        super().build(spec, layout, recipe, group)
+        return _RestartsSchedule(spec, layout, recipe)
+
+
 class _SumsReplicas(ReferenceStackTrainer):
     def _build(self, model):
         trainer = super()._build(model)

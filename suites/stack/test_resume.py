@@ -12,34 +12,38 @@ from harness.contracts.stack import Layout, Recipe
 from harness.runtime.world import run_or_fail
 from harness.stack import case as ranks
 from harness.verdict import reduce
-from reference.zero import OptimizerSpec
+from reference.zero import LRSchedule, OptimizerSpec
 from suites._support.stack import GPT, LLAMA
 
 CLIPPED, ADAM = Recipe(max_grad_norm=0.05), Recipe(optimizer=OptimizerSpec("adam", 1e-2))
+WARMUP = Recipe(optimizer=OptimizerSpec("adam", 1e-2), lr_schedule=LRSchedule(warmup=2, start=1 / 3))
+"""Adam under a warmup (1/3 then 2/3 of lr): the resumed trainer's step is the schedule's position 1 — a scheduler
+restarted by the load trains it at position 0's, half the update."""
 MUON64 = Recipe(optimizer=OptimizerSpec("muon", 0.02, weight_decay=0.1, adamw_lr=1e-2, eps=1e-3, ns_dtype="float64"))
 PAIRS = [(GPT, Layout(2, 1, 2, zero=2), Layout(1, 2, 2, zero=0, schedule="gpipe"), CLIPPED),
          (LLAMA, Layout(1, 1, 4, zero=0), Layout(2, 2, 1, zero=1, checkpointing=True), CLIPPED),
          (LLAMA, Layout(4, 1, 1, zero=2), Layout(1, 4, 1, zero=1), ADAM),
          (LLAMA, Layout(1, 1, 1, cp=4, zero=2), Layout(2, 1, 2, zero=1), CLIPPED),
-         (LLAMA, Layout(2, 1, 2, zero=2), Layout(1, 2, 2, zero=0), MUON64)]
+         (LLAMA, Layout(2, 1, 2, zero=2), Layout(1, 2, 2, zero=0), MUON64),
+         (LLAMA, Layout(2, 1, 2, zero=2), Layout(1, 2, 2, zero=0), WARMUP)]
 """dp 2 -> 1 with pp 1 -> 2 and ZeRO 2 -> 0; tp 4 over 2 KV heads (replicated) -> dp 2 x pp 2 (checkpointed);
 dp 4 (ZeRO 2) -> pp 4 with middle stages, Adam (both moments and its step count carried). The first and the
 last are what FSDP2 stacks run (ZeRO 2 over dp, KV heads split), so the torch stack's DCP resume is held on
 them; the second is reference-only; the fourth changes cp (4 -> 1, dp 1 -> 2, tp 1 -> 2); the fifth carries Muon's
 momentum (its matrices') and AdamW's moments (the rest) from ZeRO 2's flat shards over dp 2 x tp 2 to ZeRO 0 over
 pp 2 x tp 2 — Newton-Schulz in float64 on both sides (its bfloat16 slack is the Muon suite's; here the bound is
-the resume's)."""
+the resume's); the sixth carries a learning-rate schedule's position (a stack that cannot: unsupported, said)."""
 
 
 def _id(v):
     if isinstance(v, Layout):
         return v.label()
-    return v.optimizer.name if isinstance(v, Recipe) else v.family
+    return v.optimizer.name + ("-scheduled" if v.lr_schedule else "") if isinstance(v, Recipe) else v.family
 
 
-THIRD_PARTY_EVERY = (2, 3)
-"""The pairs a third-party stack runs in every profile (a dp -> pp change with Adam, a cp change); its others in
-the thorough env (the tox budget: torch's GPT pair costs 7 s)."""
+THIRD_PARTY_EVERY = (2, 3, 5)
+"""The pairs a third-party stack runs in every profile (a dp -> pp change with Adam, a cp change, the schedule's
+position); its others in the thorough env (the tox budget: torch's GPT pair costs 7 s)."""
 REFERENCE_THOROUGH = (4,)
 """Ours runs every pair everywhere but Muon's (the tox budget; its flat-shard state is read and written by the same
 code as Adam's, whose pair runs in tox)."""

@@ -186,6 +186,9 @@ class ReferenceStackTrainer(BuiltFromDense):
         """(action, start, end) seconds of this rank's last pipeline pass (the bench's measured bubble)."""
         return self.trainer.last_events
 
+    resumes_lr_schedule = True
+    """``save`` / ``load`` carry the learning-rate schedule's position (the updates taken)."""
+
     def save(self, directory) -> None:
         from reference.resume.threed import save_3d
 

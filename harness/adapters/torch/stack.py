@@ -206,6 +206,9 @@ class TorchStackTrainer(BuiltFromDense):
         state = [v for st in t.optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
         return {"params": held(params), "grads": held(p.grad for p in params), "optimizer": held(state)}
 
+    resumes_lr_schedule = True
+    """``save`` / ``load`` carry the learning-rate scheduler's position (``harness.stack.case.resume_stack``)."""
+
     def _dcp_state(self) -> dict:
         """This rank's tensors under DCP keys; the optimizer state of a parameter not stepped yet as zeros
         (Adam's ``step`` a scalar), to be filled in place by ``dcp.load``."""
@@ -219,6 +222,8 @@ class TorchStackTrainer(BuiltFromDense):
                 out[f"optim.{name}.{key}"] = state.get(key, torch.zeros_like(p.data))
             for key in spec.extra_state_of(name, p.shape):
                 out[f"optim.{name}.{key}"] = state.get(key, torch.tensor(0.0))
+        if t.scheduler is not None:  # its position (every rank the same: DCP keeps one)
+            out["lr_scheduler.last_epoch"] = torch.tensor(float(t.scheduler.last_epoch))
         return out
 
     def save(self, directory) -> None:
@@ -236,6 +241,12 @@ class TorchStackTrainer(BuiltFromDense):
             name = t.names[local]
             keys = spec.state_keys_of(name, p.shape) + spec.extra_state_of(name, p.shape)
             t.optimizer.state[p] = {key: state[f"optim.{name}.{key}"] for key in keys}
+        if t.scheduler is not None:  # rebuilt at its position: the constructor steps to it and sets each group's lr
+            import torch
+
+            position = int(state["lr_scheduler.last_epoch"])
+            t.scheduler = torch.optim.lr_scheduler.LambdaLR(t.optimizer, self.recipe.lr_schedule.factor,
+                                                            last_epoch=position - 1)
 
 
 def _dcp_dir(directory) -> str:
