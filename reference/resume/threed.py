@@ -273,6 +273,9 @@ def load_3d(ckpt, trainer) -> dict:
         have, want = ("ties", "an untied") if trainer.tie_embeddings else ("does not tie", "a tied")
         raise ResumeError(f"{ckpt}/metadata.json is from {want} model, and this trainer's model {have} its "
                           f"embedding to its LM head.")
+    if trainer.lr.schedule is not None and "lr_updates" not in meta:
+        raise ResumeError(f"{ckpt}/metadata.json holds no learning-rate schedule position (lr_updates), but this "
+                          "trainer runs a schedule: it would restart its warmup.")
     if trainer.loss_scaler is not None and meta.get("loss_scaler") is None:
         raise ResumeError(f"{ckpt}/metadata.json holds no loss-scaler state, but this trainer scales its loss: "
                           f"resuming would restart the scale from {trainer.loss_scaler.scale:g}.")
@@ -281,9 +284,6 @@ def load_3d(ckpt, trainer) -> dict:
         return read_box(ckpt, name, offsets, lengths, dtype=dtype, metadata=metadata, global_shape=dense)
 
     load_rank(trainer, read)
-    if trainer.lr.schedule is not None and "lr_updates" not in meta:
-        raise ResumeError(f"{ckpt}/metadata.json holds no learning-rate schedule position (lr_updates), but this "
-                          "trainer runs a schedule: it would restart its warmup.")
     trainer.lr.taken = int(meta.get("lr_updates", 0))  # the schedule's position: the updates taken
     trainer.steps_done = int(meta.get("steps_done", meta.get("step", 0)))
     trainer.dropout_key.seed = int(meta.get("dropout_seed", trainer.dropout_key.seed))

@@ -192,3 +192,34 @@ def test_torchs_own_schedulers_chained_are_the_contract_s_schedule_up_to_total(d
     assert all(math.isclose(g, w, rel_tol=1e-12) for g, w in zip(got[:plan.total + 1], want, strict=False)), got
     past = got[plan.total + 1]
     assert (past > plan.min_ratio + 0.1) if decay == "cosine" else math.isclose(past, plan.min_ratio), (past, got)
+
+
+def _older_checkpoint_into_a_scheduled_trainer(directory: str) -> str:
+    """Rank side (one rank): the reference 3D trainer's checkpoint with its schedule position removed (as written
+    before checkpoints held it), loaded into a trainer that runs a schedule — the sentence it raises."""
+    import json
+    from pathlib import Path
+
+    from reference.resume.store import ResumeError
+    from reference.resume.threed import load_3d, save_3d
+    from reference.stack.compose import parallelize
+    from reference.stack.topology import ParallelDims
+
+    dims = ParallelDims(1, 1, 1)
+    save_3d(directory, "step-1", parallelize(LLAMA_FP16.build(0).double(), dims, optimizer=ADAM), {})
+    meta = Path(directory) / "step-1" / "metadata.json"
+    data = json.loads(meta.read_text())
+    del data["meta"]["lr_updates"]
+    meta.write_text(json.dumps(data))
+    scheduled = parallelize(LLAMA_FP16.build(0).double(), dims, optimizer=ADAM, lr_schedule=LRSchedule(warmup=2))
+    try:
+        load_3d(Path(directory) / "step-1", scheduled)
+    except ResumeError as exc:
+        return str(exc)
+    return "loaded"
+
+
+def test_a_checkpoint_without_the_schedule_position_is_a_sentence_not_a_restarted_warmup(world_cache, tmp_path):
+    said = world_cache.get(1).run(_older_checkpoint_into_a_scheduled_trainer, str(tmp_path), timeout=120)[0]
+    assert said == (f"{tmp_path}/step-1/metadata.json holds no learning-rate schedule position (lr_updates), but "
+                    "this trainer runs a schedule: it would restart its warmup."), said
