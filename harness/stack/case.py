@@ -212,7 +212,8 @@ def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int 
 
 def resume_stack(impl_spec: str, spec, layout_a, layout_b, recipe, directory: str, seed: int = 0) -> dict:
     """Rank side: one step on ``layout_a``, ``save(directory)``; a new trainer on ``layout_b``,
-    ``load(directory)``, one more step: its dense state against one device after two steps. A stack without
+    ``load(directory)``, one more step (two under a learning-rate schedule): its dense state against one device
+    after as many. A stack without
     ``save`` / ``load`` is unsupported for resume; under a learning-rate schedule, one whose trainer does not declare
     ``resumes_lr_schedule`` (its scheduler's position carried through them) too."""
     from harness.records import registry
@@ -220,7 +221,10 @@ def resume_stack(impl_spec: str, spec, layout_a, layout_b, recipe, directory: st
     r, n = dist.get_rank(), dist.get_world_size()
     rows = math.lcm(*(rows_for(lay, recipe) for lay in (layout_a, layout_b)))
     tokens, targets = global_batch(spec.vocab, rows, seed, seq_for(layout_a, layout_b))
-    want = one_device(spec, recipe, seed, tokens, targets, 2)[1]
+    # under a schedule two steps after the load: a stack restoring the optimizer's lr but not its scheduler's
+    # position trains the first one right and the second at the restarted schedule's
+    steps = 3 if recipe.lr_schedule is not None else 2
+    want = one_device(spec, recipe, seed, tokens, targets, steps)[-1]
     impl, device = registry.load(impl_spec, "stack"), rank_device()
     try:
         first = impl.build(spec, layout_a, recipe)
@@ -234,11 +238,12 @@ def resume_stack(impl_spec: str, spec, layout_a, layout_b, recipe, directory: st
         first.save(directory)
         second = impl.build(spec, layout_b, recipe)
         second.load(directory)
-        second.step(tokens.to(device), targets.to(device))
+        for _ in range(steps - 1):
+            second.step(tokens.to(device), targets.to(device))
         state = second.dense_state()
     except Exception as exc:  # noqa: BLE001 - the stack's failure is a verdict
         return refused_by(exc, refusals=()) or failed_here(f"rank {r}: {describe(exc)}")
-    limit = bound(2, tokens.numel(), spec, n)
+    limit = bound(steps, tokens.numel(), spec, n)
     expected_state = flat_state(want["optimizer"])
     scale = max((float(t.abs().max()) for t in expected_state.values()), default=0.0)
     worst, problems = differences(state.get("params", {}), want["params"], limit, "parameter")

@@ -22,7 +22,7 @@ from harness.runtime.capabilities import require_dtype
 from harness.stack.judge import hold
 from harness.verdict import reduce
 from reference.models import ModelSpec
-from reference.zero import OptimizerSpec
+from reference.zero import LRSchedule, OptimizerSpec
 from suites._support.stack import ADAM, ADAM8, LLAMA32, MOE32, padded_at
 
 DEEPSPEED = registry.skip_reason(registry.resolve("deepspeed", "stack"))
@@ -210,6 +210,7 @@ def test_deepspeed_bf16_trains_a_bf16_model_and_reports_its_fp32_masters(zero, w
 
 
 ADAM = Recipe(optimizer=OptimizerSpec("adam", 1e-2, eps=1e-3))
+SCHEDULED = Recipe(optimizer=ADAM.optimizer, lr_schedule=LRSchedule(warmup=2, start=1 / 3))
 RESUME = [  # (spec, saved on, loaded on, recipe, expected, in every profile) â€” one world size per pair
     # universal across pp and dp (its conversion in tox: suites/resume/test_deepspeed.py; here thorough: the budget)
     (LLAMA32, Layout(2, 2, 1, zero=1), Layout(1, 4, 1, zero=1), ADAM, "pass", False),
@@ -221,6 +222,9 @@ RESUME = [  # (spec, saved on, loaded on, recipe, expected, in every profile) â€
     (LLAMA32, Layout(2, 2, 1, zero=1), Layout(1, 4, 1, zero=1), Recipe(), "known", False),  # SGD: ds_to_universal
     (LLAMA32, Layout(2, 2, 1, zero=0), Layout(4, 1, 1, checkpointing=True), Recipe(), "unsupported", False),
     (LLAMA32, Layout(2, 1, 1, zero=1), Layout(1, 2, 1, zero=1), ADAM, "unsupported", False),  # engine -> pipeline
+    # under a warmup (1/3, 2/3 of lr): the client scheduler's position through its checkpoint, natively and universal
+    (LLAMA32, Layout(2, 1, 1, zero=1), Layout(2, 1, 1, zero=2), SCHEDULED, "pass", True),
+    (LLAMA32, Layout(2, 2, 1, zero=1), Layout(1, 4, 1, zero=1), SCHEDULED, "pass", False),
 ]
 """DeepSpeed's save_checkpoint / load_checkpoint (harness/adapters/deepspeed/resume.py): natively at one dp x pp,
 its universal checkpoint across them (at one world size the plain engine's dp is fixed: across layouts is its
@@ -231,7 +235,7 @@ finding); a plain engine's checkpoint into its pipeline engine, and ZeRO 0 at an
 
 @pytest.mark.parametrize("spec, a, b, recipe, expected", [
     pytest.param(s, a, b, r, e, id=f"{s.family}-{a.label()}-zero{a.zero}-to-{b.label()}-zero{b.zero}-"
-                                   f"{r.optimizer.name}",
+                                   f"{r.optimizer.name}" + ("-scheduled" if r.lr_schedule else ""),
                  marks=[] if every else [pytest.mark.thorough]) for s, a, b, r, e, every in RESUME])
 def test_deepspeed_resume_across_layouts(spec, a, b, recipe, expected, world_cache, conformance, tmp_path):
     """Saved after one step on ``a``, loaded on ``b``, one more step: every rank's dense state against one device

@@ -22,6 +22,8 @@ class DeepSpeedCheckpoint:
     ``kind``: "engine" or "pipeline"."""
 
     kind = "engine"
+    resumes_lr_schedule = True
+    """``save`` / ``load`` carry the client scheduler's position (DeepSpeed's checkpoint holds its state_dict)."""
 
     def save(self, directory) -> None:
         path = Path(directory) / "deepspeed"
@@ -56,7 +58,12 @@ class DeepSpeedCheckpoint:
             dist.barrier()
             path = Path(f"{path}-universal")
             engine._config.load_universal_checkpoint = True  # what "checkpoint": {"load_universal": true} sets
+        scheduled = engine.lr_scheduler is not None  # the contract's schedule, a client scheduler
         loaded, _ = engine.load_checkpoint(str(path), tag=meta["tag"], load_optimizer_states=True,
-                                           load_lr_scheduler_states=False)
+                                           load_lr_scheduler_states=scheduled)
         if loaded is None:
             raise RuntimeError(f"DeepSpeed's load_checkpoint loaded nothing from {path} (tag {meta['tag']}).")
+        if scheduled:  # its position loaded; each group's lr from it (whatever route set the optimizer's groups)
+            scheduler = engine.lr_scheduler
+            for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr(), strict=True):
+                group["lr"] = lr
