@@ -46,19 +46,26 @@ def _model_wrapper():
 
 def _save(trainer, directory) -> None:
     """torchtitan's checkpoint contents (``CheckpointManager``'s "model" and "optimizer": its ``ModelWrapper``
-    and ``OptimizersContainer`` state dicts, FQN-keyed) through DCP — any layout reads it."""
+    and ``OptimizersContainer`` state dicts, FQN-keyed; its "lr_scheduler") through DCP — any layout reads it."""
     import torch.distributed.checkpoint as dcp
 
-    ModelWrapper = _model_wrapper()  # noqa: N806 - torchtitan's class
-    dcp.save({"model": ModelWrapper(trainer.trainer), "optimizer": trainer.optimizers},
-             checkpoint_id=str(directory))
+    dcp.save(_states(trainer), checkpoint_id=str(directory))
 
 
 def _load(trainer, directory) -> None:
     import torch.distributed.checkpoint as dcp
 
+    dcp.load(_states(trainer), checkpoint_id=str(directory))
+
+
+def _states(trainer) -> dict:
+    """What its ``CheckpointManager`` keeps: "model", "optimizer" and, where a schedule runs, "lr_scheduler" (its
+    ``LRSchedulersContainer``: the position; each group's lr is the optimizer's own, loaded with it)."""
     ModelWrapper = _model_wrapper()  # noqa: N806 - torchtitan's class
-    dcp.load({"model": ModelWrapper(trainer.trainer), "optimizer": trainer.optimizers}, checkpoint_id=str(directory))
+    model = ModelWrapper(trainer.trainer)  # built first (a fresh trainer builds here): its schedulers with it
+    scheduler = getattr(trainer, "lr_schedulers", None)
+    return {"model": model, "optimizer": trainer.optimizers,
+            **({"lr_scheduler": scheduler} if scheduler is not None else {})}
 
 
 def _load_full(part, state: dict) -> None:

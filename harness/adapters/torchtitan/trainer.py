@@ -278,6 +278,9 @@ class TorchtitanStackTrainer(BuiltFromDense):
                            loss_kwargs={"global_valid_tokens": global_tokens}, return_outputs=False)
         return sum(_scalar(v) for v in losses) if self.last else 0.0
 
+    resumes_lr_schedule = True
+    """``save`` / ``load`` carry its ``LRSchedulersContainer`` (its position), as its ``CheckpointManager`` does."""
+
     def save(self, directory) -> None:
         _save(self, directory)
 
