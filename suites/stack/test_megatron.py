@@ -32,7 +32,7 @@ from harness.runtime.capabilities import require_dtype
 from harness.stack.judge import hold
 from harness.verdict import reduce
 from reference.models import ModelSpec
-from reference.zero import OptimizerSpec
+from reference.zero import LRSchedule, OptimizerSpec
 from suites._support.stack import padded_at
 
 MEGATRON = registry.skip_reason(registry.resolve("megatron", "stack"))
@@ -230,6 +230,8 @@ def test_watch_megatrons_batched_p2p_swaps_messages_at_pp_2_interleaved(world_ca
 RESUME = [  # (a, b, recipe, in every profile: the watches below save and load in tox)
     (Layout(2, 1, 1), Layout(1, 1, 2), Recipe(optimizer=ADAM), False),
     (Layout(1, 2, 1), Layout(2, 1, 1), Recipe(optimizer=ADAM), False),
+    # its OptimizerParamScheduler's position through the checkpoint (a warmup: 1/3, 2/3 of lr, two steps after load)
+    (Layout(2, 1, 1), Layout(1, 2, 1), Recipe(optimizer=ADAM, lr_schedule=LRSchedule(warmup=2, start=1 / 3)), False),
 ]
 
 
@@ -253,7 +255,8 @@ def _resume(world_cache, conformance, a, b, recipe, directory) -> tuple[str, lis
 
 
 @pytest.mark.parametrize("a, b, recipe", [
-    pytest.param(a, b, r, id=f"{a.label()}-to-{b.label()}", marks=[] if every else [pytest.mark.thorough])
+    pytest.param(a, b, r, id=f"{a.label()}-to-{b.label()}" + ("-scheduled" if r.lr_schedule else ""),
+                 marks=[] if every else [pytest.mark.thorough])
     for a, b, r, every in RESUME])
 def test_megatron_resume_on_another_layout_equals_one_device(a, b, recipe, world_cache, conformance, tmp_path):
     """One step on ``a``, saved through dist_checkpointing (Megatron-LM's checkpoint contents: each chunk's and the

@@ -10,6 +10,9 @@ class MegatronCheckpoint:
     """Megatron-LM's checkpoint (``dist_checkpointing``) of a ``MegatronStackTrainer``: any layout reads what any other
     wrote."""
 
+    resumes_lr_schedule = True
+    """``save`` / ``load`` carry its ``OptimizerParamScheduler``'s position (``num_steps``)."""
+
     def _sharded(self, is_loading: bool) -> dict:
         """Megatron-LM's checkpoint contents (``generate_state_dict``): each model chunk's and the optimizer's
         sharded state dicts (global ShardedTensors: any layout reads what any other wrote; the distributed
@@ -19,8 +22,11 @@ class MegatronCheckpoint:
             {f"model{i}": c.sharded_state_dict() for i, c in enumerate(chunks)}
         flat = {k: v for d in model.values() for k, v in d.items()}
         metadata = {"distrib_optim_sharding_type": "fully_reshardable"}
+        # its OptimizerParamScheduler's state (plain numbers: dist_checkpointing's common state), as Megatron-LM's
+        # generate_state_dict keeps it
         return model | {"optimizer": self.optimizer.sharded_state_dict(flat, is_loading=is_loading,
-                                                                        metadata=metadata)}
+                                                                        metadata=metadata),
+                        "opt_param_scheduler": self.scheduler.state_dict()}
 
     def save(self, directory) -> None:
         import importlib.util
@@ -61,3 +67,6 @@ class MegatronCheckpoint:
                 loaded = state["model"] if len(chunks) == 1 else state[f"model{i}"]
                 chunk.module.load_state_dict({k.removeprefix("module."): v for k, v in loaded.items()})
             self.optimizer.load_state_dict(state["optimizer"])
+            # Megatron-LM's load_checkpoint: the scheduler steps to the saved num_steps, setting each group's lr and
+            # weight decay there (override_opt_param_scheduler: its own lr settings over the checkpoint's)
+            self.scheduler.load_state_dict(state["opt_param_scheduler"])
