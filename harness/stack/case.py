@@ -213,9 +213,8 @@ def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int 
 def resume_stack(impl_spec: str, spec, layout_a, layout_b, recipe, directory: str, seed: int = 0) -> dict:
     """Rank side: one step on ``layout_a``, ``save(directory)``; a new trainer on ``layout_b``,
     ``load(directory)``, one more step (two under a learning-rate schedule): its dense state against one device
-    after as many. A stack without
-    ``save`` / ``load`` is unsupported for resume; under a learning-rate schedule, one whose trainer does not declare
-    ``resumes_lr_schedule`` (its scheduler's position carried through them) too."""
+    after as many. A stack without ``save`` / ``load`` is unsupported for resume; under a learning-rate schedule, one
+    whose trainer does not declare ``resumes_lr_schedule`` (its scheduler's position carried through them) too."""
     from harness.records import registry
 
     r, n = dist.get_rank(), dist.get_world_size()
