@@ -527,4 +527,9 @@ def test_watch_deepspeed_config_schedulers_train_the_first_two_updates_at_one_lr
     peak: its cosine starts one step in (iteration 4, the first after the warmup, is (1 + cos(pi / 4)) / 2 = 0.854 of
     lr at total_num_steps 8). The contract's schedule (update k at position k - 1) is what the DeepSpeed stack gives
     DeepSpeed, as a client scheduler. Fails once the config schedulers start at iteration 0."""
+    from harness.records import findings
+
+    if why := findings.outside_range("suites/stack/test_deepspeed_findings.py::"
+                                     "test_watch_deepspeed_config_schedulers_train_the_first_two_updates_at_one_lr"):
+        pytest.skip(why)
     assert world_cache.get(1).run(_config_scheduler_lrs, kind, timeout=120)[0] == [0.0, 0.0, 0.25, 0.5, 0.75, sixth]
