@@ -152,9 +152,6 @@ class Recipe:
             raise ValueError(f"accumulation must be a whole number >= 1; got {self.accumulation!r}.")
         if self.lr_schedule is not None and not isinstance(self.lr_schedule, LRSchedule):
             raise ValueError(f"lr_schedule must be a reference.zero.LRSchedule or None; got {self.lr_schedule!r}.")
-        if self.lr_schedule is not None and self.optimizer.name == "muon":
-            raise ValueError("a learning-rate schedule with Muon is not in the contract yet (its reference steps each "
-                             "matrix at the spec's lr); schedule sgd, adam or adamw.")
 
 
 @runtime_checkable

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from .optimizer import block_steps, gathered
-from .spec import MuonSpec, muon_update
+from .spec import MuonSpec, at_lr, muon_update
 
 
 class _MasterState(MutableMapping):
@@ -74,7 +74,8 @@ class FlatMuon:
         zeros = torch.zeros_like(master.data)
         self.adamw.state[master] = {"step": torch.tensor(0.0), "exp_avg": zeros.clone(), "exp_avg_sq": zeros.clone(),
                                     "momentum_buffer": zeros.clone()}
-        self.param_groups = [{"params": [master], "lr": spec.lr}]
+        self.param_groups = [{"params": [master], "lr": spec.lr}, self.adamw.param_groups[0]]
+        """Muon's group (its lr read at each step) and its AdamW's: a scheduler sets both (``reference.zero.set_lr``)."""
 
     @property
     def state(self) -> _MasterState:
@@ -82,7 +83,7 @@ class FlatMuon:
 
     @torch.no_grad()
     def step(self) -> None:
-        spec, m, grad = self.spec, self.master.data, self.master.grad
+        spec, m, grad = at_lr(self.spec, self.param_groups[0]["lr"]), self.master.data, self.master.grad
         if grad is None:
             return
         st = self.adamw.state[self.master]

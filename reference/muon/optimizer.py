@@ -16,7 +16,7 @@ from collections.abc import MutableMapping
 import torch
 import torch.distributed as dist
 
-from .spec import MuonSpec, muon_update, orthogonalised, torch_adjusts
+from .spec import MuonSpec, at_lr, muon_update, orthogonalised, torch_adjusts
 
 
 def gathered(block: torch.Tensor, shard) -> torch.Tensor:
@@ -57,7 +57,7 @@ class ReferenceMatrices:
 
     @torch.no_grad()
     def step(self) -> None:
-        spec = self.spec
+        spec = at_lr(self.spec, self.param_groups[0]["lr"])  # a scheduler's lr, as torch's Muon reads its group's
         for name, p in self.named:  # the same order on every rank of a group: the gathers pair up
             if p.grad is None:
                 continue

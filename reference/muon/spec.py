@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -60,6 +60,12 @@ class MuonSpec:
     def adamw(self, params) -> torch.optim.AdamW:
         return torch.optim.AdamW(params, lr=self.adamw_lr, betas=self.adamw_betas, eps=self.adamw_eps,
                                  weight_decay=self.adamw_weight_decay, foreach=False)
+
+
+def at_lr(spec: MuonSpec, lr: float) -> MuonSpec:
+    """``spec`` stepping at ``lr`` — its group's, which a learning-rate scheduler sets: torch's Muon reads the group's
+    lr at each step for both the decay (1 - lr x wd) and the adjusted lr."""
+    return spec if lr == spec.lr else replace(spec, lr=lr)
 
 
 def orthogonalised(spec: MuonSpec, name: str, update: torch.Tensor, dtype=torch.bfloat16) -> list:

@@ -279,12 +279,11 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
             config["optimizer"] = muon_config(model, recipe.optimizer)
             if self.layout.zero == 3:  # its stage 3 refuses Muon with reduce-scatter ("cannot be used together")
                 config["zero_optimization"] = {**config["zero_optimization"], "reduce_scatter": False}
-            engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                                           config=config, mpu=mpu)
+            built = {"model_parameters": model.parameters()}
         else:
-            engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=recipe.optimizer.build(groups),
-                                                           config=config, mpu=mpu,
-                                                           **client_scheduler(recipe.lr_schedule))
+            built = {"optimizer": recipe.optimizer.build(groups)}
+        engine, optimizer, _, _ = deepspeed.initialize(model=model, config=config, mpu=mpu, **built,
+                                                       **client_scheduler(recipe.lr_schedule))
         require_offload(config, optimizer)  # where an option offloads
         hpz = config["zero_optimization"].get("zero_hpz_partition_size", 1)
         if hpz > 1:

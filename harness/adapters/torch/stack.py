@@ -222,8 +222,8 @@ class TorchStackTrainer(BuiltFromDense):
                 out[f"optim.{name}.{key}"] = state.get(key, torch.zeros_like(p.data))
             for key in spec.extra_state_of(name, p.shape):
                 out[f"optim.{name}.{key}"] = state.get(key, torch.tensor(0.0))
-        if t.scheduler is not None:  # its position (every rank the same: DCP keeps one)
-            out["lr_scheduler.last_epoch"] = torch.tensor(float(t.scheduler.last_epoch))
+        if t.schedulers:  # their position (every scheduler's and every rank's the same: DCP keeps one)
+            out["lr_scheduler.last_epoch"] = torch.tensor(float(t.schedulers[0].last_epoch))
         return out
 
     def save(self, directory) -> None:
@@ -241,12 +241,8 @@ class TorchStackTrainer(BuiltFromDense):
             name = t.names[local]
             keys = spec.state_keys_of(name, p.shape) + spec.extra_state_of(name, p.shape)
             t.optimizer.state[p] = {key: state[f"optim.{name}.{key}"] for key in keys}
-        if t.scheduler is not None:  # rebuilt at its position: the constructor steps to it and sets each group's lr
-            import torch
-
-            position = int(state["lr_scheduler.last_epoch"])
-            t.scheduler = torch.optim.lr_scheduler.LambdaLR(t.optimizer, self.recipe.lr_schedule.factor,
-                                                            last_epoch=position - 1)
+        if t.schedulers:  # rebuilt at their position
+            t.schedulers = t.scheduled(int(state["lr_scheduler.last_epoch"]))
 
 
 def _dcp_dir(directory) -> str:

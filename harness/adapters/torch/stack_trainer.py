@@ -108,8 +108,10 @@ class Torch3D:
         # by the dense model's names: Muon's rule (``OptimizerSpec.build_named``) — torch's Muon on the DTensors
         self.optimizer = optimizer.build_named((self.names[n], p) for n, p in stage.named_parameters()) \
             if optimizer is not None else torch.optim.SGD(stage.parameters(), lr=lr, momentum=0.9)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_schedule.factor) \
-            if lr_schedule is not None else None
+        self.lr_schedule = lr_schedule
+        self.schedulers = self.scheduled()
+        """One ``LambdaLR`` per torch optimizer (Muon's matrices and its AdamW: two, as a torch user runs them); none
+        without a schedule."""
         self.pstage = pipelining.PipelineStage(stage, stage_idx, pp, rank_device(), group=mesh["pp"].get_group())
         self.first, self.last = first, last
         self.schedule_cls = getattr(pipelining, SCHEDULES[schedule])
@@ -120,6 +122,14 @@ class Torch3D:
         one get_total_norm per device mesh, combined (sum of norm^p, or max) — this stack's LayerNorms are
         FSDP-sharded only (mesh dp) while the TP layers are on (dp, tp), which the verbatim recipe
         cannot mix."""
+
+    def scheduled(self, position: int = 0) -> list:
+        """The schedulers at ``position`` (updates taken): torch's constructor steps to it and sets each group's lr."""
+        if self.lr_schedule is None:
+            return []
+        optimizers = getattr(self.optimizer, "optimizers", [self.optimizer])  # MuonAdamW: its two torch optimizers
+        return [torch.optim.lr_scheduler.LambdaLR(opt, self.lr_schedule.factor, last_epoch=position - 1)
+                for opt in optimizers]
 
     def step(self, tokens, targets) -> float:
         from torch.distributed.tensor.parallel import loss_parallel
@@ -153,8 +163,8 @@ class Torch3D:
         if self.max_grad_norm is not None:
             self.last_grad_norm = self._clip()
         self.optimizer.step()
-        if self.scheduler is not None:
-            self.scheduler.step()
+        for scheduler in self.schedulers:
+            scheduler.step()
         value = torch.tensor([float(sum(_full(loss).item() for loss in losses)) if self.last else 0.0],
                              dtype=torch.float64, device=rank_device())
         dist.all_reduce(value)  # the last stage's replicas, times tp ranks each
