@@ -179,6 +179,8 @@ PLANTED = [
      "suites/stack/test_lr_schedule.py::test_stack_under_a_schedule_equals_one_device"),
     ("suites.stack.planted:ScheduleFirstGroupOnly", "a stack's lr schedule set on the first parameter group only",
      "suites/stack/test_lr_schedule.py::test_stack_under_a_schedule_equals_one_device"),
+    ("suites.stack.planted:ScheduleSkipsMuon", "a stack's lr schedule skipping Muon's matrices (AdamW's set)",
+     "suites/stack/test_lr_schedule.py::test_stack_under_a_schedule_equals_one_device"),
     ("suites.stack.planted:ResumeRestartsSchedule", "a stack's resume: the lr scheduler's position not restored",
      "suites/stack/test_resume.py::test_resume_on_another_layout_equals_one_device"),
     ("suites.expert_parallel.planted:RouterNotReduced", "the router's gradient never reduced",

@@ -47,29 +47,26 @@ def block_steps(spec: MuonSpec, name: str, full: torch.Tensor, shape, shard, dty
         yield block_of(part, shape, shard), lr
 
 
-class ReferenceMatrices:
-    """Muon over ``named`` matrices (the reference iteration in ``dtype``), each sharded one in ``shards`` gathered."""
+class ReferenceMatrices(torch.optim.Optimizer):
+    """Muon over ``named`` matrices (the reference iteration in ``dtype``), each sharded one in ``shards`` gathered.
+    A ``torch.optim.Optimizer`` (one group, its ``lr`` read at each step): torch's schedulers drive it as they drive
+    torch's Muon."""
 
     def __init__(self, named: list, spec: MuonSpec, dtype: torch.dtype, shards: dict):
+        super().__init__([p for _, p in named], {"lr": spec.lr})
         self.named, self.spec, self.dtype, self.shards = named, spec, dtype, shards
-        self.state: dict = {}
-        self.param_groups = [{"params": [p for _, p in named], "lr": spec.lr}]
 
     @torch.no_grad()
-    def step(self) -> None:
+    def step(self, closure=None) -> None:
         spec = at_lr(self.spec, self.param_groups[0]["lr"])  # a scheduler's lr, as torch's Muon reads its group's
         for name, p in self.named:  # the same order on every rank of a group: the gathers pair up
             if p.grad is None:
                 continue
-            buf = self.state.setdefault(p, {}).setdefault("momentum_buffer", torch.zeros_like(p))
+            buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
             update = gathered(muon_update(spec, p.grad, buf), self.shards.get(id(p)))
             p.mul_(1 - spec.lr * spec.weight_decay)
             for step, lr in block_steps(spec, name, update, p.shape, self.shards.get(id(p)), self.dtype):
                 p.add_(step, alpha=-lr)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for _, p in self.named:
-            p.grad = None
 
 
 class _State(MutableMapping):

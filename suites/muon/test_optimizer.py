@@ -15,8 +15,10 @@ SPEC = ModelSpec("llama", vocab=32, hidden=16, heads=4, kv_heads=2, ffn=24, laye
 MUON = OptimizerSpec("muon", 0.02, momentum=0.95, weight_decay=0.1, adamw_lr=1e-2)
 
 
-def _trained(spec: OptimizerSpec, force_reference: bool = False, steps: int = 3) -> dict:
+def _trained(spec: OptimizerSpec, force_reference: bool = False, steps: int = 3, schedule=None) -> dict:
+    """``schedule``: a ``reference.zero.LRSchedule`` setting every group's lr before each step, as a scheduler does."""
     from reference.muon.optimizer import MuonAdamW, ReferenceMatrices
+    from reference.zero import Scheduled
 
     model = SPEC.build(0)
     if force_reference:  # the reference iteration in bfloat16 in torch's Muon's place
@@ -30,10 +32,13 @@ def _trained(spec: OptimizerSpec, force_reference: bool = False, steps: int = 3)
         assert isinstance(opt.matrices, torch.optim.Muon) == (spec.ns_dtype == "bfloat16"
                                                               and torch_adjusts(spec.adjust_lr_fn))
     tokens = torch.randint(0, SPEC.vocab, (4, 8), generator=torch.Generator().manual_seed(1))
+    lr = Scheduled(schedule)
     for _ in range(steps):
         opt.zero_grad()
         model.loss(tokens, tokens.roll(-1, 1)).backward()
+        lr.before_update([opt])
         opt.step()
+        lr.after_update()
     state = {n: {k: opt.state[p][k].clone() for k in spec.state_keys_of(n, p.shape)}
              for n, p in model.named_parameters()}
     return {"params": {n: p.detach().clone() for n, p in model.named_parameters()}, "state": state}
@@ -67,6 +72,24 @@ def test_the_reference_iteration_is_torchs_muon_bit_for_bit(adjust):
         assert torch.equal(p, ours["params"][name]), name
         for key, t in torchs["state"][name].items():
             assert torch.equal(t, ours["state"][name][key]), (name, key)
+
+
+def test_the_reference_iteration_follows_a_schedule_as_torchs_muon_does():
+    """Under a learning-rate schedule (0.5, 1, 0.325 of lr: a warmup, the peak, a cosine) the reference iteration reads
+    its group's lr as torch's Muon does — for the decay (1 - lr x wd) and the shape-adjusted lr — bit for bit; the
+    float64 iteration a Muon case's E_T is measured from is this code, so a reference that stepped at the spec's lr
+    would move one device's exact run with it and widen the slack instead of failing (the stack cases alone would not
+    see it: this test does)."""
+    from reference.zero import LRSchedule
+
+    plan = LRSchedule(warmup=1, start=0.5, decay="cosine", total=3, min_ratio=0.1)
+    torchs, ours = _trained(MUON, schedule=plan), _trained(MUON, force_reference=True, schedule=plan)
+    unscheduled = _trained(MUON)
+    for name, p in torchs["params"].items():
+        assert torch.equal(p, ours["params"][name]), name
+        for key, t in torchs["state"][name].items():
+            assert torch.equal(t, ours["state"][name][key]), (name, key)
+    assert all(not torch.equal(p, unscheduled["params"][n]) for n, p in torchs["params"].items())  # it took effect
 
 
 def test_the_float64_iteration_is_another_run():

@@ -482,13 +482,17 @@ class _MisScheduled(Scheduled):
     """A scheduler stepped wrongly: ``ahead`` updates early, ``per_update`` positions per update, or only the first
     parameter group's lr set."""
 
-    def __init__(self, schedule, ahead: int = 0, per_update: int = 1, first_group_only: bool = False):
+    def __init__(self, schedule, ahead: int = 0, per_update: int = 1, first_group_only: bool = False,
+                 adamw_half_only: bool = False):
         super().__init__(schedule)
-        self.taken, self.per_update, self.first_group_only = ahead, per_update, first_group_only
+        self.taken, self.per_update = ahead, per_update
+        self.first_group_only, self.adamw_half_only = first_group_only, adamw_half_only
 
     def before_update(self, optimizers) -> None:
         if self.first_group_only:
             optimizers = [_FirstGroup(opt) for opt in optimizers]
+        if self.adamw_half_only:
+            optimizers = [_AdamWHalf(opt) for opt in optimizers]
         super().before_update(optimizers)
 
     def after_update(self) -> None:
@@ -498,6 +502,19 @@ class _MisScheduled(Scheduled):
 class _FirstGroup:
     def __init__(self, opt):
         self.param_groups = opt.param_groups[:1]
+
+
+class _AdamWHalf:
+    """A Muon optimizer's groups but its matrices' (``MuonAdamW``: its ``matrices`` optimizer's; ``FlatMuon``: its
+    first group): what a scheduler built over the AdamW of a torch user's two optimizers sets."""
+
+    def __init__(self, opt):
+        from reference.muon.flat import FlatMuon
+
+        matrices = getattr(opt, "matrices", None)
+        muon = matrices.param_groups if matrices is not None else opt.param_groups[:1] \
+            if isinstance(opt, FlatMuon) else []
+        self.param_groups = [g for g in opt.param_groups if not any(g is m for m in muon)]
 
 
 class _ScheduleBug(ReferenceStack):
@@ -538,4 +555,11 @@ class ScheduleFirstGroupOnly(_ScheduleBug):
     norms) trains at the peak throughout."""
 
     bug = {"first_group_only": True}
+
+
+class ScheduleSkipsMuon(_ScheduleBug):
+    """Planted bug: Muon's matrices and its AdamW as a torch user's two optimizers, the scheduler built over the AdamW
+    one — the hidden matrices train at the peak lr throughout, the embedding, head and vectors on the schedule."""
+
+    bug = {"adamw_half_only": True}
 

@@ -19,7 +19,9 @@ CLIPPED, ADAM = Recipe(max_grad_norm=0.05), Recipe(optimizer=OptimizerSpec("adam
 WARMUP = Recipe(optimizer=OptimizerSpec("adam", 1e-2), lr_schedule=LRSchedule(warmup=2, start=1 / 3))
 """Adam under a warmup (1/3 then 2/3 of lr): the resumed trainer's step is the schedule's position 1 — a scheduler
 restarted by the load trains it at position 0's, half the update."""
-MUON64 = Recipe(optimizer=OptimizerSpec("muon", 0.02, weight_decay=0.1, adamw_lr=1e-2, eps=1e-3, ns_dtype="float64"))
+MUON64 = Recipe(optimizer=OptimizerSpec("muon", 0.02, weight_decay=0.1, adamw_lr=1e-2, eps=1e-3, ns_dtype="float64"),
+                lr_schedule=LRSchedule(warmup=1, start=0.5, decay="cosine", total=3, min_ratio=0.1))
+"""Muon under a cosine (0.5, 1, 0.55 of lr): both of its optimizers' position carried (torch: two schedulers)."""
 PAIRS = [(GPT, Layout(2, 1, 2, zero=2), Layout(1, 2, 2, zero=0, schedule="gpipe"), CLIPPED),
          (LLAMA, Layout(1, 1, 4, zero=0), Layout(2, 2, 1, zero=1, checkpointing=True), CLIPPED),
          (LLAMA, Layout(4, 1, 1, zero=2), Layout(1, 4, 1, zero=1), ADAM),
@@ -32,7 +34,7 @@ last are what FSDP2 stacks run (ZeRO 2 over dp, KV heads split), so the torch st
 them; the second is reference-only; the fourth changes cp (4 -> 1, dp 1 -> 2, tp 1 -> 2); the fifth carries Muon's
 momentum (its matrices') and AdamW's moments (the rest) from ZeRO 2's flat shards over dp 2 x tp 2 to ZeRO 0 over
 pp 2 x tp 2 — Newton-Schulz in float64 on both sides (its bfloat16 slack is the Muon suite's; here the bound is
-the resume's); the sixth carries a learning-rate schedule's position (a stack that cannot: unsupported, said)."""
+the resume's), under a schedule; the sixth carries a learning-rate schedule's position (a stack that cannot: unsupported, said)."""
 
 
 def _id(v):
