@@ -9,7 +9,8 @@ The reference stack gathers each TP-split matrix (a grouped-query attention's K 
 included) at ZeRO 0; the torch stack steps torch's Muon on its DTensor parameters (FSDP2's Shard(0), TP's
 Colwise / Rowwise), DTensor redistributing every Newton-Schulz matmul; DeepSpeed's Muon at ZeRO 0-3 (its ZeRO 1 / 2
 momentum read where it keeps it: ``harness.adapters.deepspeed.muon_state``; unclipped, only its head finding stands;
-clipped at ZeRO 1-3, it clips the orthogonalised update: both in ``harness/stack/findings.py``). A float64 Llama
+clipped at ZeRO 1-3, it clips the orthogonalised update: both in ``harness/stack/findings.py``; with the head tied to
+the embedding every step of it is held, not step 1 alone). A float64 Llama
 (vocabulary 32 > width 16: ``LLAMA``), and its float32 twin for DeepSpeed."""
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ where float64 leaves them ~0, an E_T of 20 % of the update). Here E_T is at most
 MQA = ModelSpec(**{**LLAMA.as_dict(), "kv_heads": 1})
 LLAMA32 = ModelSpec(**{**LLAMA.as_dict(), "dtype": "float32"})
 """DeepSpeed's (it trains float32): the case's float32 bound x magnitude adds to the slack."""
+TIED32 = ModelSpec(**{**LLAMA32.as_dict(), "tie_embeddings": True})
+"""The head tied to the embedding (AdamW's by both rules): DeepSpeed's Muon takes an untied head named otherwise than
+'lm_head' (its finding: every step after the first then off, so its untied cases are judged at step 1 only); tied,
+every step of its Muon is held (the reference's too; torch's stack cannot tie across its pipeline)."""
 CASES = [  # (id, spec, layout, recipe)
     ("dp", LLAMA, Layout(2), Recipe(optimizer=MUON)),
     ("fsdp-accumulate", LLAMA, Layout(2, zero=2), Recipe(optimizer=MUON, accumulation=2)),
@@ -55,9 +60,10 @@ CASES = [  # (id, spec, layout, recipe)
     ("zero1-accumulate-float32", LLAMA32, Layout(2, zero=1), Recipe(optimizer=MUON, accumulation=2)),
     ("zero3-accumulate-float32", LLAMA32, Layout(2, zero=3), Recipe(optimizer=MUON, accumulation=2)),
     ("hybrid-zero2-tp", LLAMA, Layout(4, 1, 2, zero=2, replicate=2), Recipe(optimizer=MUON, max_grad_norm=0.05)),
+    ("zero2-tied-accumulate-float32", TIED32, Layout(2, zero=2), Recipe(optimizer=MUON, accumulation=2)),
 ]
 THOROUGH = {"fsdp-tp", "dp-pp-tp", "cp-tp", "pp-clip", "dp", "zero3-float32", "zero3-accumulate-float32",
-            "tp-spectral-unclamped", "hybrid-zero2-tp", "dp-float32", "zero2-float32"}
+            "tp-spectral-unclamped", "hybrid-zero2-tp", "dp-float32", "zero2-float32", "zero2-tied-accumulate-float32"}
 """tox's budget: each stack's TP (every matrix split) and FSDP2 with accumulation, the one-KV-head gather, a float32
 ZeRO 1 with accumulation (DeepSpeed's Muon: its first step torch.compiles its kernels, ~10 s once per process; its two
 findings' watches run in tox too); replicated DP (nothing split), ZeRO 2 / 3 in float32, torch 2.15's spectral_unclamped

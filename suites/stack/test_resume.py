@@ -34,7 +34,8 @@ last are what FSDP2 stacks run (ZeRO 2 over dp, KV heads split), so the torch st
 them; the second is reference-only; the fourth changes cp (4 -> 1, dp 1 -> 2, tp 1 -> 2); the fifth carries Muon's
 momentum (its matrices') and AdamW's moments (the rest) from ZeRO 2's flat shards over dp 2 x tp 2 to ZeRO 0 over
 pp 2 x tp 2 — Newton-Schulz in float64 on both sides (its bfloat16 slack is the Muon suite's; here the bound is
-the resume's), under a schedule; the sixth carries a learning-rate schedule's position (a stack that cannot: unsupported, said)."""
+the resume's), under a schedule; the sixth carries a learning-rate schedule's position (a stack that cannot:
+unsupported, said)."""
 
 
 def _id(v):
