@@ -75,8 +75,7 @@ class FlatMuon:
         self.adamw.state[master] = {"step": torch.tensor(0.0), "exp_avg": zeros.clone(), "exp_avg_sq": zeros.clone(),
                                     "momentum_buffer": zeros.clone()}
         self.param_groups = [{"params": [master], "lr": spec.lr}, self.adamw.param_groups[0]]
-        """Muon's group (its lr read at each step) and its AdamW's: a scheduler sets both (``reference.zero.set_lr``).
-        """
+        """Muon's group (its lr read at each step) and its AdamW's: a scheduler sets both (``zero.set_lr``)."""
 
     @property
     def state(self) -> _MasterState:
