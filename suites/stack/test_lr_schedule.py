@@ -30,7 +30,7 @@ from harness.contracts.stack import Layout, Recipe
 from harness.runtime.capabilities import require_dtype
 from reference.models import ModelSpec
 from reference.zero import LRSchedule, OptimizerSpec
-from suites._support.stack import ADAM, GPT, LLAMA32, held, named_cases
+from suites._support.stack import ADAM, EVERY_EXPERT, GPT, LLAMA32, MOE32, held, named_cases
 from suites.stack.test_muon import LLAMA as MUON_LLAMA
 from suites.stack.test_muon import LLAMA32 as MUON_LLAMA32
 from suites.stack.test_muon import MUON
@@ -80,13 +80,18 @@ CASES = [  # (id, spec, layout, recipe)
     ("muon-zero3-tied-from-zero", MUON_TIED32, Layout(2, zero=3),
      Recipe(optimizer=MUON, accumulation=2, lr_schedule=FROM_ZERO)),
     ("muon-fsdp-cosine", MUON_LLAMA32, Layout(2, zero=2), Recipe(optimizer=MUON, accumulation=2, lr_schedule=COSINE)),
+    ("moe-ep-wsd", MOE32, Layout(2, ep=2), Recipe(optimizer=ADAM, accumulation=2, lr_schedule=WSD)),
+    ("moe-bf16-ep-cosine-peak", EVERY_EXPERT, Layout(2, ep=2, zero=3),
+     Recipe(optimizer=ADAM, accumulation=2, lr_schedule=COSINE_PEAK)),
 ]
 THOROUGH = {"zero3-from-zero", "zero1-cosine-sgd", "tp-cosine", "tp-cosine-peak-llama", "pp-accumulate-wsd",
-            "hybrid-zero3-cosine", "bf16-zero1-cosine", "muon-zero3-tied-from-zero", "muon-fsdp-cosine"}
+            "hybrid-zero3-cosine", "bf16-zero1-cosine", "muon-zero3-tied-from-zero", "muon-fsdp-cosine", "moe-ep-wsd",
+            "moe-bf16-ep-cosine-peak"}
 """tox's budget: AdamW's two groups under warmup + cosine at ZeRO 0, and accumulation + clipping at ZeRO 2 under WSD
 (every stack); Muon under WSD at ZeRO 1 (the reference's flat Muon, DeepSpeed's) and under a cosine at tp 2 (the
 reference's gathered matrices, torch's Muon on DTensors); the rest — warmup from 0, SGD, TP, the pipeline, the hybrid
-mesh, bf16, Muon at ZeRO 2 / 3 — in the thorough env."""
+mesh, bf16, Muon at ZeRO 2 / 3, the MoE family over ep (the experts' own optimizer or groups: the reference's,
+DeepSpeed's; torchtitan's Qwen3 MoE in bf16) — in the thorough env."""
 
 
 @pytest.mark.parametrize("spec, layout, recipe", named_cases(CASES, THOROUGH))

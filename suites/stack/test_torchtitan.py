@@ -277,7 +277,9 @@ WARMUP = LRSchedule(warmup=2, start=1 / 3)
     pytest.param(Layout(2, 1, 1, zero=3), Layout(1, 1, 2, sequence_parallel=True), None, id="fsdp2-to-tp2"),
     pytest.param(Layout(1, 2, 1), Layout(2, 1, 1, zero=0), None, id="pp2-to-dp2", marks=[pytest.mark.thorough]),
     pytest.param(Layout(2, 1, 1, zero=3), Layout(1, 2, 1), WARMUP, id="fsdp2-to-pp2-scheduled",
-                 marks=[pytest.mark.thorough])])
+                 marks=[pytest.mark.thorough]),
+    pytest.param(Layout(2, 1, 1, zero=3), Layout(1, 1, 2, sequence_parallel=True), WARMUP,
+                 id="fsdp2-to-tp2-scheduled", marks=[pytest.mark.thorough])])  # 0.2's (its pp pairs: skipped)
 def test_torchtitan_resume_on_another_layout_equals_one_device(a, b, schedule, world_cache, conformance, tmp_path):
     """One step on ``a``, saved with torchtitan's checkpoint contents through DCP; a new trainer on ``b`` loads
     them and steps: parameters and Adam's state equal one device's after two steps (under a learning-rate schedule,
@@ -287,8 +289,6 @@ def test_torchtitan_resume_on_another_layout_equals_one_device(a, b, schedule, w
 
     if V02 and any(lay.pp > 1 or (lay.zero == 0 and lay.dp > 1) for lay in (a, b)):
         pytest.skip("torchtitan 0.2.x: its pipeline and DDP findings put this pair's state off before any resume")
-    if V02 and schedule is not None:
-        pytest.skip("torchtitan 0.2.x: its scheduler is not mapped here")
     per_rank = run_or_fail(world_cache.get(2), ranks.resume_stack, "torchtitan", LLAMA32, a, b,
                            Recipe(optimizer=ADAM, lr_schedule=schedule), str(tmp_path), timeout=300,
                            failed=ranks.failed)

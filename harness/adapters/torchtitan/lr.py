@@ -28,17 +28,38 @@ def unsupported(schedule) -> str | None:
     return None
 
 
-def config(schedule):
-    """torchtitan's ``LRSchedulersContainer.Config`` of ``schedule`` (``unsupported`` None) and its training steps."""
-    from torchtitan.components.optimizer.lr_scheduler import LRSchedulersContainer
-
+def fields(schedule) -> tuple[dict, int]:
+    """The ``lr_scheduler`` section's fields of ``schedule`` (``unsupported`` None) — the same in 0.2 and 0.3 — and
+    its training steps."""
     warmup = schedule.warmup + 1
     if schedule.decay == "constant":
-        return LRSchedulersContainer.Config(warmup_steps=warmup, decay_type="linear", min_lr_factor=1.0), warmup
+        return {"warmup_steps": warmup, "decay_type": "linear", "min_lr_factor": 1.0}, warmup
     total = schedule.total
     decay_steps = total - schedule.warmup - schedule.stable
     # its decay_steps is round(total x decay_ratio) (decay_steps / total x total is within a rounding of the whole
     # number); None: total - warmup_steps (stable 1)
     ratio = None if schedule.stable == 1 else decay_steps / total
-    return LRSchedulersContainer.Config(warmup_steps=warmup, total_steps=total, decay_ratio=ratio,
-                                        decay_type=schedule.decay, min_lr_factor=schedule.min_ratio), total
+    return {"warmup_steps": warmup, "total_steps": total, "decay_ratio": ratio, "decay_type": schedule.decay,
+            "min_lr_factor": schedule.min_ratio}, total
+
+
+def config(schedule):
+    """torchtitan 0.3's ``LRSchedulersContainer.Config`` of ``schedule`` (``unsupported`` None) and its training
+    steps."""
+    from torchtitan.components.optimizer.lr_scheduler import LRSchedulersContainer
+
+    section, steps = fields(schedule)
+    return LRSchedulersContainer.Config(**section), steps
+
+
+def v02_schedulers(schedule, optimizers, job):
+    """torchtitan 0.2's ``build_lr_schedulers`` over ``optimizers`` from ``job``'s ``lr_scheduler`` section (its
+    ``JobConfig``) set to ``schedule``'s fields, ``training.steps`` its training steps — as a 0.2 job's TOML sets
+    them."""
+    from torchtitan.components.lr_scheduler import build_lr_schedulers
+
+    section, steps = fields(schedule)
+    for key, value in section.items():
+        setattr(job.lr_scheduler, key, value)
+    job.training.steps = steps
+    return build_lr_schedulers(optimizers, job.lr_scheduler, steps)

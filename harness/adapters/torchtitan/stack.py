@@ -61,8 +61,6 @@ SUPPORTS = Supports("the torchtitan stack", unsupported=(
          lambda s, lay, r: f"torchtitan's float8 converter offers the rowwise recipes (recipe_name rowwise, "
                            f"rowwise_with_gw_hp), not {r.low_precision}."),
     Rule(always, _v02),
-    Rule(lambda s, lay, r: r.lr_schedule is not None and s.family == "moe",
-         "the torchtitan MoE stack here steps its optimizers without a learning-rate scheduler."),
     Rule(lambda s, lay, r: r.lr_schedule is not None, lambda s, lay, r: lr_unsupported(r.lr_schedule)),
     Rule(lambda s, lay, r: s.family == "moe" and lay.replicate > 1,
          "the torchtitan MoE stack here shards over dp_shard alone (its EP carves efsdp from it); hybrid sharding is "

@@ -13,6 +13,8 @@ What 0.2 defines differently, and how the adapter maps it (the contract does not
   its Llama 3.1 frequency scaling is turned off (``RoPEScalingArgs(scaling_factor=1.0)``: the identity);
 - its FFN size is derived (``int(2 x 4 dim / 3)`` times ``ffn_dim_multiplier``, rounded to ``multiple_of``): a
   multiplier that lands on the spec's ffn exactly, ``multiple_of`` 1;
+- its learning-rate scheduler: ``build_lr_schedulers`` from the job's ``lr_scheduler`` section and
+  ``training.steps`` — 0.3's function of the step, so the same mapping (``harness/adapters/torchtitan/lr.py``);
 - bf16 as 0.2 trains it: FSDP2's mixed-precision policy, else (one rank, DDP) ``torch.autocast`` — its
   ``maybe_enable_amp`` (with TP or PP and no FSDP it trains fp32 and says so: unsupported);
 - what 0.2 does not offer is unsupported in its words: weight tying (no such field), tensor parallelism without
@@ -48,9 +50,6 @@ def unsupported(spec, layout, recipe) -> str | None:
     if recipe.optimizer.name == "adamw" and recipe.optimizer.decay != "all":
         return ("torchtitan 0.2's build_optimizers gives every parameter the one weight decay (no parameter groups): "
                 "AdamW's rule 'matrices' (biases and norms not decayed) is 0.3's ParamGroupConfig.")
-    if recipe.lr_schedule is not None:
-        return ("the torchtitan 0.2 stack here steps its optimizers without its learning-rate scheduler (0.3's is "
-                "mapped).")
     if layout.zero == 0 and layout.dp > 1 and layout.world_size > layout.dp:
         return "torchtitan 0.2 replicates over dp with DDP alone (its words: 'DDP has not supported > 1D parallelism')."
     return None
@@ -133,6 +132,11 @@ class TorchtitanV02Trainer(TorchtitanStackTrainer):
             self.schedule, parts, self.first, self.last = None, [parallelize_llama(titan, self.dims, job)], True, True
         materialise(parts, self._titan_state(model))
         self.optimizers = build_optimizers(parts, job.optimizer, self.dims)
+        self.lr_schedulers = None
+        if self.recipe.lr_schedule is not None:  # its job's lr_scheduler section (harness/adapters/torchtitan/lr.py)
+            from .lr import v02_schedulers
+
+            self.lr_schedulers = v02_schedulers(self.recipe.lr_schedule, self.optimizers, job)
         self.last_grad_norm = None
         return parts
 
