@@ -24,6 +24,7 @@ from harness.verdict import reduce
 from reference.models import ModelSpec
 from reference.zero import LRSchedule, OptimizerSpec
 from suites._support.stack import ADAM, ADAM8, LLAMA32, MOE32, padded_at
+from suites.stack.test_muon import MUON, TIED32
 
 DEEPSPEED = registry.skip_reason(registry.resolve("deepspeed", "stack"))
 pytestmark = pytest.mark.skipif(bool(DEEPSPEED), reason=f"deepspeed: {DEEPSPEED}")
@@ -211,6 +212,8 @@ def test_deepspeed_bf16_trains_a_bf16_model_and_reports_its_fp32_masters(zero, w
 
 ADAM = Recipe(optimizer=OptimizerSpec("adam", 1e-2, eps=1e-3))
 SCHEDULED = Recipe(optimizer=ADAM.optimizer, lr_schedule=LRSchedule(warmup=2, start=1 / 3))
+MUON_COSINE = Recipe(optimizer=MUON,
+                     lr_schedule=LRSchedule(warmup=1, start=0.5, decay="cosine", total=3, min_ratio=0.1))
 RESUME = [  # (spec, saved on, loaded on, recipe, expected, in every profile) â€” one world size per pair
     # universal across pp and dp (its conversion in tox: suites/resume/test_deepspeed.py; here thorough: the budget)
     (LLAMA32, Layout(2, 2, 1, zero=1), Layout(1, 4, 1, zero=1), ADAM, "pass", False),
@@ -225,12 +228,17 @@ RESUME = [  # (spec, saved on, loaded on, recipe, expected, in every profile) â€
     # under a warmup (1/3, 2/3 of lr): the client scheduler's position through its checkpoint, natively and universal
     (LLAMA32, Layout(2, 1, 1, zero=1), Layout(2, 1, 1, zero=2), SCHEDULED, "pass", True),
     (LLAMA32, Layout(2, 2, 1, zero=1), Layout(1, 4, 1, zero=1), SCHEDULED, "pass", False),
+    # its Muon under a cosine (the head tied: its head finding aside), the bfloat16 iteration's slack
+    (TIED32, Layout(2, 1, 1, zero=1), Layout(2, 1, 1, zero=2), MUON_COSINE, "pass", True),
+    (TIED32, Layout(2, 1, 1, zero=3), Layout(2, 1, 1, zero=3), MUON_COSINE, "pass", False),
 ]
 """DeepSpeed's save_checkpoint / load_checkpoint (harness/adapters/deepspeed/resume.py): natively at one dp x pp,
 its universal checkpoint across them (at one world size the plain engine's dp is fixed: across layouts is its
 pipeline's pp x dp). Measured: both universal pairs and the 1 -> 2 stage change equal one device (worst 2.4e-6
-against 6.8e-3); ZeRO 0 <-> 1-3 and 3 <-> 1 / 2 raise (the finding), SGD does not convert (the zero suite's
-finding); a plain engine's checkpoint into its pipeline engine, and ZeRO 0 at another pp, are said in a sentence."""
+against 6.8e-3), and its Muon's momentum and AdamW moments carried at ZeRO 1 -> 2 and 3 -> 3 (held within the Muon
+suite's slack: ``resume_stack``; loaded without its optimizer states, 693 E_T off); ZeRO 0 <-> 1-3 and 3 <-> 1 / 2
+raise (the finding), SGD does not convert (the zero suite's finding); a plain engine's checkpoint into its pipeline
+engine, and ZeRO 0 at another pp, are said in a sentence."""
 
 
 @pytest.mark.parametrize("spec, a, b, recipe, expected", [

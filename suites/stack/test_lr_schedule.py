@@ -34,6 +34,7 @@ from suites._support.stack import ADAM, EVERY_EXPERT, GPT, LLAMA32, MOE32, held,
 from suites.stack.test_muon import LLAMA as MUON_LLAMA
 from suites.stack.test_muon import LLAMA32 as MUON_LLAMA32
 from suites.stack.test_muon import MUON
+from suites.stack.test_muon import TIED32 as MUON_TIED32
 
 STEPS = 4
 COSINE = LRSchedule(warmup=1, start=0.5, decay="cosine", total=3, min_ratio=0.1)
@@ -56,9 +57,6 @@ LLAMA_FP16 = ModelSpec(**{**LLAMA32.as_dict(), "dtype": "float16"})
 MUON_WSD = LRSchedule(warmup=1, start=0.5, stable=1, decay="linear", total=4, min_ratio=0.1)
 """Moonlight's recipe's shape (Muon under warmup-stable-decay): 0.5, 1, 1, 0.55 — the decay of Muon's matrices (1 -
 lr x wd), its adjusted lr and its AdamW half's lr all follow the scheduled lr."""
-MUON_TIED32 = ModelSpec(**{**MUON_LLAMA32.as_dict(), "tie_embeddings": True})
-"""The head tied to the embedding (AdamW's, by both rules): DeepSpeed's Muon takes an untied head named otherwise than
-'lm_head' (its known finding, which would leave only step 1 judged); tied, every step of its schedule is held."""
 
 
 CASES = [  # (id, spec, layout, recipe)
