@@ -505,11 +505,14 @@ def _config_scheduler_lrs(kind: str) -> list:
 
     params = {"WarmupLR": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.01},
               "WarmupCosineLR": {"total_num_steps": 8, "warmup_min_ratio": 0.0, "cos_min_ratio": 0.0}}[kind]
-    config = {**engine_config(0, 1, None), "optimizer": {"type": "Adam", "params": {"lr": 0.01}},
+    config = {**engine_config(0, 1, None),
               "scheduler": {"type": kind, "params": {**params, "warmup_num_steps": 4, "warmup_type": "linear"}}}
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
-    engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    # a client torch Adam (the config's Adam would JIT-build DeepSpeed's CPU Adam: tens of seconds on a machine
+    # without its extension cache, which the World's hang window reads as a deadlock); the scheduler is the config's
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=0.01),
+                                                   config=config)
     out = []
     for _ in range(6):
         out.append(round(optimizer.param_groups[0]["lr"] / 0.01, 6))  # the lr this update trains at
