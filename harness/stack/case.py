@@ -158,6 +158,16 @@ def held(state: dict, want: dict, step: int, tokens: int, spec, n: int, slack: d
     return worst, problems
 
 
+def muon_slacks_of(spec, recipe, seed: int, tokens, targets, want: list, layout) -> list[dict]:
+    """Per step of one device's records ``want``, a Muon recipe's slack on ``layout`` (bfloat16 Newton-Schulz:
+    ``harness.stack.muon``); none for another optimizer."""
+    if recipe.optimizer.name != "muon":
+        return [{}] * len(want)
+    from .muon import exact_recipe, muon_slacks
+
+    return muon_slacks(want, one_device(spec, exact_recipe(recipe), seed, tokens, targets, len(want)), layout)
+
+
 def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int = 0, rows: int | None = None,
                 seq: int | None = None, padded: bool = False, **mixed) -> dict:
     """Rank side: ``impl_spec``'s stack on ``layout`` against one device (a bfloat16 / float16 spec:
@@ -179,11 +189,7 @@ def train_stack(impl_spec: str, spec, layout, recipe, steps: int = 2, seed: int 
     if declined:
         return declined
     want = one_device(spec, recipe, seed, tokens, targets, steps)  # after build: a refusal costs no oracle
-    slacks = [{}] * steps
-    if recipe.optimizer.name == "muon":  # bfloat16 Newton-Schulz: harness.stack.muon
-        from .muon import exact_recipe, muon_slacks
-
-        slacks = muon_slacks(want, one_device(spec, exact_recipe(recipe), seed, tokens, targets, steps), layout)
+    slacks = muon_slacks_of(spec, recipe, seed, tokens, targets, want, layout)
     device = rank_device()
     problems, worst, losses = [], 0.0, []
     limit = bound(steps, tokens.numel(), spec, n)
@@ -224,12 +230,11 @@ def resume_stack(impl_spec: str, spec, layout_a, layout_b, recipe, directory: st
     # position trains the first one right and the second at the restarted schedule's
     steps = 3 if recipe.lr_schedule is not None else 2
     records = one_device(spec, recipe, seed, tokens, targets, steps)
-    want, slack = records[-1], {}
-    if recipe.optimizer.name == "muon":  # bfloat16 Newton-Schulz (harness.stack.muon): the more split layout's ratio
-        from .muon import exact_recipe, muon_slacks, ratio
+    from .muon import ratio
 
-        exact = one_device(spec, exact_recipe(recipe), seed, tokens, targets, steps)
-        slack = muon_slacks(records, exact, max((layout_a, layout_b), key=ratio))[-1]
+    # the more split layout's ratio: each step's iteration ran on one of them
+    want, slack = records[-1], muon_slacks_of(spec, recipe, seed, tokens, targets, records,
+                                              max((layout_a, layout_b), key=ratio))[-1]
     impl, device = registry.load(impl_spec, "stack"), rank_device()
     try:
         first = impl.build(spec, layout_a, recipe)
