@@ -24,6 +24,7 @@ from harness.verdict import reduce
 from reference.models import ModelSpec
 from reference.zero import LRSchedule, OptimizerSpec
 from suites._support.stack import ADAM, ADAM8, LLAMA32, MOE32, padded_at
+from suites.stack.test_lr_schedule import COSINE
 from suites.stack.test_muon import MUON, TIED32
 
 DEEPSPEED = registry.skip_reason(registry.resolve("deepspeed", "stack"))
@@ -212,8 +213,7 @@ def test_deepspeed_bf16_trains_a_bf16_model_and_reports_its_fp32_masters(zero, w
 
 ADAM = Recipe(optimizer=OptimizerSpec("adam", 1e-2, eps=1e-3))
 SCHEDULED = Recipe(optimizer=ADAM.optimizer, lr_schedule=LRSchedule(warmup=2, start=1 / 3))
-MUON_COSINE = Recipe(optimizer=MUON,
-                     lr_schedule=LRSchedule(warmup=1, start=0.5, decay="cosine", total=3, min_ratio=0.1))
+MUON_COSINE = Recipe(optimizer=MUON, lr_schedule=COSINE)
 RESUME = [  # (spec, saved on, loaded on, recipe, expected, in every profile) — one world size per pair
     # universal across pp and dp (its conversion in tox: suites/resume/test_deepspeed.py; here thorough: the budget)
     (LLAMA32, Layout(2, 2, 1, zero=1), Layout(1, 4, 1, zero=1), ADAM, "pass", False),

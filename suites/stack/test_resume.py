@@ -14,13 +14,14 @@ from harness.stack import case as ranks
 from harness.verdict import reduce
 from reference.zero import LRSchedule, OptimizerSpec
 from suites._support.stack import GPT, LLAMA
+from suites.stack.test_lr_schedule import COSINE
 
 CLIPPED, ADAM = Recipe(max_grad_norm=0.05), Recipe(optimizer=OptimizerSpec("adam", 1e-2))
 WARMUP = Recipe(optimizer=OptimizerSpec("adam", 1e-2), lr_schedule=LRSchedule(warmup=2, start=1 / 3))
 """Adam under a warmup (1/3 then 2/3 of lr): the resumed trainer's step is the schedule's position 1 — a scheduler
 restarted by the load trains it at position 0's, half the update."""
 MUON64 = Recipe(optimizer=OptimizerSpec("muon", 0.02, weight_decay=0.1, adamw_lr=1e-2, eps=1e-3, ns_dtype="float64"),
-                lr_schedule=LRSchedule(warmup=1, start=0.5, decay="cosine", total=3, min_ratio=0.1))
+                lr_schedule=COSINE)
 """Muon under a cosine (0.5, 1, 0.55 of lr): both of its optimizers' position carried (torch: two schedulers)."""
 PAIRS = [(GPT, Layout(2, 1, 2, zero=2), Layout(1, 2, 2, zero=0, schedule="gpipe"), CLIPPED),
          (LLAMA, Layout(1, 1, 4, zero=0), Layout(2, 2, 1, zero=1, checkpointing=True), CLIPPED),
