@@ -106,8 +106,13 @@ FINDINGS = (
             "torchtitan's Llama3 with a tied embedding (enable_weight_tying) under FSDP2 x TP: every parameter "
             "equals one device after step 1 and is off after step 2 (minimal case: dp 2 x tp 2, Adam, float32 — "
             "0.0076 of a tensor's magnitude against a bound of 0.0056; the reference stack on the same case "
-            "1.3e-6; FSDP alone and TP alone equal). Not isolated further; the suspect: TP distributes the tied "
-            "weight as two parameters before fully_shard groups them, and init_weights re-ties them after.",
+            "1.3e-6; FSDP alone and TP alone equal). The cause: parallelize_module gives the embedding and the head "
+            "each its own DTensor parameter, fully_shard (one unit for tok_embeddings, norm, lm_head) manages them as "
+            "two, and init_weights re-ties the modules after — FSDP2 holds two parameters where the modules share one "
+            "(its state at dp 2 x tp 2: the embedding's and the head's FSDPParam apart; at dp 2 alone one, shared). "
+            "The torch stack ties after TP and before fully_shard and equals one device on the same layout; tying "
+            "after fully_shard (the planted TiedAfterFullyShard) is off from step 2 as torchtitan is "
+            "(suites/stack/test_tied.py).",
             "suites/stack/test_torchtitan.py::test_watch_a_tied_embedding_under_fsdp_and_tp_is_off_at_step_two",
             {"tie_embeddings": True, "tp": lambda t: t > 1, "dp": lambda d: d > 1},
             symptom=r"^rank \d+: (step 2: |loss after step 2)", cause=r"^rank \d+: step 2: parameter"),

@@ -198,7 +198,7 @@ def train_torch_3d(dp: int, pp: int, tp: int, schedule: str, steps: int = 3, see
                    tie: bool = False, split_tied: bool = False) -> dict:
     """The torchtitan-style torch stack (harness.adapters.torch.stack_trainer) against one device; ``clip`` as in
     ``train_3d`` (an exception from the stack's clipping is this rank's ``error``). ``tie``: the tied GPT
-    (the stack refuses it); ``split_tied``: split it anyway, as a user would, to measure what that does."""
+    (the stack refuses it over pp > 1); ``split_tied``: split it anyway, as a user would, to measure what that does."""
     from harness.adapters.torch.stack_trainer import Torch3D
 
     torch.manual_seed(seed)

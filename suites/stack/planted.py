@@ -447,6 +447,21 @@ class SelectiveSavesNoMatmul(_TorchPolicy):
     policy = "full"
 
 
+class TiedAfterFullyShard:
+    """Planted bug: the torch stack's tied embedding re-tied after ``fully_shard`` (torchtitan's order: its
+    ``init_weights`` after parallelize) — FSDP2 manages the embedding's and the head's parameter apart, the module
+    shares one: right at step 1, off from step 2."""
+
+    def build(self, spec, layout, recipe, group=None):
+        from harness.adapters.torch.stack import SUPPORTS, TorchStackTrainer
+        from harness.adapters.torch.stack_trainer import Torch3D
+
+        SUPPORTS.check(spec, layout, recipe)
+        trainer = TorchStackTrainer(spec, layout, recipe)
+        trainer.three_d = type("TiesAfterFsdp", (Torch3D,), {"tie_after_fsdp": True})
+        return trainer
+
+
 class DecaysEveryParameter(ReferenceStack):
     """Planted bug: AdamW decays every parameter where the rule spares the biases and norms — one parameter group (a
     torchtitan config without its no-decay pattern, megatron-core's optimizer stepped without Megatron-LM's

@@ -48,11 +48,11 @@ def test_torchtitan_clip_recipe_cannot_mix_meshes(world_cache):
     assert all("must have the same mesh" in (r.get("error") or "") for r in per_rank), per_rank[0].get("error")
 
 
-@pytest.mark.thorough  # in tox: the stack suite's tied GPT layouts, unsupported for torch in the same sentence
+@pytest.mark.thorough  # in tox: the stack suite's tied GPT layouts over pp > 1, unsupported for torch
 def test_torch_stack_refuses_tied_embeddings(world_cache, conformance):
-    """torch.distributed.pipelining has no parameter shared across stages and torchtitan no weight tying
-    (pytorch/torchtitan#1524): the tied GPT is unsupported. Split as is (``split_tied``), the two copies
-    drift apart: measured 2.9 % off one device at 1x2x1 and 3.1 % at 1x1x2 after 3 steps."""
+    """torch.distributed.pipelining has no parameter shared across stages (torchtitan refuses weight tying under
+    pp too): the tied GPT over pp 2 is unsupported (on one stage the stack ties: suites/stack/test_tied.py). Split as
+    is (``split_tied``), the two copies drift apart: measured 2.9 % off one device at 1x2x1 after 3 steps."""
     refused = world_cache.get(2).run(ranks.train_torch_3d, 1, 2, 1, "1f1b", 1, 0, None, "per-mesh", True,
                                      timeout=300)[0]["refused"]
     conformance.record("unsupported", suite="3d", world_size=2, dtype="float64", collective="1x2x1/1f1b/tied",

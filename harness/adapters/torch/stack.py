@@ -11,7 +11,8 @@ compiled region, the FSDP2 hooks outside it.
 What it does not provide is ``Unsupported`` in one sentence: ZeRO 0 / 1 with dp > 1 (FSDP2 shards the parameters:
 ZeRO 2 is ``reshard_after_forward=False``, 3 is True; over one replica nothing is sharded and any stage is the
 same), the schedules of two stages per rank (interleaved, interleaved-zb, zbv, dualpipev), sequence parallelism,
-tied embeddings (pipelining shares no parameter across stages), kv_heads < tp (ColwiseParallel cannot split fewer
+tied embeddings over pp > 1 (pipelining shares no parameter across stages; on one stage the embedding and the head
+are one parameter, tied after TP and before FSDP2 groups it), kv_heads < tp (ColwiseParallel cannot split fewer
 heads than ranks: they would have to be replicated, which the plan does not do — torchtitan requires the KV heads
 to divide by tp too) and fp16 (a loss scaler: torch's GradScaler over FSDP2 is held in suites/mixed_precision).
 bf16 is FSDP2's ``MixedPrecisionPolicy`` (torchtitan's recipe: fp32 parameters as the masters, each module
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 from harness.contracts import Unsupported
 from harness.stack.built import BuiltFromDense
-from harness.stack.dense import gathered
+from harness.stack.dense import gathered, tied
 from harness.stack.supports import Rule, Supports
 
 _MESHES: dict = {}
@@ -61,9 +62,9 @@ SUPPORTS = Supports("the torch stack", unsupported=(
          "step, which its pipelining schedules do not pass to the stages."),
     Rule(lambda s, lay, r: lay.sequence_parallel,
          "the torch stack does not apply sequence parallelism here."),
-    Rule(lambda s, lay, r: s.tie_embeddings,
-         "the torch stack cannot tie the embedding to the LM head: torch.distributed.pipelining has no parameter "
-         "shared across stages."),
+    Rule(lambda s, lay, r: s.tie_embeddings and lay.pp > 1,
+         lambda s, lay, r: f"the torch stack cannot tie the embedding to the LM head over pp = {lay.pp} stages: "
+                           "torch.distributed.pipelining has no parameter shared across stages."),
     Rule(lambda s, lay, r: s.kv % lay.tp,
          lambda s, lay, r: f"the torch stack splits the {s.kv} KV heads over tp = {lay.tp} with ColwiseParallel; fewer "
                            "KV heads than ranks would have to be replicated, which its plan does not do."),
@@ -129,6 +130,9 @@ class CpuOffload(TorchStack):
 
 
 class TorchStackTrainer(BuiltFromDense):
+    three_d = None
+    """The ``Torch3D`` class it builds (None: ``Torch3D``; a planted bug's subclass in ``suites.stack.planted``)."""
+
     def __init__(self, spec, layout, recipe, reshard_after_forward: bool | int | None = None, offload: bool = False):
         """``reshard_after_forward``: FSDP2's (None: ZeRO 3's True, ZeRO 2's False; an int: the group size it
         reshards to after forward, ``ReshardToPairs``). ``offload``: FSDP2's CPUOffloadPolicy (``CpuOffload``)."""
@@ -156,12 +160,13 @@ class TorchStackTrainer(BuiltFromDense):
             from harness.adapters.torchao.low_precision import float8_blocks
 
             float8_blocks(model, recipe.low_precision)
-        trainer = Torch3D(model, layout.dp, layout.pp, layout.tp, layout.schedule, layout.num_microbatches,
-                          recipe.optimizer.lr, mesh=self.mesh, optimizer=recipe.optimizer,
-                          reshard_after_forward=self.reshard_after_forward, accumulation=recipe.accumulation,
-                          checkpointing=layout.checkpoint_policy if layout.checkpointing else None,
-                          compile=layout.compile, tensor_parallel=self.tensor_parallel, offload=self.offload,
-                          lr_schedule=recipe.lr_schedule)
+        build = self.three_d or Torch3D
+        trainer = build(model, layout.dp, layout.pp, layout.tp, layout.schedule, layout.num_microbatches,
+                        recipe.optimizer.lr, mesh=self.mesh, optimizer=recipe.optimizer,
+                        reshard_after_forward=self.reshard_after_forward, accumulation=recipe.accumulation,
+                        checkpointing=layout.checkpoint_policy if layout.checkpointing else None,
+                        compile=layout.compile, tensor_parallel=self.tensor_parallel, offload=self.offload,
+                        lr_schedule=recipe.lr_schedule)
         trainer.max_grad_norm, trainer.norm_type = recipe.max_grad_norm, recipe.norm_type
         return trainer
 
@@ -181,6 +186,8 @@ class TorchStackTrainer(BuiltFromDense):
                               for n, p in t.stage.named_parameters()}}
         # every stage's tensors, on every rank (harness.stack.dense: its own as it holds them)
         params, optimizer = gathered(mine["params"]), gathered(mine["optimizer"])
+        if self.spec.tie_embeddings:  # named once (the embedding's): under both names, its state once
+            tied(params, optimizer)
         return {"params": params, "optimizer": optimizer, "grad_norm": t.last_grad_norm}
 
     def traced_modules(self) -> dict:

@@ -28,6 +28,10 @@ class Torch3D:
     """``step(tokens, targets)`` on the global batch; ``full_params()`` {name: full tensor} of this rank's
     stage, named as in the dense model."""
 
+    tie_after_fsdp = False
+    """A tied embedding re-tied after ``fully_shard`` (torchtitan's order: ``init_weights`` after parallelize) — FSDP2
+    then holds two parameters where the module shares one. A planted bug's knob (``suites.stack.planted``)."""
+
     def __init__(self, model, dp: int, pp: int, tp: int, schedule: str, microbatches: int, lr: float,
                  mesh=None, optimizer=None, reshard_after_forward: bool = True, accumulation: int = 1,
                  checkpointing: str | None = None, compile: bool = False, tensor_parallel: bool = True,
@@ -46,9 +50,10 @@ class Torch3D:
 
         if schedule not in SCHEDULES:
             raise NotImplementedError(f"the torch 3D stack runs {', '.join(SCHEDULES)} here, not {schedule!r}.")
-        if getattr(model, "tie_embeddings", False) and not getattr(self, "split_tied", False):
-            # PipelineStage holds a stage's own modules: nothing sums a parameter shared by two stages, and
-            # torchtitan has no weight tying (pytorch/torchtitan#1524); split as is, the copies drift apart
+        tied = getattr(model, "tie_embeddings", False)
+        if tied and pp > 1 and not getattr(self, "split_tied", False):
+            # PipelineStage holds a stage's own modules: nothing sums a parameter shared by two stages (torchtitan
+            # refuses weight tying under pp too); split as is, the copies drift apart
             raise NotImplementedError("the torch 3D stack cannot tie the embedding to the LM head: "
                                       "torch.distributed.pipelining has no parameter shared across stages.")
         mesh = mesh or init_device_mesh(rank_device().type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
@@ -85,6 +90,11 @@ class Torch3D:
                                                                      output_layouts=Replicate()))
         if last and tensor_parallel:
             parallelize_module(stage.head, tp_mesh, ColwiseParallel(output_layouts=Shard(-1), use_local_output=False))
+        tie = tied and first and last
+        if tie and not self.tie_after_fsdp:  # one stage: one parameter for both uses, tied before FSDP2 groups it
+            # (its FSDPParam then serves both modules); each deepcopy and each parallelize_module made its own
+            # parameter — the embedding's and the head's placements agree (Shard(0): the vocabulary's rows)
+            stage.head.weight = stage.embed.weight
         for block in stage.blocks:  # torchtitan's order: TP, activation checkpointing, compile, FSDP
             _wrap_forward(block, checkpointing, compile)
         policy = {}
@@ -104,6 +114,8 @@ class Torch3D:
         for block in stage.blocks:
             fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, **policy)
         fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, **policy)
+        if tie and self.tie_after_fsdp:
+            stage.embed.weight = stage.head.weight
         self.stage = stage
         # by the dense model's names: Muon's rule (``OptimizerSpec.build_named``) — torch's Muon on the DTensors
         self.optimizer = optimizer.build_named((self.names[n], p) for n, p in stage.named_parameters()) \
