@@ -12,10 +12,12 @@ from harness.contracts.stack import Layout, Recipe
 from harness.runtime.world import run_or_fail
 from harness.stack import case as ranks
 from harness.verdict import reduce
+from reference.models import ModelSpec
 from reference.zero import LRSchedule, OptimizerSpec
-from suites._support.stack import GPT, LLAMA
+from suites._support.stack import GPT, LLAMA, LLAMA32
 from suites.stack.test_lr_schedule import COSINE
 
+TIED32 = ModelSpec(**{**LLAMA32.as_dict(), "tie_embeddings": True})
 CLIPPED, ADAM = Recipe(max_grad_norm=0.05), Recipe(optimizer=OptimizerSpec("adam", 1e-2))
 WARMUP = Recipe(optimizer=OptimizerSpec("adam", 1e-2), lr_schedule=LRSchedule(warmup=2, start=1 / 3))
 """Adam under a warmup (1/3 then 2/3 of lr): the resumed trainer's step is the schedule's position 1 — a scheduler
@@ -28,7 +30,8 @@ PAIRS = [(GPT, Layout(2, 1, 2, zero=2), Layout(1, 2, 2, zero=0, schedule="gpipe"
          (LLAMA, Layout(4, 1, 1, zero=2), Layout(1, 4, 1, zero=1), ADAM),
          (LLAMA, Layout(1, 1, 1, cp=4, zero=2), Layout(2, 1, 2, zero=1), CLIPPED),
          (LLAMA, Layout(2, 1, 2, zero=2), Layout(1, 2, 2, zero=0), MUON64),
-         (LLAMA, Layout(2, 1, 2, zero=2), Layout(1, 2, 2, zero=0), WARMUP)]
+         (LLAMA, Layout(2, 1, 2, zero=2), Layout(1, 2, 2, zero=0), WARMUP),
+         (TIED32, Layout(2, 1, 2, zero=2), Layout(4, 1, 1, zero=2), ADAM)]
 """dp 2 -> 1 with pp 1 -> 2 and ZeRO 2 -> 0; tp 4 over 2 KV heads (replicated) -> dp 2 x pp 2 (checkpointed);
 dp 4 (ZeRO 2) -> pp 4 with middle stages, Adam (both moments and its step count carried). The first and the
 last are what FSDP2 stacks run (ZeRO 2 over dp, KV heads split), so the torch stack's DCP resume is held on
@@ -36,21 +39,24 @@ them; the second is reference-only; the fourth changes cp (4 -> 1, dp 1 -> 2, tp
 momentum (its matrices') and AdamW's moments (the rest) from ZeRO 2's flat shards over dp 2 x tp 2 to ZeRO 0 over
 pp 2 x tp 2 — Newton-Schulz in float64 on both sides (its bfloat16 slack is the Muon suite's; here the bound is
 the resume's), under a schedule; the sixth carries a learning-rate schedule's position (a stack that cannot:
-unsupported, said)."""
+unsupported, said); the seventh a tied embedding (float32, as torchtitan trains it: one parameter saved once, loaded
+into both uses) from FSDP2 x TP to FSDP2 over 4."""
 
 
 def _id(v):
     if isinstance(v, Layout):
         return v.label()
-    return v.optimizer.name + ("-scheduled" if v.lr_schedule else "") if isinstance(v, Recipe) else v.family
+    if isinstance(v, Recipe):
+        return v.optimizer.name + ("-scheduled" if v.lr_schedule else "")
+    return v.family + ("-tied" if v.tie_embeddings else "")
 
 
 THIRD_PARTY_EVERY = (2, 3, 5)
 """The pairs a third-party stack runs in every profile (a dp -> pp change with Adam, a cp change, the schedule's
 position); its others in the thorough env (the tox budget: torch's GPT pair costs 7 s)."""
-REFERENCE_THOROUGH = (4,)
+REFERENCE_THOROUGH = (4, 6)
 """Ours runs every pair everywhere but Muon's (the tox budget; its flat-shard state is read and written by the same
-code as Adam's, whose pair runs in tox)."""
+code as Adam's, whose pair runs in tox) and the tied one (its tie is held on every layout by the main property)."""
 
 
 @pytest.mark.parametrize("spec, a, b, recipe", PAIRS, ids=_id)
