@@ -97,6 +97,9 @@ def _rank_main(rank: int, size: int, backend: str, store_path: str, stack_path: 
     dist.init_process_group(
         backend, store=store, rank=rank, world_size=size, timeout=timedelta(seconds=timeout_s)
     )
+    from harness.runtime import hygiene
+
+    pristine = hygiene.snapshot()  # torch's own, before any call's third party
     conn.send(("ready", 0, None))
     while True:
         try:
@@ -114,6 +117,8 @@ def _rank_main(rank: int, size: int, backend: str, store_path: str, stack_path: 
             conn.send_bytes(pickle.dumps((status, call_id, result)))
         except BaseException:  # noqa: BLE001 - everything a rank raises goes back to the parent
             conn.send(("err", call_id, traceback.format_exc()))
+        finally:  # what the call patched process-wide does not reach the next call (harness.runtime.hygiene)
+            hygiene.restore(pristine)
     dist.destroy_process_group()
     # Leave without the interpreter's teardown (about 0.75 s with torch loaded, per rank, at every close
     # and respawn): nothing is left to flush but the standard streams.

@@ -264,3 +264,18 @@ def float8_all_gathered_as_bytes(_):
         own = str(exc).splitlines()[0]
     return {"bytes": out.view(torch.uint8).tolist() == codes, "floats": floats.tolist(), "own": own,
             "wrapped_once": dist.all_gather_into_tensor.__wrapped__ is gloo_float8.ORIGINAL["all_gather_into_tensor"]}
+
+
+def patch_linear() -> bool:
+    """Rebind ``torch.nn.functional.linear`` process-wide, as DeepSpeed's ZeRO 3 does."""
+    import torch
+
+    found = torch.nn.functional.linear
+    torch.nn.functional.linear = lambda x, w, b=None: found(x, w, b)
+    return torch.nn.functional.linear is not found
+
+
+def linear_is_torchs() -> bool:
+    import torch
+
+    return torch.nn.functional.linear is torch._C._nn.linear

@@ -41,6 +41,14 @@ def test_run_returns_results_indexed_by_rank(world):
     assert got == [(r, n, n * (n - 1) / 2) for r in range(n)]
 
 
+def test_what_a_call_patches_in_torch_does_not_reach_the_next_call(world3):
+    """A third party's process-wide rebinding (DeepSpeed's ZeRO 3: ``torch.nn.functional.linear``) is put back after
+    the call (``harness.runtime.hygiene``): the tests sharing a World do not inherit it. (A call that raises has its
+    World respawned anyway.)"""
+    assert world3.run(ranks.patch_linear) == [True] * N
+    assert world3.run(ranks.linear_is_torchs) == [True] * N
+
+
 def test_cpu_ranks_use_one_intra_op_thread(world3):
     assert world3.run(ranks.threads) == [(1, "1")] * N
 

@@ -536,3 +536,33 @@ def test_watch_deepspeed_config_schedulers_train_the_first_two_updates_at_one_lr
                                      "test_watch_deepspeed_config_schedulers_train_the_first_two_updates_at_one_lr"):
         pytest.skip(why)
     assert world_cache.get(1).run(_config_scheduler_lrs, kind, timeout=120)[0] == [0.0, 0.0, 0.25, 0.5, 0.75, sixth]
+
+
+def _linear_is_torchs_after_zero3(build: bool) -> bool:
+    """Rank side: whether ``torch.nn.functional.linear`` is torch's — after building a ZeRO 3 engine (its
+    ``memory_efficient_linear`` at its default) in this call, or (``build`` False) in a later call."""
+    import torch
+
+    if build:
+        from harness.adapters.deepspeed.init import init
+        from harness.adapters.deepspeed.zero import engine_config
+
+        init()
+        import deepspeed
+
+        model = torch.nn.Linear(4, 3)
+        deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                             config=engine_config(3, 1, None))
+    return torch.nn.functional.linear is torch._C._nn.linear
+
+
+def test_deepspeed_zero3_rebinds_torchs_linear_for_its_call_only(world_cache):
+    """DeepSpeed's ZeRO 3 (``memory_efficient_linear``, its default) rebinds ``torch.nn.functional.linear`` at
+    ``deepspeed.initialize`` for the rest of the process ("This will persist unless manually reset"): within the
+    call the DeepSpeed stack runs as its users run it; the World puts torch's back after it (harness.runtime.hygiene),
+    so the cases after a ZeRO 3 one — the one-device oracle, a compiled torch stack — compute with torch's. When
+    DeepSpeed stops rebinding, the first assertion says so."""
+    pytest.importorskip("deepspeed")
+    world = world_cache.get(1)
+    assert world.run(_linear_is_torchs_after_zero3, True, timeout=120) == [False]
+    assert world.run(_linear_is_torchs_after_zero3, False, timeout=120) == [True]
