@@ -33,8 +33,8 @@ CASES = [  # (id, spec, layout, recipe)
 ]
 """Unclipped but one: clipping to 0.05 shrinks every update below the bound (``test_torchtitan.py``'s tied cases)."""
 THOROUGH = {"tp4", "hybrid-2x2-zero3-accumulate", "fsdp2-tp2-zero3-checkpointed"}
-"""tox's budget: FSDP2 x TP (torchtitan's finding's layout) and FSDP2 alone clipped; tp 4 (two vocabulary rows
-a rank, the last one), the hybrid mesh and checkpointing in the thorough env."""
+"""tox's budget: FSDP2 x TP (torchtitan's finding's layout), FSDP2 alone clipped, ZeRO 1 x TP (the reference's and
+Megatron's); tp 4 (13 vocabulary rows split unevenly over 4), the hybrid mesh and checkpointing in the thorough env."""
 
 
 @pytest.mark.parametrize("spec, layout, recipe", named_cases(CASES, THOROUGH))
