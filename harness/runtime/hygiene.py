@@ -23,11 +23,8 @@ def snapshot() -> list:
     return out
 
 
-def restore(saved: list) -> list[str]:
-    """Put each patch point back to ``saved``'s value; the "module.attribute" names that had changed."""
-    changed = []
+def restore(saved: list) -> None:
+    """Put each patch point back to ``saved``'s value."""
     for owner, name, value in saved:
         if getattr(owner, name) is not value:
             setattr(owner, name, value)
-            changed.append(f"{owner.__name__}.{name}")
-    return changed

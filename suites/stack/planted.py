@@ -453,11 +453,10 @@ class TiedAfterFullyShard:
     shares one: right at step 1, off from step 2."""
 
     def build(self, spec, layout, recipe, group=None):
-        from harness.adapters.torch.stack import SUPPORTS, TorchStackTrainer
+        from harness.adapters.torch.stack import TorchStack
         from harness.adapters.torch.stack_trainer import Torch3D
 
-        SUPPORTS.check(spec, layout, recipe)
-        trainer = TorchStackTrainer(spec, layout, recipe)
+        trainer = TorchStack().build(spec, layout, recipe, group)
         trainer.three_d = type("TiesAfterFsdp", (Torch3D,), {"tie_after_fsdp": True})
         return trainer
 

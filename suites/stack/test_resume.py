@@ -12,12 +12,11 @@ from harness.contracts.stack import Layout, Recipe
 from harness.runtime.world import run_or_fail
 from harness.stack import case as ranks
 from harness.verdict import reduce
-from reference.models import ModelSpec
 from reference.zero import LRSchedule, OptimizerSpec
-from suites._support.stack import GPT, LLAMA, LLAMA32
+from suites._support.stack import GPT, LLAMA
 from suites.stack.test_lr_schedule import COSINE
+from suites.stack.test_tied import TIED32
 
-TIED32 = ModelSpec(**{**LLAMA32.as_dict(), "tie_embeddings": True})
 CLIPPED, ADAM = Recipe(max_grad_norm=0.05), Recipe(optimizer=OptimizerSpec("adam", 1e-2))
 WARMUP = Recipe(optimizer=OptimizerSpec("adam", 1e-2), lr_schedule=LRSchedule(warmup=2, start=1 / 3))
 """Adam under a warmup (1/3 then 2/3 of lr): the resumed trainer's step is the schedule's position 1 — a scheduler
