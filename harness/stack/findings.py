@@ -56,10 +56,12 @@ FINDINGS = (
             cause=r"gradient norm \S+ vs one device"),
     Finding("torch", "stack", "torch", ("2.12", None),
             "torch.compile of a tensor-parallel block fed by a tensor-parallel embedding (RowwiseParallel, Replicate "
-            "in and out — torchtitan's plan without sequence parallelism) back-propagates no gradient into the "
+            "in, and out Replicate or — torchtitan's plan with sequence parallelism — Shard(1)) back-propagates no "
+            "gradient into the "
             "embedding under FSDP2: all zeros, silently (without FSDP2 the backward raises in DTensor's "
             "Redistribute.backward: 'Tensor' object has no attribute '_local_tensor'). Minimal case: Embedding(10, 8) "
-            "+ a residual Colwise / Rowwise MLP compiled, tp 2, FSDP2 over one dp rank; eager, one device's gradient. "
+            "+ a residual Colwise / Rowwise MLP compiled, tp 2, FSDP2 over one dp rank, with or without sequence "
+            "parallelism; eager, one device's gradient. "
             "In the torch stack: every compiled layout with tp > 1 — the embedding's gradient (and momentum) off, "
             "then every weight after step 2 (torchtitan's own Llama plan, compiled on the same layout, passes). Seen "
             "on 2.12.1, 2.13.0, 2.15.0 (CPU, gloo).",

@@ -52,18 +52,20 @@ def inf_norm_of_an_empty_fsdp_shard() -> str | None:
     return None
 
 
-def compiled_tp_block_after_a_tp_embedding(fsdp: bool, backend: str = "inductor") -> str:
+def compiled_tp_block_after_a_tp_embedding(fsdp: bool, backend: str = "inductor",
+                                           sequence_parallel: bool = False) -> str:
     """An embedding split over 2 TP ranks (``RowwiseParallel``, Replicate in and out: torchtitan's without sequence
     parallelism) feeding a residual MLP whose up / down projections are Colwise / Rowwise and which is compiled
     (``nn.Module.compile`` with ``backend``), optionally under FSDP2 over a data-parallel mesh of one rank; one
     backward of the sum of squares. Returns "zero" (the embedding's gradient is all zeros), "equal" (it is one
-    device's), "off" or "raised <error>"."""
+    device's), "off" or "raised <error>". ``sequence_parallel``: torchtitan's plan with it — the embedding's output
+    the rank's share of the sequence (Shard(1)), gathered by the up projection, reduce-scattered by the down one."""
     import copy
 
     from torch import nn
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     class MLP(nn.Module):
@@ -86,8 +88,10 @@ def compiled_tp_block_after_a_tp_embedding(fsdp: bool, backend: str = "inductor"
     one = Net()
     net = copy.deepcopy(one)
     mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("dp", "tp"))
-    parallelize_module(net.embed, mesh["tp"], RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
-    parallelize_module(net.mlp, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    between = Shard(1) if sequence_parallel else Replicate()
+    parallelize_module(net.embed, mesh["tp"], RowwiseParallel(input_layouts=Replicate(), output_layouts=between))
+    parallelize_module(net.mlp, mesh["tp"], {"up": ColwiseParallel(input_layouts=between),
+                                             "down": RowwiseParallel(output_layouts=between)})
     net.mlp.compile(backend=backend)
     if fsdp:
         fully_shard(net.mlp, mesh=mesh["dp"])

@@ -461,6 +461,20 @@ class TiedAfterFullyShard:
         return trainer
 
 
+class SequenceParallelNormsApart:
+    """Planted bug: the torch stack's sequence parallelism with the norms left out of the plan — each TP rank's norm
+    weights step with the gradient of its own share of the sequence, never summed over the TP group (Megatron's
+    norms without their all-reduce): the norms off from step 1, each TP rank's apart."""
+
+    def build(self, spec, layout, recipe, group=None):
+        from harness.adapters.torch.stack import TorchStack
+        from harness.adapters.torch.stack_trainer import Torch3D
+
+        trainer = TorchStack().build(spec, layout, recipe, group)
+        trainer.three_d = type("NormsApart", (Torch3D,), {"sequence_parallel_norms": False})
+        return trainer
+
+
 class DecaysEveryParameter(ReferenceStack):
     """Planted bug: AdamW decays every parameter where the rule spares the biases and norms — one parameter group (a
     torchtitan config without its no-decay pattern, megatron-core's optimizer stepped without Megatron-LM's

@@ -32,15 +32,18 @@ def test_inf_norm_of_an_empty_fsdp_shard_raises(world_cache):
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=[pytest.mark.thorough])])
-def test_watch_a_compiled_tp_block_after_a_tp_embedding_drops_its_gradient(backend, world_cache):
+@pytest.mark.parametrize("sequence_parallel", [False, True], ids=["tp", "sp"])
+def test_watch_a_compiled_tp_block_after_a_tp_embedding_drops_its_gradient(backend, sequence_parallel, world_cache):
     """torch (2.12.1 - 2.15.0, CPU / gloo): a compiled block of Colwise / Rowwise projections fed by an embedding under
-    ``RowwiseParallel`` (Replicate in and out) back-propagates no gradient into the embedding under FSDP2 — all
-    zeros, silently — and without FSDP2 its backward raises in DTensor's ``Redistribute.backward`` ('Tensor' object
-    has no attribute '_local_tensor'). Eager, the same model is one device's. In the torch stack: every compiled
-    case with tp > 1. Fails once torch compiles the case right (or raises under FSDP2 too). The bug is before
-    inductor's code generation: ``aot_eager`` (dynamo + AOTAutograd, no inductor) shows the same two outcomes
-    (2026-12-04), so tox watches it there (~3 s; inductor's own compile ~11 s cold, the thorough env)."""
+    ``RowwiseParallel`` (Replicate in; Replicate out, or with sequence parallelism Shard(1)) back-propagates no gradient
+    into the embedding under FSDP2 — all zeros, silently — and without FSDP2 its backward raises in DTensor's
+    ``Redistribute.backward`` ('Tensor' object has no attribute '_local_tensor'). Eager, the same model is one
+    device's. In the torch stack: every compiled case with tp > 1. Fails once torch compiles the case right (or raises
+    under FSDP2 too). The bug is before inductor's code generation: ``aot_eager`` (dynamo + AOTAutograd, no inductor)
+    shows the same two outcomes (2026-12-04), so tox watches it there (~3 s; inductor's own compile ~11 s cold, the
+    thorough env)."""
     world = world_cache.get(2)
-    assert world.run(ranks.compiled_tp_block_after_a_tp_embedding, True, backend, timeout=300)[0] == "zero"
-    without = world.run(ranks.compiled_tp_block_after_a_tp_embedding, False, backend, timeout=300)[0]
+    args = (backend, sequence_parallel)
+    assert world.run(ranks.compiled_tp_block_after_a_tp_embedding, True, *args, timeout=300)[0] == "zero"
+    without = world.run(ranks.compiled_tp_block_after_a_tp_embedding, False, *args, timeout=300)[0]
     assert without.startswith("raised AttributeError") and "_local_tensor" in without, without

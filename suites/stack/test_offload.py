@@ -50,6 +50,8 @@ CASES = [  # (id, option, spec, layout, recipe, in every profile)
     ("torch-zero2", TORCH, LLAMA, Layout(2, zero=2), Recipe(optimizer=ADAM, **CLIPPED), True),
     ("torch-zero3-tp", TORCH, LLAMA, Layout(2, 1, 2, zero=3), Recipe(optimizer=ADAM, **CLIPPED), False),
     ("torch-zero2-pp", TORCH, GPT, Layout(2, 2, 1, zero=2), Recipe(optimizer=ADAM, max_grad_norm=0.05), False),
+    ("torch-zero2-tp-sequence-parallel", TORCH, LLAMA32, Layout(2, 1, 2, zero=2, sequence_parallel=True),
+     Recipe(optimizer=ADAM, accumulation=2), False),
     ("torch-hybrid-zero3", TORCH, LLAMA, Layout(4, zero=3, replicate=2), Recipe(optimizer=ADAM, accumulation=2), False),
     ("torchtitan-bf16-zero2", TORCHTITAN, LLAMA16, Layout(2, zero=2), Recipe(optimizer=ADAM8, **CLIPPED), True),
     ("torchtitan-bf16-zero3", TORCHTITAN, LLAMA16, Layout(2, zero=3), Recipe(optimizer=ADAM, accumulation=2), False),

@@ -60,8 +60,6 @@ SUPPORTS = Supports("the torch stack", unsupported=(
     Rule(lambda s, lay, r: bool(s.dropout),
          "the torch stack trains without dropout: the one-device masks are keyed by each row's global index and the "
          "step, which its pipelining schedules do not pass to the stages."),
-    Rule(lambda s, lay, r: lay.sequence_parallel,
-         "the torch stack does not apply sequence parallelism here."),
     Rule(lambda s, lay, r: s.tie_embeddings and lay.pp > 1,
          lambda s, lay, r: f"the torch stack cannot tie the embedding to the LM head over pp = {lay.pp} stages: "
                            "torch.distributed.pipelining has no parameter shared across stages."),
@@ -166,7 +164,7 @@ class TorchStackTrainer(BuiltFromDense):
                         reshard_after_forward=self.reshard_after_forward, accumulation=recipe.accumulation,
                         checkpointing=layout.checkpoint_policy if layout.checkpointing else None,
                         compile=layout.compile, tensor_parallel=self.tensor_parallel, offload=self.offload,
-                        lr_schedule=recipe.lr_schedule)
+                        lr_schedule=recipe.lr_schedule, sequence_parallel=layout.sequence_parallel)
         trainer.max_grad_norm, trainer.norm_type = recipe.max_grad_norm, recipe.norm_type
         return trainer
 

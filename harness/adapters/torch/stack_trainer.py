@@ -32,21 +32,33 @@ class Torch3D:
     """A tied embedding re-tied after ``fully_shard`` (torchtitan's order: ``init_weights`` after parallelize) — FSDP2
     then holds two parameters where the module shares one. A planted bug's knob (``suites.stack.planted``)."""
 
+    sequence_parallel_norms = True
+    """Under sequence parallelism, the norms ``SequenceParallel`` (their weights' gradients, partial per share of
+    the sequence, summed over the TP group by DTensor). False: the norms left out of the plan — each TP rank's norm
+    steps with its own share's gradient (Megatron's norms without their TP all-reduce). A planted bug's knob."""
+
     def __init__(self, model, dp: int, pp: int, tp: int, schedule: str, microbatches: int, lr: float,
                  mesh=None, optimizer=None, reshard_after_forward: bool = True, accumulation: int = 1,
                  checkpointing: str | None = None, compile: bool = False, tensor_parallel: bool = True,
-                 offload: bool = False, lr_schedule=None):
+                 offload: bool = False, lr_schedule=None, sequence_parallel: bool = False):
         """``lr_schedule`` (``reference.zero.LRSchedule``): torch's ``LambdaLR`` over the optimizer with its factor,
         stepped after each update, as a torch user writes it.
         ``tensor_parallel`` False (tp 1 only): the blocks, embedding and head left plain tensors, not DTensors on
         the one-rank TP mesh — what FSDP2's partial resharding (``reshard_after_forward`` an int) takes. ``offload``:
         FSDP2's ``CPUOffloadPolicy`` (the sharded parameters, their gradients and the optimizer's step on the host;
-        pinned where the machine pins)."""
+        pinned where the machine pins). ``sequence_parallel``: torchtitan's plan with sequence parallelism (each norm
+        ``SequenceParallel`` on the rank's share of the sequence, the attention's and the MLP's input gathered, their
+        row-wise output reduce-scattered back to it; ``_tp_plan``)."""
         from torch.distributed import pipelining
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
         from torch.distributed.tensor import Replicate, Shard
-        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            RowwiseParallel,
+            SequenceParallel,
+            parallelize_module,
+        )
 
         if schedule not in SCHEDULES:
             raise NotImplementedError(f"the torch 3D stack runs {', '.join(SCHEDULES)} here, not {schedule!r}.")
@@ -78,18 +90,25 @@ class Torch3D:
             parts = name.split(".")
             self.names[name] = f"blocks.{lo + int(parts[1])}.{'.'.join(parts[2:])}" if parts[0] == "blocks" else name
         tp_mesh = mesh["tp"]
-        if not tensor_parallel and tp > 1:
-            raise ValueError(f"tp = {tp} splits the layers: they are tensor-parallel.")
+        if not tensor_parallel and (tp > 1 or sequence_parallel):
+            raise ValueError(f"tp = {tp} splits the layers (and sequence parallelism their activations): they are "
+                             "tensor-parallel.")
+        self.sequence_parallel = sequence_parallel
+        between = Shard(1) if sequence_parallel else Replicate()  # the activations between the blocks: the rank's
+        # share of the sequence (batch-first), or whole
         for block in stage.blocks if tensor_parallel else ():
-            parallelize_module(block, tp_mesh, _tp_plan(block))
+            parallelize_module(block, tp_mesh, _tp_plan(block, sequence_parallel, self.sequence_parallel_norms))
             block.attn.heads //= tp
             if hasattr(block.attn, "kv_heads"):  # a Llama block: KV heads split like the query heads
                 block.attn.kv_heads //= tp
         if first and tensor_parallel:
             parallelize_module(stage.embed, tp_mesh, RowwiseParallel(input_layouts=Replicate(),
-                                                                     output_layouts=Replicate()))
+                                                                     output_layouts=between))
         if last and tensor_parallel:
-            parallelize_module(stage.head, tp_mesh, ColwiseParallel(output_layouts=Shard(-1), use_local_output=False))
+            if sequence_parallel and self.sequence_parallel_norms:
+                parallelize_module(stage.ln_f, tp_mesh, SequenceParallel())
+            parallelize_module(stage.head, tp_mesh, ColwiseParallel(input_layouts=between, output_layouts=Shard(-1),
+                                                                    use_local_output=False))
         tie = tied and first and last
         if tie and not self.tie_after_fsdp:  # one stage: one parameter for both uses, tied before FSDP2 groups it
             # (its FSDPParam then serves both modules); each deepcopy and each parallelize_module made its own
@@ -97,6 +116,8 @@ class Torch3D:
             stage.head.weight = stage.embed.weight
         for block in stage.blocks:  # torchtitan's order: TP, activation checkpointing, compile, FSDP
             _wrap_forward(block, checkpointing, compile)
+            if sequence_parallel and hasattr(block, "mlp"):  # a Llama block's rotary positions: the whole sequence's
+                _whole_positions(block)  # (it is given the rank's share)
         policy = {}
         low = next(stage.parameters()).dtype
         if low in (torch.bfloat16, torch.float16):  # FSDP2's mixed precision: fp32 parameters (the masters), each
@@ -146,10 +167,14 @@ class Torch3D:
     def step(self, tokens, targets) -> float:
         from torch.distributed.tensor.parallel import loss_parallel
 
-        dp, k = self.dims[0], self.accumulation
+        dp, k, tp = self.dims[0], self.accumulation, self.dims[2]
         if len(tokens) % dp or len(tokens) // dp % k:
             raise ValueError(f"the global batch's {len(tokens)} rows do not split evenly over dp = {dp} replicas and "
                              f"{k} accumulation passes.")
+        if self.sequence_parallel and tokens.shape[1] % tp:  # the plan's local shards are read as even ones
+            # (DTensor.from_local): uneven, the ranks disagree on the gathered shape (6 tokens over tp 4: a deadlock)
+            raise ValueError(f"the sequence's {tokens.shape[1]} tokens do not split evenly over tp = {tp} ranks "
+                             "(sequence parallelism shards them).")
         per = len(tokens) // dp
         mine = slice(self.dp_rank * per, (self.dp_rank + 1) * per)
         self._count = token_share(targets, dp)  # each replica's share of the global batch's counted targets
@@ -237,16 +262,44 @@ def _wrap_forward(block, checkpointing: str | None, compiled: bool) -> None:
     block.forward = forward
 
 
-def _tp_plan(block) -> dict:
+def _tp_plan(block, sequence_parallel: bool = False, norms: bool = True) -> dict:
     """torchtitan's plan per family: q, k, v (and GPT's fc1 / Llama's gate, up) column-wise, the output
-    projection (and fc2 / down) row-wise."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    projection (and fc2 / down) row-wise. With ``sequence_parallel`` (torchtitan's ``apply_tp``): each norm
+    ``SequenceParallel`` (its input the rank's share of the sequence, dim 1), the attention's input gathered
+    (``PrepareModuleInput``: the GPT's attention is sequence-first, dim 0) and so the Llama's MLP's (the GPT's
+    fc1 gathers its own), each row-wise output reduce-scattered back to the rank's share. ``norms`` False: the norms
+    left out (``Torch3D.sequence_parallel_norms``)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
+    sp = sequence_parallel
+    llama = hasattr(block, "mlp")  # SwiGLU; the GPT's fc1 / fc2 sit on the block
+    seq = Shard(1) if sp else Replicate()  # the block's activations (batch-first)
+    attn_seq = (Shard(1) if llama else Shard(0)) if sp else Replicate()  # the attention's (the GPT's: sequence-first)
     plan = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
-            "attn.o": RowwiseParallel()}
-    if hasattr(block, "mlp"):  # Llama: SwiGLU
-        return {**plan, "mlp.gate": ColwiseParallel(), "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}
-    return {**plan, "fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
+            "attn.o": RowwiseParallel(output_layouts=attn_seq)}
+    if sp:
+        if norms:
+            plan.update({norm: SequenceParallel() for norm in (("attn_norm", "mlp_norm") if llama else ("ln1", "ln2"))})
+        plan["attn"] = PrepareModuleInput(input_layouts=(attn_seq, None) if llama else (attn_seq,),
+                                          desired_input_layouts=(Replicate(), None) if llama else (Replicate(),))
+    if llama:
+        if sp:
+            plan["mlp"] = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
+        return {**plan, "mlp.gate": ColwiseParallel(), "mlp.up": ColwiseParallel(),
+                "mlp.down": RowwiseParallel(output_layouts=seq)}
+    return {**plan, "fc1": ColwiseParallel(input_layouts=seq), "fc2": RowwiseParallel(output_layouts=seq)}
+
+
+def _whole_positions(block) -> None:
+    """A Llama block's attention rotating at the positions of what it is given — the gathered sequence — not at the
+    block's (computed from the rank's share of it, which the block is given)."""
+    forward = block.attn.forward
+
+    def whole(x, positions=None):
+        return forward(x, torch.arange(x.shape[1], device=x.device))
+
+    block.attn.forward = whole
 
 
 def _full(t):
