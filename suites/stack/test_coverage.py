@@ -1,7 +1,8 @@
 """The case matrix does what the docs say: every option the stack contract offers meets every stack that provides
 it in at least one case of tox's profile (the thorough env's extra layouts do not count), computed from the
 suites' own case lists — the main property's rotation (``test_equivalence``), the context-parallel, bf16 and Adam
-cases every stack meets, and each third-party stack's own file (DeepSpeed, Megatron and torchtitan train float32,
+cases every stack meets, the files of one option each (hybrid sharding, Muon, recompute, AdamW, schedules, sequence
+parallelism), and each third-party stack's own file (DeepSpeed, Megatron and torchtitan train float32,
 which the main property's float64 cases leave out).
 
 "Provides": the stack's own refusal (its adapter's ``SUPPORTS.why_unsupported``) of a probe — the smallest case with the
@@ -64,6 +65,8 @@ OPTIONS = {  # name: (what a case holds, the probe: the smallest case with it, a
     "full batches": (lambda c: not c.padded, (LLAMA32, Layout(), ADAM)),
     "checkpointing": (lambda c: c.layout.checkpointing, (LLAMA32, Layout(checkpointing=True), ADAM)),
     "tensor parallelism": (lambda c: c.layout.tp > 1, (LLAMA32, Layout(1, 1, 2), ADAM)),
+    "sequence parallelism": (lambda c: c.layout.sequence_parallel and c.layout.tp > 1,
+                             (LLAMA32, Layout(1, 1, 2, sequence_parallel=True), ADAM)),
     "context parallelism": (lambda c: c.layout.cp > 1, (LLAMA32, Layout(cp=2), ADAM)),
     "the gpt family": (lambda c: c.spec.family == "gpt", (GPT32, Layout(), ADAM)),
     "the moe family": (lambda c: c.spec.family == "moe", (MOE16, Layout(), Recipe())),
@@ -130,10 +133,10 @@ def cases(stack: str) -> list[Case]:
     from . import test_low_precision as lp
 
     out += [Case(s, lay, r, False, name not in lp.THOROUGH) for name, s, lay, r in lp.CASES]
-    from . import test_adamw, test_hybrid, test_lr_schedule, test_muon, test_recompute
+    from . import test_adamw, test_hybrid, test_lr_schedule, test_muon, test_recompute, test_sequence_parallel
 
     out += [Case(s, lay, r, False, name not in file.THOROUGH)
-            for file in (test_hybrid, test_muon, test_recompute, test_adamw, test_lr_schedule)
+            for file in (test_hybrid, test_muon, test_recompute, test_adamw, test_lr_schedule, test_sequence_parallel)
             for name, s, lay, r in file.CASES]
     if stack == "deepspeed":
         from . import test_deepspeed as ds

@@ -1,7 +1,10 @@
 """The ``torch`` stack: the torchtitan-style torch 3D stack (``harness.adapters.torch.stack_trainer.Torch3D``: DTensor
 TP with torchtitan's plan per family, torch.distributed.pipelining GPipe / 1F1B / ZB-H1, FSDP2 over dp) under the
 stack contract, for the GPT and the Llama family (grouped-query attention through the same
-ColwiseParallel plan: the KV heads split over tp).
+ColwiseParallel plan: the KV heads split over tp). Sequence parallelism is torchtitan's plan with it (``Torch3D``:
+each norm ``SequenceParallel`` on the rank's share of the sequence, the attention's and the MLP's input gathered,
+their output reduce-scattered back); a sequence that does not split evenly over tp is refused (the plan's local
+shards are read as even ones).
 
 Activation checkpointing is ``torch.utils.checkpoint`` (non-reentrant) around each block's forward, after TP and
 before FSDP2 (torchtitan's order), "full" or "selective" (``create_selective_checkpoint_contexts``: the matmuls
@@ -10,7 +13,7 @@ compiled region, the FSDP2 hooks outside it.
 
 What it does not provide is ``Unsupported`` in one sentence: ZeRO 0 / 1 with dp > 1 (FSDP2 shards the parameters:
 ZeRO 2 is ``reshard_after_forward=False``, 3 is True; over one replica nothing is sharded and any stage is the
-same), the schedules of two stages per rank (interleaved, interleaved-zb, zbv, dualpipev), sequence parallelism,
+same), the schedules of two stages per rank (interleaved, interleaved-zb, zbv, dualpipev),
 tied embeddings over pp > 1 (pipelining shares no parameter across stages; on one stage the embedding and the head
 are one parameter, tied after TP and before FSDP2 groups it), kv_heads < tp (ColwiseParallel cannot split fewer
 heads than ranks: they would have to be replicated, which the plan does not do — torchtitan requires the KV heads
