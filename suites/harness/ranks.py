@@ -279,3 +279,29 @@ def linear_is_torchs() -> bool:
     import torch
 
     return torch.nn.functional.linear is torch._C._nn.linear
+
+
+_FOUND: list = []
+"""The patch points as ``patch_every_point`` found them (the rank process outlives its calls)."""
+
+
+def patch_every_point() -> int:
+    """Rebind every known patch point (``harness.runtime.hygiene.PATCH_POINTS``) as ``zero.Init`` does — a class's own
+    attribute set where it had none (``nn.Module.__init_subclass__``, ``torch.Tensor.__new__``) —; how many now differ
+    from what they were."""
+    from harness.runtime import hygiene
+
+    _FOUND[:] = hygiene.snapshot()
+    for owner, name, _ in _FOUND:
+        found = getattr(owner, name)
+        setattr(owner, name, classmethod(lambda cls, **kw: None) if name == "__init_subclass__" else
+                staticmethod(found) if name == "__new__" else (lambda *a, _f=found, **k: _f(*a, **k)))
+    return sum(now is not was for (_, _, now), (_, _, was) in zip(hygiene.snapshot(), _FOUND, strict=True))
+
+
+def points_left_patched() -> list:
+    """The patch points that differ from what ``patch_every_point`` found ("owner.attribute")."""
+    from harness.runtime import hygiene
+
+    return [f"{getattr(owner, '__name__', owner)}.{name}"
+            for (owner, name, now), (_, _, was) in zip(hygiene.snapshot(), _FOUND, strict=True) if now is not was]

@@ -49,6 +49,16 @@ def test_what_a_call_patches_in_torch_does_not_reach_the_next_call(world3):
     assert world3.run(ranks.linear_is_torchs) == [True] * N
 
 
+def test_every_point_zero_init_patches_is_put_back_after_the_call(world3):
+    """``zero.Init``'s patch points (``harness.runtime.hygiene.PATCH_POINTS``: ``nn.Module.__init_subclass__`` and
+    ``apply``, ``torch.Tensor.__new__``, torch's tensor constructors, ``F.embedding``), each rebound by one call, are
+    what they were at the next — a class attribute the class did not define removed again."""
+    from harness.runtime.hygiene import PATCH_POINTS
+
+    assert world3.run(ranks.patch_every_point) == [len(PATCH_POINTS)] * N
+    assert world3.run(ranks.points_left_patched) == [[]] * N
+
+
 def test_cpu_ranks_use_one_intra_op_thread(world3):
     assert world3.run(ranks.threads) == [(1, "1")] * N
 
