@@ -100,7 +100,8 @@ def stack_matrix_section(conf, run_dir, md) -> list[str]:
     # a run over several releases of a stack (the release matrix): one column per stack and release
     import pandas as pd
 
-    release = rows["release"].fillna("").astype(str) if "release" in rows else pd.Series("", index=rows.index)
+    release = (rows["release"].astype(object).fillna("").astype(str) if "release" in rows
+               else pd.Series("", index=rows.index))
     several = release.groupby(rows["impl"]).transform("nunique") > 1
     rows["impl"] = rows["impl"].astype(str).where(~several, rows["impl"].astype(str) + " " + release)
     # the check a row comes from (the test, its parameters dropped): a refusal test's case is not an equivalence's

@@ -83,12 +83,13 @@ def test_norms_left_out_of_the_plan_fail_at_their_weights(world_cache, conforman
 
 
 def test_a_sequence_that_does_not_split_over_tp_is_refused_not_misread(stack_impl, world_cache, conformance):
-    """6 tokens over tp = 4: refused in one sentence naming them (or trained equal to one device), never each rank's
-    uneven share read as an even one."""
-    v = hold(world_cache, conformance, stack_impl, 4, KV4, sp(tp=4), Recipe(optimizer=ADAM), seq=6)
+    """5 tokens over tp = 2: refused in one sentence naming them (or trained equal to one device: torchtitan 0.3's own
+    sharding configs take it), never each rank's uneven share read as an even one (the
+    torch stack's plan, as torch's tutorial writes it, passes local tensors between its regions: a deadlock)."""
+    v = hold(world_cache, conformance, stack_impl, 2, LLAMA32, sp(), Recipe(optimizer=ADAM), seq=5)
     assert v["outcome"] in ("pass", "refused", "unsupported"), v["problems"][:3]
     if v["outcome"] == "refused":
-        assert "\n" not in v["refused"] and "6" in v["refused"], v["refused"]
+        assert "\n" not in v["refused"] and "5" in v["refused"], v["refused"]
 
 
 def _block_inputs(spec, layout, seq: int) -> dict:
