@@ -57,13 +57,12 @@ FINDINGS = (
     Finding("torch", "stack", "torch", ("2.12", None),
             "torch.compile of a tensor-parallel block fed by a tensor-parallel embedding (RowwiseParallel, Replicate "
             "in, and out Replicate or — torchtitan's plan with sequence parallelism — Shard(1)) back-propagates no "
-            "gradient into the "
-            "embedding under FSDP2: all zeros, silently (without FSDP2 the backward raises in DTensor's "
-            "Redistribute.backward: 'Tensor' object has no attribute '_local_tensor'). Minimal case: Embedding(10, 8) "
-            "+ a residual Colwise / Rowwise MLP compiled, tp 2, FSDP2 over one dp rank, with or without sequence "
-            "parallelism; eager, one device's gradient. "
-            "In the torch stack: every compiled layout with tp > 1 — the embedding's gradient (and momentum) off, "
-            "then every weight after step 2 (torchtitan's own Llama plan, compiled on the same layout, passes). Seen "
+            "gradient into the embedding under FSDP2: all zeros, silently (without FSDP2 the backward raises in "
+            "DTensor's Redistribute.backward: 'Tensor' object has no attribute '_local_tensor'). Minimal case: "
+            "Embedding(10, 8) + a residual Colwise / Rowwise MLP compiled, tp 2, FSDP2 over one dp rank, with or "
+            "without sequence parallelism; eager, one device's gradient. In the torch stack: every compiled layout "
+            "with tp > 1 — the embedding's gradient (and momentum) off, then every weight after step 2 (torchtitan's "
+            "own Llama plan, compiled on the same layout, passes). Seen "
             "on 2.12.1, 2.13.0, 2.15.0 (CPU, gloo).",
             "suites/stack/test_findings.py::test_watch_a_compiled_tp_block_after_a_tp_embedding_drops_its_gradient",
             {"compile": True, "tp": lambda t: t > 1},
@@ -105,16 +104,16 @@ FINDINGS = (
                     r"|(parameter|optimizer state|master) \S+: off by)|loss after step \d+:)",
             cause=r"gradient norm \S+ vs one device|(parameter|optimizer state|master) \S+: off by"),
     Finding("torchtitan", "stack", "torchtitan", ("0.3", None),
-            "torchtitan's Llama3 with a tied embedding (enable_weight_tying) under FSDP2 x TP: every parameter "
-            "equals one device after step 1 and is off after step 2 (minimal case: dp 2 x tp 2, Adam, float32 — at lr "
-            "1e-2 0.0076 of a tensor's magnitude against a bound of 0.0056, at 5e-2 5.4x the bound; the reference "
-            "stack on the same case "
-            "1.3e-6; FSDP alone and TP alone equal). The cause: parallelize_module gives the embedding and the head "
-            "each its own DTensor parameter, fully_shard (one unit for tok_embeddings, norm, lm_head) manages them as "
-            "two, and init_weights re-ties the modules after — FSDP2 holds two parameters where the modules share one "
-            "(its state at dp 2 x tp 2: the embedding's and the head's FSDPParam apart; at dp 2 alone one, shared). "
-            "The torch stack ties after TP and before fully_shard and equals one device on the same layout; tying "
-            "after fully_shard (the planted TiedAfterFullyShard) is off from step 2 as torchtitan is "
+            "torchtitan's Llama3 with a tied embedding (enable_weight_tying) under FSDP2 x TP: every parameter equals "
+            "one device after step 1 and is off after step 2 (minimal case: dp 2 x tp 2, Adam, float32 — at lr 1e-2 "
+            "0.0076 of a tensor's magnitude against a bound of 0.0056, at 5e-2 5.4x the bound; the reference stack on "
+            "the same case 1.3e-6; FSDP alone and TP alone equal). The cause: parallelize_module gives the embedding "
+            "and the head each its own DTensor parameter, fully_shard (one unit for tok_embeddings, norm, lm_head) "
+            "manages them as two, and init_weights re-ties the modules after — FSDP2 holds two parameters where the "
+            "modules share one (its state at dp 2 x tp 2: the embedding's and the head's FSDPParam apart; at dp 2 "
+            "alone one, shared). The torch stack ties after TP and before fully_shard and equals one device on the "
+            "same layout; tying after fully_shard (the planted TiedAfterFullyShard) is off from step 2 as torchtitan "
+            "is "
             "(suites/stack/test_tied.py).",
             "suites/stack/test_torchtitan.py::test_watch_a_tied_embedding_under_fsdp_and_tp_is_off_at_step_two",
             {"tie_embeddings": True, "tp": lambda t: t > 1, "dp": lambda d: d > 1},
@@ -138,11 +137,11 @@ FINDINGS = (
             cause=r"^rank \d+: loss after step 1: "),
     Finding("megatron", "stack", "megatron-core", ("0.15.3", None),
             "megatron-core's padded vocabulary (its softmax over the padding's logits, as untied) under a tied "
-            "embedding: the padding's logits are "
-            "the embedding's zero rows, 0 for every token — a small share of the softmax's sum where the embedding's "
-            "logits are large — so the loss stays within the bound while every gradient is off (minimal case: the "
-            "tied float32 Llama of vocabulary 13 at tp 2, Adam at lr 5e-2: blocks.0.attn.v.weight 0.009 of its "
-            "magnitude off at step 1 against a bound of 0.0024; vocabulary 14 or 16 on the same case equal one "
+            "embedding: the padding's logits are the embedding's zero rows, 0 for every token — a small share of the "
+            "softmax's sum where the embedding's logits are large — so the loss stays within the bound while every "
+            "gradient is off (minimal case: the tied float32 Llama of vocabulary 13 at tp 2, Adam at lr 5e-2: "
+            "blocks.0.attn.v.weight 0.009 of its magnitude off at step 1 against a bound of 0.0024; vocabulary 14 or "
+            "16 on the same case equal one "
             "device). At lr 1e-2 it stays within the float32 bound: hidden — suites/stack/test_tied.py steps at 5e-2.",
             "suites/stack/test_megatron.py::test_megatron_tied_to_a_padded_vocabulary_is_the_known_finding",
             {"vocab_remainder": lambda r: r != 0, "tie_embeddings": True},
