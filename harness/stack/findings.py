@@ -70,6 +70,31 @@ FINDINGS = (
                     r"|(parameter|optimizer state|master) \S+: off by)|loss after step \d+:)",
             cause=r"(parameter|optimizer state) embed\.weight\S*: off by"),
     Finding("torch", "stack", "torch", ("2.13", None),
+            "torch.distributed.pipelining's ScheduleGPipe over a stage in DistributedDataParallel (the DDP support "
+            "its PipelineStage has: no_sync but for the last micro-batch) raises in the second step's forward: DDP's "
+            "bucket rebuild asserts ('rebuilt parameter indices size is not same as original model parameters "
+            "size': every parameter recorded twice — in the stack, 28 of a stage's and 56 recorded) after a first step whose gradients are right. "
+            "GPipe runs every micro-batch's forward before the backwards; 1F1B, and GPipe over one micro-batch, "
+            "train (torch's own test_pp_ddp runs one step). Minimal case: a Linear(3, 3) in DDP over 2 ranks as a "
+            "one-stage pipeline, GPipe over 2 micro-batches: step 2 raises. In the torch stack: ZeRO 0 / 1 (DDP) "
+            "under GPipe, any pp. Seen on 2.13.0 (CPU, gloo).",
+            "suites/stack/test_findings.py::test_watch_ddp_under_gpipe_raises_at_the_second_step",
+            {"schedule": "gpipe", "zero": lambda z: z < 2, "dp": lambda d: d > 1, "microbatches": lambda m: m > 1},
+            symptom=r"rebuilt parameter indices size is not same as original model parameters size"),
+    Finding("torch", "stack", "torch", ("2.13", None),
+            "torch.distributed.pipelining's zero-bubble schedule (ScheduleInterleavedZeroBubble over one stage a "
+            "rank: ZB-H1) over stages in DistributedDataParallel never all-reduces the last stage's gradients — its "
+            "split backward calls autograd's grad directly, past the hooks DDP reduces in (pytorch #144530, open; "
+            "torch's test_pp_ddp skips the case): each replica of that stage steps with its own gradient, silently. "
+            "Minimal case: dp 2 x pp 2, a Linear(3, 3) per stage, ZB-H1 over 2 micro-batches: the first stage's "
+            "replicas hold one gradient after the step, the last stage's two. In the torch stack: ZeRO 0 / 1 (DDP) "
+            "under ZB-H1 at pp > 1 — the gradient norm and every tensor off from step 1. Seen on 2.13.0 (CPU, gloo).",
+            "suites/stack/test_findings.py::test_watch_ddp_under_zero_bubble_reduces_no_last_stage_gradient",
+            {"schedule": "zb-h1", "zero": lambda z: z < 2, "dp": lambda d: d > 1, "pp": lambda p: p > 1},
+            symptom=r"^rank \d+: (step \d+: (gradient norm \S+ vs one device"
+                    r"|(parameter|optimizer state|master) \S+: off by)|loss after step \d+:)",
+            cause=r"step 1: "),
+    Finding("torch", "stack", "torch", ("2.13", None),
             "torch.distributed.pipelining over FSDP2 modules: a new schedule built on the same PipelineStage re-runs "
             "the stage's shape inference, whose clean-up sets every FSDP parameter's grad to None — gradients "
             "accumulated by earlier passes are dropped silently (one FSDP2 Linear, two GPipe steps without zeroing: "

@@ -244,3 +244,21 @@ def test_the_hang_window_is_read_from_the_environment(monkeypatch):
     monkeypatch.setenv("PARITYBENCH_HANG_WINDOW_S", "ten")
     with pytest.raises(ValueError, match="PARITYBENCH_HANG_WINDOW_S must be seconds .* got 'ten'"):
         World(2)
+
+
+def test_an_exception_is_described_by_its_first_line_with_text_and_by_its_cause():
+    """A verdict's line names what went wrong: torch's pipelining raises "\\n   [Stage 0] failed to run forward:" from
+    the stage's own error (a first line of blanks, the cause after ``from``) — both are in the one line."""
+    from harness.errors import describe
+
+    assert describe(ValueError("first\nsecond")) == "ValueError: first"
+    try:
+        try:
+            raise RuntimeError("INTERNAL ASSERT FAILED at reducer.cpp\ndetails")
+        except RuntimeError as inner:
+            raise RuntimeError("\n    [Stage 0] failed to run forward:\n    args: ()") from inner
+    except RuntimeError as outer:
+        line = describe(outer)
+    assert line == ("RuntimeError: [Stage 0] failed to run forward: from RuntimeError: INTERNAL ASSERT FAILED at "
+                    "reducer.cpp"), line
+    assert describe(KeyError()) == "KeyError: "

@@ -104,3 +104,51 @@ def compiled_tp_block_after_a_tp_embedding(fsdp: bool, backend: str = "inductor"
         return f"raised {type(exc).__name__}: {exc}"
     got, want = net.embed.weight.grad.full_tensor(), one.embed.weight.grad
     return "zero" if not got.any() else "equal" if torch.allclose(got, want) else "off"
+
+
+def ddp_pipeline(schedule: str, microbatches: int, pp: int = 1, steps: int = 2) -> dict:
+    """A float64 Linear(3, 3) per stage in torch's ``DistributedDataParallel`` over the data-parallel group of a
+    (dp, pp) mesh, pipelined by ``schedule`` ("gpipe", "1f1b", "zb-h1": torch's ScheduleGPipe, Schedule1F1B,
+    ScheduleInterleavedZeroBubble over the rank's one stage) over ``microbatches``; each replica its own batch,
+    ``steps`` steps (1 or 2) with the gradients zeroed between them. Returns {"agree": whether after step 1 every replica holds the same
+    gradient (DDP's all-reduce: equal bitwise), "step 2": "ok" or "raised <error>" (``harness.errors.describe``: with
+    the error it was raised from)}."""
+    import torch.distributed as dist
+    from torch.distributed import pipelining
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.nn.parallel import DistributedDataParallel
+
+    dp = dist.get_world_size() // pp
+    mesh = init_device_mesh("cpu", (dp, pp), mesh_dim_names=("dp", "pp"))
+    torch.manual_seed(0)  # every replica's stage the same
+    lin = torch.nn.Linear(3, 3, dtype=torch.float64)
+    ddp = DistributedDataParallel(lin, process_group=mesh["dp"].get_group())
+    stage = pipelining.PipelineStage(ddp, mesh.get_local_rank("pp"), pp, torch.device("cpu"),
+                                     group=mesh["pp"].get_group())
+    cls = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "zb-h1": "ScheduleInterleavedZeroBubble"}[schedule]
+
+    def loss_fn(out, target):
+        return (out - target).pow(2).sum()
+
+    schedule_ = getattr(pipelining, cls)([stage] if schedule == "zb-h1" else stage, microbatches, loss_fn=loss_fn,
+                                     scale_grads=False)
+    first, last = mesh.get_local_rank("pp") == 0, mesh.get_local_rank("pp") == pp - 1
+    out: dict = {}
+    for step in range(1, steps + 1):
+        torch.manual_seed(100 * step + mesh.get_local_rank("dp"))  # each replica's own batch
+        x, y = torch.randn(2 * microbatches, 3, dtype=torch.float64), torch.randn(2 * microbatches, 3,
+                                                                                 dtype=torch.float64)
+        lin.zero_grad()
+        try:
+            schedule_.step(*((x,) if first else ()), **({"target": y} if last else {}))
+        except Exception as exc:  # noqa: BLE001 - the behaviour watched
+            from harness.errors import describe
+
+            out[f"step {step}"] = f"raised {describe(exc)}"
+            return out
+        out[f"step {step}"] = "ok"
+        if step == 1:
+            grads = [torch.zeros(12, dtype=torch.float64) for _ in range(dp)]
+            dist.all_gather(grads, torch.cat([lin.weight.grad.flatten(), lin.bias.grad]), group=mesh["dp"].get_group())
+            out["agree"] = all(torch.equal(g, grads[0]) for g in grads)
+    return out

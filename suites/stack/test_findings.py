@@ -47,3 +47,27 @@ def test_watch_a_compiled_tp_block_after_a_tp_embedding_drops_its_gradient(backe
     assert world.run(ranks.compiled_tp_block_after_a_tp_embedding, True, *args, timeout=300)[0] == "zero"
     without = world.run(ranks.compiled_tp_block_after_a_tp_embedding, False, *args, timeout=300)[0]
     assert without.startswith("raised AttributeError") and "_local_tensor" in without, without
+
+
+def test_watch_ddp_under_gpipe_raises_at_the_second_step(world_cache):
+    """torch 2.13 (CPU, gloo): a one-stage pipeline in DDP over 2 ranks, GPipe over 2 micro-batches — step 1's
+    gradients are DDP's (every replica the same), step 2's forward raises DDP's bucket-rebuild assert; 1F1B over the
+    same micro-batches and GPipe over one train both steps (the controls). Fails once torch trains GPipe under DDP."""
+    world = world_cache.get(2)
+    gpipe = world.run(ranks.ddp_pipeline, "gpipe", 2, timeout=120)
+    assert all(r["agree"] for r in gpipe), gpipe
+    assert all("rebuilt parameter indices size is not same as original model parameters size" in r["step 2"]
+               for r in gpipe), gpipe
+    for schedule, m in (("1f1b", 2), ("gpipe", 1)):
+        assert world.run(ranks.ddp_pipeline, schedule, m, timeout=120) == [{"step 1": "ok", "agree": True,
+                                                                            "step 2": "ok"}] * 2
+
+
+def test_watch_ddp_under_zero_bubble_reduces_no_last_stage_gradient(world_cache):
+    """torch 2.13 (CPU, gloo; pytorch #144530): dp 2 x pp 2 in DDP, ZB-H1 over 2 micro-batches — after one step the
+    first stage's replicas agree (DDP reduced them) and the last stage's do not (ranks 1 and 3: mesh (dp, pp)); under
+    1F1B every replica agrees (the control). Fails once torch reduces the last stage under zero bubble."""
+    world = world_cache.get(4)
+    zb = world.run(ranks.ddp_pipeline, "zb-h1", 2, 2, 1, timeout=120)
+    assert [r["agree"] for r in zb] == [True, False, True, False], zb
+    assert all(r["agree"] for r in world.run(ranks.ddp_pipeline, "1f1b", 2, 2, 1, timeout=120))

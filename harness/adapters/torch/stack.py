@@ -54,9 +54,20 @@ SUPPORTS = Supports("the torch stack", unsupported=(
     Rule(lambda s, lay, r: lay.cp > 1,
          "the torch stack has no context parallelism here (torch's context_parallel cannot run on a CPU: "
          "suites/context_parallel/test_third_party.py)."),
-    Rule(lambda s, lay, r: lay.dp > 1 and lay.zero < 2,
-         "the torch stack shards with FSDP2 (ZeRO 2 or 3 over dp); ZeRO 0 / 1 over more than one replica is not what "
-         "it runs."),
+    Rule(lambda s, lay, r: _ddp(lay) and lay.tp > 1,
+         lambda s, lay, r: f"the torch stack's ZeRO {lay.zero} over dp is DDP at tp 1: DDP takes tensor-parallel "
+                           "(DTensor) parameters only through torch's private _pre_dp_module_transform, which it does "
+                           "not use (its ZeRO 2 / 3 are FSDP2 under TP; torchtitan replicates as FSDP2 over a (dp, 1) "
+                           "mesh)."),
+    Rule(lambda s, lay, r: _ddp(lay) and lay.replicate > 1,
+         "the torch stack's ZeRO 1 is torch's ZeroRedundancyOptimizer over one replica group: hybrid sharding is "
+         "FSDP2's (ZeRO 2 / 3)."),
+    Rule(lambda s, lay, r: _ddp(lay) and s.dtype not in ("float64", "float32"),
+         lambda s, lay, r: f"the torch stack's ZeRO {lay.zero} over dp is DDP, whose mixed precision is private "
+                           f"(_MixedPrecision); {s.dtype} is FSDP2's MixedPrecisionPolicy here (ZeRO 2 / 3)."),
+    Rule(lambda s, lay, r: _ddp(lay) and lay.zero == 1 and r.optimizer.name == "muon",
+         "torch's ZeroRedundancyOptimizer steps each rank's whole parameters with one optimizer class: Muon with its "
+         "AdamW half is not composed with it here."),
     Rule(lambda s, lay, r: lay.pp > 1 and lay.schedule not in ("gpipe", "1f1b", "zb-h1"),
          lambda s, lay, r: f"the torch stack runs one stage per rank (GPipe, 1F1B, ZB-H1), not {lay.schedule}'s "
                            "two."),
@@ -89,6 +100,11 @@ SUPPORTS = Supports("the torch stack", unsupported=(
     Rule(lambda s, lay, r: lay.pp > s.layers,
          lambda s, lay, r: f"pp ({lay.pp}) cannot exceed the number of layers ({s.layers})."),
 ))
+
+
+def _ddp(layout) -> bool:
+    """ZeRO 0 / 1 over more than one replica: the torch stack's DDP (+ ZeroRedundancyOptimizer)."""
+    return layout.dp > 1 and layout.zero < 2
 
 
 def _has_torchao() -> bool:
@@ -126,6 +142,9 @@ class CpuOffload(TorchStack):
                    "the host (pinned where the machine pins), under TP and pipelining as without")
 
     def build(self, spec, layout, recipe, group=None):
+        if _ddp(layout):
+            raise Unsupported(f"FSDP2's CPUOffloadPolicy offloads sharded state; the torch stack's ZeRO {layout.zero} "
+                              "over dp is DDP's, on the device.")
         SUPPORTS.check(spec, layout, recipe)
         return TorchStackTrainer(spec, layout, recipe, offload=True)
 
@@ -143,8 +162,12 @@ class TorchStackTrainer(BuiltFromDense):
 
         self.spec, self.layout, self.recipe = spec, layout, recipe
         self.reshard_after_forward = layout.zero == 3 if reshard_after_forward is None else reshard_after_forward
-        self.tensor_parallel, self.offload = isinstance(self.reshard_after_forward, bool), offload
-        """False (an int: FSDP2 reshards to a smaller group, and refuses DTensors there): plain parameters at tp 1."""
+        self.ddp = layout.dp > 1 and layout.zero < 2
+        """ZeRO 0 / 1 over replicas: DDP (+ ZeroRedundancyOptimizer), at tp 1."""
+        self.tensor_parallel = isinstance(self.reshard_after_forward, bool) and not self.ddp
+        """False (an int: FSDP2 reshards to a smaller group, and refuses DTensors there; DDP): plain parameters at tp
+        1."""
+        self.offload = offload
         dims, names = (layout.dp, layout.pp, layout.tp), ("dp", "pp", "tp")
         if layout.replicate > 1:  # HSDP: FSDP2 over the (replicate, shard) sub-mesh
             dims, names = (layout.replicate, layout.dp // layout.replicate, *dims[1:]), ("dp_replicate", "dp_shard",
@@ -167,7 +190,8 @@ class TorchStackTrainer(BuiltFromDense):
                         reshard_after_forward=self.reshard_after_forward, accumulation=recipe.accumulation,
                         checkpointing=layout.checkpoint_policy if layout.checkpointing else None,
                         compile=layout.compile, tensor_parallel=self.tensor_parallel, offload=self.offload,
-                        lr_schedule=recipe.lr_schedule, sequence_parallel=layout.sequence_parallel)
+                        lr_schedule=recipe.lr_schedule, sequence_parallel=layout.sequence_parallel,
+                        ddp=layout.zero if self.ddp else None)
         trainer.max_grad_norm, trainer.norm_type = recipe.max_grad_norm, recipe.norm_type
         return trainer
 
@@ -180,11 +204,12 @@ class TorchStackTrainer(BuiltFromDense):
         from harness.adapters.torch.stack_trainer import _full
 
         t, spec = self.trainer, self.recipe.optimizer
-        state = t.optimizer.state
+        state = t.state
         mine = {"params": {t.names[n]: _full(p.detach()).cpu().clone() for n, p in t.stage.named_parameters()},
                 "optimizer": {t.names[n]: {k: _full(state[p][k]).cpu().clone()
                                            for k in spec.state_keys_of(t.names[n], p.shape) if k in state.get(p, {})}
-                              for n, p in t.stage.named_parameters()}}
+                              for n, p in t.stage.named_parameters()
+                              if t.ddp != 1 or p in state}}  # ZeroRedundancyOptimizer: its owner's, from its rank
         # every stage's tensors, on every rank (harness.stack.dense: its own as it holds them)
         params, optimizer = gathered(mine["params"]), gathered(mine["optimizer"])
         if self.spec.tie_embeddings:  # named once (the embedding's): under both names, its state once
@@ -211,7 +236,7 @@ class TorchStackTrainer(BuiltFromDense):
 
         t = self.trainer
         params = list(t.stage.parameters())
-        state = [v for st in t.optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
+        state = [v for st in t.state.values() for v in st.values() if torch.is_tensor(v)]
         return {"params": held(params), "grads": held(p.grad for p in params), "optimizer": held(state)}
 
     resumes_lr_schedule = True
@@ -222,14 +247,22 @@ class TorchStackTrainer(BuiltFromDense):
         (Adam's ``step`` a scalar), to be filled in place by ``dcp.load``."""
         import torch
 
+        import torch.distributed as dist
+
         t, spec, out = self.trainer, self.recipe.optimizer, {}
         for local, p in t.stage.named_parameters():
-            name, state = t.names[local], t.optimizer.state.get(p, {})
+            name, state = t.names[local], t.state.get(p, {})
             out[f"model.{name}"] = p.data
             for key in spec.state_keys_of(name, p.shape):
                 out[f"optim.{name}.{key}"] = state.get(key, torch.zeros_like(p.data))
             for key in spec.extra_state_of(name, p.shape):
                 out[f"optim.{name}.{key}"] = state.get(key, torch.tensor(0.0))
+        if t.ddp == 1:  # ZeroRedundancyOptimizer: each state tensor on its owner only — every replica saves it whole
+            # (the owner's plus the others' zeros), as DCP keeps one copy of a plain tensor
+            group = t.mesh["dp"].get_group()
+            for key in [k for k in out if k.startswith("optim.")]:
+                out[key] = out[key].clone()
+                dist.all_reduce(out[key], group=group)
         if t.schedulers:  # their position (every scheduler's and every rank's the same: DCP keeps one)
             out["lr_scheduler.last_epoch"] = torch.tensor(float(t.schedulers[0].last_epoch))
         return out
@@ -245,10 +278,12 @@ class TorchStackTrainer(BuiltFromDense):
         state, t = self._dcp_state(), self.trainer
         dcp.load(state, checkpoint_id=_dcp_dir(directory))  # in place: the parameters' own storage, the state's
         spec = self.recipe.optimizer
+        owned = None if t.ddp != 1 else {id(p) for g in t.optimizer.optim.param_groups for p in g["params"]}
         for local, p in t.stage.named_parameters():
             name = t.names[local]
             keys = spec.state_keys_of(name, p.shape) + spec.extra_state_of(name, p.shape)
-            t.optimizer.state[p] = {key: state[f"optim.{name}.{key}"] for key in keys}
+            if owned is None or id(p) in owned:  # ZeroRedundancyOptimizer: its own parameters' state only
+                t.state[p] = {key: state[f"optim.{name}.{key}"] for key in keys}
         if t.schedulers:  # rebuilt at their position
             t.schedulers = t.scheduled(int(state["lr_scheduler.last_epoch"]))
 

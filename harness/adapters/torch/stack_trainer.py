@@ -10,6 +10,7 @@ reduction (sum of norm^p, or max) over the PP group, ``clip_grads_with_norm_``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -40,7 +41,7 @@ class Torch3D:
     def __init__(self, model, dp: int, pp: int, tp: int, schedule: str, microbatches: int, lr: float,
                  mesh=None, optimizer=None, reshard_after_forward: bool = True, accumulation: int = 1,
                  checkpointing: str | None = None, compile: bool = False, tensor_parallel: bool = True,
-                 offload: bool = False, lr_schedule=None, sequence_parallel: bool = False):
+                 offload: bool = False, lr_schedule=None, sequence_parallel: bool = False, ddp: int | None = None):
         """``lr_schedule`` (``reference.zero.LRSchedule``): torch's ``LambdaLR`` over the optimizer with its factor,
         stepped after each update, as a torch user writes it.
         ``tensor_parallel`` False (tp 1 only): the blocks, embedding and head left plain tensors, not DTensors on
@@ -48,7 +49,11 @@ class Torch3D:
         FSDP2's ``CPUOffloadPolicy`` (the sharded parameters, their gradients and the optimizer's step on the host;
         pinned where the machine pins). ``sequence_parallel``: torchtitan's plan with sequence parallelism (each norm
         ``SequenceParallel`` on the rank's share of the sequence, the attention's and the MLP's input gathered, their
-        row-wise output reduce-scattered back to it; ``_tp_plan``)."""
+        row-wise output reduce-scattered back to it; ``_tp_plan``). ``ddp`` (tp 1, one replica group): the stage in
+        torch's ``DistributedDataParallel`` over dp instead of FSDP2 — ZeRO 0, or with 1 ``ZeroRedundancyOptimizer``
+        (each parameter's optimizer state on one rank, its update broadcast); pipelining's stage runs the
+        micro-batches but the last under DDP's ``no_sync`` (``PipelineStage.backward_maybe_with_nosync``), and so
+        does every accumulation pass but the last (``step``)."""
         from torch.distributed import pipelining
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -132,20 +137,27 @@ class Torch3D:
             from harness.runtime.capabilities import pinned_memory_unsupported
 
             policy["offload_policy"] = CPUOffloadPolicy(pin_memory=pinned_memory_unsupported() is None)
-        for block in stage.blocks:
-            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, **policy)
-        fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, **policy)
+        self.ddp, submod = ddp, stage
+        if ddp is not None:  # DDP over dp: the parameters whole on every replica, the gradients all-reduced
+            if tp > 1 or hybrid or policy:
+                raise ValueError("the torch stack's DDP runs at tp 1 over one replica group, without FSDP2's "
+                                 "mixed precision or offload.")
+            from torch.nn.parallel import DistributedDataParallel
+
+            submod = DistributedDataParallel(stage, process_group=dp_mesh.get_group(), gradient_as_bucket_view=True)
+        else:
+            for block in stage.blocks:
+                fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, **policy)
+            fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, **policy)
         if tie and self.tie_after_fsdp:
             stage.embed.weight = stage.head.weight
-        self.stage = stage
-        # by the dense model's names: Muon's rule (``OptimizerSpec.build_named``) — torch's Muon on the DTensors
-        self.optimizer = optimizer.build_named((self.names[n], p) for n, p in stage.named_parameters()) \
-            if optimizer is not None else torch.optim.SGD(stage.parameters(), lr=lr, momentum=0.9)
+        self.stage, self.submod = stage, submod
+        self.optimizer = self._optimizer(optimizer, lr, dp_mesh)
         self.lr_schedule = lr_schedule
         self.schedulers = self.scheduled()
         """One ``LambdaLR`` per torch optimizer (Muon's matrices and its AdamW: two, as a torch user runs them); none
         without a schedule."""
-        self.pstage = pipelining.PipelineStage(stage, stage_idx, pp, rank_device(), group=mesh["pp"].get_group())
+        self.pstage = pipelining.PipelineStage(submod, stage_idx, pp, rank_device(), group=mesh["pp"].get_group())
         self.first, self.last = first, last
         self.schedule_cls = getattr(pipelining, SCHEDULES[schedule])
         self._schedule, self._count = None, 1
@@ -155,6 +167,25 @@ class Torch3D:
         one get_total_norm per device mesh, combined (sum of norm^p, or max) — this stack's LayerNorms are
         FSDP-sharded only (mesh dp) while the TP layers are on (dp, tp), which the verbatim recipe
         cannot mix."""
+
+    def _optimizer(self, spec, lr: float, dp_mesh):
+        """By the dense model's names: Muon's rule (``OptimizerSpec.build_named``) — torch's Muon on the DTensors; at
+        ``ddp`` 1 ``ZeroRedundancyOptimizer`` over dp with the spec's torch class (AdamW's rule as its groups)."""
+        stage = self.stage
+        if spec is None:
+            return torch.optim.SGD(stage.parameters(), lr=lr, momentum=0.9)
+        if self.ddp == 1:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            cls, kwargs = spec.torch_class()  # Muon: ValueError (refused before: ``harness.adapters.torch.stack``)
+            return ZeroRedundancyOptimizer(spec.param_groups(stage.parameters()), optimizer_class=cls,
+                                           process_group=dp_mesh.get_group(), **kwargs)
+        return spec.build_named((self.names[n], p) for n, p in stage.named_parameters())
+
+    @property
+    def state(self) -> dict:
+        """The optimizer state this rank holds, by parameter (``ZeroRedundancyOptimizer``: its own parameters')."""
+        return self.optimizer.optim.state if self.ddp == 1 else self.optimizer.state
 
     def scheduled(self, position: int = 0) -> list:
         """The schedulers at ``position`` (updates taken): torch's constructor steps to it and sets each group's lr."""
@@ -190,10 +221,12 @@ class Torch3D:
         self.optimizer.zero_grad()
         losses: list = []
         rows = per // k
-        for a in range(k):  # gradient accumulation: FSDP2 sums each pass's reduced gradient into its shard
+        for a in range(k):  # gradient accumulation: FSDP2 sums each pass's reduced gradient into its shard; DDP
+            # reduces at the last pass only (each earlier one under no_sync, as a DDP user accumulates)
             part = slice(a * rows, (a + 1) * rows)
             passed: list = []  # schedule.step clears the list it is given
-            with loss_parallel():
+            quiet = self.submod.no_sync() if self.ddp is not None and a < k - 1 else contextlib.nullcontext()
+            with loss_parallel(), quiet:
                 kwargs = {"target": targets[part], "losses": passed} if self.last else {}
                 self._schedule.step(*((tokens[part],) if self.first else ()), **kwargs)
             losses += passed
