@@ -73,11 +73,11 @@ FINDINGS = (
             "torch.distributed.pipelining's ScheduleGPipe over a stage in DistributedDataParallel (the DDP support "
             "its PipelineStage has: no_sync but for the last micro-batch) raises in the second step's forward: DDP's "
             "bucket rebuild asserts ('rebuilt parameter indices size is not same as original model parameters "
-            "size': every parameter recorded twice — in the stack, 28 of a stage's and 56 recorded) after a first step whose gradients are right. "
-            "GPipe runs every micro-batch's forward before the backwards; 1F1B, and GPipe over one micro-batch, "
-            "train (torch's own test_pp_ddp runs one step). Minimal case: a Linear(3, 3) in DDP over 2 ranks as a "
-            "one-stage pipeline, GPipe over 2 micro-batches: step 2 raises. In the torch stack: ZeRO 0 / 1 (DDP) "
-            "under GPipe, any pp. Seen on 2.13.0 (CPU, gloo).",
+            "size': every parameter recorded twice — in the stack a stage's 28 parameters, 56 recorded) after a "
+            "first step whose gradients are right. GPipe runs every micro-batch's forward before the backwards; "
+            "1F1B, and GPipe over one micro-batch, train (torch's own test_pp_ddp runs one step). Minimal case: a "
+            "Linear(3, 3) in DDP over 2 ranks as a one-stage pipeline, GPipe over 2 micro-batches: step 2 raises. In "
+            "the torch stack: ZeRO 0 / 1 (DDP) under GPipe, any pp. Seen on 2.13.0 (CPU, gloo).",
             "suites/stack/test_findings.py::test_watch_ddp_under_gpipe_raises_at_the_second_step",
             {"schedule": "gpipe", "zero": lambda z: z < 2, "dp": lambda d: d > 1, "microbatches": lambda m: m > 1},
             symptom=r"rebuilt parameter indices size is not same as original model parameters size"),

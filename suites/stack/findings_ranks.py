@@ -110,9 +110,9 @@ def ddp_pipeline(schedule: str, microbatches: int, pp: int = 1, steps: int = 2) 
     """A float64 Linear(3, 3) per stage in torch's ``DistributedDataParallel`` over the data-parallel group of a
     (dp, pp) mesh, pipelined by ``schedule`` ("gpipe", "1f1b", "zb-h1": torch's ScheduleGPipe, Schedule1F1B,
     ScheduleInterleavedZeroBubble over the rank's one stage) over ``microbatches``; each replica its own batch,
-    ``steps`` steps (1 or 2) with the gradients zeroed between them. Returns {"agree": whether after step 1 every replica holds the same
-    gradient (DDP's all-reduce: equal bitwise), "step 2": "ok" or "raised <error>" (``harness.errors.describe``: with
-    the error it was raised from)}."""
+    ``steps`` steps (1 or 2) with the gradients zeroed between them. Returns {"agree": whether after step 1 every
+    replica holds the same gradient (DDP's all-reduce: equal bitwise), "step <i>": "ok" or "raised <error>"
+    (``harness.errors.describe``: with the error it was raised from)}."""
     import torch.distributed as dist
     from torch.distributed import pipelining
     from torch.distributed.device_mesh import init_device_mesh

@@ -246,7 +246,6 @@ class TorchStackTrainer(BuiltFromDense):
         """This rank's tensors under DCP keys; the optimizer state of a parameter not stepped yet as zeros
         (Adam's ``step`` a scalar), to be filled in place by ``dcp.load``."""
         import torch
-
         import torch.distributed as dist
 
         t, spec, out = self.trainer, self.recipe.optimizer, {}
