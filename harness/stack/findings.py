@@ -350,9 +350,10 @@ FINDINGS = (
             "safe_get_full_optimizer_state raises 'momentum_buffer not found in optimizer state fragment' for every "
             "expert (minimal case: the moe family, dp 2 x ep 2, ZeRO 1, one step).",
             "suites/stack/test_deepspeed_findings.py::test_watch_deepspeed_links_the_optimizer_state_of_its_first_group_only",
-            handled_by_adapter="the DeepSpeed MoE stack, its stack trained with Muon (whose AdamW half is the later "
-                               "group) or AdamW sparing the biases and norms (a second group), and its ZeRO adapter "
-                               "with more than one group re-link the state before reading it "
+            handled_by_adapter="the DeepSpeed MoE stack, its stack (engine and pipeline) trained with Muon (whose "
+                               "AdamW half is the later group) or AdamW sparing the biases and norms (a second "
+                               "group), and its ZeRO adapter with more than one group re-link the state before "
+                               "reading it "
                                "(deepspeed_moe_stack.relink_optimizer_state), where DeepSpeed has the method"),
     Finding("deepspeed", "stack", "deepspeed", ("0.18.0", None),
             "DeepSpeed's checkpoints move between ZeRO stages 1 and 2 only: load_checkpoint of a ZeRO 0 checkpoint "

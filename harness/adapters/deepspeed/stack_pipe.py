@@ -92,6 +92,9 @@ class PipeState:
     def full_optimizer_state(self) -> dict:
         from deepspeed.utils import safe_get_full_optimizer_state
 
+        from .moe_stack import relink_groups
+
+        relink_groups(self.optimizer, self.stage)  # ZeRO 1 with two groups (AdamW's spared vectors): the finding's
         local = {}
         for name, p in self._local():
             if self.stage == 0 and not self.mixed:
