@@ -5,10 +5,10 @@ AdamW's groups under a schedule, float8, Muon and compiled blocks. The torch sta
 ``no_sync``; the stack every accumulation pass but the last) and ``ZeroRedundancyOptimizer`` at ZeRO 1; the other stacks
 their own (Megatron's DDP and distributed optimizer, DeepSpeed's engine and pipeline, accelerate's DDP, the reference).
 
-Two torch findings show here (``harness.stack.findings``): under GPipe DDP raises at step 2, under ZB-H1 the last stage's
-replicas are never reduced. And the torch stack's structure: parameters whole on every replica, ZeRO 1's optimizer state
-on one replica per parameter, one gradient reduction per step whatever the accumulation (numbers cannot tell a DDP that
-all-reduces every pass, or a ZeRO 1 that keeps every state everywhere)."""
+Two torch findings show here (``harness.stack.findings``): under GPipe DDP raises at step 2, under ZB-H1 the last
+stage's replicas are never reduced. And the torch stack's structure: parameters whole on every replica, ZeRO 1's
+optimizer state on one replica per parameter, one gradient reduction per step whatever the accumulation (numbers
+cannot tell a DDP that all-reduces every pass, or a ZeRO 1 that keeps every state everywhere)."""
 
 from __future__ import annotations
 
