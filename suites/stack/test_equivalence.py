@@ -9,8 +9,8 @@ layers (layers % pp != 0 for pp = 2, 3, 4; pp = 3 and 4 have middle stages), Lla
 and with one (multi-query). Every layout rotates the schedule, the ZeRO stage, checkpointing, gradient
 accumulation and the clipping norm (2 and inf, at a max_norm that clips), and ties the GPT's embedding on
 every other layout. Measured (float64, the tox cases): reference worst 1.0e-14 of a tensor's magnitude (median
-8.9e-16, 28 cases), torch 1.1e-15 (then 12 run; on 2026-12-05 the rotation's tox cases give it 9 to run and 8 it
-does not provide, each in its sentence), against bounds of 9e-12 to 2e-11.
+8.9e-16, 28 cases), torch 1.3e-15 (2026-12-05: 11 of the rotation's tox cases run — its DDP at ZeRO 0 among them —
+and 6 it does not provide, each in its sentence), against bounds of 9e-12 to 2e-11.
 """
 
 from __future__ import annotations

@@ -11,9 +11,15 @@ before FSDP2 (torchtitan's order), "full" or "selective" (``create_selective_che
 saved); ``Layout.compile`` compiles each block's forward with ``torch.compile`` (inductor), checkpointing inside the
 compiled region, the FSDP2 hooks outside it.
 
-What it does not provide is ``Unsupported`` in one sentence: ZeRO 0 / 1 with dp > 1 (FSDP2 shards the parameters:
-ZeRO 2 is ``reshard_after_forward=False``, 3 is True; over one replica nothing is sharded and any stage is the
-same), the schedules of two stages per rank (interleaved, interleaved-zb, zbv, dualpipev),
+FSDP2 shards over dp: ZeRO 2 is ``reshard_after_forward=False``, 3 is True (over one replica nothing is sharded and any
+stage is the same). ZeRO 0 / 1 over dp > 1 is torch's ``DistributedDataParallel`` around each stage (the parameters
+plain tensors, whole on every replica; at ZeRO 1 ``ZeroRedundancyOptimizer`` over dp, each parameter's state on one
+replica), as pipelining's ``PipelineStage`` supports it (``no_sync`` but for the last micro-batch; the stack's
+accumulation likewise), at tp 1 only: DDP takes DTensor parameters only through a private transform. Under GPipe and
+ZB-H1 torch's DDP support has findings (``harness.stack.findings``).
+
+What it does not provide is ``Unsupported`` in one sentence: ZeRO 0 / 1 over dp at tp > 1, in bf16 or hybrid, the
+schedules of two stages per rank (interleaved, interleaved-zb, zbv, dualpipev),
 tied embeddings over pp > 1 (pipelining shares no parameter across stages; on one stage the embedding and the head
 are one parameter, tied after TP and before FSDP2 groups it), kv_heads < tp (ColwiseParallel cannot split fewer
 heads than ranks: they would have to be replicated, which the plan does not do — torchtitan requires the KV heads
