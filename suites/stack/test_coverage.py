@@ -2,8 +2,8 @@
 it in at least one case of tox's profile (the thorough env's extra layouts do not count), computed from the
 suites' own case lists — the main property's rotation (``test_equivalence``), the context-parallel, bf16 and Adam
 cases every stack meets, the files of one option each (hybrid sharding, Muon, recompute, AdamW, schedules, sequence
-parallelism), and each third-party stack's own file (DeepSpeed, Megatron and torchtitan train float32,
-which the main property's float64 cases leave out).
+parallelism, ZeRO 0 / 1 over replicas), and each third-party stack's own file (DeepSpeed, Megatron and torchtitan
+train float32, which the main property's float64 cases leave out).
 
 "Provides": the stack's own refusal (its adapter's ``SUPPORTS.why_unsupported``) of a probe — the smallest case with the
 option — is None. A hole is a stack that provides an option that none of
@@ -133,10 +133,11 @@ def cases(stack: str) -> list[Case]:
     from . import test_low_precision as lp
 
     out += [Case(s, lay, r, False, name not in lp.THOROUGH) for name, s, lay, r in lp.CASES]
-    from . import test_adamw, test_hybrid, test_lr_schedule, test_muon, test_recompute, test_sequence_parallel
+    from . import test_adamw, test_ddp, test_hybrid, test_lr_schedule, test_muon, test_recompute, test_sequence_parallel
 
     out += [Case(s, lay, r, False, name not in file.THOROUGH)
-            for file in (test_hybrid, test_muon, test_recompute, test_adamw, test_lr_schedule, test_sequence_parallel)
+            for file in (test_hybrid, test_muon, test_recompute, test_adamw, test_lr_schedule, test_sequence_parallel,
+                         test_ddp)
             for name, s, lay, r in file.CASES]
     if stack == "deepspeed":
         from . import test_deepspeed as ds
