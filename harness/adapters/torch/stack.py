@@ -168,7 +168,7 @@ class TorchStackTrainer(BuiltFromDense):
 
         self.spec, self.layout, self.recipe = spec, layout, recipe
         self.reshard_after_forward = layout.zero == 3 if reshard_after_forward is None else reshard_after_forward
-        self.ddp = layout.dp > 1 and layout.zero < 2
+        self.ddp = _ddp(layout)
         """ZeRO 0 / 1 over replicas: DDP (+ ZeroRedundancyOptimizer), at tp 1."""
         self.tensor_parallel = isinstance(self.reshard_after_forward, bool) and not self.ddp
         """False (an int: FSDP2 reshards to a smaller group, and refuses DTensors there; DDP): plain parameters at tp
