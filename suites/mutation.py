@@ -183,6 +183,8 @@ PLANTED = [
      "suites/stack/test_lr_schedule.py::test_stack_under_a_schedule_equals_one_device"),
     ("suites.stack.planted:TiedAfterFullyShard", "a stack's tied embedding re-tied after fully_shard (FSDP2: two)",
      "suites/stack/test_tied.py::test_tied_embedding_equals_one_device"),
+    ("suites.stack.planted:DDPDividesByDpTwice", "DDP with the loss over the global count: every gradient / dp",
+     "suites/stack/test_ddp.py::test_replicated_data_parallelism_equals_one_device"),
     ("suites.stack.planted:SequenceParallelNormsApart", "sequence parallelism: the norms' gradients per share",
      "suites/stack/test_sequence_parallel.py::test_sequence_parallel_equals_one_device"),
     ("suites.stack.planted:ResumeRestartsSchedule", "a stack's resume: the lr scheduler's position not restored",

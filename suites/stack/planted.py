@@ -461,6 +461,20 @@ class TiedAfterFullyShard:
         return trainer
 
 
+class DDPDividesByDpTwice:
+    """Planted bug: the torch stack's DDP (ZeRO 0 / 1 over replicas) with each replica's summed loss divided by the
+    global batch's count of targets while DDP averages the gradients over dp as well — every gradient / dp
+    (torchtitan 0.2's DDP finding, as a torch user writes it)."""
+
+    def build(self, spec, layout, recipe, group=None):
+        from harness.adapters.torch.stack import TorchStack
+        from harness.adapters.torch.stack_trainer import Torch3D
+
+        trainer = TorchStack().build(spec, layout, recipe, group)
+        trainer.three_d = type("DividesTwice", (Torch3D,), {"loss_over_global_count": True})
+        return trainer
+
+
 class SequenceParallelNormsApart:
     """Planted bug: the torch stack's sequence parallelism with the norms left out of the plan — each TP rank's norm
     weights step with the gradient of its own share of the sequence, never summed over the TP group (Megatron's

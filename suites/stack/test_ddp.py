@@ -18,6 +18,7 @@ import pytest
 
 from harness.contracts.stack import Layout, Recipe
 from harness.runtime.capabilities import require_dtype
+from harness.stack.judge import hold
 from reference.models import ModelSpec
 from suites._support.stack import ADAM, GPT, LLAMA, LLAMA32, held, named_cases
 from suites.stack.test_adamw import ADAMW
@@ -100,3 +101,14 @@ def test_the_torch_stack_replicates_with_ddp_and_reduces_once_a_step(zero, world
         assert held_ == [names, names], held_
     else:
         assert held_[0] and held_[1] and not held_[0] & held_[1] and held_[0] | held_[1] == names, held_
+
+
+def test_a_loss_divided_by_the_global_count_under_ddp_fails(world_cache, conformance):
+    """Planted (``DDPDividesByDpTwice``): each replica's loss over the global count and DDP's average — every gradient
+    half of one device's at dp 2. The first case clips every step, which would hide a uniform scale from the update
+    but not from the norm it reports: off at step 1."""
+    _, spec, layout, recipe = CASES[0]
+    v = hold(world_cache, conformance, "suites.stack.planted:DDPDividesByDpTwice", layout.world_size, spec, layout,
+             recipe, localise=False)
+    assert v["outcome"] == "fail", v
+    assert any(p.startswith("rank 0: step 1: gradient norm") for p in v["problems"]), v["problems"][:4]

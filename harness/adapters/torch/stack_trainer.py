@@ -38,6 +38,11 @@ class Torch3D:
     the sequence, summed over the TP group by DTensor). False: the norms left out of the plan — each TP rank's norm
     steps with its own share's gradient (Megatron's norms without their TP all-reduce). A planted bug's knob."""
 
+    loss_over_global_count = False
+    """Each replica's summed loss divided by the global batch's count of targets, where DDP / FSDP2 average the
+    replicas' gradients as well: every gradient / dp (torchtitan 0.2's DDP finding, as a user writes it). A planted
+    bug's knob."""
+
     def __init__(self, model, dp: int, pp: int, tp: int, schedule: str, microbatches: int, lr: float,
                  mesh=None, optimizer=None, reshard_after_forward: bool = True, accumulation: int = 1,
                  checkpointing: str | None = None, compile: bool = False, tensor_parallel: bool = True,
@@ -208,7 +213,8 @@ class Torch3D:
                              "(sequence parallelism shards them).")
         per = len(tokens) // dp
         mine = slice(self.dp_rank * per, (self.dp_rank + 1) * per)
-        self._count = token_share(targets, dp)  # each replica's share of the global batch's counted targets
+        # each replica's share of the global batch's counted targets (the planted knob: all of them)
+        self._count = token_share(targets, 1 if self.loss_over_global_count else dp)
         tokens, targets = tokens[mine], targets[mine]
         if self._schedule is None:  # one schedule for every pass: a new one re-runs the stage's shape
             # inference, whose clean-up drops the gradients accumulated so far (PipelineStage)
