@@ -69,7 +69,7 @@ FINDINGS = (
             symptom=r"^rank \d+: (step \d+: (gradient norm \S+ vs one device"
                     r"|(parameter|optimizer state|master) \S+: off by)|loss after step \d+:)",
             cause=r"(parameter|optimizer state) embed\.weight\S*: off by"),
-    Finding("torch", "stack", "torch", ("2.13", None),
+    Finding("torch", "stack", "torch", ("2.12", None),
             "torch.distributed.pipelining's ScheduleGPipe over a stage in DistributedDataParallel (the DDP support "
             "its PipelineStage has: no_sync but for the last micro-batch) raises in the second step's forward: DDP's "
             "bucket rebuild asserts ('rebuilt parameter indices size is not same as original model parameters "
@@ -77,35 +77,38 @@ FINDINGS = (
             "first step whose gradients are right. GPipe runs every micro-batch's forward before the backwards; "
             "1F1B, and GPipe over one micro-batch, train (torch's own test_pp_ddp runs one step). Minimal case: a "
             "Linear(3, 3) in DDP over 2 ranks as a one-stage pipeline, GPipe over 2 micro-batches: step 2 raises. In "
-            "the torch stack: ZeRO 0 / 1 (DDP) under GPipe, any pp. Seen on 2.13.0 (CPU, gloo).",
+            "the torch stack: ZeRO 0 / 1 (DDP) under GPipe, any pp. Seen on 2.12.1, 2.13.0, 2.15.0 (CPU, gloo).",
             "suites/stack/test_findings.py::test_watch_ddp_under_gpipe_raises_at_the_second_step",
             {"schedule": "gpipe", "zero": lambda z: z < 2, "dp": lambda d: d > 1, "microbatches": lambda m: m > 1},
             symptom=r"rebuilt parameter indices size is not same as original model parameters size"),
-    Finding("torch", "stack", "torch", ("2.13", None),
+    Finding("torch", "stack", "torch", ("2.12", None),
             "torch.distributed.pipelining's zero-bubble schedule (ScheduleInterleavedZeroBubble over one stage a "
             "rank: ZB-H1) over stages in DistributedDataParallel never all-reduces the last stage's gradients — its "
             "split backward calls autograd's grad directly, past the hooks DDP reduces in (pytorch #144530, open; "
             "torch's test_pp_ddp skips the case): each replica of that stage steps with its own gradient, silently. "
             "Minimal case: dp 2 x pp 2, a Linear(3, 3) per stage, ZB-H1 over 2 micro-batches: the first stage's "
             "replicas hold one gradient after the step, the last stage's two. In the torch stack: ZeRO 0 / 1 (DDP) "
-            "under ZB-H1 at pp > 1 — the gradient norm and every tensor off from step 1. Seen on 2.13.0 (CPU, gloo).",
+            "under ZB-H1 at pp > 1 — the gradient norm and every tensor off from step 1. Seen on 2.12.1, 2.13.0, "
+            "2.15.0 (CPU, gloo).",
             "suites/stack/test_findings.py::test_watch_ddp_under_zero_bubble_reduces_no_last_stage_gradient",
             {"schedule": "zb-h1", "zero": lambda z: z < 2, "dp": lambda d: d > 1, "pp": lambda p: p > 1},
             symptom=r"^rank \d+: (step \d+: (gradient norm \S+ vs one device"
                     r"|(parameter|optimizer state|master) \S+: off by)|loss after step \d+:)",
             cause=r"step 1: "),
-    Finding("torch", "stack", "torch", ("2.13", None),
+    Finding("torch", "stack", "torch", ("2.12", None),
             "torch.distributed.pipelining over FSDP2 modules: a new schedule built on the same PipelineStage re-runs "
             "the stage's shape inference, whose clean-up sets every FSDP parameter's grad to None — gradients "
             "accumulated by earlier passes are dropped silently (one FSDP2 Linear, two GPipe steps without zeroing: "
-            "the gradient is the second pass's alone; the stack at accumulation 2 was off by 3-16 %).",
+            "the gradient is the second pass's alone; the stack at accumulation 2 was off by 3-16 %). Seen on 2.12.1, "
+            "2.13.0, 2.15.0.",
             "suites/stack/test_findings.py::test_a_new_pipeline_schedule_drops_fsdp2_accumulated_gradients",
             handled_by_adapter="the torch stack builds one schedule and reuses it for every accumulation pass"),
-    Finding("torch", "stack", "torch", ("2.13", None),
+    Finding("torch", "stack", "torch", ("2.12", None),
             "torch.nn.utils.get_total_norm(..., inf) — torchtitan's clip_grad_norm_ — raises on a rank whose FSDP2 "
             "shard of a gradient is empty ('_foreach_norm cannot compute the infinity norm on an empty tensor') "
             "while its peers wait in the reduction; the 2-norm works (minimal case: Linear(3, 1) over 2 ranks; in "
-            "the stack: vocabulary 13 over tp 4 x dp 2, the last TP rank's one head row split over 2).",
+            "the stack: vocabulary 13 over tp 4 x dp 2, the last TP rank's one head row split over 2). Seen on "
+            "2.12.1, 2.13.0, 2.15.0.",
             "suites/stack/test_findings.py::test_inf_norm_of_an_empty_fsdp_shard_raises",
             {"norm_type": math.inf}, symptom=r"cannot compute the infinity norm on an empty tensor"),
     Finding("torchtitan", "stack", "torchtitan", ("0.2.2", "0.3.0"),
