@@ -19,15 +19,13 @@ import pytest
 from harness.contracts.stack import Layout, Recipe
 from harness.runtime.capabilities import require_dtype
 from harness.stack.judge import hold
-from reference.models import ModelSpec
 from suites._support.stack import ADAM, GPT, LLAMA, LLAMA32, held, named_cases
 from suites.stack.test_adamw import ADAMW
 from suites.stack.test_low_precision import FP8
 from suites.stack.test_lr_schedule import COSINE
 from suites.stack.test_muon import LLAMA as MUON_LLAMA
 from suites.stack.test_muon import MUON
-
-TIED = ModelSpec(**{**GPT.as_dict(), "tie_embeddings": True})
+from suites.stack.test_schedules import TIED
 
 CASES = [  # (id, spec, layout, recipe)
     ("gpt-dp2-pp2-1f1b-zero0-accumulate-clipped", GPT, Layout(2, 2, 1, zero=0, schedule="1f1b"),
