@@ -94,7 +94,8 @@ class PipeState:
 
         from .moe_stack import relink_groups
 
-        relink_groups(self.optimizer, self.stage)  # ZeRO 1 with two groups (AdamW's spared vectors): the finding's
+        # ZeRO 1 with two groups (AdamW's spared vectors): DeepSpeed links the first group's state only (a finding)
+        relink_groups(self.optimizer, self.stage)
         local = {}
         for name, p in self._local():
             if self.stage == 0 and not self.mixed:
