@@ -50,9 +50,10 @@ def test_watch_a_compiled_tp_block_after_a_tp_embedding_drops_its_gradient(backe
 
 
 def test_watch_ddp_under_gpipe_raises_at_the_second_step(world_cache):
-    """torch 2.12.1 - 2.15.0 (CPU, gloo): a one-stage pipeline in DDP over 2 ranks, GPipe over 2 micro-batches — step 1's
-    gradients are DDP's (every replica the same), step 2's forward raises DDP's bucket-rebuild assert; 1F1B over the
-    same micro-batches and GPipe over one train both steps (the controls). Fails once torch trains GPipe under DDP."""
+    """torch 2.12.1 - 2.15.0 (CPU, gloo): a one-stage pipeline in DDP over 2 ranks, GPipe over 2 micro-batches —
+    step 1's gradients are DDP's (every replica the same), step 2's forward raises DDP's bucket-rebuild assert; 1F1B
+    over the same micro-batches and GPipe over one train both steps (the controls). Fails once torch trains GPipe
+    under DDP."""
     world = world_cache.get(2)
     gpipe = world.run(ranks.ddp_pipeline, "gpipe", 2, timeout=120)
     assert all(r["agree"] for r in gpipe), gpipe
@@ -64,9 +65,9 @@ def test_watch_ddp_under_gpipe_raises_at_the_second_step(world_cache):
 
 
 def test_watch_ddp_under_zero_bubble_reduces_no_last_stage_gradient(world_cache):
-    """torch 2.12.1 - 2.15.0 (CPU, gloo; pytorch #144530): dp 2 x pp 2 in DDP, ZB-H1 over 2 micro-batches — after one step the
-    first stage's replicas agree (DDP reduced them) and the last stage's do not (ranks 1 and 3: mesh (dp, pp)); under
-    1F1B every replica agrees (the control). Fails once torch reduces the last stage under zero bubble."""
+    """torch 2.12.1 - 2.15.0 (CPU, gloo; pytorch #144530): dp 2 x pp 2 in DDP, ZB-H1 over 2 micro-batches — after one
+    step the first stage's replicas agree (DDP reduced them) and the last stage's do not (ranks 1 and 3: mesh (dp,
+    pp)); under 1F1B every replica agrees (the control). Fails once torch reduces the last stage under zero bubble."""
     world = world_cache.get(4)
     zb = world.run(ranks.ddp_pipeline, "zb-h1", 2, 2, 1, timeout=120)
     assert [r["agree"] for r in zb] == [True, False, True, False], zb
