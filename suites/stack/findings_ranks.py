@@ -118,6 +118,8 @@ def ddp_pipeline(schedule: str, microbatches: int, pp: int = 1, steps: int = 2) 
     from torch.distributed.device_mesh import init_device_mesh
     from torch.nn.parallel import DistributedDataParallel
 
+    from harness.adapters.torch.stack_trainer import SCHEDULES  # the torch stack's: the names of torch's classes
+
     dp = dist.get_world_size() // pp
     mesh = init_device_mesh("cpu", (dp, pp), mesh_dim_names=("dp", "pp"))
     torch.manual_seed(0)  # every replica's stage the same
@@ -125,13 +127,12 @@ def ddp_pipeline(schedule: str, microbatches: int, pp: int = 1, steps: int = 2) 
     ddp = DistributedDataParallel(lin, process_group=mesh["dp"].get_group())
     stage = pipelining.PipelineStage(ddp, mesh.get_local_rank("pp"), pp, torch.device("cpu"),
                                      group=mesh["pp"].get_group())
-    cls = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "zb-h1": "ScheduleInterleavedZeroBubble"}[schedule]
 
     def loss_fn(out, target):
         return (out - target).pow(2).sum()
 
-    schedule_ = getattr(pipelining, cls)([stage] if schedule == "zb-h1" else stage, microbatches, loss_fn=loss_fn,
-                                     scale_grads=False)
+    schedule_ = getattr(pipelining, SCHEDULES[schedule])([stage] if schedule == "zb-h1" else stage, microbatches,
+                                                         loss_fn=loss_fn, scale_grads=False)
     first, last = mesh.get_local_rank("pp") == 0, mesh.get_local_rank("pp") == pp - 1
     out: dict = {}
     for step in range(1, steps + 1):
