@@ -248,9 +248,10 @@ class TorchStackTrainer(BuiltFromDense):
     resumes_lr_schedule = True
     """``save`` / ``load`` carry the learning-rate scheduler's position (``harness.stack.case.resume_stack``)."""
 
-    def _dcp_state(self) -> dict:
+    def _dcp_state(self, saving: bool = False) -> dict:
         """This rank's tensors under DCP keys; the optimizer state of a parameter not stepped yet as zeros
-        (Adam's ``step`` a scalar), to be filled in place by ``dcp.load``."""
+        (Adam's ``step`` a scalar), to be filled in place by ``dcp.load``. ``saving`` at ZeRO 1: each state tensor made
+        whole on every replica first."""
         import torch
         import torch.distributed as dist
 
@@ -262,8 +263,8 @@ class TorchStackTrainer(BuiltFromDense):
                 out[f"optim.{name}.{key}"] = state.get(key, torch.zeros_like(p.data))
             for key in spec.extra_state_of(name, p.shape):
                 out[f"optim.{name}.{key}"] = state.get(key, torch.tensor(0.0))
-        if t.ddp == 1:  # ZeroRedundancyOptimizer: each state tensor on its owner only — every replica saves it whole
-            # (the owner's plus the others' zeros), as DCP keeps one copy of a plain tensor
+        if saving and t.ddp == 1:  # ZeroRedundancyOptimizer: each state tensor on its owner only — every replica
+            # saves it whole (the owner's plus the others' zeros), as DCP keeps one copy of a plain tensor
             group = t.mesh["dp"].get_group()
             for key in [k for k in out if k.startswith("optim.")]:
                 out[key] = out[key].clone()
@@ -275,7 +276,7 @@ class TorchStackTrainer(BuiltFromDense):
     def save(self, directory) -> None:
         import torch.distributed.checkpoint as dcp
 
-        dcp.save(self._dcp_state(), checkpoint_id=_dcp_dir(directory))
+        dcp.save(self._dcp_state(saving=True), checkpoint_id=_dcp_dir(directory))
 
     def load(self, directory) -> None:
         import torch.distributed.checkpoint as dcp
