@@ -62,8 +62,7 @@ FINDINGS = (
             "Embedding(10, 8) + a residual Colwise / Rowwise MLP compiled, tp 2, FSDP2 over one dp rank, with or "
             "without sequence parallelism; eager, one device's gradient. In the torch stack: every compiled layout "
             "with tp > 1 — the embedding's gradient (and momentum) off, then every weight after step 2 (torchtitan's "
-            "own Llama plan, compiled on the same layout, passes). Seen "
-            "on 2.12.1, 2.13.0, 2.15.0 (CPU, gloo).",
+            "own Llama plan, compiled on the same layout, passes). Seen on 2.12.1, 2.13.0, 2.15.0 (CPU, gloo).",
             "suites/stack/test_findings.py::test_watch_a_compiled_tp_block_after_a_tp_embedding_drops_its_gradient",
             {"compile": True, "tp": lambda t: t > 1},
             symptom=r"^rank \d+: (step \d+: (gradient norm \S+ vs one device"
@@ -141,8 +140,7 @@ FINDINGS = (
             "modules share one (its state at dp 2 x tp 2: the embedding's and the head's FSDPParam apart; at dp 2 "
             "alone one, shared). The torch stack ties after TP and before fully_shard and equals one device on the "
             "same layout; tying after fully_shard (the planted TiedAfterFullyShard) is off from step 2 as torchtitan "
-            "is "
-            "(suites/stack/test_tied.py).",
+            "is (suites/stack/test_tied.py).",
             "suites/stack/test_torchtitan.py::test_watch_a_tied_embedding_under_fsdp_and_tp_is_off_at_step_two",
             {"tie_embeddings": True, "tp": lambda t: t > 1, "dp": lambda d: d > 1},
             symptom=r"^rank \d+: (step 2: |loss after step 2)", cause=r"^rank \d+: step 2: parameter"),
@@ -169,8 +167,8 @@ FINDINGS = (
             "softmax's sum where the embedding's logits are large — so the loss stays within the bound while every "
             "gradient is off (minimal case: the tied float32 Llama of vocabulary 13 at tp 2, Adam at lr 5e-2: "
             "blocks.0.attn.v.weight 0.009 of its magnitude off at step 1 against a bound of 0.0024; vocabulary 14 or "
-            "16 on the same case equal one "
-            "device). At lr 1e-2 it stays within the float32 bound: hidden — suites/stack/test_tied.py steps at 5e-2.",
+            "16 on the same case equal one device). At lr 1e-2 it stays within the float32 bound: hidden — "
+            "suites/stack/test_tied.py steps at 5e-2.",
             "suites/stack/test_megatron.py::test_megatron_tied_to_a_padded_vocabulary_is_the_known_finding",
             {"vocab_remainder": lambda r: r != 0, "tie_embeddings": True},
             symptom=r"^rank \d+: (step \d+: |loss after step)", cause=r"^rank \d+: step 1: parameter "),
