@@ -69,28 +69,34 @@ FINDINGS = (
                     r"|(parameter|optimizer state|master) \S+: off by)|loss after step \d+:)",
             cause=r"(parameter|optimizer state) embed\.weight\S*: off by"),
     Finding("torch", "stack", "torch", ("2.12", None),
-            "torch.distributed.pipelining's ScheduleGPipe over a stage in DistributedDataParallel (the DDP support "
-            "its PipelineStage has: no_sync but for the last micro-batch) raises in the second step's forward: DDP's "
-            "bucket rebuild asserts ('rebuilt parameter indices size is not same as original model parameters "
-            "size': every parameter recorded twice — in the stack a stage's 28 parameters, 56 recorded) after a "
-            "first step whose gradients are right. GPipe runs every micro-batch's forward before the backwards; "
-            "1F1B, and GPipe over one micro-batch, train (torch's own test_pp_ddp runs one step). Minimal case: a "
-            "Linear(3, 3) in DDP over 2 ranks as a one-stage pipeline, GPipe over 2 micro-batches: step 2 raises. In "
-            "the torch stack: ZeRO 0 / 1 (DDP) under GPipe, any pp. Seen on 2.12.1, 2.13.0, 2.15.0 (CPU, gloo).",
-            "suites/stack/test_findings.py::test_watch_ddp_under_gpipe_raises_at_the_second_step",
-            {"schedule": "gpipe", "zero": lambda z: z < 2, "dp": lambda d: d > 1, "microbatches": lambda m: m > 1},
+            "torch.distributed.pipelining over stages in DistributedDataParallel (the DDP support its PipelineStage "
+            "has: no_sync but for the last micro-batch; every forward outside it) raises at a stage's forward after "
+            "the first step ran two of that stage's backwards with no forward between them: DDP's bucket rebuild "
+            "asserts ('rebuilt parameter indices size is not same as original model parameters size': every "
+            "parameter recorded twice — in the stack a stage's 28 parameters, 56 recorded); the first step's "
+            "gradients are right. So GPipe over 2 or more micro-batches, and every other schedule (1F1B, ZB-H1, "
+            "interleaved, interleaved zero bubble, ZB-V, DualPipeV) whose micro-batches are 2 or more and no more "
+            "than its stages (pp, or 2 pp: its first stage runs every forward before its first backward) — measured "
+            "at pp 1, 2 and 3, micro-batches 1 to 12; more micro-batches than stages train (torch's own test_pp_ddp "
+            "runs one step, so never sees it). Minimal case: a Linear(3, 3) in DDP over 2 ranks as a one-stage "
+            "pipeline, GPipe over 2 micro-batches: step 2 raises. In the torch stack: ZeRO 0 / 1 (DDP) under those "
+            "schedules and micro-batch counts. Seen on 2.12.1, 2.13.0, 2.15.0 (CPU, gloo).",
+            "suites/stack/test_findings.py::test_watch_ddp_under_pipelining_raises_after_two_backwards_in_a_row",
+            {"zero": lambda z: z < 2, "dp": lambda d: d > 1, "layout": lambda lay: _backwards_in_a_row(lay)},
             symptom=r"rebuilt parameter indices size is not same as original model parameters size"),
     Finding("torch", "stack", "torch", ("2.12", None),
-            "torch.distributed.pipelining's zero-bubble schedule (ScheduleInterleavedZeroBubble over one stage a "
-            "rank: ZB-H1) over stages in DistributedDataParallel never all-reduces the last stage's gradients — its "
-            "split backward calls autograd's grad directly, past the hooks DDP reduces in (pytorch #144530, open; "
-            "torch's test_pp_ddp skips the case): each replica of that stage steps with its own gradient, silently. "
-            "Minimal case: dp 2 x pp 2, a Linear(3, 3) per stage, ZB-H1 over 2 micro-batches: the first stage's "
-            "replicas hold one gradient after the step, the last stage's two. In the torch stack: ZeRO 0 / 1 (DDP) "
-            "under ZB-H1 at pp > 1 — the gradient norm and every tensor off from step 1. Seen on 2.12.1, 2.13.0, "
-            "2.15.0 (CPU, gloo).",
-            "suites/stack/test_findings.py::test_watch_ddp_under_zero_bubble_reduces_no_last_stage_gradient",
-            {"schedule": "zb-h1", "zero": lambda z: z < 2, "dp": lambda d: d > 1, "pp": lambda p: p > 1},
+            "torch.distributed.pipelining's zero-bubble schedules (ZB-H1, interleaved zero bubble, ZB-V, DualPipeV) "
+            "over stages in DistributedDataParallel never all-reduce the gradients of any stage but the first (and, "
+            "under DualPipeV, the last: its rank 0 holds both) — their split backward calls autograd's grad "
+            "directly, past the hooks DDP reduces in (pytorch #144530, open; torch's test_pp_ddp skips the case): "
+            "each replica of those stages steps with its own gradient, silently. Minimal case: dp 2 x pp 2, a "
+            "Linear(3, 3) per stage, ZB-H1 over 2 micro-batches: the first stage's replicas hold one gradient after "
+            "the step, the last stage's two (measured at pp 1, 2 and 3: interleaved zero bubble and ZB-V reduce "
+            "stage 0 alone, even on one pipeline rank). In the torch stack: ZeRO 0 / 1 (DDP) under those schedules "
+            "with such a stage — the gradient norm and every tensor off from step 1. Seen on 2.12.1, 2.13.0, 2.15.0 "
+            "(CPU, gloo).",
+            "suites/stack/test_findings.py::test_watch_ddp_under_zero_bubble_reduces_only_the_first_stage",
+            {"zero": lambda z: z < 2, "dp": lambda d: d > 1, "layout": lambda lay: _unreduced_stage(lay)},
             symptom=r"^rank \d+: (step \d+: (gradient norm \S+ vs one device"
                     r"|(parameter|optimizer state|master) \S+: off by)|loss after step \d+:)",
             cause=r"step 1: "),
@@ -367,3 +373,24 @@ FINDINGS = (
             symptom=r"^rank \d+: (FileNotFoundError: .*zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt|AssertionError: "
                     r"|AttributeError: 'NoneType' object)"),
 )
+
+
+def _stages(layout) -> int:
+    from reference.pipeline.generators import stages_per_rank
+
+    return layout.pp * stages_per_rank(layout.schedule, 2)
+
+
+def _backwards_in_a_row(layout) -> bool:
+    """Whether ``layout``'s schedule runs two of its first stage's backwards in a row in the first step: GPipe over
+    2 or more micro-batches; any other schedule over 2 or more and no more than its stages."""
+    m = layout.num_microbatches
+    return m >= 2 and (layout.schedule == "gpipe" or m <= _stages(layout))
+
+
+def _unreduced_stage(layout) -> bool:
+    """Whether ``layout``'s zero-bubble schedule holds a stage DDP does not reduce: any but stage 0 (DualPipeV's last
+    stage too, on rank 0 with it)."""
+    from reference.pipeline.generators import SPLIT_BACKWARD
+
+    return layout.schedule in SPLIT_BACKWARD and _stages(layout) > (2 if layout.schedule == "dualpipev" else 1)

@@ -95,7 +95,7 @@ def judged(world, impl: str, spec, layout, recipe, one=None, **kw) -> dict:
                            accumulation=recipe.accumulation, option=impl, low_precision=recipe.low_precision,
                            compile=layout.compile, optimizer=recipe.optimizer.name,
                            clipped=recipe.max_grad_norm is not None, dtype=spec.dtype, schedule=layout.schedule,
-                           microbatches=layout.num_microbatches) if outcome == "fail" else None
+                           microbatches=layout.num_microbatches, layout=layout) if outcome == "fail" else None
     outcome = "known-nonconformance" if known else outcome
     row = {"suite": "stack", "world_size": layout.world_size, "dtype": spec.dtype, "impl": impl,
            "release": release_of(impl),

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.contracts.stack import Layout
 from harness.pytest.plugin import Conformance
 from harness.records import findings
 from harness.records.findings import FINDINGS, Finding
@@ -52,14 +53,14 @@ EXAMPLES = {
     "test_watch_deepspeed_zero3_divides_the_sequence_parallel_gradient_by_sp": (
         {"zero": 3, "cp": 2},
         "rank 0: step 1: parameter blocks.0.attn.o.weight: off by 0.0117 of its magnitude > 0.00278"),
-    "test_watch_ddp_under_gpipe_raises_at_the_second_step": (
-        {"schedule": "gpipe", "zero": 0, "dp": 2, "microbatches": 4},
+    "test_watch_ddp_under_pipelining_raises_after_two_backwards_in_a_row": (
+        {"zero": 0, "dp": 2, "layout": Layout(2, 1, 1, schedule="gpipe", microbatches=4)},
         "rank 0: RuntimeError: [Stage 0] failed to run forward: from RuntimeError: params_.size() == "
         "rebuilt_param_indices_.size() INTERNAL ASSERT FAILED at \"reducer.cpp\":2003, please report a bug to "
         "PyTorch. rebuilt parameter indices size is not same as original model parameters size.Original model param "
         "size is: 28 versus rebuilt params size of: 56 (after 1 step(s))"),
-    "test_watch_ddp_under_zero_bubble_reduces_no_last_stage_gradient": (
-        {"schedule": "zb-h1", "zero": 1, "dp": 2, "pp": 2},
+    "test_watch_ddp_under_zero_bubble_reduces_only_the_first_stage": (
+        {"zero": 1, "dp": 2, "layout": Layout(2, 2, 1, zero=1, schedule="zb-h1")},
         "rank 0: step 1: gradient norm 1.1933221102470555 vs one device 0.8281664441767093 (off by 0.441 > 2.1e-11)"),
     "test_watch_a_compiled_tp_block_after_a_tp_embedding_drops_its_gradient": (
         {"compile": True, "tp": 2},

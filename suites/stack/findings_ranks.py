@@ -108,38 +108,43 @@ def compiled_tp_block_after_a_tp_embedding(fsdp: bool, backend: str = "inductor"
 
 def ddp_pipeline(schedule: str, microbatches: int, pp: int = 1, steps: int = 2) -> dict:
     """A float64 Linear(3, 3) per stage in torch's ``DistributedDataParallel`` over the data-parallel group of a
-    (dp, pp) mesh, pipelined by ``schedule`` ("gpipe", "1f1b", "zb-h1": torch's ScheduleGPipe, Schedule1F1B,
-    ScheduleInterleavedZeroBubble over the rank's one stage) over ``microbatches``; each replica its own batch,
-    ``steps`` steps (1 or 2) with the gradients zeroed between them. Returns {"agree": whether after step 1 every
-    replica holds the same gradient (DDP's all-reduce: equal bitwise), "step <i>": "ok" or "raised <error>"
-    (``harness.errors.describe``: with the error it was raised from)}."""
+    (dp, pp) mesh, pipelined by ``schedule`` (the torch stack's name for torch's class: one stage a rank, or two under
+    the interleaved and V-shaped schedules, placed as ``reference.pipeline.placement`` places them) over
+    ``microbatches``; each replica its own batch, ``steps`` steps (1 or 2) with the gradients zeroed between them.
+    Returns {"agree": whether after step 1 the replicas of each of this rank's stages hold the same gradient (DDP's
+    all-reduce: equal bitwise) — one bool, or a list of them in stage order with two stages, "step <i>": "ok" or
+    "raised <error>" (``harness.errors.describe``: with the error it was raised from)}."""
     import torch.distributed as dist
     from torch.distributed import pipelining
     from torch.distributed.device_mesh import init_device_mesh
     from torch.nn.parallel import DistributedDataParallel
 
-    from harness.adapters.torch.stack_trainer import SCHEDULES  # the torch stack's: the names of torch's classes
+    from harness.adapters.torch.stack_trainer import MULTI, SCHEDULES  # the torch stack's: torch's classes
+    from reference.pipeline.generators import placement, stages_per_rank
 
-    dp = dist.get_world_size() // pp
+    dp, v = dist.get_world_size() // pp, stages_per_rank(schedule, 2)
     mesh = init_device_mesh("cpu", (dp, pp), mesh_dim_names=("dp", "pp"))
-    torch.manual_seed(0)  # every replica's stage the same
-    lin = torch.nn.Linear(3, 3, dtype=torch.float64)
-    ddp = DistributedDataParallel(lin, process_group=mesh["dp"].get_group())
-    stage = pipelining.PipelineStage(ddp, mesh.get_local_rank("pp"), pp, torch.device("cpu"),
-                                     group=mesh["pp"].get_group())
+    mine = [s for s, r in enumerate(placement(schedule, pp, v)) if r == mesh.get_local_rank("pp")]
+    torch.manual_seed(0)  # every replica's stages the same
+    lins = [torch.nn.Linear(3, 3, dtype=torch.float64) for _ in mine]
+    stages = [pipelining.PipelineStage(DistributedDataParallel(lin, process_group=mesh["dp"].get_group()), s, pp * v,
+                                       torch.device("cpu"), group=mesh["pp"].get_group())
+              for s, lin in zip(mine, lins, strict=True)]
 
     def loss_fn(out, target):
         return (out - target).pow(2).sum()
 
-    schedule_ = getattr(pipelining, SCHEDULES[schedule])([stage] if schedule == "zb-h1" else stage, microbatches,
-                                                         loss_fn=loss_fn, scale_grads=False)
-    first, last = mesh.get_local_rank("pp") == 0, mesh.get_local_rank("pp") == pp - 1
+    cls = SCHEDULES[schedule]
+    schedule_ = getattr(pipelining, cls)(stages if cls in MULTI else stages[0], microbatches, loss_fn=loss_fn,
+                                         scale_grads=False)
+    first, last = 0 in mine, pp * v - 1 in mine
     out: dict = {}
     for step in range(1, steps + 1):
         torch.manual_seed(100 * step + mesh.get_local_rank("dp"))  # each replica's own batch
         x, y = torch.randn(2 * microbatches, 3, dtype=torch.float64), torch.randn(2 * microbatches, 3,
                                                                                  dtype=torch.float64)
-        lin.zero_grad()
+        for lin in lins:
+            lin.zero_grad()
         try:
             schedule_.step(*((x,) if first else ()), **({"target": y} if last else {}))
         except Exception as exc:  # noqa: BLE001 - the behaviour watched
@@ -149,7 +154,11 @@ def ddp_pipeline(schedule: str, microbatches: int, pp: int = 1, steps: int = 2) 
             return out
         out[f"step {step}"] = "ok"
         if step == 1:
-            grads = [torch.zeros(12, dtype=torch.float64) for _ in range(dp)]
-            dist.all_gather(grads, torch.cat([lin.weight.grad.flatten(), lin.bias.grad]), group=mesh["dp"].get_group())
-            out["agree"] = all(torch.equal(g, grads[0]) for g in grads)
+            agree = []
+            for lin in lins:
+                grads = [torch.zeros(12, dtype=torch.float64) for _ in range(dp)]
+                dist.all_gather(grads, torch.cat([lin.weight.grad.flatten(), lin.bias.grad]),
+                                group=mesh["dp"].get_group())
+                agree.append(all(torch.equal(g, grads[0]) for g in grads))
+            out["agree"] = agree[0] if len(agree) == 1 else agree
     return out

@@ -49,26 +49,37 @@ def test_watch_a_compiled_tp_block_after_a_tp_embedding_drops_its_gradient(backe
     assert without.startswith("raised AttributeError") and "_local_tensor" in without, without
 
 
-def test_watch_ddp_under_gpipe_raises_at_the_second_step(world_cache):
-    """torch 2.12.1 - 2.15.0 (CPU, gloo): a one-stage pipeline in DDP over 2 ranks, GPipe over 2 micro-batches —
-    step 1's gradients are DDP's (every replica the same), step 2's forward raises DDP's bucket-rebuild assert; 1F1B
-    over the same micro-batches and GPipe over one train both steps (the controls). Fails once torch trains GPipe
-    under DDP."""
+REBUILT = "rebuilt parameter indices size is not same as original model parameters size"
+
+
+def test_watch_ddp_under_pipelining_raises_after_two_backwards_in_a_row(world_cache):
+    """torch 2.12.1 - 2.15.0 (CPU, gloo): one pipeline rank, its stages in DDP over 2 ranks, every schedule over the
+    micro-batch counts of ``test_ddp.RAISED`` (the table the finding's condition is) — step 1's gradients are DDP's
+    (every replica of stage 0 the same), and step 2's forward raises DDP's bucket-rebuild assert exactly where the
+    table says (GPipe over 2 or more; interleaved, interleaved zero bubble, ZB-V and DualPipeV over 2, their 2
+    stages); the rest train both steps (1F1B, ZB-H1 and GPipe over 1: the controls). Fails once torch trains these
+    under DDP, or raises elsewhere."""
+    from suites.stack.test_ddp import RAISED
+
     world = world_cache.get(2)
-    gpipe = world.run(ranks.ddp_pipeline, "gpipe", 2, timeout=120)
-    assert all(r["agree"] for r in gpipe), gpipe
-    assert all("rebuilt parameter indices size is not same as original model parameters size" in r["step 2"]
-               for r in gpipe), gpipe
-    for schedule, m in (("1f1b", 2), ("gpipe", 1)):
-        assert world.run(ranks.ddp_pipeline, schedule, m, timeout=120) == [{"step 1": "ok", "agree": True,
-                                                                            "step 2": "ok"}] * 2
+    for (schedule, pp, m), raised in RAISED.items():
+        if pp == 1:  # every rank raises together (at pp 2 a stage's peers wait for it: the hang window each)
+            per_rank = world.run(ranks.ddp_pipeline, schedule, m, timeout=120)
+            first = [r["agree"] if isinstance(r["agree"], bool) else r["agree"][0] for r in per_rank]
+            assert all(first) and [REBUILT in r["step 2"] for r in per_rank] == [raised] * 2, (schedule, m, per_rank)
+            assert raised or [r["step 2"] for r in per_rank] == ["ok"] * 2, (schedule, m, per_rank)
 
 
-def test_watch_ddp_under_zero_bubble_reduces_no_last_stage_gradient(world_cache):
-    """torch 2.12.1 - 2.15.0 (CPU, gloo; pytorch #144530): dp 2 x pp 2 in DDP, ZB-H1 over 2 micro-batches — after one
-    step the first stage's replicas agree (DDP reduced them) and the last stage's do not (ranks 1 and 3: mesh (dp,
-    pp)); under 1F1B every replica agrees (the control). Fails once torch reduces the last stage under zero bubble."""
+def test_watch_ddp_under_zero_bubble_reduces_only_the_first_stage(world_cache):
+    """torch 2.12.1 - 2.15.0 (CPU, gloo; pytorch #144530): DDP over 2 replicas, one step — ZB-H1 over dp 2 x pp 2: the
+    first stage's replicas agree after the step (DDP reduced them), the last stage's do not (ranks 1 and 3: mesh (dp,
+    pp)); interleaved zero bubble and ZB-V on one pipeline rank: stage 0 reduced, stage 1 not; DualPipeV on one
+    pipeline rank (stages 0 and 1, the first and the last): both reduced; under 1F1B every replica agrees (the
+    control). Fails once torch reduces every stage under zero bubble."""
     world = world_cache.get(4)
     zb = world.run(ranks.ddp_pipeline, "zb-h1", 2, 2, 1, timeout=120)
     assert [r["agree"] for r in zb] == [True, False, True, False], zb
     assert all(r["agree"] for r in world.run(ranks.ddp_pipeline, "1f1b", 2, 2, 1, timeout=120))
+    two = world_cache.get(2)
+    for schedule, want in (("interleaved-zb", [True, False]), ("zbv", [True, False]), ("dualpipev", [True, True])):
+        assert [r["agree"] for r in two.run(ranks.ddp_pipeline, schedule, 4, 1, 1, timeout=120)] == [want] * 2, schedule

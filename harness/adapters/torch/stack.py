@@ -74,9 +74,7 @@ SUPPORTS = Supports("the torch stack", unsupported=(
     Rule(lambda s, lay, r: _ddp(lay) and lay.zero == 1 and r.optimizer.name == "muon",
          "torch's ZeroRedundancyOptimizer steps each rank's whole parameters with one optimizer class: Muon with its "
          "AdamW half is not composed with it here."),
-    Rule(lambda s, lay, r: lay.pp > 1 and lay.schedule not in ("gpipe", "1f1b", "zb-h1"),
-         lambda s, lay, r: f"the torch stack runs one stage per rank (GPipe, 1F1B, ZB-H1), not {lay.schedule}'s "
-                           "two."),
+    Rule(lambda s, lay, r: _lacks(lay.schedule) is not None, lambda s, lay, r: _lacks(lay.schedule)),
     Rule(lambda s, lay, r: bool(s.dropout),
          "the torch stack trains without dropout: the one-device masks are keyed by each row's global index and the "
          "step, which its pipelining schedules do not pass to the stages."),
@@ -103,14 +101,33 @@ SUPPORTS = Supports("the torch stack", unsupported=(
     refused=(
     Rule(lambda s, lay, r: s.heads % lay.tp,
          lambda s, lay, r: f"tp ({lay.tp}) must divide the attention heads ({s.heads})."),
-    Rule(lambda s, lay, r: lay.pp > s.layers,
-         lambda s, lay, r: f"pp ({lay.pp}) cannot exceed the number of layers ({s.layers})."),
+    Rule(lambda s, lay, r: _stages(lay) > s.layers,
+         lambda s, lay, r: f"the {_stages(lay)} pipeline stages (pp = {lay.pp} under {lay.schedule}) cannot exceed the "
+                           f"number of layers ({s.layers})."),
 ))
 
 
 def _ddp(layout) -> bool:
     """ZeRO 0 / 1 over more than one replica: the torch stack's DDP (+ ZeroRedundancyOptimizer)."""
     return layout.dp > 1 and layout.zero < 2
+
+
+def _stages(layout) -> int:
+    """Pipeline stages: pp, or 2 pp under the schedules of two stages per rank."""
+    from reference.pipeline.generators import stages_per_rank
+
+    return layout.pp * stages_per_rank(layout.schedule, 2)
+
+
+def _lacks(schedule: str) -> str | None:
+    """Why this torch cannot run ``schedule`` (its pipelining lacks the class), or None."""
+    from torch.distributed import pipelining
+
+    from harness.adapters.torch.stack_trainer import SCHEDULES
+
+    if hasattr(pipelining, SCHEDULES[schedule]):
+        return None
+    return f"this torch's pipelining has no {SCHEDULES[schedule]} (the {schedule} schedule)."
 
 
 def _has_torchao() -> bool:

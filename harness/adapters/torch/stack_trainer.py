@@ -21,8 +21,15 @@ from harness.runtime.world import rank_device
 from harness.stack.inputs import token_share
 from reference.stack.compose import Stage
 
-SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "zb-h1": "ScheduleInterleavedZeroBubble"}
-"""One stage per rank; ZB-H1 is torch's interleaved zero bubble over one stage a rank (it takes a list of stages)."""
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B",
+             "zb-h1": "ScheduleInterleavedZeroBubble", "interleaved-zb": "ScheduleInterleavedZeroBubble",
+             "zbv": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
+"""torch's class per schedule. ZB-H1 is torch's interleaved zero bubble over one stage a rank; interleaved and
+interleaved-zb hold two stages a rank (stage c pp + r on rank r), zbv and dualpipev two in a V (r and 2 pp - 1 - r:
+``reference.pipeline.placement``)."""
+
+MULTI = ("ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble", "ScheduleDualPipeV")
+"""torch's schedules that take a list of stages (``PipelineScheduleMulti``): the rank's stages, however many."""
 
 
 class Torch3D:
@@ -70,10 +77,16 @@ class Torch3D:
             parallelize_module,
         )
 
-        if schedule not in SCHEDULES:
-            raise NotImplementedError(f"the torch 3D stack runs {', '.join(SCHEDULES)} here, not {schedule!r}.")
+        from reference.pipeline.generators import placement, stages_per_rank
+        from reference.stack.dimensions import stage_bounds
+
+        if schedule not in SCHEDULES or not hasattr(pipelining, SCHEDULES[schedule]):
+            raise NotImplementedError(f"the torch 3D stack runs torch's {', '.join(SCHEDULES)} schedules here, not "
+                                      f"{schedule!r} (this torch has no {SCHEDULES.get(schedule, schedule)}).")
+        virtual = stages_per_rank(schedule, 2)
+        num_stages = pp * virtual
         tied = getattr(model, "tie_embeddings", False)
-        if tied and pp > 1 and not getattr(self, "split_tied", False):
+        if tied and num_stages > 1 and not getattr(self, "split_tied", False):
             # PipelineStage holds a stage's own modules: nothing sums a parameter shared by two stages (torchtitan
             # refuses weight tying under pp too); split as is, the copies drift apart
             raise NotImplementedError("the torch 3D stack cannot tie the embedding to the LM head: "
@@ -85,49 +98,27 @@ class Torch3D:
         dp_mesh = mesh["dp_replicate", "dp_shard"] if hybrid else mesh["dp"]
         self.dp_rank = (mesh.get_local_rank("dp_replicate") * mesh["dp_shard"].size() + mesh.get_local_rank("dp_shard")
                         if hybrid else mesh.get_local_rank("dp"))
-        stage_idx = mesh.get_local_rank("pp")
-        n_layers = len(model.blocks)
-        base, extra = divmod(n_layers, pp)
-        lo = stage_idx * base + min(stage_idx, extra)
-        hi = lo + base + (1 if stage_idx < extra else 0)
-        self.names = {}
-        first, last = stage_idx == 0, stage_idx == pp - 1
-        stage = Stage([copy.deepcopy(model.blocks[i]) for i in range(lo, hi)],
-                      copy.deepcopy(model.embed) if first else None, copy.deepcopy(model.ln_f) if last else None,
-                      copy.deepcopy(model.head) if last else None, apply_head=True)
-        # names of this stage's parameters in the dense model
-        for name, _ in stage.named_parameters():
-            parts = name.split(".")
-            self.names[name] = f"blocks.{lo + int(parts[1])}.{'.'.join(parts[2:])}" if parts[0] == "blocks" else name
-        tp_mesh = mesh["tp"]
+        pp_rank = mesh.get_local_rank("pp")
+        self.indices = [s for s, r in enumerate(placement(schedule, pp, virtual)) if r == pp_rank]
+        """The pipeline stages this rank holds (one; two under the interleaved and V-shaped schedules)."""
+        bounds = stage_bounds(len(model.blocks), num_stages)  # contiguous blocks, earlier stages the extra one
         if not tensor_parallel and (tp > 1 or sequence_parallel):
             raise ValueError(f"tp = {tp} splits the layers (and sequence parallelism their activations): they are "
                              "tensor-parallel.")
         self.sequence_parallel = sequence_parallel
         between = Shard(1) if sequence_parallel else Replicate()  # the activations between the blocks: the rank's
         # share of the sequence (batch-first), or whole
-        for block in stage.blocks if tensor_parallel else ():
-            parallelize_module(block, tp_mesh, _tp_plan(block, sequence_parallel, self.sequence_parallel_norms))
-            block.attn.heads //= tp
-            if hasattr(block.attn, "kv_heads"):  # a Llama block: KV heads split like the query heads
-                block.attn.kv_heads //= tp
-        if first and tensor_parallel:
-            parallelize_module(stage.embed, tp_mesh, RowwiseParallel(input_layouts=Replicate(),
-                                                                     output_layouts=between))
-        if last and tensor_parallel:
-            if sequence_parallel and self.sequence_parallel_norms:
-                parallelize_module(stage.ln_f, tp_mesh, SequenceParallel())
-            parallelize_module(stage.head, tp_mesh, ColwiseParallel(input_layouts=between, output_layouts=Shard(-1),
-                                                                    use_local_output=False))
-        tie = tied and first and last
-        if tie and not self.tie_after_fsdp:  # one stage: one parameter for both uses, tied before FSDP2 groups it
-            # (its FSDPParam then serves both modules); each deepcopy and each parallelize_module made its own
-            # parameter — the embedding's and the head's placements agree (Shard(0): the vocabulary's rows)
-            stage.head.weight = stage.embed.weight
-        for block in stage.blocks:  # torchtitan's order: TP, activation checkpointing, compile, FSDP
-            _wrap_forward(block, checkpointing, compile)
-            if sequence_parallel and hasattr(block, "mlp"):  # a Llama block's rotary positions: the whole sequence's
-                _whole_positions(block)  # (it is given the rank's share)
+        self.first, self.last = 0 in self.indices, num_stages - 1 in self.indices
+        stages, dense_names = [], []
+        for s in self.indices:
+            stages.append(self._split(model, s, num_stages, bounds))
+            dense_names.append({name: _dense_name(name, bounds[s]) for name, _ in stages[-1].named_parameters()})
+        stage = stages[0] if len(stages) == 1 else torch.nn.ModuleList(stages)
+        """This rank's model: its one stage, or its stages as one module (named "0.…", "1.…")."""
+        self.names = {f"{i}.{n}" if len(stages) > 1 else n: d for i, names in enumerate(dense_names)
+                      for n, d in names.items()}
+        """{this rank's parameter name (``stage.named_parameters()``): its name in the dense model}"""
+        tp_mesh = mesh["tp"]
         policy = {}
         low = next(stage.parameters()).dtype
         if low in (torch.bfloat16, torch.float16):  # FSDP2's mixed precision: fp32 parameters (the masters), each
@@ -142,28 +133,55 @@ class Torch3D:
             from harness.runtime.capabilities import pinned_memory_unsupported
 
             policy["offload_policy"] = CPUOffloadPolicy(pin_memory=pinned_memory_unsupported() is None)
-        self.ddp, submod = ddp, stage
-        if ddp is not None:  # DDP over dp: the parameters whole on every replica, the gradients all-reduced
-            if tp > 1 or hybrid or policy:
-                raise ValueError("the torch stack's DDP runs at tp 1 over one replica group, without FSDP2's "
-                                 "mixed precision or offload.")
-            from torch.nn.parallel import DistributedDataParallel
+        if ddp is not None and (tp > 1 or hybrid or policy):
+            raise ValueError("the torch stack's DDP runs at tp 1 over one replica group, without FSDP2's mixed "
+                             "precision or offload.")
+        self.ddp, self.submods, self.pstages = ddp, [], []
+        """``submods``: each stage as pipelining runs it (in DDP, or the FSDP2 module itself); ``pstages`` their
+        ``PipelineStage``s, in the order of ``indices``."""
+        for s, one in zip(self.indices, stages, strict=True):
+            for block in one.blocks if tensor_parallel else ():
+                parallelize_module(block, tp_mesh, _tp_plan(block, sequence_parallel, self.sequence_parallel_norms))
+                block.attn.heads //= tp
+                if hasattr(block.attn, "kv_heads"):  # a Llama block: KV heads split like the query heads
+                    block.attn.kv_heads //= tp
+            if one.embed is not None and tensor_parallel:
+                parallelize_module(one.embed, tp_mesh, RowwiseParallel(input_layouts=Replicate(),
+                                                                       output_layouts=between))
+            if one.head is not None and tensor_parallel:
+                if sequence_parallel and self.sequence_parallel_norms:
+                    parallelize_module(one.ln_f, tp_mesh, SequenceParallel())
+                parallelize_module(one.head, tp_mesh, ColwiseParallel(input_layouts=between, output_layouts=Shard(-1),
+                                                                      use_local_output=False))
+            tie = tied and one.embed is not None and one.head is not None
+            if tie and not self.tie_after_fsdp:  # one stage: one parameter for both uses, tied before FSDP2 groups
+                # it (its FSDPParam then serves both modules); each deepcopy and each parallelize_module made its
+                # own parameter — the embedding's and the head's placements agree (Shard(0): the vocabulary's rows)
+                one.head.weight = one.embed.weight
+            for block in one.blocks:  # torchtitan's order: TP, activation checkpointing, compile, FSDP
+                _wrap_forward(block, checkpointing, compile)
+                if sequence_parallel and hasattr(block, "mlp"):  # a Llama block's rotary positions: the whole
+                    _whole_positions(block)  # sequence's (it is given the rank's share)
+            submod = one
+            if ddp is not None:  # DDP over dp: the parameters whole on every replica, the gradients all-reduced
+                from torch.nn.parallel import DistributedDataParallel
 
-            submod = DistributedDataParallel(stage, process_group=dp_mesh.get_group(), gradient_as_bucket_view=True)
-        else:
-            for block in stage.blocks:
-                fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, **policy)
-            fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, **policy)
-        if tie and self.tie_after_fsdp:
-            stage.embed.weight = stage.head.weight
-        self.stage, self.submod = stage, submod
+                submod = DistributedDataParallel(one, process_group=dp_mesh.get_group(), gradient_as_bucket_view=True)
+            else:  # each stage its own FSDP2 root (torchtitan's model parts)
+                for block in one.blocks:
+                    fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, **policy)
+                fully_shard(one, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, **policy)
+            if tie and self.tie_after_fsdp:
+                one.embed.weight = one.head.weight
+            self.submods.append(submod)
+            self.pstages.append(pipelining.PipelineStage(submod, s, num_stages, rank_device(),
+                                                         group=mesh["pp"].get_group()))
+        self.stage = stage
         self.optimizer = self._optimizer(optimizer, lr, dp_mesh)
         self.lr_schedule = lr_schedule
         self.schedulers = self.scheduled()
         """One ``LambdaLR`` per torch optimizer (Muon's matrices and its AdamW: two, as a torch user runs them); none
         without a schedule."""
-        self.pstage = pipelining.PipelineStage(submod, stage_idx, pp, rank_device(), group=mesh["pp"].get_group())
-        self.first, self.last = first, last
         self.schedule_cls = getattr(pipelining, SCHEDULES[schedule])
         self._schedule, self._count = None, 1
         self.max_grad_norm, self.norm_type, self.last_grad_norm = None, 2.0, None
@@ -172,6 +190,14 @@ class Torch3D:
         one get_total_norm per device mesh, combined (sum of norm^p, or max) — this stack's LayerNorms are
         FSDP-sharded only (mesh dp) while the TP layers are on (dp, tp), which the verbatim recipe
         cannot mix."""
+
+    def _split(self, model, s: int, num_stages: int, bounds: list) -> Stage:
+        """Stage ``s`` of ``num_stages`` of the one-device ``model``: copies of its blocks, and of the embedding (the
+        first) or the final norm and the head (the last)."""
+        first, last = s == 0, s == num_stages - 1
+        return Stage([copy.deepcopy(model.blocks[i]) for i in range(bounds[s], bounds[s + 1])],
+                     copy.deepcopy(model.embed) if first else None, copy.deepcopy(model.ln_f) if last else None,
+                     copy.deepcopy(model.head) if last else None, apply_head=True)
 
     def _optimizer(self, spec, lr: float, dp_mesh):
         """By the dense model's names: Muon's rule (``OptimizerSpec.build_named``) — torch's Muon on the DTensors; at
@@ -222,8 +248,8 @@ class Torch3D:
             def loss_fn(logits, target):  # each pass divides by the replica's share (FSDP averages over dp)
                 return F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="sum") / self._count
 
-            stage = [self.pstage] if self.schedule_cls.__name__ == SCHEDULES["zb-h1"] else self.pstage
-            self._schedule = self.schedule_cls(stage, self.microbatches, loss_fn=loss_fn, scale_grads=False)
+            stages = self.pstages if self.schedule_cls.__name__ in MULTI else self.pstages[0]
+            self._schedule = self.schedule_cls(stages, self.microbatches, loss_fn=loss_fn, scale_grads=False)
         self.optimizer.zero_grad()
         losses: list = []
         rows = per // k
@@ -231,8 +257,10 @@ class Torch3D:
             # reduces at the last pass only (each earlier one under no_sync, as a DDP user accumulates)
             part = slice(a * rows, (a + 1) * rows)
             passed: list = []  # schedule.step clears the list it is given
-            quiet = self.submod.no_sync() if self.ddp is not None and a < k - 1 else contextlib.nullcontext()
-            with loss_parallel(), quiet:
+            with loss_parallel(), contextlib.ExitStack() as quiet:
+                if self.ddp is not None and a < k - 1:
+                    for submod in self.submods:
+                        quiet.enter_context(submod.no_sync())
                 kwargs = {"target": targets[part], "losses": passed} if self.last else {}
                 self._schedule.step(*((tokens[part],) if self.first else ()), **kwargs)
             losses += passed
@@ -278,6 +306,12 @@ class Torch3D:
 
     def full_params(self) -> dict:
         return {self.names[name]: _full(p.detach()).clone() for name, p in self.stage.named_parameters()}
+
+
+def _dense_name(name: str, lo: int) -> str:
+    """A stage's parameter name in the dense model: its blocks counted from ``lo``."""
+    parts = name.split(".")
+    return f"blocks.{lo + int(parts[1])}.{'.'.join(parts[2:])}" if parts[0] == "blocks" else name
 
 
 def _wrap_forward(block, checkpointing: str | None, compiled: bool) -> None:
