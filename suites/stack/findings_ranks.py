@@ -119,7 +119,7 @@ def ddp_pipeline(schedule: str, microbatches: int, pp: int = 1, steps: int = 2) 
     from torch.distributed.device_mesh import init_device_mesh
     from torch.nn.parallel import DistributedDataParallel
 
-    from harness.adapters.torch.stack_trainer import MULTI, SCHEDULES  # the torch stack's: torch's classes
+    from harness.adapters.torch.stack_trainer import SCHEDULES, SINGLE  # the torch stack's: torch's classes
     from reference.pipeline.generators import placement, stages_per_rank
 
     dp, v = dist.get_world_size() // pp, stages_per_rank(schedule, 2)
@@ -134,9 +134,8 @@ def ddp_pipeline(schedule: str, microbatches: int, pp: int = 1, steps: int = 2) 
     def loss_fn(out, target):
         return (out - target).pow(2).sum()
 
-    cls = SCHEDULES[schedule]
-    schedule_ = getattr(pipelining, cls)(stages if cls in MULTI else stages[0], microbatches, loss_fn=loss_fn,
-                                         scale_grads=False)
+    schedule_ = getattr(pipelining, SCHEDULES[schedule])(stages[0] if schedule in SINGLE else stages, microbatches,
+                                                         loss_fn=loss_fn, scale_grads=False)
     first, last = 0 in mine, pp * v - 1 in mine
     out: dict = {}
     for step in range(1, steps + 1):

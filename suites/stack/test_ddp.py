@@ -7,9 +7,10 @@ their own (Megatron's DDP and distributed optimizer, DeepSpeed's engine and pipe
 
 Two torch findings show here (``harness.stack.findings``): DDP raises at step 2 where the first step ran two of a
 stage's backwards in a row (GPipe; any other schedule over no more micro-batches than its stages), and under the
-zero-bubble schedules no stage's replicas but the first's are reduced. And the torch stack's structure: parameters whole on every replica, ZeRO 1's
-optimizer state on one replica per parameter, one gradient reduction per step whatever the accumulation (numbers
-cannot tell a DDP that all-reduces every pass, or a ZeRO 1 that keeps every state everywhere)."""
+zero-bubble schedules no stage's replicas but the first's are reduced (``RAISED`` and ``REDUCED``: the table
+measured, which the findings' conditions are). And the torch stack's structure: parameters whole on every replica,
+ZeRO 1's optimizer state on one replica per parameter, one gradient reduction per step whatever the accumulation
+(numbers cannot tell a DDP that all-reduces every pass, or a ZeRO 1 that keeps every state everywhere)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """The ``torch`` stack: the torchtitan-style torch 3D stack (``harness.adapters.torch.stack_trainer.Torch3D``: DTensor
-TP with torchtitan's plan per family, torch.distributed.pipelining GPipe / 1F1B / ZB-H1, FSDP2 over dp) under the
+TP with torchtitan's plan per family, torch.distributed.pipelining — GPipe / 1F1B / ZB-H1 one stage a rank, interleaved
+1F1B / interleaved zero bubble / ZB-V / DualPipeV two, placed as ``reference.pipeline.placement`` places them, each
+stage its own FSDP2 root or DDP module —, FSDP2 over dp) under the
 stack contract, for the GPT and the Llama family (grouped-query attention through the same
 ColwiseParallel plan: the KV heads split over tp). Sequence parallelism is torchtitan's plan with it (``Torch3D``:
 each norm ``SequenceParallel`` on the rank's share of the sequence, the attention's and the MLP's input gathered,
@@ -15,15 +17,16 @@ FSDP2 shards over dp: ZeRO 2 is ``reshard_after_forward=False``, 3 is True (over
 stage is the same). ZeRO 0 / 1 over dp > 1 is torch's ``DistributedDataParallel`` around each stage (the parameters
 plain tensors, whole on every replica; at ZeRO 1 ``ZeroRedundancyOptimizer`` over dp, each parameter's state on one
 replica), as pipelining's ``PipelineStage`` supports it (``no_sync`` but for the last micro-batch; the stack's
-accumulation likewise), at tp 1 only: DDP takes DTensor parameters only through a private transform. Under GPipe and
-ZB-H1 torch's DDP support has findings (``harness.stack.findings``).
+accumulation likewise), at tp 1 only: DDP takes DTensor parameters only through a private transform. torch's DDP
+support in pipelining has two findings (``harness.stack.findings``): it raises at step 2 where the first step ran two
+of a stage's backwards in a row (GPipe; the others over no more micro-batches than stages), and the zero-bubble
+schedules reduce no stage but the first.
 
-What it does not provide is ``Unsupported`` in one sentence: ZeRO 0 / 1 over dp at tp > 1, in bf16 or hybrid, the
-schedules of two stages per rank (interleaved, interleaved-zb, zbv, dualpipev),
-tied embeddings over pp > 1 (pipelining shares no parameter across stages; on one stage the embedding and the head
-are one parameter, tied after TP and before FSDP2 groups it), kv_heads < tp (ColwiseParallel cannot split fewer
-heads than ranks: they would have to be replicated, which the plan does not do — torchtitan requires the KV heads
-to divide by tp too) and fp16 (a loss scaler: torch's GradScaler over FSDP2 is held in suites/mixed_precision).
+What it does not provide is ``Unsupported`` in one sentence: ZeRO 0 / 1 over dp at tp > 1, in bf16 or hybrid, a
+schedule this torch's pipelining lacks, tied embeddings over more than one stage (pipelining shares no parameter
+across stages; on one stage the embedding and the head are one parameter, tied after TP and before FSDP2 groups
+it), kv_heads < tp (ColwiseParallel cannot split fewer heads than ranks: they would have to be replicated, which the
+plan does not do — torchtitan requires the KV heads to divide by tp too) and fp16 (a loss scaler: torch's GradScaler over FSDP2 is held in suites/mixed_precision).
 bf16 is FSDP2's ``MixedPrecisionPolicy`` (torchtitan's recipe: fp32 parameters as the masters, each module
 computing in a bf16 copy, gradients reduced in fp32), held precision-matched. A float8 recipe
 (``Recipe.low_precision``, tensorwise or rowwise) is torchao's emulated ``Float8Linear`` in every block, MXFP8 its
@@ -78,9 +81,9 @@ SUPPORTS = Supports("the torch stack", unsupported=(
     Rule(lambda s, lay, r: bool(s.dropout),
          "the torch stack trains without dropout: the one-device masks are keyed by each row's global index and the "
          "step, which its pipelining schedules do not pass to the stages."),
-    Rule(lambda s, lay, r: s.tie_embeddings and lay.pp > 1,
-         lambda s, lay, r: f"the torch stack cannot tie the embedding to the LM head over pp = {lay.pp} stages: "
-                           "torch.distributed.pipelining has no parameter shared across stages."),
+    Rule(lambda s, lay, r: s.tie_embeddings and _stages(lay) > 1,
+         lambda s, lay, r: f"the torch stack cannot tie the embedding to the LM head over {_stages(lay)} pipeline "
+                           "stages: torch.distributed.pipelining has no parameter shared across stages."),
     Rule(lambda s, lay, r: s.kv % lay.tp,
          lambda s, lay, r: f"the torch stack splits the {s.kv} KV heads over tp = {lay.tp} with ColwiseParallel; fewer "
                            "KV heads than ranks would have to be replicated, which its plan does not do."),

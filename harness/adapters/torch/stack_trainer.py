@@ -1,7 +1,8 @@
 """The torchtitan-style torch stack for the 3D comparison: the same GPT (reference.models) with DTensor
 tensor parallelism (ColwiseParallel / RowwiseParallel per block, RowwiseParallel embedding, a
-vocabulary-sharded head under ``loss_parallel``), torch.distributed.pipelining (PipelineStage and its
-GPipe / 1F1B schedules), and FSDP2 ``fully_shard`` over the DP mesh dimension — applied in torchtitan's
+vocabulary-sharded head under ``loss_parallel``), torch.distributed.pipelining (a PipelineStage per stage a rank holds
+— one, or two under the interleaved and V-shaped schedules — and torch's schedule class), and FSDP2 ``fully_shard``
+over the DP mesh dimension (each stage its own root) — applied in torchtitan's
 order (TP, then the pipeline split, then FSDP) on one ``init_device_mesh`` (dp, pp, tp), TP innermost.
 With ``max_grad_norm`` set, the gradients are clipped as torchtitan's ``dist_utils.clip_grad_norm_`` does:
 ``torch.nn.utils.get_total_norm`` over the stage's (DTensor) gradients, ``full_tensor()``, the PP
@@ -21,15 +22,9 @@ from harness.runtime.world import rank_device
 from harness.stack.inputs import token_share
 from reference.stack.compose import Stage
 
-SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B",
-             "zb-h1": "ScheduleInterleavedZeroBubble", "interleaved-zb": "ScheduleInterleavedZeroBubble",
-             "zbv": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
-"""torch's class per schedule. ZB-H1 is torch's interleaved zero bubble over one stage a rank; interleaved and
-interleaved-zb hold two stages a rank (stage c pp + r on rank r), zbv and dualpipev two in a V (r and 2 pp - 1 - r:
-``reference.pipeline.placement``)."""
+from .pipeline import SCHEDULES, SINGLE  # torch's class per schedule (the pipeline suite's): GPipe and 1F1B take one
 
-MULTI = ("ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble", "ScheduleDualPipeV")
-"""torch's schedules that take a list of stages (``PipelineScheduleMulti``): the rank's stages, however many."""
+# stage, the rest a list of the rank's stages — ZB-H1 one, the interleaved and V-shaped ones two
 
 
 class Torch3D:
@@ -182,7 +177,7 @@ class Torch3D:
         self.schedulers = self.scheduled()
         """One ``LambdaLR`` per torch optimizer (Muon's matrices and its AdamW: two, as a torch user runs them); none
         without a schedule."""
-        self.schedule_cls = getattr(pipelining, SCHEDULES[schedule])
+        self.schedule, self.schedule_cls = schedule, getattr(pipelining, SCHEDULES[schedule])
         self._schedule, self._count = None, 1
         self.max_grad_norm, self.norm_type, self.last_grad_norm = None, 2.0, None
         self.clip_recipe = "per-mesh"
@@ -248,7 +243,7 @@ class Torch3D:
             def loss_fn(logits, target):  # each pass divides by the replica's share (FSDP averages over dp)
                 return F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="sum") / self._count
 
-            stages = self.pstages if self.schedule_cls.__name__ in MULTI else self.pstages[0]
+            stages = self.pstages[0] if self.schedule in SINGLE else self.pstages
             self._schedule = self.schedule_cls(stages, self.microbatches, loss_fn=loss_fn, scale_grads=False)
         self.optimizer.zero_grad()
         losses: list = []
