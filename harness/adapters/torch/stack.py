@@ -22,13 +22,13 @@ support in pipelining has two findings (``harness.stack.findings``): it raises a
 of a stage's backwards in a row (GPipe; the others over no more micro-batches than stages), and the zero-bubble
 schedules reduce no stage but the first.
 
-What it does not provide is ``Unsupported`` in one sentence: ZeRO 0 / 1 over dp at tp > 1, in bf16 or hybrid, a
-schedule this torch's pipelining lacks, tied embeddings over more than one stage (pipelining shares no parameter
-across stages; on one stage the embedding and the head are one parameter, tied after TP and before FSDP2 groups
-it), kv_heads < tp (ColwiseParallel cannot split fewer heads than ranks: they would have to be replicated, which the
-plan does not do — torchtitan requires the KV heads to divide by tp too) and fp16 (a loss scaler: torch's GradScaler over FSDP2 is held in suites/mixed_precision).
-bf16 is FSDP2's ``MixedPrecisionPolicy`` (torchtitan's recipe: fp32 parameters as the masters, each module
-computing in a bf16 copy, gradients reduced in fp32), held precision-matched. A float8 recipe
+What it does not provide is ``Unsupported`` in one sentence: ZeRO 0 / 1 over dp at tp > 1, in bf16 or hybrid, a schedule
+this torch's pipelining lacks, tied embeddings over more than one stage (pipelining shares no parameter across stages;
+on one stage the embedding and the head are one parameter, tied after TP and before FSDP2 groups it), kv_heads < tp
+(ColwiseParallel cannot split fewer heads than ranks: they would have to be replicated, which the plan does not do —
+torchtitan requires the KV heads to divide by tp too) and fp16 (a loss scaler: torch's GradScaler over FSDP2 is held in
+suites/mixed_precision). bf16 is FSDP2's ``MixedPrecisionPolicy`` (torchtitan's recipe: fp32 parameters as the masters,
+each module computing in a bf16 copy, gradients reduced in fp32), held precision-matched. A float8 recipe
 (``Recipe.low_precision``, tensorwise or rowwise) is torchao's emulated ``Float8Linear`` in every block, MXFP8 its
 emulated ``MXFP8Linear`` (the module torchtitan's MXFP8 converter builds), converted before TP (torch's
 ``ColwiseParallel`` / ``RowwiseParallel`` over it, as torchtitan does for rowwise), pipelining and FSDP2.
