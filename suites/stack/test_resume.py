@@ -31,7 +31,8 @@ PAIRS = [(GPT, Layout(2, 1, 2, zero=2), Layout(1, 2, 2, zero=0, schedule="gpipe"
          (LLAMA, Layout(2, 1, 2, zero=2), Layout(1, 2, 2, zero=0), MUON64),
          (LLAMA, Layout(2, 1, 2, zero=2), Layout(1, 2, 2, zero=0), WARMUP),
          (TIED32, Layout(2, 1, 2, zero=2), Layout(4, 1, 1, zero=2), ADAM),
-         (LLAMA, Layout(2, 2, 1, zero=1), Layout(4, 1, 1, zero=1), ADAM)]
+         (LLAMA, Layout(2, 2, 1, zero=1), Layout(4, 1, 1, zero=1), ADAM),
+         (LLAMA, Layout(2, 2, 1, zero=2, schedule="zbv"), Layout(1, 2, 2, zero=0, schedule="interleaved"), ADAM)]
 """dp 2 -> 1 with pp 1 -> 2 and ZeRO 2 -> 0; tp 4 over 2 KV heads (replicated) -> dp 2 x pp 2 (checkpointed);
 dp 4 (ZeRO 2) -> pp 4 with middle stages, Adam (both moments and its step count carried). The first and the
 last are what FSDP2 stacks run (ZeRO 2 over dp, KV heads split), so the torch stack's DCP resume is held on
@@ -41,7 +42,9 @@ pp 2 x tp 2 — Newton-Schulz in float64 on both sides (its bfloat16 slack is th
 the resume's), under a schedule; the sixth carries a learning-rate schedule's position (a stack that cannot:
 unsupported, said); the seventh a tied embedding (float32, as torchtitan trains it: one parameter saved once, loaded
 into both uses) from FSDP2 x TP to FSDP2 over 4; the eighth ZeRO 1's optimizer state, each tensor held by one replica
-(torch: ZeroRedundancyOptimizer over DDP), from 2 replicas x pp 2 to 4 replicas — every tensor's owner changes."""
+(torch: ZeroRedundancyOptimizer over DDP), from 2 replicas x pp 2 to 4 replicas — every tensor's owner changes; the
+ninth four stages in a V (ZB-V: rank 0 holds the first and the last) sharded over 2 replicas, resumed as interleaved
+1F1B (rank 0: the first and the third) over tp 2."""
 
 
 def _id(v):
@@ -55,9 +58,10 @@ def _id(v):
 THIRD_PARTY_EVERY = (2, 3, 5, 7)
 """The pairs a third-party stack runs in every profile (a dp -> pp change with Adam, a cp change, the schedule's
 position, ZeRO 1's owners); its others in the thorough env (the tox budget: torch's GPT pair costs 7 s)."""
-REFERENCE_THOROUGH = (4, 6)
+REFERENCE_THOROUGH = (4, 6, 8)
 """Ours runs every pair everywhere but Muon's (the tox budget; its flat-shard state is read and written by the same
-code as Adam's, whose pair runs in tox) and the tied one (its tie is held on every layout by the main property)."""
+code as Adam's, whose pair runs in tox), the tied one (its tie is held on every layout by the main property) and the
+two-stages-per-rank one (its stages are held under every schedule by the pipeline suites)."""
 
 
 @pytest.mark.parametrize("spec, a, b, recipe", PAIRS, ids=_id)

@@ -1,7 +1,7 @@
 """The third-party comparison: the torchtitan-style torch stack (DTensor TP + pipelining + FSDP2,
 harness.adapters.torch.stack_trainer) trains the same GPT on 2 x 2 x 2 (dp x pp x tp) like one device — loss and
-every parameter within ranks.bound after 3 steps. It runs on CPU/gloo with GPipe and 1F1B; the
-interleaved schedule (two FSDP-wrapped stages per rank) is not wired up in the adapter and is refused."""
+every parameter within ranks.bound after 3 steps. It runs on CPU/gloo with GPipe, 1F1B and interleaved 1F1B (two
+FSDP-wrapped stages per rank); a schedule the installed torch lacks is unsupported in one sentence."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from harness.threed import case as ranks
 
 
 @pytest.mark.thorough  # in tox the stack suite holds the torch stack at 2x2x2 (suites/stack, through the contract)
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved"])
 def test_torch_stack_2x2x2_equals_one_device(schedule, world_cache, conformance):
     per_rank = world_cache.get(8).run(ranks.train_torch_3d, 2, 2, 2, schedule, timeout=300)
     problems = [p for r in per_rank for p in r["problems"]]
@@ -21,9 +21,27 @@ def test_torch_stack_2x2x2_equals_one_device(schedule, world_cache, conformance)
     assert not problems, problems[:4]
 
 
-def test_torch_stack_refuses_interleaved_in_one_sentence(world_cache):
-    refused = world_cache.get(1).run(ranks.train_torch_3d, 1, 1, 1, "interleaved", timeout=300)[0]["refused"]
-    assert refused == "the torch 3D stack runs gpipe, 1f1b, zb-h1 here, not 'interleaved'."
+def test_torch_stack_refuses_a_schedule_this_torch_lacks_in_one_sentence(world_cache, monkeypatch):
+    """A torch without DualPipeV (before 2.9): the contract's check says so (unsupported), and so does the stack
+    itself (``Torch3D``) where it is driven directly; a name no torch has is refused by the stack too."""
+    from torch.distributed import pipelining
+
+    from harness.adapters.torch.stack import SUPPORTS
+    from harness.adapters.torch.stack_trainer import Torch3D
+    from harness.contracts import Unsupported
+    from harness.contracts.stack import Layout, Recipe
+    from reference.models import GPT
+    from suites._support.stack import LLAMA32
+
+    assert world_cache.get(1).run(ranks.train_torch_3d, 1, 1, 1, "looped-bfs", timeout=300)[0]["refused"] == (
+        "the torch 3D stack runs torch's gpipe, 1f1b, interleaved, zb-h1, interleaved-zb, zbv, dualpipev schedules "
+        "here, not 'looped-bfs'.")
+    monkeypatch.delattr(pipelining, "ScheduleDualPipeV")
+    with pytest.raises(Unsupported) as told:
+        SUPPORTS.check(LLAMA32, Layout(1, 2, 1, schedule="dualpipev"), Recipe())
+    assert str(told.value) == "this torch's pipelining has no ScheduleDualPipeV (the dualpipev schedule)."
+    with pytest.raises(NotImplementedError, match="^this torch's pipelining has no ScheduleDualPipeV"):
+        Torch3D(GPT(), 1, 1, 1, "dualpipev", 2, 0.1)  # before any process group is touched
 
 
 @pytest.mark.thorough  # in tox the stack suite holds the torch stack's clipping (2 and inf) at its 8-rank corners

@@ -123,14 +123,9 @@ def _stages(layout) -> int:
 
 
 def _lacks(schedule: str) -> str | None:
-    """Why this torch cannot run ``schedule`` (its pipelining lacks the class), or None."""
-    from torch.distributed import pipelining
+    from harness.adapters.torch.stack_trainer import lacks
 
-    from harness.adapters.torch.stack_trainer import SCHEDULES
-
-    if hasattr(pipelining, SCHEDULES[schedule]):
-        return None
-    return f"this torch's pipelining has no {SCHEDULES[schedule]} (the {schedule} schedule)."
+    return lacks(schedule)
 
 
 def _has_torchao() -> bool:

@@ -27,6 +27,15 @@ from .pipeline import SCHEDULES, SINGLE  # torch's class per schedule (the pipel
 # stage, the rest a list of the rank's stages — ZB-H1 one, the interleaved and V-shaped ones two
 
 
+def lacks(schedule: str) -> str | None:
+    """Why this torch cannot run ``schedule`` (its pipelining lacks the class: DualPipeV before 2.9), or None."""
+    from torch.distributed import pipelining
+
+    if hasattr(pipelining, SCHEDULES[schedule]):
+        return None
+    return f"this torch's pipelining has no {SCHEDULES[schedule]} (the {schedule} schedule)."
+
+
 class Torch3D:
     """``step(tokens, targets)`` on the global batch; ``full_params()`` {name: full tensor} of this rank's
     stage, named as in the dense model."""
@@ -75,9 +84,11 @@ class Torch3D:
         from reference.pipeline.generators import placement, stages_per_rank
         from reference.stack.dimensions import stage_bounds
 
-        if schedule not in SCHEDULES or not hasattr(pipelining, SCHEDULES[schedule]):
+        if schedule not in SCHEDULES:
             raise NotImplementedError(f"the torch 3D stack runs torch's {', '.join(SCHEDULES)} schedules here, not "
-                                      f"{schedule!r} (this torch has no {SCHEDULES.get(schedule, schedule)}).")
+                                      f"{schedule!r}.")
+        if lacks(schedule) is not None:
+            raise NotImplementedError(lacks(schedule))
         virtual = stages_per_rank(schedule, 2)
         num_stages = pp * virtual
         tied = getattr(model, "tie_embeddings", False)
