@@ -49,7 +49,7 @@ ninth four stages in a V (ZB-V: rank 0 holds the first and the last) sharded ove
 
 def _id(v):
     if isinstance(v, Layout):
-        return v.label()
+        return v.label() + (f"-{v.schedule}" if v.pp > 1 and v.schedule != "1f1b" else "")
     if isinstance(v, Recipe):
         return v.optimizer.name + ("-scheduled" if v.lr_schedule else "")
     return v.family + ("-tied" if v.tie_embeddings else "")
