@@ -22,9 +22,9 @@ from harness.runtime.world import rank_device
 from harness.stack.inputs import token_share
 from reference.stack.compose import Stage
 
-from .pipeline import SCHEDULES, SINGLE  # torch's class per schedule (the pipeline suite's): GPipe and 1F1B take one
-
-# stage, the rest a list of the rank's stages — ZB-H1 one, the interleaved and V-shaped ones two
+# torch's class per schedule (the pipeline suite's): GPipe and 1F1B (SINGLE) take one stage, the rest a list of the
+# rank's stages — ZB-H1 one, the interleaved and V-shaped ones two
+from .pipeline import SCHEDULES, SINGLE
 
 
 def lacks(schedule: str) -> str | None:
