@@ -38,7 +38,7 @@ def test_stack_under_the_schedule_equals_one_device(stack_impl, spec, layout, re
 def _torch_stages(layout) -> dict:
     """Rank side: the torch stack built on ``layout`` (the float32 Llama, Adam), two steps; the pipeline stages this
     rank holds, the one-device blocks of each, torch's schedule class it ran and how many forwards each stage's module
-    ran."""
+    ran in the second step."""
     from harness.adapters.torch.stack import TorchStack
     from harness.stack.inputs import global_batch, rows_for, seq_for
 
