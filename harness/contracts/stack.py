@@ -103,6 +103,14 @@ class Layout:
     def num_microbatches(self) -> int:
         return self.microbatches or 2 * self.pp
 
+    @property
+    def stages(self) -> int:
+        """Pipeline stages: pp, or 2 pp under the schedules of two stages per rank (``reference.pipeline``'s
+        ``stages_per_rank`` with two chunks for the interleaved ones)."""
+        from reference.pipeline.generators import stages_per_rank
+
+        return self.pp * stages_per_rank(self.schedule, 2)
+
     def label(self) -> str:
         return f"{self.dp}x{self.pp}x{self.tp}" + (f"-cp{self.cp}" if self.cp > 1 else "") + \
             (f"-ep{self.ep}" if self.ep > 1 else "") + (f"-r{self.replicate}" if self.replicate > 1 else "") + \

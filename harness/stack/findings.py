@@ -375,17 +375,11 @@ FINDINGS = (
 )
 
 
-def _stages(layout) -> int:
-    from reference.pipeline.generators import stages_per_rank
-
-    return layout.pp * stages_per_rank(layout.schedule, 2)
-
-
 def _backwards_in_a_row(layout) -> bool:
     """Whether ``layout``'s schedule runs two of its first stage's backwards in a row in the first step: GPipe over
     2 or more micro-batches; any other schedule over 2 or more and no more than its stages."""
     m = layout.num_microbatches
-    return m >= 2 and (layout.schedule == "gpipe" or m <= _stages(layout))
+    return m >= 2 and (layout.schedule == "gpipe" or m <= layout.stages)
 
 
 def _unreduced_stage(layout) -> bool:
@@ -393,4 +387,4 @@ def _unreduced_stage(layout) -> bool:
     stage too, on rank 0 with it)."""
     from reference.pipeline.generators import SPLIT_BACKWARD
 
-    return layout.schedule in SPLIT_BACKWARD and _stages(layout) > (2 if layout.schedule == "dualpipev" else 1)
+    return layout.schedule in SPLIT_BACKWARD and layout.stages > (2 if layout.schedule == "dualpipev" else 1)

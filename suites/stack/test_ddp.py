@@ -139,10 +139,10 @@ REDUCED = {("zb-h1", 1): [0], ("zb-h1", 2): [0], ("zb-h1", 3): [0], ("dualpipev"
 
 def test_the_ddp_findings_conditions_are_the_measured_table():
     """The two DDP findings' conditions (which cases they explain) against what torch did, case by case."""
-    from harness.stack.findings import _backwards_in_a_row, _stages, _unreduced_stage
+    from harness.stack.findings import _backwards_in_a_row, _unreduced_stage
 
     for (schedule, pp, m), raised in RAISED.items():
         assert _backwards_in_a_row(Layout(2, pp, 1, schedule=schedule, microbatches=m)) == raised, (schedule, pp, m)
     for (schedule, pp), reduced in REDUCED.items():
         layout = Layout(2, pp, 1, schedule=schedule)
-        assert _unreduced_stage(layout) == (len(reduced) < _stages(layout)), (schedule, pp)
+        assert _unreduced_stage(layout) == (len(reduced) < layout.stages), (schedule, pp)

@@ -81,8 +81,8 @@ SUPPORTS = Supports("the torch stack", unsupported=(
     Rule(lambda s, lay, r: bool(s.dropout),
          "the torch stack trains without dropout: the one-device masks are keyed by each row's global index and the "
          "step, which its pipelining schedules do not pass to the stages."),
-    Rule(lambda s, lay, r: s.tie_embeddings and _stages(lay) > 1,
-         lambda s, lay, r: f"the torch stack cannot tie the embedding to the LM head over {_stages(lay)} pipeline "
+    Rule(lambda s, lay, r: s.tie_embeddings and lay.stages > 1,
+         lambda s, lay, r: f"the torch stack cannot tie the embedding to the LM head over {lay.stages} pipeline "
                            "stages: torch.distributed.pipelining has no parameter shared across stages."),
     Rule(lambda s, lay, r: s.kv % lay.tp,
          lambda s, lay, r: f"the torch stack splits the {s.kv} KV heads over tp = {lay.tp} with ColwiseParallel; fewer "
@@ -104,8 +104,8 @@ SUPPORTS = Supports("the torch stack", unsupported=(
     refused=(
     Rule(lambda s, lay, r: s.heads % lay.tp,
          lambda s, lay, r: f"tp ({lay.tp}) must divide the attention heads ({s.heads})."),
-    Rule(lambda s, lay, r: _stages(lay) > s.layers,
-         lambda s, lay, r: f"the {_stages(lay)} pipeline stages (pp = {lay.pp} under {lay.schedule}) cannot exceed the "
+    Rule(lambda s, lay, r: lay.stages > s.layers,
+         lambda s, lay, r: f"the {lay.stages} pipeline stages (pp = {lay.pp} under {lay.schedule}) cannot exceed the "
                            f"number of layers ({s.layers})."),
 ))
 
@@ -113,13 +113,6 @@ SUPPORTS = Supports("the torch stack", unsupported=(
 def _ddp(layout) -> bool:
     """ZeRO 0 / 1 over more than one replica: the torch stack's DDP (+ ZeroRedundancyOptimizer)."""
     return layout.dp > 1 and layout.zero < 2
-
-
-def _stages(layout) -> int:
-    """Pipeline stages: pp, or 2 pp under the schedules of two stages per rank."""
-    from reference.pipeline.generators import stages_per_rank
-
-    return layout.pp * stages_per_rank(layout.schedule, 2)
 
 
 def _lacks(schedule: str) -> str | None:
