@@ -87,8 +87,8 @@ class Torch3D:
         if schedule not in SCHEDULES:
             raise NotImplementedError(f"the torch 3D stack runs torch's {', '.join(SCHEDULES)} schedules here, not "
                                       f"{schedule!r}.")
-        if lacks(schedule) is not None:
-            raise NotImplementedError(lacks(schedule))
+        if (why := lacks(schedule)) is not None:
+            raise NotImplementedError(why)
         virtual = stages_per_rank(schedule, 2)
         num_stages = pp * virtual
         tied = getattr(model, "tie_embeddings", False)
