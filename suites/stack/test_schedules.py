@@ -53,8 +53,8 @@ def _torch_stages(layout) -> dict:
     forwards[:] = [0] * len(forwards)
     built.step(*batch)
     prefix = [f"{i}." if len(t.submods) > 1 else "" for i in range(len(t.submods))]
-    blocks = [sorted({int(t.names[n].split(".")[1]) for n in t.names if n.startswith(pre) and ".blocks." in f".{n}"})
-              for pre in prefix]
+    blocks = [sorted({int(dense.split(".")[1]) for n, dense in t.names.items()
+                      if n.startswith(pre) and dense.startswith("blocks.")}) for pre in prefix]
     return {"stages": t.indices, "blocks": blocks, "schedule": type(t._schedule).__name__, "forwards": forwards}
 
 
