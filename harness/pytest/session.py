@@ -166,7 +166,9 @@ def pytest_terminal_summary(terminalreporter, config):
     seconds = config._paritybench_seconds
     if seconds and not hasattr(config, "workerinput"):
         times = ", ".join(f"{suite} {t:.0f} s" for suite, t in sorted(seconds.items(), key=lambda kv: -kv[1]))
-        terminalreporter.write_line(f"paritybench: time per suite: {times}.")
+        workers = getattr(config.option, "numprocesses", None) or 0  # pytest-xdist's -n (0 or absent: none)
+        over = f" (each test's own seconds, summed over {workers} workers running side by side)" if workers else ""
+        terminalreporter.write_line(f"paritybench: time per suite{over}: {times}.")
     cache = getattr(config, "_paritybench_worlds", None)
     spawns = dict(config._paritybench_spawns)
     for n, k in (cache.spawns.items() if cache is not None else ()):

@@ -27,17 +27,24 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+PRELOAD = ("torch", "torch.distributed", "harness.runtime.rank",
+           "torch.distributed.fsdp", "torch.distributed.tensor.parallel", "torch.distributed.pipelining")
+"""What the fork server imports before it forks a rank: torch, and the distributed modules nearly every suite's
+ranks import (FSDP2 brings in ``torch._dynamo``): 0.5 s of each rank's start on 2 cores, ~2 s of a World of 4
+(``suites/harness/test_world.py`` holds that they are there). None of them touches CUDA when imported."""
+
+
 def _context():
     """Rank processes come from a fork server that imported torch once (importing torch costs 1-3 s per
     process; a World of 3 ranks respawned after a failure would pay it 3 times). The server imports
-    torch but initialises no CUDA and runs no op, so its forks start clean; its children are spawned as
+    ``PRELOAD`` but initialises no CUDA and runs no op, so its forks start clean; its children are spawned as
     fresh processes would be in every other respect (their own default group, their own store)."""
     global _CTX
     if _CTX is None:
         from multiprocessing import forkserver
 
         ctx = get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "torch.distributed", "harness.runtime.rank"])
+        ctx.set_forkserver_preload(list(PRELOAD))
         # The server's environment is every rank's: one thread per CPU rank, read by the BLAS libraries
         # when torch loads them in the server, not later.
         saved = {k: os.environ.get(k) for k in _RANK_ENV}

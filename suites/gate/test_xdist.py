@@ -32,7 +32,8 @@ def test_two_workers_write_one_run_folder(tmp_path, capsys):
                          capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert "[gw0]" in out.stdout and "[gw1]" in out.stdout and "3 passed" in out.stdout
-    assert "paritybench: time per suite: collectives" in out.stdout and "Worlds spawned (size 2: 2, size 3: 2)" in \
+    assert ("paritybench: time per suite (each test's own seconds, summed over 2 workers running side by side): "
+            "collectives") in out.stdout and "Worlds spawned (size 2: 2, size 3: 2)" in \
         out.stdout  # each worker spawned its own
     (run,) = list(tmp_path.iterdir())
     meta, frames = read_run(run)

@@ -53,6 +53,8 @@ def test_impl_option_runs_and_passes_on_the_world():
     out = pytest_run("suites/collectives/test_conformance.py", "--world-sizes", "2,3", "--impl",
                      "suites.collectives.impls:ring_unpipelined", "-k", "test_collective_matches and all_gather")
     assert out.returncode == 0 and "1 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+    # one process (no -n): each suite's seconds are wall seconds, said plainly (under -n: suites/gate/test_xdist.py)
+    assert "\nparitybench: time per suite: collectives " in out.stdout, out.stdout[-2000:]
 
 
 @pytest.mark.parametrize("args, needle", [
