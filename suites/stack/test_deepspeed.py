@@ -229,7 +229,8 @@ RESUME = [  # (spec, saved on, loaded on, recipe, expected, in every profile) â€
     (LLAMA32, Layout(2, 1, 1, zero=1), Layout(2, 1, 1, zero=2), SCHEDULED, "pass", True),
     (LLAMA32, Layout(2, 2, 1, zero=1), Layout(1, 4, 1, zero=1), SCHEDULED, "pass", False),
     # its Muon under a cosine (the head tied: its head finding aside), the bfloat16 iteration's slack
-    (TIED32, Layout(2, 1, 1, zero=1), Layout(2, 1, 1, zero=2), MUON_COSINE, "pass", True),
+    (TIED32, Layout(2, 1, 1, zero=1), Layout(2, 1, 1, zero=2), MUON_COSINE, "pass", False),  # 13-24 s: its Muon
+    # compiles Newton-Schulz (inductor, each new shape); tox holds its Muon in test_muon and test_lr_schedule
     (TIED32, Layout(2, 1, 1, zero=3), Layout(2, 1, 1, zero=3), MUON_COSINE, "pass", False),
 ]
 """DeepSpeed's save_checkpoint / load_checkpoint (harness/adapters/deepspeed/resume.py): natively at one dp x pp,
