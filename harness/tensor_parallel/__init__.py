@@ -44,6 +44,16 @@ PARADIGM = Paradigm(
                 "over 3 ranks) fails on that rank while the others hang; loss_parallel over such logits likewise.",
                 "suites/tensor_parallel/test_findings.py::test_dtensor_empty_vocabulary_shard",
                 handled_by_adapter="the torch adapter refuses such vocabularies in one sentence"),
+        Finding("torch", "tensor_parallel", "torch", ("2.12", None),
+                "torch's DistributedDataParallel over a tensor-parallel module by its 2-D path (device_mesh: the dp "
+                "dimension of a (dp, tp) mesh) trains as one device but empties the module: DDP swaps each DTensor "
+                "parameter for its local shard and a forward pre-hook sets DTensor views of them back as plain "
+                "attributes, so after the first forward named_parameters() and state_dict() are empty — a checkpoint "
+                "of the model holds no weights, without a word (minimal case: a 2-layer MLP, ColwiseParallel then "
+                "RowwiseParallel, dp 2 x tp 2; its source's TODO: 'so that ... the state_dict works out of the box').",
+                "suites/tensor_parallel/test_findings.py::test_watch_ddp_over_tensor_parallel_empties_the_module",
+                handled_by_adapter="the torch stack runs DDP at tp 1 only (ZeRO 0 / 1 at tp > 1: refused in one "
+                                   "sentence)"),
     ),
     benches=(
         Bench("tensor_parallel", "forward+backward time and bytes per sharded layer",

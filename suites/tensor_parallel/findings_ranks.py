@@ -65,3 +65,43 @@ def megatron_cross_entropy(vocab: int) -> dict:
     loss = tensor_parallel.vocab_parallel_cross_entropy(full[..., r * per:(r + 1) * per].clone(), torch.tensor([[0]]))
     want = F.cross_entropy(full[0, :, :vocab], torch.tensor([0]))
     return {"dtype": str(loss.dtype), "loss": float(loss), "dense": float(want)}
+
+
+def ddp_over_tp() -> dict:
+    """torch's DistributedDataParallel over a tensor-parallel module by its 2-D path (``device_mesh``: the dp
+    dimension of a (dp 2, tp 2) mesh, whereupon DDP localises the DTensor parameters itself): the module's parameter
+    names and state_dict keys before and after one step, and the largest difference of its output on the whole batch
+    from one device's after two SGD steps (integer weights and inputs, lr 2^-6, each replica's half of the batch:
+    every value a binary fraction, so any difference is a real one — exact comparison)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.nn.parallel import DistributedDataParallel
+
+    def mlp():
+        return torch.nn.Sequential(torch.nn.Linear(4, 8, bias=False), torch.nn.ReLU(),
+                                   torch.nn.Linear(8, 4, bias=False)).double()
+
+    dense = mlp()
+    with torch.no_grad():
+        for i, p in enumerate(dense.parameters()):
+            p.copy_(_ints(p.shape, 10 + i, -2, 2))
+    x = _ints((4, 4), 20, -2, 2)
+    model = copy.deepcopy(dense)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    out = {"names_before": [n for n, _ in model.named_parameters()]}
+    ddp = DistributedDataParallel(model, device_mesh=mesh["dp"])
+    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=2.0 ** -6) for m in (ddp, dense))
+    half = x[2 * mesh.get_local_rank("dp"):][:2]
+    for _ in range(2):
+        opt.zero_grad()
+        ddp(half).pow(2).sum().backward()  # RowwiseParallel: the whole output, local; DDP averages the replicas
+        opt.step()
+        ref_opt.zero_grad()
+        (dense(x).pow(2).sum() / 2).backward()
+        ref_opt.step()
+    out["names_after"] = [n for n, _ in model.named_parameters()]
+    out["state_dict_after"] = list(model.state_dict())
+    with torch.no_grad():  # the trained model's output on the whole batch: its weights are what it computes with
+        out["off"] = float((model(x) - dense(x)).abs().max())
+    return out

@@ -14,13 +14,21 @@ DTensor (torch 2.13, gloo):
    splits it (minimal case: vocabulary 4 over 3 ranks: 2, 2, 0 rows) fails on that rank ("index_select():
    self indexing axis dim should be positive") while the others hang in the collective; loss_parallel
    over such logits likewise ("index 0 is out of bounds for dimension 1 with size 0").
+5. DistributedDataParallel over a tensor-parallel module by its 2-D path (``device_mesh=mesh["dp"]`` of a
+   (dp, tp) mesh: DDP then calls ``torch.distributed.tensor.parallel.ddp._pre_dp_module_transform`` itself) trains
+   exactly as one device (integer weights and inputs, two SGD steps: bitwise), but the module is emptied: its
+   DTensor parameters become local Parameters (held by DDP and the optimizer), a forward pre-hook sets DTensor
+   views of them back as plain attributes, and the post-forward hook then finds no parameters to swap back —
+   after the first forward ``named_parameters()`` and ``state_dict()`` are empty (minimal case: Linear(4, 8)
+   ColwiseParallel, Linear(8, 4) RowwiseParallel, dp 2 x tp 2). A checkpoint of the model holds nothing.
 The ``torch`` adapter declares 2 unsupported, refuses 3 and 4 with a clear sentence, and reports 1 as
-a known non-conformance (outcome ``known-nonconformance`` in conformance.csv, never ``pass``).
+a known non-conformance (outcome ``known-nonconformance`` in conformance.csv, never ``pass``); the torch stack
+runs DDP at tp 1 only, so 5 is a watch.
 
 megatron-core 0.16.1:
-5. vocab_parallel_cross_entropy computes in float32 whatever the logits' dtype (it casts with .float()):
+6. vocab_parallel_cross_entropy computes in float32 whatever the logits' dtype (it casts with .float()):
    float64 logits give a float32 loss, ~1e-8 relative off. The contract suite holds it to float32 bounds.
-6. Its softmax runs over the padded vocabulary: Megatron pads the output layer to a multiple of the TP
+7. Its softmax runs over the padded vocabulary: Megatron pads the output layer to a multiple of the TP
    size and the padding logits enter the denominator, so the loss is not the dense model's (minimal
    case: tp = 2, vocabulary 3 padded to 4, logits 0, 1, 2 and a padding 0: loss 2.4938 where the dense
    loss is 2.4076). Reported as a known non-conformance of the ``lm_head`` kind.
@@ -47,6 +55,17 @@ def test_dtensor_rowwise_bias_exact_on_two_ranks(world_cache, world_sizes):
     if 2 not in world_sizes:
         pytest.skip("needs a 2-rank world")
     assert max(world_cache.get(2).run(findings_ranks.dtensor_row_bias, 4, True)) == 0.0
+
+
+def test_watch_ddp_over_tensor_parallel_empties_the_module(world_cache, world_sizes):
+    """Finding 5: exact training, an empty module after its first forward. Fails when torch keeps the parameters
+    (the registry's finding is then fixed) or when the training it does is no longer one device's."""
+    if 4 not in world_sizes:
+        pytest.skip("needs a 4-rank world (dp 2 x tp 2)")
+    for got in world_cache.get(4).run(findings_ranks.ddp_over_tp, timeout=120):
+        assert got["off"] == 0.0, got  # integer-valued: DDP's average of the replicas is exact
+        assert got["names_before"] == ["0.weight", "2.weight"], got
+        assert got["names_after"] == [] and got["state_dict_after"] == [], got
 
 
 def test_dtensor_size_one_sharded_dimension_on_one_rank(world_cache, world_sizes):
