@@ -17,7 +17,8 @@ FSDP2 shards over dp: ZeRO 2 is ``reshard_after_forward=False``, 3 is True (over
 stage is the same). ZeRO 0 / 1 over dp > 1 is torch's ``DistributedDataParallel`` around each stage (the parameters
 plain tensors, whole on every replica; at ZeRO 1 ``ZeroRedundancyOptimizer`` over dp, each parameter's state on one
 replica), as pipelining's ``PipelineStage`` supports it (``no_sync`` but for the last micro-batch; the stack's
-accumulation likewise), at tp 1 only: DDP takes DTensor parameters only through a private transform. torch's DDP
+accumulation likewise), at tp 1 only: DDP's own path for DTensor parameters (``device_mesh`` of a (dp, tp) mesh) empties
+the module after its first forward (a finding: suites/tensor_parallel/test_findings.py). torch's DDP
 support in pipelining has two findings (``harness.stack.findings``): it raises at step 2 where the first step ran two
 of a stage's backwards in a row (GPipe; the others over no more micro-batches than stages), and the zero-bubble
 schedules reduce no stage but the first.
@@ -64,10 +65,11 @@ SUPPORTS = Supports("the torch stack", unsupported=(
          "the torch stack has no context parallelism here (torch's context_parallel cannot run on a CPU: "
          "suites/context_parallel/test_third_party.py)."),
     Rule(lambda s, lay, r: _ddp(lay) and lay.tp > 1,
-         lambda s, lay, r: f"the torch stack's ZeRO {lay.zero} over dp is DDP at tp 1: DDP takes tensor-parallel "
-                           "(DTensor) parameters only through torch's private _pre_dp_module_transform, which it does "
-                           "not use (its ZeRO 2 / 3 are FSDP2 under TP; torchtitan replicates as FSDP2 over a (dp, 1) "
-                           "mesh)."),
+         lambda s, lay, r: f"the torch stack's ZeRO {lay.zero} over dp is DDP at tp 1: DDP's own path for "
+                           "tensor-parallel (DTensor) parameters, device_mesh of a (dp, tp) mesh, leaves the module "
+                           "without parameters after its first forward (a torch finding: suites/tensor_parallel/"
+                           "test_findings.py); its ZeRO 2 / 3 are FSDP2 under TP, and torchtitan replicates as FSDP2 "
+                           "over a (dp, 1) mesh."),
     Rule(lambda s, lay, r: _ddp(lay) and lay.replicate > 1,
          "the torch stack's ZeRO 1 is torch's ZeroRedundancyOptimizer over one replica group: hybrid sharding is "
          "FSDP2's (ZeRO 2 / 3)."),
