@@ -315,4 +315,3 @@ def not_preloaded() -> list:
     from harness.runtime.spawn import PRELOAD
 
     return [m for m in PRELOAD if m not in sys.modules]
-

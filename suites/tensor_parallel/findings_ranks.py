@@ -70,18 +70,15 @@ def megatron_cross_entropy(vocab: int) -> dict:
 def ddp_over_tp() -> dict:
     """torch's DistributedDataParallel over a tensor-parallel module by its 2-D path (``device_mesh``: the dp
     dimension of a (dp 2, tp 2) mesh, whereupon DDP localises the DTensor parameters itself): the module's parameter
-    names and state_dict keys before and after one step, and the largest difference of its output on the whole batch
-    from one device's after two SGD steps (integer weights and inputs, lr 2^-6, each replica's half of the batch:
+    names and state_dict keys before DDP wraps it and after two SGD steps, and the largest difference of its output
+    on the whole batch from one device's then (integer weights and inputs, lr 2^-6, each replica's half of the batch:
     every value a binary fraction, so any difference is a real one — exact comparison)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     from torch.nn.parallel import DistributedDataParallel
 
-    def mlp():
-        return torch.nn.Sequential(torch.nn.Linear(4, 8, bias=False), torch.nn.ReLU(),
-                                   torch.nn.Linear(8, 4, bias=False)).double()
-
-    dense = mlp()
+    dense = torch.nn.Sequential(torch.nn.Linear(4, 8, bias=False), torch.nn.ReLU(),
+                                torch.nn.Linear(8, 4, bias=False)).double()
     with torch.no_grad():
         for i, p in enumerate(dense.parameters()):
             p.copy_(_ints(p.shape, 10 + i, -2, 2))
