@@ -10,7 +10,9 @@ from ..errors import UsageError
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--families", default="gpt,llama", help="comma-separated among gpt, llama")
+    p.add_argument("--families", default=None,
+                   help="comma-separated among gpt, llama (default: both; bench all: llama, to keep the main job "
+                        "in its 10 minutes on 2 cores)")
     p.add_argument("--stack-world-size", dest="stack_world_size", type=int, default=8,
                    help="ranks of the layouts (8 on 2 cores: oversubscribed, compare layouts only)")
     p.add_argument("--stack-schedule", dest="stack_schedule", default="1f1b", choices=SCHEDULES)
@@ -28,7 +30,8 @@ def config(args):
 
     if args.stack_world_size < 1:
         raise UsageError(f"--stack-world-size must be >= 1; got {args.stack_world_size}.")
-    cfg = StackSweep(impls=[], families=parse_list(args.families, FAMILIES, "famil(ies)"),
+    families = args.families or ("llama" if args.suite == "all" else ",".join(FAMILIES))
+    cfg = StackSweep(impls=[], families=parse_list(families, FAMILIES, "famil(ies)"),
                      world_size=args.stack_world_size, schedule=args.stack_schedule, zero_stage=args.stack_zero,
                      optimizer=args.stack_optimizer, iters=min(args.iters, 3), warmup=min(args.warmup, 1))
     allowed = valid_layouts(cfg)

@@ -101,6 +101,22 @@ def test_the_main_job_measures_the_third_parties_beside_ours_at_their_zero_stage
     assert third_party_sweeps(base, ["reference", "torch"]) == []  # none installed: no sweep
 
 
+def test_the_main_job_sweeps_the_llama_and_bench_stack_both_families():
+    """bench all's stack sweep trains the Llama alone (its ten layouts for ours and torch's would double with
+    the GPT: ~100 s of a main job that must fit its 10 minutes on 2 cores); bench stack keeps both, and
+    --families chooses under either."""
+    from harness.cli.main import _build_parser
+    from harness.stack.cli import config
+
+    def families(*argv):
+        return config(_build_parser().parse_args(["bench", *argv])).families
+
+    assert families("all") == ["llama"]
+    assert families("stack") == ["gpt", "llama"]
+    assert families("all", "--families", "gpt,llama") == ["gpt", "llama"]
+    assert families("stack", "--families", "gpt") == ["gpt"]
+
+
 def _aliased_all_reduce_counted() -> float:
     import types
 
