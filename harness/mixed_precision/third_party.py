@@ -8,7 +8,8 @@ parallel over the World, every rank's parameters compared within ``case.bound``:
   the same), gradients all-reduced in bf16; stage 1: with ``ZeroRedundancyOptimizer`` (torch's ZeRO 1);
 - ``fsdp2-fp16``: the same with ``param_dtype=fp16`` and ``torch.amp.GradScaler`` (FSDP2's documented
   fp16 recipe: the plain GradScaler, whose inf check on the sharded DTensor gradients is reduced over the
-  mesh by DTensor's ``found_inf_reduce_handler``);
+  mesh by DTensor's ``found_inf_reduce_handler`` — over the dimensions the first gradient is sharded on: on this
+  1-D dp mesh every one; over tp not always, a torch finding: suites/tensor_parallel/test_findings.py);
 - ``ddp-amp-fp16``: torch AMP — an fp32 model (the masters) under ``torch.autocast(float16)``, DDP,
   ``torch.amp.GradScaler``; one device runs the same autocast recipe (``case._one_device_autocast``);
 - ``deepspeed``: ``bf16: {enabled: true}`` at ZeRO stage 0-3 (its fp32 master read with

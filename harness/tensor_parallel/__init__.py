@@ -54,6 +54,16 @@ PARADIGM = Paradigm(
                 "suites/tensor_parallel/test_findings.py::test_watch_ddp_over_tensor_parallel_empties_the_module",
                 handled_by_adapter="the torch stack runs DDP at tp 1 only (ZeRO 0 / 1 at tp > 1: refused in one "
                                    "sentence)"),
+        Finding("torch", "tensor_parallel", "torch", ("2.12", None),
+                "torch's GradScaler over DTensor gradients: DTensor reduces found_inf over the mesh dimensions on "
+                "which the first gradient of the optimizer's group is sharded, not every gradient's — with a "
+                "replicated parameter first (a sequence-parallel norm, a no-decay group listed first) an inf in one "
+                "tp rank's shard is that rank's alone: it skips the step and halves its scale while the others step, "
+                "and the replicas of the replicated parameters part (minimal case: tp 2, a replicated vector "
+                "first, a Shard(0) matrix overflowing on the second rank at the scale 2^16).",
+                "suites/tensor_parallel/test_findings.py::"
+                "test_watch_grad_scaler_reduces_found_inf_over_the_first_gradients_mesh_dims",
+                handled_by_adapter="the torch stack trains no float16 (refused in one sentence)"),
     ),
     benches=(
         Bench("tensor_parallel", "forward+backward time and bytes per sharded layer",

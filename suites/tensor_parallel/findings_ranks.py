@@ -102,3 +102,29 @@ def ddp_over_tp() -> dict:
     with torch.no_grad():  # the trained model's output on the whole batch: its weights are what it computes with
         out["off"] = float((model(x) - dense(x)).abs().max())
     return out
+
+
+def scaler_found_inf(replicated_first: bool) -> dict:
+    """torch's GradScaler over DTensor parameters on a tp mesh of 2 ranks: a replicated one (a sequence-parallel
+    norm's weight) and a row-sharded one (a ColwiseParallel weight) whose gradient overflows on the second rank's
+    rows alone (its upstream factor 2^120, times the scale 2^16: past float32's 2^128; the replicated gradient and
+    the first rank's rows finite, every value a power of two). One device takes the whole gradient, finds the inf,
+    skips the step and halves the scale. Returns, per rank, whether it stepped, its scale after ``update()`` and
+    its copy of the replicated parameter."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("tp",))
+    norm = torch.nn.Parameter(distribute_tensor(torch.ones(4), mesh, [Replicate()]))
+    proj = torch.nn.Parameter(distribute_tensor(torch.ones(4, 4), mesh, [Shard(0)]))
+    upstream = torch.ones(4, 4)
+    upstream[2:] = 2.0 ** 120  # the second rank's rows of the sharded weight
+    upstream = distribute_tensor(upstream, mesh, [Shard(0)])
+    opt = torch.optim.SGD([norm, proj] if replicated_first else [proj, norm], lr=0.5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    loss = (norm * norm).sum() + (proj * upstream).sum()
+    scaler.scale(loss.full_tensor()).backward()
+    scaler.step(opt)
+    scaler.update()
+    return {"stepped": bool((norm.to_local() != 1.0).any()), "scale": float(scaler.get_scale()),
+            "norm": norm.to_local().tolist()}

@@ -21,9 +21,17 @@ DTensor (torch 2.13, gloo):
    views of them back as plain attributes, and the post-forward hook then finds no parameters to swap back —
    after the first forward ``named_parameters()`` and ``state_dict()`` are empty (minimal case: Linear(4, 8)
    ColwiseParallel, Linear(8, 4) RowwiseParallel, dp 2 x tp 2). A checkpoint of the model holds nothing.
+8. torch's GradScaler over DTensor gradients asks DTensor whether any rank found an inf, and DTensor reduces
+   ``found_inf`` over the mesh dimensions on which the **first** gradient of the group is not replicated
+   (``found_inf_reduce_handler``: the others' placements are not read). With a replicated parameter first —
+   a sequence-parallel norm's weight, a no-decay parameter group listed first — an inf in another parameter's
+   shard on one tp rank is that rank's alone: it skips the step and halves its scale, the others step and keep
+   theirs, and the replicated parameter is no longer the same on every rank (minimal case: tp 2, a replicated
+   vector first, a Shard(0) matrix whose second rank's rows overflow at the scale 2^16). Listed the other way
+   round every rank skips, as one device does.
 The ``torch`` adapter declares 2 unsupported, refuses 3 and 4 with a clear sentence, and reports 1 as
 a known non-conformance (outcome ``known-nonconformance`` in conformance.csv, never ``pass``); the torch stack
-runs DDP at tp 1 only, so 5 is a watch.
+runs DDP at tp 1 only, so 5 is a watch, and trains no float16, so 8 is one too.
 
 megatron-core 0.16.1:
 6. vocab_parallel_cross_entropy computes in float32 whatever the logits' dtype (it casts with .float()):
@@ -66,6 +74,23 @@ def test_watch_ddp_over_tensor_parallel_empties_the_module(world_cache, world_si
         assert got["off"] == 0.0, got  # integer-valued: DDP's average of the replicas is exact
         assert got["names_before"] == ["0.weight", "2.weight"], got
         assert got["names_after"] == [] and got["state_dict_after"] == [], got
+
+
+def test_watch_grad_scaler_reduces_found_inf_over_the_first_gradients_mesh_dims(world_cache, world_sizes):
+    """Finding 8: which ranks skip an overflowing step depends on the optimizer's parameter order. Fails when
+    torch reduces found_inf over every gradient's sharded dimensions (the registry's finding is then fixed), or
+    when the order that puts the sharded gradient first stops being one device's (every rank skips, the scale
+    halves)."""
+    if 2 not in world_sizes:
+        pytest.skip("needs a 2-rank world")
+    world = world_cache.get(2)
+    sharded_first = world.run(findings_ranks.scaler_found_inf, False, timeout=60)
+    assert [(r["stepped"], r["scale"]) for r in sharded_first] == [(False, 2.0 ** 15)] * 2, sharded_first
+    replicated_first = world.run(findings_ranks.scaler_found_inf, True, timeout=60)
+    # the rank whose rows overflowed skips; the other steps, keeps its scale, and its replica of the norm moves
+    assert [(r["stepped"], r["scale"]) for r in replicated_first] == [(True, 2.0 ** 16), (False, 2.0 ** 15)], \
+        replicated_first
+    assert replicated_first[0]["norm"] != replicated_first[1]["norm"], replicated_first
 
 
 def test_dtensor_size_one_sharded_dimension_on_one_rank(world_cache, world_sizes):

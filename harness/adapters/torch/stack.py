@@ -27,9 +27,11 @@ What it does not provide is ``Unsupported`` in one sentence: ZeRO 0 / 1 over dp 
 this torch's pipelining lacks, tied embeddings over more than one stage (pipelining shares no parameter across stages;
 on one stage the embedding and the head are one parameter, tied after TP and before FSDP2 groups it), kv_heads < tp
 (ColwiseParallel cannot split fewer heads than ranks: they would have to be replicated, which the plan does not do —
-torchtitan requires the KV heads to divide by tp too) and fp16 (a loss scaler: torch's GradScaler over FSDP2 is held in
-suites/mixed_precision). bf16 is FSDP2's ``MixedPrecisionPolicy`` (torchtitan's recipe: fp32 parameters as the masters,
-each module computing in a bf16 copy, gradients reduced in fp32), held precision-matched. A float8 recipe
+torchtitan requires the KV heads to divide by tp too) and fp16 (torch's GradScaler, not driven here: over FSDP2 it is
+held in suites/mixed_precision; over TP, DTensor reduces its inf check over the first gradient's sharded mesh
+dimensions only — a torch finding, suites/tensor_parallel/test_findings.py). bf16 is FSDP2's ``MixedPrecisionPolicy``
+(torchtitan's recipe: fp32 parameters as the masters, each module computing in a bf16 copy, gradients reduced in
+fp32), held precision-matched. A float8 recipe
 (``Recipe.low_precision``, tensorwise or rowwise) is torchao's emulated ``Float8Linear`` in every block, MXFP8 its
 emulated ``MXFP8Linear`` (the module torchtitan's MXFP8 converter builds), converted before TP (torch's
 ``ColwiseParallel`` / ``RowwiseParallel`` over it, as torchtitan does for rowwise), pipelining and FSDP2.
@@ -96,8 +98,10 @@ SUPPORTS = Supports("the torch stack", unsupported=(
          "the torch stack's float8 recipe converts the linear layers of a float32 model (torchao's Float8Linear)."),
     Rule(lambda s, lay, r: s.dtype not in ("float64", "float32", "bfloat16"),
          lambda s, lay, r: f"the torch stack trains float64, float32, and bf16 through FSDP2's MixedPrecisionPolicy "
-                           f"(fp32 masters); {s.dtype} needs a loss scaler, which the stack contract does not drive "
-                           "(torch's GradScaler over FSDP2: suites/mixed_precision)."),
+                           f"(fp32 masters); {s.dtype} would need torch's GradScaler, which it does not drive (held "
+                           "over FSDP2 in suites/mixed_precision; over TP its inf check is reduced over the first "
+                           "gradient's sharded mesh dimensions only: a torch finding, "
+                           "suites/tensor_parallel/test_findings.py)."),
     Rule(lambda s, lay, r: r.optimizer.name == "muon" and r.low_precision,
          "the torch stack trains Muon without a float8 recipe here."),
     Rule(lambda s, lay, r: r.optimizer.name == "muon" and _muon_lacks(r) is not None,
