@@ -63,7 +63,8 @@ PARADIGM = Paradigm(
                 "first, a Shard(0) matrix overflowing on the second rank at the scale 2^16).",
                 "suites/tensor_parallel/test_findings.py::"
                 "test_watch_grad_scaler_reduces_found_inf_over_the_first_gradients_mesh_dims",
-                handled_by_adapter="the torch stack trains no float16 (refused in one sentence)"),
+                handled_by_adapter="the torch stack's fp16 hands GradScaler the embedding's gradient first (sharded "
+                                   "over dp and tp: the check is reduced over every rank) and runs at pp 1 only"),
     ),
     benches=(
         Bench("tensor_parallel", "forward+backward time and bytes per sharded layer",

@@ -31,7 +31,8 @@ DTensor (torch 2.13, gloo):
    round every rank skips, as one device does.
 The ``torch`` adapter declares 2 unsupported, refuses 3 and 4 with a clear sentence, and reports 1 as
 a known non-conformance (outcome ``known-nonconformance`` in conformance.csv, never ``pass``); the torch stack
-runs DDP at tp 1 only, so 5 is a watch, and trains no float16, so 8 is one too.
+runs DDP at tp 1 only, so 5 is a watch, and its fp16 hands GradScaler the embedding's gradient first (sharded on
+every mesh dimension), so 8 is one too.
 
 megatron-core 0.16.1:
 6. vocab_parallel_cross_entropy computes in float32 whatever the logits' dtype (it casts with .float()):

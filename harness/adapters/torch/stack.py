@@ -27,11 +27,14 @@ What it does not provide is ``Unsupported`` in one sentence: ZeRO 0 / 1 over dp 
 this torch's pipelining lacks, tied embeddings over more than one stage (pipelining shares no parameter across stages;
 on one stage the embedding and the head are one parameter, tied after TP and before FSDP2 groups it), kv_heads < tp
 (ColwiseParallel cannot split fewer heads than ranks: they would have to be replicated, which the plan does not do —
-torchtitan requires the KV heads to divide by tp too) and fp16 (torch's GradScaler, not driven here: over FSDP2 it is
-held in suites/mixed_precision; over TP, DTensor reduces its inf check over the first gradient's sharded mesh
-dimensions only — a torch finding, suites/tensor_parallel/test_findings.py). bf16 is FSDP2's ``MixedPrecisionPolicy``
-(torchtitan's recipe: fp32 parameters as the masters, each module computing in a bf16 copy, gradients reduced in
-fp32), held precision-matched. A float8 recipe
+torchtitan requires the KV heads to divide by tp too) and fp16 over pp > 1 or with Muon. bf16 is FSDP2's
+``MixedPrecisionPolicy`` (torchtitan's recipe: fp32 parameters as the masters, each module computing in a bf16 copy,
+gradients reduced in fp32), held precision-matched; fp16 the same with ``torch.amp.GradScaler`` at the contract's
+``loss_scale`` / ``growth_interval`` (the loss scaled in the schedule's loss function, the cross-entropy in fp32,
+``unscale_`` before clipping, the schedulers held still on a skipped step) — at pp 1: the scaler reduces its inf
+check over no process group of its own, so pipeline stages would skip apart. Over TP, DTensor reduces that check
+over the mesh dimensions on which the optimizer's first gradient is sharded (a torch finding,
+suites/tensor_parallel/test_findings.py): here the first is the embedding's, sharded over dp and tp. A float8 recipe
 (``Recipe.low_precision``, tensorwise or rowwise) is torchao's emulated ``Float8Linear`` in every block, MXFP8 its
 emulated ``MXFP8Linear`` (the module torchtitan's MXFP8 converter builds), converted before TP (torch's
 ``ColwiseParallel`` / ``RowwiseParallel`` over it, as torchtitan does for rowwise), pipelining and FSDP2.
@@ -96,12 +99,16 @@ SUPPORTS = Supports("the torch stack", unsupported=(
          "'paritybench[torchao]')."),
     Rule(lambda s, lay, r: r.low_precision and s.dtype != "float32",
          "the torch stack's float8 recipe converts the linear layers of a float32 model (torchao's Float8Linear)."),
-    Rule(lambda s, lay, r: s.dtype not in ("float64", "float32", "bfloat16"),
-         lambda s, lay, r: f"the torch stack trains float64, float32, and bf16 through FSDP2's MixedPrecisionPolicy "
-                           f"(fp32 masters); {s.dtype} would need torch's GradScaler, which it does not drive (held "
-                           "over FSDP2 in suites/mixed_precision; over TP its inf check is reduced over the first "
-                           "gradient's sharded mesh dimensions only: a torch finding, "
-                           "suites/tensor_parallel/test_findings.py)."),
+    Rule(lambda s, lay, r: s.dtype not in ("float64", "float32", "bfloat16", "float16"),
+         lambda s, lay, r: f"the torch stack trains float64, float32, and bf16 / fp16 through FSDP2's "
+                           f"MixedPrecisionPolicy (fp32 masters), not {s.dtype}."),
+    Rule(lambda s, lay, r: s.dtype == "float16" and r.loss_scale is None,
+         "a float16 model needs a loss scale (Recipe.loss_scale): its gradients underflow."),
+    Rule(lambda s, lay, r: s.dtype == "float16" and r.optimizer.name == "muon",
+         "torch's GradScaler unscales and steps one torch optimizer; Muon here is torch's Muon and its AdamW, two."),
+    Rule(lambda s, lay, r: s.dtype == "float16" and lay.pp > 1,
+         "torch's GradScaler judges the gradients of the optimizer it is given and reduces its inf check over no "
+         "process group of its own: each pipeline stage would skip an overflowing step alone (fp16 at pp 1 here)."),
     Rule(lambda s, lay, r: r.optimizer.name == "muon" and r.low_precision,
          "the torch stack trains Muon without a float8 recipe here."),
     Rule(lambda s, lay, r: r.optimizer.name == "muon" and _muon_lacks(r) is not None,
@@ -213,6 +220,13 @@ class TorchStackTrainer(BuiltFromDense):
                         lr_schedule=recipe.lr_schedule, sequence_parallel=layout.sequence_parallel,
                         ddp=layout.zero if self.ddp else None)
         trainer.max_grad_norm, trainer.norm_type = recipe.max_grad_norm, recipe.norm_type
+        if self.spec.dtype == "float16":  # torch's AMP scaler at the contract's dynamic rule (its factors: torch's)
+            import torch
+
+            from harness.runtime.rank import rank_device
+
+            trainer.scaler = torch.amp.GradScaler(rank_device().type, init_scale=recipe.loss_scale,
+                                                  growth_interval=recipe.growth_interval)
         return trainer
 
     def step(self, tokens, targets) -> float:

@@ -191,6 +191,9 @@ class Torch3D:
         self.schedule, self.schedule_cls = schedule, getattr(pipelining, SCHEDULES[schedule])
         self._schedule, self._count = None, 1
         self.max_grad_norm, self.norm_type, self.last_grad_norm = None, 2.0, None
+        self.scaler = None
+        """float16: ``torch.amp.GradScaler`` (set by the stack): the loss scaled in ``loss_fn``, the gradients unscaled
+        before clipping, the step skipped on an inf, the schedulers held still on a skipped step."""
         self.clip_recipe = "per-mesh"
         """"torchtitan": its clip_grad_norm_ verbatim (one get_total_norm over every gradient); "per-mesh":
         one get_total_norm per device mesh, combined (sum of norm^p, or max) — this stack's LayerNorms are
@@ -252,12 +255,17 @@ class Torch3D:
             # inference, whose clean-up drops the gradients accumulated so far (PipelineStage)
 
             def loss_fn(logits, target):  # each pass divides by the replica's share (FSDP averages over dp)
-                return F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="sum") / self._count
+                if self.scaler is None:
+                    return F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="sum") / self._count
+                # float16: the cross-entropy in fp32 (torchtitan's .float()), the loss scaled as a torch user scales
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), reduction="sum") / self._count
+                return self.scaler.scale(loss)
 
             stages = self.pstages[0] if self.schedule in SINGLE else self.pstages
             self._schedule = self.schedule_cls(stages, self.microbatches, loss_fn=loss_fn, scale_grads=False)
         self.optimizer.zero_grad()
         losses: list = []
+        scale = 1.0 if self.scaler is None else float(self.scaler.get_scale())
         rows = per // k
         for a in range(k):  # gradient accumulation: FSDP2 sums each pass's reduced gradient into its shard; DDP
             # reduces at the last pass only (each earlier one under no_sync, as a DDP user accumulates)
@@ -270,12 +278,20 @@ class Torch3D:
                 kwargs = {"target": targets[part], "losses": passed} if self.last else {}
                 self._schedule.step(*((tokens[part],) if self.first else ()), **kwargs)
             losses += passed
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # before clipping, as torch's AMP recipe says
         if self.max_grad_norm is not None:
             self.last_grad_norm = self._clip()
-        self.optimizer.step()
-        for scheduler in self.schedulers:
+        applied = True
+        if self.scaler is None:
+            self.optimizer.step()
+        else:
+            self.scaler.step(self.optimizer)  # skipped where an inf was found
+            self.scaler.update()
+            applied = float(self.scaler.get_scale()) >= scale  # an inf backs the scale off; a clean step never
+        for scheduler in self.schedulers if applied else ():  # a skipped update does not advance the schedule
             scheduler.step()
-        value = torch.tensor([float(sum(_full(loss).item() for loss in losses)) if self.last else 0.0],
+        value = torch.tensor([float(sum(_full(loss).item() for loss in losses)) / scale if self.last else 0.0],
                              dtype=torch.float64, device=rank_device())
         dist.all_reduce(value)  # the last stage's replicas, times tp ranks each
         return float(value) / (dp * self.dims[2])
