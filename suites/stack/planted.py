@@ -605,3 +605,56 @@ class ScheduleSkipsMuon(_ScheduleBug):
 
     bug = {"adamw_half_only": True}
 
+
+
+
+class _ScalerPlanted:
+    """The torch stack in float16 with its ``torch.amp.GradScaler`` replaced by ``scaler`` (a subclass of it)."""
+
+    scaler: type = torch.amp.GradScaler
+
+    def build(self, spec, layout, recipe, group=None):
+        from harness.adapters.torch.stack import TorchStack, TorchStackTrainer
+        from harness.runtime.rank import rank_device
+
+        scaler = self.scaler
+
+        class Trainer(TorchStackTrainer):
+            def _build(self, model):
+                trainer = super()._build(model)
+                if trainer.scaler is not None:
+                    trainer.scaler = scaler(rank_device().type, init_scale=recipe.loss_scale,
+                                            growth_interval=recipe.growth_interval)
+                return trainer
+
+        trainer = TorchStack().build(spec, layout, recipe, group)
+        trainer.__class__ = Trainer
+        return trainer
+
+
+class _StepsThroughInf(torch.amp.GradScaler):
+    def step(self, optimizer, *args, **kwargs):
+        return optimizer.step()  # the inf check recorded by unscale_, then ignored
+
+
+class _ClipsScaled(torch.amp.GradScaler):
+    def unscale_(self, optimizer):
+        pass  # the stack's unscale_ before clipping does nothing: the gradients are clipped scaled
+
+    def step(self, optimizer, *args, **kwargs):
+        super().unscale_(optimizer)
+        return super().step(optimizer, *args, **kwargs)
+
+
+class Fp16StepsThroughInf(_ScalerPlanted):
+    """Planted bug: fp16 whose optimizer steps through an overflow (the scaler's skip ignored: the update of an
+    inf gradient applied, the scale backed off all the same)."""
+
+    scaler = _StepsThroughInf
+
+
+class Fp16ClipsScaledGradients(_ScalerPlanted):
+    """Planted bug: fp16 whose gradients are clipped while still multiplied by the loss scale (unscaled after the
+    clip): the clip takes the scaled norm, every update ~scale x too small."""
+
+    scaler = _ClipsScaled

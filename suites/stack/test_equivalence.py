@@ -189,6 +189,22 @@ def test_fp16_with_a_dynamic_loss_scale_equals_one_device(stack_impl, spec, layo
         assert losses[0] != losses[1] != losses[2] == losses[3], losses  # steps 1, 2 applied; 3 skipped
 
 
+@pytest.mark.thorough
+@pytest.mark.parametrize("planted, case, says", [("Fp16StepsThroughInf", 0, "step 3"),
+                                                   ("Fp16ClipsScaledGradients", 1, "step 1")])
+def test_fp16_planted_scaler_bugs_fail(planted, case, says, world_cache, conformance):
+    """The skip and the clip of the fp16 cases have power: an optimizer stepping through the overflow fails at the
+    step one device skips (measured: masters 1.2e3 E_T off at step 3); gradients clipped while scaled fail at the
+    first clipped step (the norm 1.5e5 against 2.26). Thorough (23 s): CI's mutation check plants both in the fp16
+    test itself."""
+    spec, layout, recipe = FP16[case]
+    n = layout.dp * layout.pp * layout.tp
+    require_dtype(world_cache.get(n), spec.dtype)
+    v = hold(world_cache, conformance, f"suites.stack.planted:{planted}", n, spec, layout, recipe, steps=4,
+             localise=False)
+    assert v["outcome"] == "fail" and any(says in p for p in v["problems"]), v["problems"][:3]
+
+
 def test_bf16_replicas_summed_not_averaged_fail(world_cache, conformance):
     """The minimal case of the precision-matched check: dp 2, the DP reduction's average missing."""
     spec = ModelSpec(**{**LLAMA.as_dict(), "dtype": "bfloat16"})
