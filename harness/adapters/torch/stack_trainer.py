@@ -255,11 +255,10 @@ class Torch3D:
             # inference, whose clean-up drops the gradients accumulated so far (PipelineStage)
 
             def loss_fn(logits, target):  # each pass divides by the replica's share (FSDP averages over dp)
-                if self.scaler is None:
-                    return F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="sum") / self._count
-                # float16: the cross-entropy in fp32 (torchtitan's .float()), the loss scaled as a torch user scales
-                loss = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), reduction="sum") / self._count
-                return self.scaler.scale(loss)
+                if logits.dtype in (torch.bfloat16, torch.float16):  # the cross-entropy in fp32: torchtitan's .float()
+                    logits = logits.float()
+                loss = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="sum") / self._count
+                return loss if self.scaler is None else self.scaler.scale(loss)  # fp16: scaled as a torch user scales
 
             stages = self.pstages[0] if self.schedule in SINGLE else self.pstages
             self._schedule = self.schedule_cls(stages, self.microbatches, loss_fn=loss_fn, scale_grads=False)
