@@ -32,8 +32,8 @@ torchtitan requires the KV heads to divide by tp too) and fp16 over pp > 1 or wi
 gradients reduced in fp32, the cross-entropy over fp32 logits), held precision-matched; fp16 the same with
 ``torch.amp.GradScaler`` at the contract's ``loss_scale`` / ``growth_interval`` (the loss scaled in the schedule's
 loss function, ``unscale_`` before clipping, the schedulers held still on a skipped step) — at pp 1: the scaler
-reduces its inf check over no process group of its own, so pipeline stages would skip apart. Over TP, DTensor reduces that check
-over the mesh dimensions on which the optimizer's first gradient is sharded (a torch finding,
+reduces its inf check over no process group of its own, so pipeline stages would skip apart. Over TP, DTensor
+reduces that check over the mesh dimensions on which the optimizer's first gradient is sharded (a torch finding,
 suites/tensor_parallel/test_findings.py): here the first is the embedding's, sharded over dp and tp. A float8 recipe
 (``Recipe.low_precision``, tensorwise or rowwise) is torchao's emulated ``Float8Linear`` in every block, MXFP8 its
 emulated ``MXFP8Linear`` (the module torchtitan's MXFP8 converter builds), converted before TP (torch's
