@@ -23,3 +23,38 @@ def bf16_report(stack, spec, model_params, layout: Layout | None = None) -> tupl
 
 
 EXPECTED = ({"torch.bfloat16"}, {"torch.float32"}, True)
+
+
+def torch_fp16_resumed(directory: str) -> dict:
+    """The torch stack in float16 over dp 2 (FSDP2, ZeRO 2), the loss scale from 2^16 growing every clean step:
+    three steps (the third overflows: skipped, the scale backed off), ``save``; a second trainer ``load``s it;
+    both take two more steps. Returns the scale and clean-step count each holds after the load and after the
+    steps, their losses, and the largest difference of their dense states (params and optimizer state)."""
+    from harness.adapters.torch.stack import TorchStack
+    from harness.stack.inputs import global_batch, rows_for, seq_for
+    from reference.models import ModelSpec
+    from suites._support.stack import GPT
+
+    spec = ModelSpec(**{**GPT.as_dict(), "dtype": "float16"})
+    layout, recipe = Layout(2, 1, 1, zero=2), Recipe(loss_scale=2.0**16, growth_interval=1)
+    tokens, targets = global_batch(spec.vocab, rows_for(layout, recipe), 0, seq_for(layout))
+    first = TorchStack().build(spec, layout, recipe)
+    first.load_dense(spec.build(0).state_dict())
+    losses = [first.step(tokens, targets) for _ in range(3)]
+    first.save(directory)
+    second = TorchStack().build(spec, layout, recipe)
+    second.load_dense(spec.build(0).state_dict())
+    second.load(directory)
+
+    def scaler(trainer) -> tuple[float, int]:
+        state = trainer.trainer.scaler.state_dict()
+        return float(state["scale"]), int(state["_growth_tracker"])
+
+    out = {"saved": scaler(first), "loaded": scaler(second), "losses": losses}
+    out["after"] = [[t.step(tokens, targets) for _ in range(2)] for t in (first, second)]
+    out["scales_after"] = [scaler(first), scaler(second)]
+    states = [t.dense_state() for t in (first, second)]
+    flat = [{**s["params"], **{f"{n}/{k}": v for n, st in s["optimizer"].items() for k, v in st.items()}}
+            for s in states]
+    out["off"] = max(float((flat[0][k].double() - flat[1][k].double()).abs().max()) for k in flat[0])
+    return out

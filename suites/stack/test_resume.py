@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from harness.contracts.stack import Layout, Recipe
+from harness.runtime.capabilities import require_dtype
 from harness.runtime.world import run_or_fail
 from harness.stack import case as ranks
 from harness.verdict import reduce
@@ -87,3 +88,19 @@ def test_resume_without_the_optimizer_state_fails(world_cache, tmp_path):
                            a, b, Recipe(), str(tmp_path), timeout=300, failed=ranks.failed)
     problems = [p for r in per_rank for p in r["problems"]]
     assert any("momentum_buffer" in p for p in problems) and any("parameter" in p for p in problems), problems[:3]
+
+
+def test_the_torch_stacks_fp16_resumes_its_loss_scale(world_cache, tmp_path):
+    """fp16's dynamic loss scale travels with the checkpoint. Over dp 2 from 2^16, growing every clean step, the
+    steps alternate: step 1 applied (-> 2^17), 2 overflows and is skipped (-> 2^16), 3 applied (-> 2^17: saved),
+    4 skipped, 5 applied. The loaded trainer then trains as the uninterrupted one — bitwise (the same weights,
+    state, scale and batch); one restarted at 2^16 would take step 4 instead of skipping it."""
+    from .mixed_ranks import torch_fp16_resumed
+
+    require_dtype(world_cache.get(2), "float16")
+    for got in world_cache.get(2).run(torch_fp16_resumed, str(tmp_path), timeout=300):
+        (l1, l2, l3), (l4, l5) = got["losses"], got["after"][0]
+        assert l1 != l2 == l3 != l4 == l5, got  # a skipped step leaves the next one the same weights: the same loss
+        assert got["saved"] == got["loaded"] == (2.0**17, 0), got
+        assert got["after"][0] == got["after"][1] and got["scales_after"][0] == got["scales_after"][1], got
+        assert got["off"] == 0.0, got

@@ -299,6 +299,10 @@ class TorchStackTrainer(BuiltFromDense):
                 dist.all_reduce(out[key], group=group)
         if t.schedulers:  # their position (every scheduler's and every rank's the same: DCP keeps one)
             out["lr_scheduler.last_epoch"] = torch.tensor(float(t.schedulers[0].last_epoch))
+        if t.scaler is not None:  # fp16: the loss scale and its clean steps so far (GradScaler's state_dict)
+            scaler = t.scaler.state_dict()
+            out["scaler.scale"] = torch.tensor(float(scaler["scale"]))
+            out["scaler.growth_tracker"] = torch.tensor(float(scaler["_growth_tracker"]))
         return out
 
     def save(self, directory) -> None:
@@ -320,6 +324,9 @@ class TorchStackTrainer(BuiltFromDense):
                 t.state[p] = {key: state[f"optim.{name}.{key}"] for key in keys}
         if t.schedulers:  # rebuilt at their position
             t.schedulers = t.scheduled(int(state["lr_scheduler.last_epoch"]))
+        if t.scaler is not None:
+            t.scaler.load_state_dict({**t.scaler.state_dict(), "scale": float(state["scaler.scale"]),
+                                      "_growth_tracker": int(state["scaler.growth_tracker"])})
 
 
 def _dcp_dir(directory) -> str:
