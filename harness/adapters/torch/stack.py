@@ -299,10 +299,8 @@ class TorchStackTrainer(BuiltFromDense):
                 dist.all_reduce(out[key], group=group)
         if t.schedulers:  # their position (every scheduler's and every rank's the same: DCP keeps one)
             out["lr_scheduler.last_epoch"] = torch.tensor(float(t.schedulers[0].last_epoch))
-        if t.scaler is not None:  # fp16: the loss scale and its clean steps so far (GradScaler's state_dict)
-            scaler = t.scaler.state_dict()
-            out["scaler.scale"] = torch.tensor(float(scaler["scale"]))
-            out["scaler.growth_tracker"] = torch.tensor(float(scaler["_growth_tracker"]))
+        if t.scaler is not None:  # fp16: GradScaler's state_dict (the scale, its clean steps so far, its factors)
+            out.update({f"scaler.{k}": torch.tensor(float(v)) for k, v in t.scaler.state_dict().items()})
         return out
 
     def save(self, directory) -> None:
@@ -324,9 +322,9 @@ class TorchStackTrainer(BuiltFromDense):
                 t.state[p] = {key: state[f"optim.{name}.{key}"] for key in keys}
         if t.schedulers:  # rebuilt at their position
             t.schedulers = t.scheduled(int(state["lr_scheduler.last_epoch"]))
-        if t.scaler is not None:
-            t.scaler.load_state_dict({**t.scaler.state_dict(), "scale": float(state["scaler.scale"]),
-                                      "_growth_tracker": int(state["scaler.growth_tracker"])})
+        if t.scaler is not None:  # each entry back in its own type (a float scale, an int count)
+            t.scaler.load_state_dict({k: type(v)(state[f"scaler.{k}"].item())
+                                      for k, v in t.scaler.state_dict().items()})
 
 
 def _dcp_dir(directory) -> str:
