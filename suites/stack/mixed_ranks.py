@@ -31,7 +31,7 @@ def torch_fp16_resumed(directory: str) -> dict:
     state_dict after the load and after the steps, their losses, and the largest difference of their dense states
     (params and optimizer state)."""
     from harness.adapters.torch.stack import TorchStack
-    from harness.stack.inputs import global_batch, rows_for, seq_for
+    from harness.stack.inputs import flat_state, global_batch, rows_for, seq_for
     from reference.models import ModelSpec
     from suites._support.stack import GPT
 
@@ -53,7 +53,6 @@ def torch_fp16_resumed(directory: str) -> dict:
     out["after"] = [[t.step(tokens, targets) for _ in range(2)] for t in (first, second)]
     out["scales_after"] = [scaler(first), scaler(second)]
     states = [t.dense_state() for t in (first, second)]
-    flat = [{**s["params"], **{f"{n}/{k}": v for n, st in s["optimizer"].items() for k, v in st.items()}}
-            for s in states]
+    flat = [{**s["params"], **flat_state(s["optimizer"])} for s in states]
     out["off"] = max(float((flat[0][k].double() - flat[1][k].double()).abs().max()) for k in flat[0])
     return out

@@ -606,29 +606,16 @@ class ScheduleSkipsMuon(_ScheduleBug):
     bug = {"adamw_half_only": True}
 
 
-
-
 class _ScalerPlanted:
-    """The torch stack in float16 with its ``torch.amp.GradScaler`` replaced by ``scaler`` (a subclass of it)."""
+    """The torch stack in float16 with ``scaler`` (a subclass of ``torch.amp.GradScaler``) as its loss scaler."""
 
     scaler: type = torch.amp.GradScaler
 
     def build(self, spec, layout, recipe, group=None):
-        from harness.adapters.torch.stack import TorchStack, TorchStackTrainer
-        from harness.runtime.rank import rank_device
-
-        scaler = self.scaler
-
-        class Trainer(TorchStackTrainer):
-            def _build(self, model):
-                trainer = super()._build(model)
-                if trainer.scaler is not None:
-                    trainer.scaler = scaler(rank_device().type, init_scale=recipe.loss_scale,
-                                            growth_interval=recipe.growth_interval)
-                return trainer
+        from harness.adapters.torch.stack import TorchStack
 
         trainer = TorchStack().build(spec, layout, recipe, group)
-        trainer.__class__ = Trainer
+        trainer.scaler_class = self.scaler
         return trainer
 
 

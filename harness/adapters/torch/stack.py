@@ -179,6 +179,8 @@ class CpuOffload(TorchStack):
 class TorchStackTrainer(BuiltFromDense):
     three_d = None
     """The ``Torch3D`` class it builds (None: ``Torch3D``; a planted bug's subclass in ``suites.stack.planted``)."""
+    scaler_class = None
+    """fp16's loss scaler class (None: ``torch.amp.GradScaler``; a planted bug's subclass: ``suites.stack.planted``)."""
 
     def __init__(self, spec, layout, recipe, reshard_after_forward: bool | int | None = None, offload: bool = False):
         """``reshard_after_forward``: FSDP2's (None: ZeRO 3's True, ZeRO 2's False; an int: the group size it
@@ -225,8 +227,8 @@ class TorchStackTrainer(BuiltFromDense):
 
             from harness.runtime.rank import rank_device
 
-            trainer.scaler = torch.amp.GradScaler(rank_device().type, init_scale=recipe.loss_scale,
-                                                  growth_interval=recipe.growth_interval)
+            trainer.scaler = (self.scaler_class or torch.amp.GradScaler)(
+                rank_device().type, init_scale=recipe.loss_scale, growth_interval=recipe.growth_interval)
         return trainer
 
     def step(self, tokens, targets) -> float:
