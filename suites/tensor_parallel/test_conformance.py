@@ -82,7 +82,7 @@ def test_sharded_layer_equals_dense(tensor_parallel_impl, kind, world_cache, wor
         for sp, divisible in ((False, True), (False, False), (True, True), (True, False)):
             check(n, sp, _corner_dims(kind, n, sp, divisible), divisible, n)
 
-    # Half the profile's budget (ci 75, thorough 250): 18 properties of DTensor/megatron layers were the
+    # Half the profile's budget (ci 50, thorough 250): 18 properties of DTensor/megatron layers were the
     # default run's largest cost (~110 s of 10 min at 250); each example already draws tp, sequence
     # parallelism and divisible or not, and the corners above run first.
     @settings(max_examples=max(10, settings.default.max_examples // 2))
