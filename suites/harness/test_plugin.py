@@ -4,6 +4,7 @@ are a usage error in one sentence."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -100,3 +101,14 @@ def test_thorough_sweeps_run_only_in_the_thorough_env(tmp_path):
     args = (str(test), "--rootdir", str(ROOT), "-p", "harness.pytest.plugin", "--collect-only")
     assert "test_larger_sweep" not in pytest_run(*args).stdout
     assert "test_larger_sweep" in pytest_run(*args, "-m", "thorough").stdout
+
+
+@pytest.mark.skipif(not (ROOT / ".ci" / "run").is_file(), reason="an installed paritybench has no .ci/run")
+def test_ci_runs_the_cases_tox_leaves_to_the_thorough_env():
+    """What tox deselects for its 10 minutes (marker ``thorough``) still runs on every CI run: ``.ci/run`` selects it
+    in the env tox built, under the derandomized ci profile (the same examples every run; the nightly thorough env
+    draws fresh ones)."""
+    commands = (ROOT / ".ci" / "run").read_text().replace("\\\n", " ")
+    steps = [line for line in commands.splitlines() if "-m pytest" in line and re.search(r"-m thorough\b", line)]
+    assert len(steps) == 1, steps
+    assert steps[0].startswith("PARITYBENCH_HYPOTHESIS_PROFILE=ci ") and ".tox/cpu/bin/python" in steps[0], steps[0]
