@@ -105,10 +105,13 @@ def thorough_run(config) -> bool:
     return "thorough" in markexpr or os.environ.get("PARITYBENCH_HYPOTHESIS_PROFILE") == "thorough"
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection: a widening table is marked first
 def pytest_collection_modifyitems(config, items):
     """Benchmark tests (marker ``benchmark``) are opt-in: without ``-m`` naming them or ``--benchmark-only``
     they are deselected, except the smoke test (marker ``paritybench_smoke``), so the default run stays short.
-    The larger sweeps (marker ``thorough``) run under the thorough hypothesis profile or ``-m thorough``. With
+    The larger sweeps (marker ``thorough``) run under the thorough hypothesis profile or ``-m thorough``; in such a
+    run a test whose table widens there (it takes the ``thorough`` fixture: its corners in every run, the rest
+    there) is a thorough case too, so ``-m thorough`` (CI's step after tox) runs every case tox left out. With
     ``--impl`` naming only implementations of your own, the suite's own checks (its planted bugs, the built-in
     stacks' cases, the coverage of its case lists: every test that takes no ``<paradigm>_impl``) are
     deselected: what runs is what holds yours."""
@@ -118,6 +121,8 @@ def pytest_collection_modifyitems(config, items):
     yours_only = yours_alone(config)
     keep, drop = [], []
     for item in items:
+        if thorough and "thorough" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.thorough)
         opted_out = (not benchmarks and item.get_closest_marker("benchmark")
                      and not item.get_closest_marker("paritybench_smoke"))
         opted_out = opted_out or (not thorough and item.get_closest_marker("thorough"))

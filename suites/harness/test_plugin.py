@@ -95,12 +95,18 @@ def test_a_harness_error_is_named_as_ours_in_the_summary(tmp_path):
 
 
 def test_thorough_sweeps_run_only_in_the_thorough_env(tmp_path):
+    """A thorough case runs only there; a table that widens there (the ``thorough`` fixture) runs in both, and
+    ``-m thorough`` (CI's step after tox) selects it with the thorough cases, not the rest."""
     test = tmp_path / "test_sweep.py"
     test.write_text("import pytest\n\ndef test_tox():\n    pass\n\n"
-                    "@pytest.mark.thorough\ndef test_larger_sweep():\n    pass\n")
+                    "@pytest.mark.thorough\ndef test_larger_sweep():\n    pass\n\n"
+                    "def test_widening_table(thorough):\n    assert thorough\n")
     args = (str(test), "--rootdir", str(ROOT), "-p", "harness.pytest.plugin", "--collect-only")
-    assert "test_larger_sweep" not in pytest_run(*args).stdout
-    assert "test_larger_sweep" in pytest_run(*args, "-m", "thorough").stdout
+    tox = pytest_run(*args).stdout
+    assert "test_larger_sweep" not in tox and "test_widening_table" in tox and "test_tox" in tox, tox
+    thorough = pytest_run(*args, "-m", "thorough").stdout
+    assert "test_larger_sweep" in thorough and "test_widening_table" in thorough and "test_tox" not in thorough, \
+        thorough
 
 
 @pytest.mark.skipif(not (ROOT / ".ci" / "run").is_file(), reason="an installed paritybench has no .ci/run")
