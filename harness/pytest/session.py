@@ -9,6 +9,7 @@ folder and hand back what it merges into run.json. Benchmark tests (pytest-bench
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -100,9 +101,11 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def thorough_run(config) -> bool:
-    """The run takes the larger sweeps: the thorough hypothesis profile, or a marker expression naming them."""
+    """The run takes the larger sweeps: the thorough hypothesis profile, or a marker expression selecting them
+    (``-m thorough``, ``-m "thorough or benchmark"``; not ``-m "not thorough"``, which asks for tox's selection)."""
     markexpr = config.getoption("markexpr", "") or ""
-    return "thorough" in markexpr or os.environ.get("PARITYBENCH_HYPOTHESIS_PROFILE") == "thorough"
+    selects = re.search(r"\bthorough\b", markexpr) and not re.search(r"\bnot\s*\(?\s*thorough\b", markexpr)
+    return bool(selects) or os.environ.get("PARITYBENCH_HYPOTHESIS_PROFILE") == "thorough"
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection: a widening table is marked first

@@ -118,3 +118,17 @@ def test_ci_runs_the_cases_tox_leaves_to_the_thorough_env():
     steps = [line for line in commands.splitlines() if "-m pytest" in line and re.search(r"-m thorough\b", line)]
     assert len(steps) == 1, steps
     assert steps[0].startswith("PARITYBENCH_HYPOTHESIS_PROFILE=ci ") and ".tox/cpu/bin/python" in steps[0], steps[0]
+
+
+@pytest.mark.parametrize("markexpr, profile, larger", [
+    ("", "ci", False), ("thorough", "ci", True), ("thorough or benchmark", "ci", True), ("not thorough", "ci", False),
+    ("benchmark and not (thorough)", "ci", False), ("", "thorough", True), ("not thorough", "thorough", True)])
+def test_a_run_takes_the_larger_sweeps_when_its_marker_expression_selects_them(markexpr, profile, larger, monkeypatch):
+    """``-m "not thorough"`` asks for tox's selection (its tables' corners), not the larger sweeps; the thorough
+    profile takes them whatever the expression."""
+    from types import SimpleNamespace
+
+    from harness.pytest.session import thorough_run
+
+    monkeypatch.setenv("PARITYBENCH_HYPOTHESIS_PROFILE", profile)
+    assert thorough_run(SimpleNamespace(getoption=lambda name, default=None: markexpr)) is larger
