@@ -88,7 +88,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "benchmark: a pytest-benchmark test (opt in: -m benchmark or --benchmark-only)")
     config.addinivalue_line("markers", "paritybench_smoke: the benchmark test that also runs by default")
     config.addinivalue_line("markers", "thorough: part of a larger sweep, run by `tox -e thorough` (the thorough "
-                            "hypothesis profile) or -m thorough; deselected otherwise")
+                            "hypothesis profile) or -m thorough (CI's step after tox); deselected otherwise")
     _world_sizes(config)
     for spec in config.getoption("--impl"):
         reasons = [_fits(spec, paradigm) for paradigm in CONTRACTS]
