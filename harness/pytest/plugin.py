@@ -10,7 +10,8 @@ Fixtures: ``world_cache`` (session: one World per (size, backend), spawned on fi
 end), ``world_sizes``, ``world`` (parametrised over --world-sizes), ``collectives_impl`` and
 ``pipeline_impl`` (parametrised over the implementations of that paradigm among --impl, or every
 registered one; skipped with a reason where a package is missing), ``conformance`` (records
-rows), ``stack_case`` (holds a stack to one device on a case of your own). A test that also takes
+rows), ``stack_case`` (holds a stack to one device on a case of your own), ``thorough`` and ``sweep`` (whether
+the run takes the larger sweeps; which rows of a table that widens there). A test that also takes
 ``collective_name`` is parametrised over (implementation, collective) pairs, leaving out variants where
 they share the collective with another implementation. Worlds are never spawned per test or per example.
 """
@@ -193,6 +194,15 @@ def thorough(request) -> bool:
     from harness.pytest.session import thorough_run
 
     return thorough_run(request.config)
+
+
+@pytest.fixture(scope="session")
+def sweep(request):
+    """What of a widening table this run takes (``harness.pytest.session.Sweep``): ``sweep.rows(rows, in_tox)``,
+    ``sweep.require(in_tox, why)`` — tox its tox rows, the thorough env all, ``-m thorough`` the rest alone."""
+    from harness.pytest.session import Sweep
+
+    return Sweep.of(request.config)
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -108,13 +109,53 @@ def thorough_run(config) -> bool:
     return bool(selects) or os.environ.get("PARITYBENCH_HYPOTHESIS_PROFILE") == "thorough"
 
 
+def takes_tox_rows(config) -> bool:
+    """The run takes the rows a widening table runs in tox: every run but one whose marker expression selects no
+    unmarked test — ``-m thorough`` (CI's step, after tox ran those rows), marker names joined by ``or`` with
+    ``thorough`` among them. An expression with ``not`` or ``and`` takes them (running a row twice rather than none)."""
+    words = set(re.findall(r"\w+", config.getoption("markexpr", "") or ""))
+    return not ("thorough" in words and not {"not", "and"} & words)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What of a widening table this run takes (the ``sweep`` fixture): its tox rows (``tox_rows``: every run but
+    ``-m thorough``) and the rest (``wider``: a thorough run). Tox takes the first, ``tox -e thorough`` both, CI's
+    ``-m thorough`` step the second alone — tox ran the first."""
+
+    tox_rows: bool
+    wider: bool
+
+    def takes(self, in_tox: bool) -> bool:
+        return self.tox_rows if in_tox else self.wider
+
+    def rows(self, rows, in_tox, why_thorough: str) -> list:
+        """The rows of ``rows`` this run takes (``in_tox(row)``: whether tox runs it); none of them: the test is
+        skipped, with ``why_thorough`` where they are the thorough env's."""
+        taken = [row for row in rows if self.takes(bool(in_tox(row)))]
+        if rows and not taken:
+            self.require(bool(in_tox(rows[0])), why_thorough)  # all of one kind: the one this run leaves
+        return taken
+
+    def require(self, in_tox: bool, why_thorough: str) -> None:
+        """Skip a case this run does not take, with the reason: ``why_thorough`` for a case of the thorough env."""
+        if not self.takes(in_tox):
+            pytest.skip(why_thorough if not in_tox else
+                        "ran in tox: a -m thorough run takes the rest of its table (harness.pytest.session.Sweep)")
+
+    @classmethod
+    def of(cls, config) -> Sweep:
+        return cls(takes_tox_rows(config), thorough_run(config))
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection: a widening table is marked first
 def pytest_collection_modifyitems(config, items):
     """Benchmark tests (marker ``benchmark``) are opt-in: without ``-m`` naming them or ``--benchmark-only``
     they are deselected, except the smoke test (marker ``paritybench_smoke``), so the default run stays short.
     The larger sweeps (marker ``thorough``) run under the thorough hypothesis profile or ``-m thorough``; in such a
     run a test whose table widens there (it takes the ``thorough`` fixture: its corners in every run, the rest
-    there) is a thorough case too, so ``-m thorough`` (CI's step after tox) runs every case tox left out. With
+    there: the ``sweep`` fixture, or ``thorough``) is a thorough case too, so ``-m thorough`` (CI's step after tox) runs
+    every case tox left out — and, through ``sweep``, only those. With
     ``--impl`` naming only implementations of your own, the suite's own checks (its planted bugs, the built-in
     stacks' cases, the coverage of its case lists: every test that takes no ``<paradigm>_impl``) are
     deselected: what runs is what holds yours."""
@@ -124,7 +165,7 @@ def pytest_collection_modifyitems(config, items):
     yours_only = yours_alone(config)
     keep, drop = [], []
     for item in items:
-        if thorough and "thorough" in getattr(item, "fixturenames", ()):
+        if thorough and {"thorough", "sweep"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.thorough)
         opted_out = (not benchmarks and item.get_closest_marker("benchmark")
                      and not item.get_closest_marker("paritybench_smoke"))

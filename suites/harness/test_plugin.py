@@ -95,18 +95,39 @@ def test_a_harness_error_is_named_as_ours_in_the_summary(tmp_path):
 
 
 def test_thorough_sweeps_run_only_in_the_thorough_env(tmp_path):
-    """A thorough case runs only there; a table that widens there (the ``thorough`` fixture) runs in both, and
-    ``-m thorough`` (CI's step after tox) selects it with the thorough cases, not the rest."""
+    """A thorough case runs only there; a table that widens there (the ``sweep`` fixture) runs its tox rows in tox,
+    and ``-m thorough`` (CI's step after tox) selects it with the thorough cases and runs the rest of its rows alone
+    — not the rows tox ran."""
     test = tmp_path / "test_sweep.py"
-    test.write_text("import pytest\n\ndef test_tox():\n    pass\n\n"
-                    "@pytest.mark.thorough\ndef test_larger_sweep():\n    pass\n\n"
-                    "def test_widening_table(thorough):\n    assert thorough\n")
-    args = (str(test), "--rootdir", str(ROOT), "-p", "harness.pytest.plugin", "--collect-only")
+    test.write_text("import pytest\n\ndef test_tox():\n    print('RAN tox')\n\n"
+                    "@pytest.mark.thorough\ndef test_larger_sweep():\n    print('RAN larger')\n\n"
+                    "def test_widening_table(sweep):\n"
+                    "    print('RAN rows', sweep.rows([1, 2, 3, 4], lambda n: n <= 2, 'thorough: 3 and 4'))\n\n"
+                    "def test_a_tox_row(sweep):\n    sweep.require(True, 'never')\n    print('RAN tox row')\n\n"
+                    "def test_a_wider_row(sweep):\n    sweep.require(False, 'thorough: wider')\n"
+                    "    print('RAN wider row')\n")
+    args = (str(test), "--rootdir", str(ROOT), "-p", "harness.pytest.plugin", "-s", "-rs")
     tox = pytest_run(*args).stdout
-    assert "test_larger_sweep" not in tox and "test_widening_table" in tox and "test_tox" in tox, tox
+    ran = sorted(re.findall(r"RAN [\w\[\], ]+", tox))  # -s: after the progress dots
+    assert ran == ["RAN rows [1, 2]", "RAN tox", "RAN tox row"] and "thorough: wider" in tox, tox
     thorough = pytest_run(*args, "-m", "thorough").stdout
-    assert "test_larger_sweep" in thorough and "test_widening_table" in thorough and "test_tox" not in thorough, \
-        thorough
+    ran = sorted(re.findall(r"RAN [\w\[\], ]+", thorough))
+    assert ran == ["RAN larger", "RAN rows [3, 4]", "RAN wider row"] and "ran in tox" in thorough, thorough
+
+
+@pytest.mark.parametrize("markexpr, profile, tox_rows, wider", [
+    ("", "ci", True, False), ("thorough", "ci", False, True), ("thorough or benchmark", "ci", False, True),
+    ("not thorough", "ci", True, False), ("", "thorough", True, True), ("thorough", "thorough", False, True),
+    ("thorough and not slow", "ci", True, True)])
+def test_a_sweep_takes_tox_rows_except_where_the_run_follows_tox(markexpr, profile, tox_rows, wider, monkeypatch):
+    """Tox takes a widening table's tox rows, ``tox -e thorough`` every row, ``-m thorough`` the rest alone; an
+    expression it cannot read as "thorough cases only" (``and``, ``not``) takes the tox rows too: twice, never none."""
+    from types import SimpleNamespace
+
+    from harness.pytest.session import Sweep
+
+    monkeypatch.setenv("PARITYBENCH_HYPOTHESIS_PROFILE", profile)
+    assert Sweep.of(SimpleNamespace(getoption=lambda name, default=None: markexpr)) == Sweep(tox_rows, wider)
 
 
 @pytest.mark.skipif(not (ROOT / ".ci" / "run").is_file(), reason="an installed paritybench has no .ci/run")

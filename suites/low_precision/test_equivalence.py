@@ -52,9 +52,9 @@ the other layouts run in the thorough env (tox's budget)."""
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.label() for c in CASES])
-def test_low_precision_layer_equals_one_device(low_precision_impl, case, world_cache, conformance, thorough):
-    if low_precision_impl == "torchtitan" and case.kind not in TORCHTITAN_TOX and not thorough:
-        pytest.skip("thorough: torchtitan's rowwise layouts all hit its one finding; tox runs replicated and column")
+def test_low_precision_layer_equals_one_device(low_precision_impl, case, world_cache, conformance, sweep):
+    sweep.require(low_precision_impl != "torchtitan" or case.kind in TORCHTITAN_TOX,
+                  "thorough: torchtitan's rowwise layouts all hit its one finding; tox runs replicated and column")
     hang = findings.known_hang(low_precision_impl, "low_precision", **finding_keys(case))
     if hang:  # not run: a deadlock costs the hang window and a respawn; its watch runs the minimal case
         conformance.record("fail", hang, suite="low_precision", world_size=case.world, dtype="float64",

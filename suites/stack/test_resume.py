@@ -66,11 +66,11 @@ two-stages-per-rank one (its stages are held under every schedule by the pipelin
 
 
 @pytest.mark.parametrize("spec, a, b, recipe", PAIRS, ids=_id)
-def test_resume_on_another_layout_equals_one_device(stack_impl, spec, a, b, recipe, world_cache, thorough,
+def test_resume_on_another_layout_equals_one_device(stack_impl, spec, a, b, recipe, world_cache, sweep,
                                                     conformance, tmp_path):
     i = PAIRS.index((spec, a, b, recipe))
-    if not (thorough or (stack_impl == "reference" and i not in REFERENCE_THOROUGH) or i in THIRD_PARTY_EVERY):
-        pytest.skip("a pair of the thorough env (THIRD_PARTY_EVERY, REFERENCE_THOROUGH)")
+    sweep.require((stack_impl == "reference" and i not in REFERENCE_THOROUGH) or i in THIRD_PARTY_EVERY,
+                  "a pair of the thorough env (THIRD_PARTY_EVERY, REFERENCE_THOROUGH)")
     per_rank = run_or_fail(world_cache.get(4), ranks.resume_stack, stack_impl, spec, a, b, recipe, str(tmp_path),
                            timeout=300, failed=ranks.failed)
     outcome, refused, problems = reduce(per_rank)

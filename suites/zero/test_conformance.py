@@ -38,10 +38,11 @@ def _held(zero_impl, stage, cases, world_cache, conformance) -> None:
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_training_equals_one_device(zero_impl, stage, world_cache, world_sizes, thorough, conformance):
+def test_training_equals_one_device(zero_impl, stage, world_cache, world_sizes, sweep, conformance):
     skip_unless_stage(zero_impl, stage)
-    sizes = world_sizes if thorough or zero_impl.startswith("reference") else \
+    tox_sizes = world_sizes if zero_impl.startswith("reference") else \
         [n for n in world_sizes if n in THIRD_PARTY_SIZES] or world_sizes
+    sizes = sweep.rows(world_sizes, lambda n: n in tox_sizes, "thorough: a third party's other dp sizes")
     _held(zero_impl, stage, itertools.product(sizes, ("mlp", "block"), ("sgd", "adam")), world_cache, conformance)
     assert conformance.counts.get("pass", 0) > 0
 

@@ -54,13 +54,14 @@ def test_reference_memory_is_the_model_up_to_padding(model, opt, world_cache, wo
                 assert abs(r["memory"][what] - predicted) <= padding, (stage, n, what, r["memory"], predicted)
 
 
-def test_third_party_memory_is_reported_and_shrinks_with_sharding(zero_impl, world_cache, world_sizes, thorough,
+def test_third_party_memory_is_reported_and_shrinks_with_sharding(zero_impl, world_cache, world_sizes, sweep,
                                                                   conformance):
     if registry.resolve(zero_impl, "zero").only_ops:
         pytest.skip(f"{zero_impl} is a variant of another implementation")
-    sizes = [n for n in world_sizes if n > 1 and (thorough or n in THIRD_PARTY_SIZES)]
-    if not sizes:
+    if not [n for n in world_sizes if n > 1]:
         pytest.skip("sharding needs dp > 1")
+    sizes = sweep.rows([n for n in world_sizes if n > 1], lambda n: n in THIRD_PARTY_SIZES,
+                       f"thorough: dp sizes other than {', '.join(map(str, THIRD_PARTY_SIZES))}")
     for n in sizes:
         totals = {}
         for stage in (0, 1, 2, 3):
