@@ -97,7 +97,7 @@ def test_a_harness_error_is_named_as_ours_in_the_summary(tmp_path):
 def test_thorough_sweeps_run_only_in_the_thorough_env(tmp_path):
     """A thorough case runs only there; a table that widens there (the ``sweep`` fixture) runs its tox rows in tox,
     and ``-m thorough`` (CI's step after tox) selects it with the thorough cases and runs the rest of its rows alone
-    — not the rows tox ran."""
+    — not the rows tox ran. A test taking the ``thorough`` fixture runs in both, told which run it is in."""
     test = tmp_path / "test_sweep.py"
     test.write_text("import pytest\n\ndef test_tox():\n    print('RAN tox')\n\n"
                     "@pytest.mark.thorough\ndef test_larger_sweep():\n    print('RAN larger')\n\n"
@@ -105,14 +105,16 @@ def test_thorough_sweeps_run_only_in_the_thorough_env(tmp_path):
                     "    print('RAN rows', sweep.rows([1, 2, 3, 4], lambda n: n <= 2, 'thorough: 3 and 4'))\n\n"
                     "def test_a_tox_row(sweep):\n    sweep.require(True, 'never')\n    print('RAN tox row')\n\n"
                     "def test_a_wider_row(sweep):\n    sweep.require(False, 'thorough: wider')\n"
-                    "    print('RAN wider row')\n")
+                    "    print('RAN wider row')\n\n"
+                    "def test_thorough_fixture(thorough):\n    print('RAN thorough', thorough)\n")
     args = (str(test), "--rootdir", str(ROOT), "-p", "harness.pytest.plugin", "-s", "-rs")
     tox = pytest_run(*args).stdout
     ran = sorted(re.findall(r"RAN [\w\[\], ]+", tox))  # -s: after the progress dots
-    assert ran == ["RAN rows [1, 2]", "RAN tox", "RAN tox row"] and "thorough: wider" in tox, tox
+    assert ran == ["RAN rows [1, 2]", "RAN thorough False", "RAN tox", "RAN tox row"] and "thorough: wider" in tox, tox
     thorough = pytest_run(*args, "-m", "thorough").stdout
     ran = sorted(re.findall(r"RAN [\w\[\], ]+", thorough))
-    assert ran == ["RAN larger", "RAN rows [3, 4]", "RAN wider row"] and "ran in tox" in thorough, thorough
+    assert ran == ["RAN larger", "RAN rows [3, 4]", "RAN thorough True", "RAN wider row"], thorough
+    assert "ran in tox" in thorough, thorough
 
 
 @pytest.mark.parametrize("markexpr, profile, tox_rows, wider", [
