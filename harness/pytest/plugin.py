@@ -198,7 +198,7 @@ def thorough(request) -> bool:
 
 @pytest.fixture(scope="session")
 def sweep(request):
-    """What of a widening table this run takes (``harness.pytest.session.Sweep``): ``sweep.rows(rows, in_tox)``,
+    """What of a widening table this run takes (``harness.pytest.session.Sweep``): ``sweep.rows(rows, in_tox, why)``,
     ``sweep.require(in_tox, why)`` — tox its tox rows, the thorough env all, ``-m thorough`` the rest alone."""
     from harness.pytest.session import Sweep
 

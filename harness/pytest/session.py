@@ -153,9 +153,9 @@ def pytest_collection_modifyitems(config, items):
     """Benchmark tests (marker ``benchmark``) are opt-in: without ``-m`` naming them or ``--benchmark-only``
     they are deselected, except the smoke test (marker ``paritybench_smoke``), so the default run stays short.
     The larger sweeps (marker ``thorough``) run under the thorough hypothesis profile or ``-m thorough``; in such a
-    run a test whose table widens there (it takes the ``thorough`` fixture: its corners in every run, the rest
-    there: the ``sweep`` fixture, or ``thorough``) is a thorough case too, so ``-m thorough`` (CI's step after tox) runs
-    every case tox left out — and, through ``sweep``, only those. With
+    run a test whose table widens there (it takes the ``sweep`` or the ``thorough`` fixture: its tox rows in every
+    run, the rest there) is a thorough case too, so ``-m thorough`` (CI's step after tox) runs every case tox left
+    out — and, through ``sweep``, only those. With
     ``--impl`` naming only implementations of your own, the suite's own checks (its planted bugs, the built-in
     stacks' cases, the coverage of its case lists: every test that takes no ``<paradigm>_impl``) are
     deselected: what runs is what holds yours."""
