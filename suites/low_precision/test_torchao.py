@@ -39,6 +39,14 @@ def test_torchao_float8_all_gather_of_activations_is_unsupported_on_gloo_with_th
     assert outcome == "unsupported" and "Invalid scalar type" in refused and "nccl" in refused, (outcome, refused)
 
 
+def test_a_recipe_torchao_refuses_with_the_float8_all_gather_is_unsupported_with_its_reason(world_cache, conformance):
+    """torchao 0.18's Float8LinearConfig asserts the float8 all-gather is tensorwise: its refusal, not a fail (it
+    raised out of ``paritybench bench low_precision``'s rowwise fsdp-fp8ag row and stopped the sweep)."""
+    outcome, refused, _, _ = judge(world_cache, conformance, "torchao",
+                                   Case(recipe="float8-rowwise", kind="fsdp", dp=2, tp=1, fp8_all_gather=True))
+    assert outcome == "unsupported" and "refuses float8-rowwise" in refused and "tensorwise" in refused, \
+        (outcome, refused)
+
 
 def test_watch_float8_all_gather_of_rows_dp_does_not_divide_hangs(world_cache, conformance):
     """Watch (torchao 0.18): a 33 x 21 weight over dp 2 with the float8 all-gather and precomputed scales — the rank

@@ -134,8 +134,12 @@ class TorchaoLowPrecision:
         if recipe not in _RECIPE_NAMES:
             raise Unsupported(f"torchao's {recipe} training is not driven by this adapter (float8 tensorwise and "
                               f"rowwise, MXFP8 are).")
-        return dataclasses.replace(Float8LinearConfig.from_recipe_name(_RECIPE_NAMES[recipe]), emulate=True,
-                                   enable_fsdp_float8_all_gather=layout.fp8_all_gather)
+        try:
+            return dataclasses.replace(Float8LinearConfig.from_recipe_name(_RECIPE_NAMES[recipe]), emulate=True,
+                                       enable_fsdp_float8_all_gather=layout.fp8_all_gather)
+        except AssertionError as exc:  # its own validation (0.18: the float8 all-gather is tensorwise only)
+            raise Unsupported(f"torchao's Float8LinearConfig refuses {recipe} as asked: "
+                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}.") from None
 
     @staticmethod
     def _precompute(model):
