@@ -115,12 +115,15 @@ def _point_at_profile(args, plans: list, run) -> None:
             cfg.profile = path
 
 
-def run_plans(run, plans: list, backend: str | None) -> None:
+def run_plans(run, plans: list, backend: str | None, keep_going: bool = False) -> list[str]:
     """Run each (name, config, sweep) into ``run`` on Worlds made as needed and kept warm until the end (a
     World's idle ranks cost no CPU since their gloo groups share one device, and ``bench all`` returns to sizes
     2, 4 and 8 after other sizes: each respawn cost seconds), then mark the folder complete; incomplete on any
-    error or interrupt."""
+    error or interrupt. ``keep_going``: a sweep stopped by a rank's exception (an implementation raising where its
+    bench expects a refusal, a hang) is named in one line, its rows so far kept, and the next sweep runs on fresh
+    Worlds; returns those lines (the folder incomplete where there are any)."""
     from harness.runtime import placement
+    from harness.runtime.failures import RankFailure, verdict_of
     from harness.runtime.world import World
 
     worlds: dict[int, World] = {}
@@ -132,14 +135,26 @@ def run_plans(run, plans: list, backend: str | None) -> None:
         return worlds[n]
 
     sections: list[dict] = []
+    stopped: list[str] = []
     try:
         started = time.monotonic()
         sizes = getattr(plans[0][1], "world_sizes", None)  # checkpointing runs in this process: no World
         run.update(backend=get_world(sizes[0]).backend if sizes else "none")
         for name, cfg, sweep in plans:
-            sweep(cfg, get_world, run)
+            section = {"section": name}
+            try:
+                sweep(cfg, get_world, run)
+            except RankFailure as exc:
+                if not keep_going:
+                    raise
+                section["stopped"] = line = f"bench {name} stopped (its rows so far kept): {verdict_of(exc)}"
+                stopped.append(line)
+                print(f"paritybench: {line}\n{exc}", file=sys.stderr, flush=True)  # the ranks' tracebacks
+                for w in worlds.values():  # a rank may be dead or stuck: the next sweep starts its own
+                    w.close()
+                worlds.clear()
             # wall seconds per section, the first one's World start-up included; in run.json as each ends
-            sections.append({"section": name, "seconds": round(time.monotonic() - started, 1)})
+            sections.append({**section, "seconds": round(time.monotonic() - started, 1)})
             run.update(sections=sections)
             started = time.monotonic()
     except BaseException:
@@ -148,7 +163,8 @@ def run_plans(run, plans: list, backend: str | None) -> None:
     finally:
         for w in worlds.values():
             w.close()
-    run.finish("complete")
+    run.finish("incomplete" if stopped else "complete")
+    return stopped
 
 
 def run(args) -> int:
@@ -168,7 +184,7 @@ def run(args) -> int:
     run = RunDir(args.results_dir, {"suite": args.suite, "config": config})
     print(f"paritybench: run folder {run.path}", file=sys.stderr)
     _point_at_profile(args, plans, run)
-    run_plans(run, plans, args.backend)
+    stopped = run_plans(run, plans, args.backend, keep_going=True)
     if not args.no_report:
         from harness.cli.report import write_report
 
@@ -177,4 +193,6 @@ def run(args) -> int:
         run.update(report_seconds=round(time.monotonic() - started, 1))  # after the report: in run.json only
         print(f"paritybench: report {path} ({run.meta['report_seconds']:g} s)", file=sys.stderr)
     print(run.path)
-    return 0
+    for line in stopped:  # again, last, where a user reads (the ranks' tracebacks went to stderr when it stopped)
+        print(f"paritybench: {line}", file=sys.stderr)
+    return 1 if stopped else 0

@@ -118,3 +118,35 @@ def test_python_dash_m_harness_cli_is_the_command():
     out = subprocess.run([sys.executable, "-m", "harness.cli", "schedule", "gpipe", "--p", "2", "--m", "1"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "makespan" in out.stdout, out.stderr[-400:]
+
+
+def _raises_in_a_rank(cfg, get_world, run):
+    from harness.runtime.failures import RankFailure
+
+    run.append("benchmarks.csv", {"suite": "first", "op": "before", "status": "ok"})
+    raise RankFailure("rank 1: AssertionError: a third party's own assert", {1: "Traceback ...\nAssertionError"})
+
+
+def _writes_a_row(cfg, get_world, run):
+    run.append("benchmarks.csv", {"suite": "second", "op": "after", "status": "ok"})
+
+
+def test_a_sweep_an_implementation_stops_is_named_and_the_next_sweep_runs(tmp_path, capsys):
+    """``paritybench bench`` (``keep_going``): a rank's exception ends its sweep in one line, not the run — the rows
+    before it and the later sweeps kept, the folder incomplete; without ``keep_going`` (calibration) it raises."""
+    from types import SimpleNamespace
+
+    from harness.cli.bench import run_plans
+    from harness.records.results import RunDir, read_run
+    from harness.runtime.failures import RankFailure
+
+    plans = [("first", SimpleNamespace(), _raises_in_a_rank), ("second", SimpleNamespace(), _writes_a_row)]
+    run = RunDir(tmp_path, {"suite": "all"})
+    stopped = run_plans(run, plans, None, keep_going=True)
+    assert stopped == ["bench first stopped (its rows so far kept): rank 1: AssertionError: a third party's own assert"]
+    meta, tables = read_run(run.path)
+    assert list(tables["benchmarks.csv"]["op"]) == ["before", "after"] and meta["status"] == "incomplete", meta
+    assert [s["section"] for s in meta["sections"]] == ["first", "second"] and "stopped" in meta["sections"][0]
+    assert "AssertionError" in capsys.readouterr().err
+    with pytest.raises(RankFailure):
+        run_plans(RunDir(tmp_path, {"suite": "all"}), plans, None)
