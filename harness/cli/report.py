@@ -23,8 +23,11 @@ def _sections_table(meta: dict) -> list[str]:
     frame = frame.groupby("section", sort=False)["seconds"].sum().to_frame()  # bench all's stack runs once a stack
     total = float(frame["seconds"].sum())
     frame["share"] = frame["seconds"] / total
+    stopped = [f"- **{s['stopped']}**" for s in sections if s.get("stopped")]  # harness.cli.bench.run_plans
     return ["## Time per section", "", f"Wall seconds of each section of this run, {total:.0f} s in all "
-            "(the report itself is timed after it: `report_seconds` in run.json).", "", _md(frame, ".3g"), ""]
+            "(the report itself is timed after it: `report_seconds` in run.json).", "", _md(frame, ".3g"), "",
+            *([f"Stopped by a rank's exception ({len(stopped)}; the rows before it kept):", "", *stopped, ""]
+              if stopped else [])]
 
 
 def _where(meta: dict) -> list[str]:

@@ -148,5 +148,8 @@ def test_a_sweep_an_implementation_stops_is_named_and_the_next_sweep_runs(tmp_pa
     assert list(tables["benchmarks.csv"]["op"]) == ["before", "after"] and meta["status"] == "incomplete", meta
     assert [s["section"] for s in meta["sections"]] == ["first", "second"] and "stopped" in meta["sections"][0]
     assert "AssertionError" in capsys.readouterr().err
+    from harness.cli.report import write_report
+
+    assert f"**{stopped[0]}**" in write_report(run.path).read_text()  # the report names it too
     with pytest.raises(RankFailure):
         run_plans(RunDir(tmp_path, {"suite": "all"}), plans, None)
