@@ -134,6 +134,11 @@ def run_plans(run, plans: list, backend: str | None, keep_going: bool = False) -
             placement.record(run, worlds[n])
         return worlds[n]
 
+    def close_worlds() -> None:
+        for w in worlds.values():
+            w.close()
+        worlds.clear()
+
     sections: list[dict] = []
     stopped: list[str] = []
     try:
@@ -150,9 +155,7 @@ def run_plans(run, plans: list, backend: str | None, keep_going: bool = False) -
                 section["stopped"] = line = f"bench {name} stopped (its rows so far kept): {verdict_of(exc)}"
                 stopped.append(line)
                 print(f"paritybench: {line}\n{exc}", file=sys.stderr, flush=True)  # the ranks' tracebacks
-                for w in worlds.values():  # a rank may be dead or stuck: the next sweep starts its own
-                    w.close()
-                worlds.clear()
+                close_worlds()  # a rank may be dead or stuck: the next sweep starts its own
             # wall seconds per section, the first one's World start-up included; in run.json as each ends
             sections.append({**section, "seconds": round(time.monotonic() - started, 1)})
             run.update(sections=sections)
@@ -161,8 +164,7 @@ def run_plans(run, plans: list, backend: str | None, keep_going: bool = False) -
         run.finish("incomplete")
         raise
     finally:
-        for w in worlds.values():
-            w.close()
+        close_worlds()
     run.finish("incomplete" if stopped else "complete")
     return stopped
 
