@@ -121,9 +121,28 @@ def _rank_main(rank: int, size: int, backend: str, store_path: str, stack_path: 
             hygiene.restore(pristine)
     dist.destroy_process_group()
     # Leave without the interpreter's teardown (about 0.75 s with torch loaded, per rank, at every close
-    # and respawn): nothing is left to flush but the standard streams.
+    # and respawn): nothing is left to flush but the standard streams — and multiprocessing's finalizers.
+    run_multiprocessing_finalizers()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def run_multiprocessing_finalizers() -> bool:
+    """Run what multiprocessing runs at a normal exit (``util._run_finalizers(0)``: a named semaphore a rank made —
+    tqdm's lock in torch's FX interpreter, under ``torch.compile`` — unlinked and unregistered), which ``os._exit``
+    skips: else the parent's resource tracker warns of "leaked semaphore objects" at its own exit, and unlinks them
+    then. Private to multiprocessing: where it is missing, nothing is run (the tracker's own clean-up, its warning);
+    returns whether it ran."""
+    import multiprocessing.util
+
+    finalize = getattr(multiprocessing.util, "_run_finalizers", None)
+    if not callable(finalize):
+        return False
+    try:
+        finalize(0)
+    except Exception:  # noqa: BLE001 - a finalizer's failure must not keep the rank from leaving
+        return False
+    return True
 
 

@@ -315,3 +315,16 @@ def not_preloaded() -> list:
     from harness.runtime.spawn import PRELOAD
 
     return [m for m in PRELOAD if m not in sys.modules]
+
+
+_KEPT = []
+
+
+def keeps_a_named_semaphore() -> str:
+    """A multiprocessing lock the rank keeps to its end (as tqdm keeps one, made under ``torch.compile``): its
+    named semaphore's file under /dev/shm."""
+    import multiprocessing
+
+    lock = multiprocessing.get_context("forkserver").RLock()
+    _KEPT.append(lock)
+    return "/dev/shm/sem." + lock._semlock.name.lstrip("/")
