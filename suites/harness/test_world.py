@@ -7,6 +7,7 @@ performance: every bound is a fraction of a deadline set far above any normal la
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import time
 
@@ -178,13 +179,11 @@ def test_context_manager_closes_the_ranks():
     assert not w.alive and all(not p.is_alive() for p in procs)
 
 
-@pytest.mark.skipif(not __import__("os").path.isdir("/dev/shm"), reason="named semaphores live in /dev/shm on Linux")
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="named semaphores live in /dev/shm on Linux")
 def test_a_rank_leaves_without_leaking_the_semaphores_it_made():
     """A rank leaves by ``os._exit`` (no interpreter teardown) but runs multiprocessing's finalizers first: a named
     semaphore it kept is unlinked when the World closes, not by the parent's resource tracker at its exit with a
     "leaked semaphore objects" warning (``paritybench bench matrix``'s compiled cases: tqdm's lock)."""
-    import os
-
     with World(1, timeout=60) as w:
         [path] = w.run(ranks.keeps_a_named_semaphore)
         assert os.path.exists(path), path
