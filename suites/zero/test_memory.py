@@ -58,9 +58,10 @@ def test_third_party_memory_is_reported_and_shrinks_with_sharding(zero_impl, wor
                                                                   conformance):
     if registry.resolve(zero_impl, "zero").only_ops:
         pytest.skip(f"{zero_impl} is a variant of another implementation")
-    if not [n for n in world_sizes if n > 1]:
+    sharded = [n for n in world_sizes if n > 1]
+    if not sharded:
         pytest.skip("sharding needs dp > 1")
-    sizes = sweep.rows([n for n in world_sizes if n > 1], lambda n: n in THIRD_PARTY_SIZES,
+    sizes = sweep.rows(sharded, lambda n: n in THIRD_PARTY_SIZES,
                        f"thorough: dp sizes other than {', '.join(map(str, THIRD_PARTY_SIZES))}")
     for n in sizes:
         totals = {}
