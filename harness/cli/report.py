@@ -68,11 +68,29 @@ def calibration(rows, run_dir, md) -> list[str]:
     return calibration_section(rows, json.loads((Path(run_dir) / "run.json").read_text()), run_dir, md)
 
 
+def failed_cases(rows, run_dir, md) -> list[str]:
+    """Every benchmark case an implementation raised, died or hung in (``harness.runtime.bench_case``), with its
+    verdict line; nothing where there are none."""
+    from harness.cli.summary import first_line
+
+    failed = rows[rows["status"] == "failed"].copy()
+    if not len(failed):
+        return []
+    failed["detail"] = failed["detail"].map(first_line)
+    shown = [c for c in ("suite", "impl", "op", "world_size", "bytes", "microbatches", "detail")
+             if c in failed.columns and (c == "detail" or failed[c].notna().any())]  # the case's own keys
+    failed = failed[shown]
+    return ["## Failed cases", "", "Benchmark cases in which an implementation raised, a rank died or the call hung "
+            "(status `failed`, no timing; the sweep went on with its next case): the failing rank's own failure "
+            "first. Each section's tables leave them out.", "", md(failed, "g", index=False), ""]
+
+
 # The report's own sections among the paradigms' (harness.paradigm.Section: its ``order`` places it)
 HOUSE = (Section(10, "harness.cli.report:dispatch_section", suite="world"),
          Section(900, "harness.cost_model.report:planner_section"),
          Section(910, "harness.cli.report:calibration", source="calibration.csv"),
          Section(920, "harness.records.scaling:scaling_section"),
+         Section(980, "harness.cli.report:failed_cases"),
          Section(990, "harness.cli.report:conformance_counts", source="conformance.csv"))
 
 

@@ -20,7 +20,7 @@ def anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 
-def _first_line(text) -> str:
+def first_line(text) -> str:
     text = "" if text is None or text != text else str(text)
     line = text.strip().splitlines()[0] if text.strip() else ""
     return line if len(line) <= 200 else line[:197] + "..."
@@ -37,6 +37,7 @@ def summary(meta: dict, bench, conf, sections: list[str]) -> list[str]:
 
     out = ["## Summary", ""]
     out += _conformance(conf, link)
+    out += _failed(bench, link)
     out += _headlines(bench, link)
     out += _not_judged(bench, conf, link)
     out += _time(meta, link)
@@ -62,13 +63,29 @@ def _conformance(conf, link) -> list[str]:
            f"{verdict}."]
     for outcome, label in (("fail", "FAIL"), ("error", "ERROR"), ("known-nonconformance", "finding")):
         rows = conf[conf["outcome"] == outcome]
-        groups = rows.groupby(["impl", rows["detail"].map(_first_line)], sort=False)
+        groups = rows.groupby(["impl", rows["detail"].map(first_line)], sort=False)
         for i, ((impl, detail), g) in enumerate(groups):
             if i == _LISTED:
                 out.append(f"  - … and {groups.ngroups - _LISTED} more {label} causes (the sections below).")
                 break
             out.append(f"  - {label} `{impl}` — {_case(g.iloc[0])}{f' (+{len(g) - 1} rows)' if len(g) > 1 else ''}: "
                        f"{detail or '(no detail)'}")
+    return out
+
+
+def _failed(bench, link) -> list[str]:
+    """The benchmark cases an implementation raised, died or hung in, by implementation and cause."""
+    failed = bench[bench["status"] == "failed"] if len(bench) else bench
+    if not len(failed):
+        return []
+    groups = failed.groupby(["suite", "impl", failed["detail"].map(first_line)], sort=False)
+    out = [f"- **Failed cases** ({link('table', 'Failed cases')}): {len(failed)} benchmark rows in which an "
+           "implementation raised, a rank died or the call hung:"]
+    for i, ((suite, impl, detail), g) in enumerate(groups):
+        if i == _LISTED:
+            out.append(f"  - … and {groups.ngroups - _LISTED} more causes (the table).")
+            break
+        out.append(f"  - {suite} `{impl}` ({len(g)}): {detail or '(no detail)'}")
     return out
 
 
@@ -112,10 +129,10 @@ def _not_judged(bench, conf, link) -> list[str]:
     rows = []
     if len(bench):
         b = bench[bench["status"] == "unsupported"]
-        rows += [(r["suite"], r["impl"], _first_line(r["detail"])) for r in b.to_dict("records")]
+        rows += [(r["suite"], r["impl"], first_line(r["detail"])) for r in b.to_dict("records")]
     if len(conf):
         c = conf[conf["outcome"].isin(["unsupported", "refused"])]
-        rows += [(r["suite"], r["impl"], _first_line(r["detail"])) for r in c.to_dict("records")]
+        rows += [(r["suite"], r["impl"], first_line(r["detail"])) for r in c.to_dict("records")]
     if not rows:
         return ["- **Not judged**: nothing — every case this run asked for ran."]
     by = Counter(rows)

@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass, field
 
 from harness.records import registry
+from harness.runtime.bench_case import call_case, declined
 from harness.runtime.timing import summarize, time_iterations
 from reference.cost_model import busbw_factor
 
@@ -70,8 +71,8 @@ def bench_rank(impl_spec: str, collective: str, dtype: str, numel: int, reduce_o
     from harness.runtime.world import rank_device
 
     check = run_case(Case(impl_spec, collective, dtype, numel, reduce_op, seed=1))
-    if check["outcome"] == "unsupported":
-        return {**check, "times": []}
+    if check["outcome"] != "pass" and not check["wrong"]:  # refused, raised, or accepted what the contract leaves out
+        return {**check, "times": []}  # no number to publish (and a raise would only raise again in the timed loop)
     impl = registry.load(impl_spec, "collectives")
     timed = Case(impl_spec, collective, dtype, numel, reduce_op)
     # zeros stay zeros under every op: no overflow, no denormals across iterations
@@ -115,9 +116,9 @@ def run_sweep(cfg: SweepConfig, get_world, run_dir, progress=sys.stderr) -> int:
         for nbytes, (impl, collective) in itertools.product(sizes, pairs):
             done += 1
             row = _one(world, cfg, impl, collective, nbytes)
-            numel = row.pop("numel")
+            numel, outcome = row.pop("numel"), row.pop("outcome")
             run_dir.append("benchmarks.csv", row)
-            run_dir.append("conformance.csv", _conformance_row(row, numel))
+            run_dir.append("conformance.csv", _conformance_row(row, numel, outcome))
             if progress:
                 bw = f"busbw {row['busbw_gbps']:.3f} GB/s" if row["status"] == "ok" else row["status"]
                 wrong = f" WRONG={row['wrong']}" if row["wrong"] else ""
@@ -135,23 +136,31 @@ def _one(world, cfg: SweepConfig, impl: str, collective: str, nbytes: int) -> di
     n = world.size
     elem = ELEMENT_BYTES[cfg.dtype]
     numel, s_bytes = case_numel(collective, nbytes, n, elem)
-    per_rank = world.run(bench_rank, impl, collective, cfg.dtype, numel, cfg.reduce_op, cfg.iters,
+    per_rank = call_case(world, bench_rank, impl, collective, cfg.dtype, numel, cfg.reduce_op, cfg.iters,
                          cfg.warmup, timeout=max(120.0, world.timeout))
-    verdict = merge(per_rank)
     row = {"suite": "collectives", "op": collective, "impl": impl, "backend": world.backend,
            "world_size": n, "dtype": cfg.dtype, "bytes": s_bytes, "count": s_bytes // elem,
            "reduce_op": cfg.reduce_op if collective in REDUCING else "", "iters": cfg.iters,
-           "warmup": cfg.warmup, "wrong": verdict["wrong"], "detail": verdict["detail"], "numel": numel}
-    if verdict["outcome"] == "unsupported":
-        return {**row, "status": "unsupported"}
+           "warmup": cfg.warmup, "numel": numel}
+    said = declined(per_rank)
+    if said:  # a rank raised, died or hung outside the exact check's own catch: the case's verdict, no timing
+        return {**row, **said, "wrong": 0, "outcome": "fail"}
+    verdict = merge(per_rank)
+    row.update(wrong=verdict["wrong"], detail=verdict["detail"], outcome=verdict["outcome"])
+    # the check's own failure (wrong elements, an out-of-contract call accepted) is wrong; a raise, or an error of
+    # the oracle itself, is failed, as a raise is in every bench (harness.runtime.bench_case)
+    raised = any(r.get("raised") for r in per_rank)
+    status = {"pass": "ok", "fail": "failed" if raised else "wrong", "unsupported": "unsupported"}.get(
+        verdict["outcome"], "failed")
+    if not any(r["times"] for r in per_rank):  # the check refused, raised or failed without wrong elements
+        return {**row, "status": status}
     stats = summarize([r["times"] for r in per_rank])
     algbw = s_bytes / (stats["time_p50_us"] * 1e-6) / 1e9 if stats["time_p50_us"] > 0 else 0.0
-    return {**row, **stats, "status": "ok" if not verdict["wrong"] else "wrong",
-            "algbw_gbps": algbw, "busbw_gbps": algbw * busbw_factor(collective, n)}
+    return {**row, **stats, "status": status, "algbw_gbps": algbw, "busbw_gbps": algbw * busbw_factor(collective, n)}
 
 
-def _conformance_row(row: dict, numel: int) -> dict:
-    outcome = {"ok": "pass", "wrong": "fail"}.get(row["status"], row["status"])
+def _conformance_row(row: dict, numel: int, outcome: str) -> dict:
+    """``outcome``: the exact check's verdict (``merge``), or fail where the World call itself failed."""
     return {"suite": "collectives", "property": "bench_exact_check", "impl": row["impl"],
             "backend": row["backend"], "world_size": row["world_size"], "dtype": row["dtype"],
             "collective": row["op"], "op": row["reduce_op"], "numel": numel, "root": 0,

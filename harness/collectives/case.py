@@ -226,8 +226,9 @@ def call(impl, case: Case, out: torch.Tensor, inp: torch.Tensor, group) -> None:
 
 def run_case(case: Case) -> dict:
     """Rank side: build this rank's buffers, run the collective, check it. Returns
-    {"outcome": "pass" | "fail" | "unsupported" | "error" | "idle", "wrong": int, "detail": str, "bytes_sent"}:
-    whatever the implementation does is pass / fail / unsupported; "error" is a failure of the oracle itself."""
+    {"outcome": "pass" | "fail" | "unsupported" | "error" | "idle", "wrong": int, "detail": str, "bytes_sent"}
+    ("raised": True where the fail is the implementation's exception): whatever the implementation does is pass /
+    fail / unsupported; "error" is a failure of the oracle itself."""
     import torch.distributed as dist
 
     from harness.runtime.world import rank_device
@@ -245,7 +246,7 @@ def run_case(case: Case) -> dict:
     except NotImplementedError as exc:  # Unsupported included
         return {"outcome": "unsupported", "wrong": 0, "detail": str(exc), "bytes_sent": 0}
     except Exception as exc:  # noqa: BLE001 - whatever the code under test raises is its verdict, not ours
-        return {"outcome": "fail", "wrong": 0, "bytes_sent": 0,
+        return {"outcome": "fail", "wrong": 0, "bytes_sent": 0, "raised": True,
                 "detail": failed_in_implementation(f"rank {me}: raised {describe(exc)}")}
     if case.op == "avg" and case.collective in REDUCING and not out.dtype.is_floating_point:
         return {"outcome": "fail", "wrong": 0, "bytes_sent": 0,

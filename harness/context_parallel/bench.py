@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from harness.records import registry
 from harness.records.tables import NO_ROWS, not_provided, opening
+from harness.runtime.bench_case import call_case, declined
 from harness.runtime.comm_count import counted_traffic
 from harness.runtime.timing import summarize, time_iterations
 
@@ -73,16 +74,16 @@ def run_sweep(cfg: ContextParallelSweep, get_world, run_dir, progress=sys.stderr
     cases += list(itertools.product(cfg.world_sizes, cfg.impls, cfg.seqs))
     for done, (n, impl, seq) in enumerate(cases, 1):
         world = get_world(n)
-        per_rank = world.run(bench_rank, impl, cfg, seq, timeout=600)
+        per_rank = call_case(world, bench_rank, impl, cfg, seq)
         row = {"suite": "context_parallel", "op": f"{cfg.layout}/seq{seq}", "impl": impl, "backend": world.backend,
                "world_size": n, "dtype": "float32", "iters": cfg.iters, "warmup": cfg.warmup, "count": seq}
         algorithm = "ring" if impl.endswith("ring") else "ulysses"
         if impl != "one-device":
             row["comm_bytes_predicted"] = cp_layer_comm_bytes(algorithm, cfg.batch, seq, cfg.heads, cfg.kv_heads,
                                                               cfg.hidden // cfg.heads, n, element_size=4)["total"]
-        unsupported = [r["unsupported"] for r in per_rank if "unsupported" in r]
-        if unsupported:
-            row.update(status="unsupported", detail=unsupported[0])
+        said = declined(per_rank)
+        if said:
+            row.update(said)
         else:
             row.update(status="ok", comm_bytes_measured=max(r["bytes_sent"] for r in per_rank),
                        **summarize([r["times"] for r in per_rank]))

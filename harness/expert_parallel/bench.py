@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from harness.records import registry
 from harness.records.tables import NO_ROWS, not_provided, opening
+from harness.runtime.bench_case import call_case, declined
 from harness.runtime.comm_count import counted_traffic
 from harness.runtime.timing import summarize, time_iterations
 
@@ -124,13 +125,13 @@ def run_sweep(cfg: ExpertParallelSweep, get_world, run_dir, progress=sys.stderr)
     cases += [(n, impl, t, s) for n, impl, (t, s) in itertools.product(cfg.world_sizes, cfg.impls, shapes)]
     for done, (n, impl, tokens, skew) in enumerate(cases, 1):
         world = get_world(n)
-        per_rank = world.run(bench_rank, impl, cfg, tokens, skew, timeout=600)
+        per_rank = call_case(world, bench_rank, impl, cfg, tokens, skew)
         row = {"suite": "expert_parallel", "op": f"E{cfg.experts}k{cfg.top_k}/T{tokens}{'-skew' if skew else ''}",
                "impl": impl, "backend": world.backend, "world_size": n, "dtype": "float32", "iters": cfg.iters,
                "warmup": cfg.warmup, "count": tokens}
-        unsupported = [r["unsupported"] for r in per_rank if "unsupported" in r]
-        if unsupported:
-            row.update(status="unsupported", detail=unsupported[0])
+        said = declined(per_rank)
+        if said:
+            row.update(said)
         else:
             row.update(status="ok", comm_bytes_measured=max(r["bytes_sent"] for r in per_rank),
                        **summarize([r["times"] for r in per_rank]))

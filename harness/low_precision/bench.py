@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from harness.records import registry
 from harness.records.tables import NO_ROWS, not_provided, opening
+from harness.runtime.bench_case import call_case, declined
 from harness.runtime.comm_count import counted_traffic
 from harness.runtime.timing import summarize, time_iterations
 
@@ -106,7 +107,7 @@ def run_sweep(cfg: LowPrecisionSweep, get_world, run_dir, progress=sys.stderr) -
         baseline = (impl, recipe) == BASELINE
         case = _case(recipe, layout, cfg.dims)  # the baseline's recipe, "bf16", is no recipe: bench_rank builds it
         world = get_world(case.world)
-        per_rank = world.run(bench_rank, impl, as_dict(case), cfg.iters, cfg.warmup, timeout=600)
+        per_rank = call_case(world, bench_rank, impl, as_dict(case), cfg.iters, cfg.warmup)
         row = {"suite": "low_precision", "op": f"{recipe}/{case.layout().label()}", "impl": impl,
                "backend": world.backend, "world_size": case.world,
                "dtype": {"mxfp8": "mxfp8", "bf16": "bfloat16"}.get(recipe, "float8"),
@@ -117,9 +118,9 @@ def run_sweep(cfg: LowPrecisionSweep, get_world, run_dir, progress=sys.stderr) -
                                               weight_bytes=2 if baseline else 4)
         row["comm_bytes_predicted"] = predicted["forward"] + predicted["backward"]
         row["comm_bytes_forward_predicted"] = predicted["forward"]
-        unsupported = [r["unsupported"] for r in per_rank if "unsupported" in r]
-        if unsupported:
-            row.update(status="unsupported", detail=unsupported[0])
+        said = declined(per_rank)
+        if said:
+            row.update(said)
         else:
             row.update(status="ok", comm_bytes_measured=max(r["forward"] + r["backward"] for r in per_rank),
                        comm_bytes_forward=max(r["forward"] for r in per_rank),

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from harness.records import registry
 from harness.records.tables import NO_ROWS, not_provided, opening
+from harness.runtime.bench_case import call_case, declined
 from harness.runtime.comm_count import counted_traffic
 from harness.runtime.timing import summarize, time_iterations
 
@@ -79,7 +80,7 @@ def run_sweep(cfg: MuonSweep, get_world, run_dir, progress=sys.stderr) -> int:
     for done, (impl, layout, n, fused) in enumerate(cases, 1):
         case = Case(layout, n, fused=fused, steps=1, hidden=cfg.hidden)
         world = get_world(n)
-        per_rank = world.run(bench_rank, impl, as_dict(case), cfg.iters, cfg.warmup, timeout=600)
+        per_rank = call_case(world, bench_rank, impl, as_dict(case), cfg.iters, cfg.warmup)
         spec, sizes = case.spec(), shapes(case)
         muon = {k: s for k, s in sizes.items() if spec.takes(k, s)}
         row = {"suite": "muon", "op": f"{layout}/{'fused' if fused else 'split'}", "impl": impl,
@@ -88,9 +89,9 @@ def run_sweep(cfg: MuonSweep, get_world, run_dir, progress=sys.stderr) -> int:
         if impl == "reference":
             parts = {k: [len(idx) for idx, _ in per] for k, per in owned(sizes, layout, n).items() if k in muon}
             row["comm_bytes_predicted"] = muon_step_bytes(parts, layout, n)
-        unsupported = [x["unsupported"] for x in per_rank if "unsupported" in x]
-        if unsupported:
-            row.update(status="unsupported", detail=unsupported[0])
+        said = declined(per_rank)
+        if said:
+            row.update(said)
         else:
             small = Case(layout, n, fused=fused)  # the suite's size: its verdict, outside the timed loop
             verdict = run_or_fail(get_world(n), run_case, impl, as_dict(small), timeout=120, failed=failed)

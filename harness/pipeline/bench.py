@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass, field
 
 from harness.records import registry
+from harness.runtime.bench_case import call_case, declined
 from harness.runtime.timing import median_interval, summarize
 from reference.pipeline import GENERATORS, INTERLEAVED, placement, stages_per_rank
 
@@ -167,8 +168,8 @@ def run_sweep(cfg: PipelineSweep, get_world, run_dir, progress=sys.stderr) -> in
     for done, (p, impl, schedule, m) in enumerate(cases, 1):
         v = cfg.virtual_stages if schedule in INTERLEAVED else stages_per_rank(schedule)
         world = get_world(p)
-        per_rank = world.run(bench_rank, impl, schedule, p, m, v, cfg.hidden, cfg.layers_per_stage,
-                             cfg.rows_per_microbatch, cfg.iters, cfg.warmup, timeout=600)
+        per_rank = call_case(world, bench_rank, impl, schedule, p, m, v, cfg.hidden, cfg.layers_per_stage,
+                             cfg.rows_per_microbatch, cfg.iters, cfg.warmup)
         row = {"suite": "pipeline", "op": schedule, "impl": impl, "backend": world.backend, "world_size": p,
                "dtype": "float32", "microbatches": m, "virtual_stages": v, "iters": cfg.iters,
                "warmup": cfg.warmup, "count": cfg.rows_per_microbatch * m,
@@ -179,9 +180,9 @@ def run_sweep(cfg: PipelineSweep, get_world, run_dir, progress=sys.stderr) -> in
         if profile is not None and row["bubble_simulated"] is not None:
             work = mlp_workload(p * v * cfg.layers_per_stage, cfg.hidden, cfg.rows_per_microbatch)
             row.update(planned_columns(predict_step(profile, work, 1, p, 1, 0, schedule, m)))
-        unsupported = [r["unsupported"] for r in per_rank if "unsupported" in r]
-        if unsupported:
-            row.update(status="unsupported", detail=unsupported[0])
+        said = declined(per_rank)
+        if said:
+            row.update(said)
         else:
             row.update(status="ok", **summarize([r["times"] for r in per_rank]))
             held = [h for r in per_rank for h in r["peak_held"] if h is not None]

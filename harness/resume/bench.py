@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.runtime.bench_case import call_case, declined
+
 
 @dataclass
 class ResumeSweep:
@@ -87,36 +89,45 @@ def bench_rank(cfg: ResumeSweep, dims_t, root: str) -> dict:
 
 
 def run_sweep(cfg: ResumeSweep, get_world, run_dir, progress=sys.stderr) -> int:
-    from harness.runtime.timing import summarize
-    from reference.cost_model import training_memory
-
     rows = 0
     for n in cfg.world_sizes:
         for dims in _layouts(cfg, n):
             root = Path(run_dir.path) / f"resume-{'x'.join(map(str, dims))}"
             world = get_world(n)
             try:
-                per_rank = world.run(bench_rank, cfg, dims, str(root), timeout=600)
+                per_rank = call_case(world, bench_rank, cfg, dims, str(root))
             finally:
                 shutil.rmtree(root, ignore_errors=True)
-            r0 = per_rank[0]
             dp, pp, tp = dims
-            states = training_memory(r0["numel"], zero_stage=3, dp=dp, tp=tp, pp=pp, weight_bytes=4, grad_bytes=4,
-                                     optimizer_bytes=4)
+            said = declined(per_rank)  # the implementation raised, died or hung: save and load rows saying so
             for what in ("save", "load"):
-                stats = summarize([r[what] for r in per_rank])
                 row = {"suite": "resume", "op": f"{what} {dp}x{pp}x{tp}", "impl": cfg.impl, "backend": world.backend,
                        "world_size": n, "dtype": "float32", "zero_stage": cfg.zero_stage, "iters": cfg.iters,
-                       "warmup": cfg.warmup, "count": r0["numel"], "bytes": r0["total"], "status": "ok",
-                       "algbw_gbps": r0["total"] / (stats["time_p50_us"] * 1e-6) / 1e9,
-                       "state_bytes_rank_max": max(r["written"] for r in per_rank),
-                       "state_bytes_predicted": states.weights + states.optimizer, **stats}
+                       "warmup": cfg.warmup, **(said or _measured(per_rank, what, dims))}
                 run_dir.append("benchmarks.csv", row)
                 rows += 1
             if progress:
-                print(f"resume {dp}x{pp}x{tp}: checkpoint {r0['total'] / 1e6:.1f} MB, busiest rank "
-                      f"{max(r['written'] for r in per_rank) / 1e6:.2f} MB", file=progress, flush=True)
+                r0 = per_rank[0]
+                print(f"resume {dp}x{pp}x{tp}: " + (said["status"] if said else
+                      f"checkpoint {r0['total'] / 1e6:.1f} MB, busiest rank "
+                      f"{max(r['written'] for r in per_rank) / 1e6:.2f} MB"), file=progress, flush=True)
     return rows
+
+
+def _measured(per_rank: list[dict], what: str, dims) -> dict:
+    """A save or load row's figures: its times over ranks, the checkpoint's bytes, the busiest rank's file."""
+    from harness.runtime.timing import summarize
+    from reference.cost_model import training_memory
+
+    r0 = per_rank[0]
+    dp, pp, tp = dims
+    states = training_memory(r0["numel"], zero_stage=3, dp=dp, tp=tp, pp=pp, weight_bytes=4, grad_bytes=4,
+                             optimizer_bytes=4)
+    stats = summarize([r[what] for r in per_rank])
+    return {"count": r0["numel"], "bytes": r0["total"], "status": "ok",
+            "algbw_gbps": r0["total"] / (stats["time_p50_us"] * 1e-6) / 1e9,
+            "state_bytes_rank_max": max(r["written"] for r in per_rank),
+            "state_bytes_predicted": states.weights + states.optimizer, **stats}
 
 
 def resume_section(rows, run_dir, md) -> list[str]:

@@ -34,6 +34,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from harness.runtime.bench_case import call_case, declined
+
 _TRAINERS: dict = {}  # (sweep, impl, family, layout) -> this rank's trainer and batch (or the refusal)
 
 
@@ -142,8 +144,9 @@ def bench_rank(cfg: StackSweep, impl: str, family: str, dims: tuple[int, int, in
     from harness.runtime.rank import rank_device
 
     key = (repr(cfg), impl, family, tuple(dims))
-    if key not in _TRAINERS:
-        _TRAINERS[key] = _build(cfg, impl, family, dims)
+    if key not in _TRAINERS:  # built here: warmed up as in the first round (a World respawned after a failed case
+        _TRAINERS[key] = _build(cfg, impl, family, dims)  # rebuilds the other cases' trainers in a later round)
+        warmup = max(warmup, cfg.warmup)
     built = _TRAINERS[key]
     if isinstance(built, str):
         return {"unsupported": built}
@@ -229,12 +232,12 @@ def run_sweep(cfg: StackSweep, get_world, run_dir, progress=sys.stderr) -> int:
     for round_ in range(cfg.iters):
         last = round_ == cfg.iters - 1
         for done, case in enumerate(cases, 1):
-            if round_ and kept[case][0][0]["unsupported"]:
+            if round_ and declined(kept[case][-1]):  # unsupported, or failed: not asked again
                 continue
-            per_rank = world.run(bench_rank, cfg, *case, cfg.warmup if round_ == 0 else 0, last, timeout=600)
+            per_rank = call_case(world, bench_rank, cfg, *case, cfg.warmup if round_ == 0 else 0, last)
             kept.setdefault(case, []).append(per_rank)
-            said = per_rank[0]["unsupported"]
-            what = "unsupported" if said else f"{max(r['time'] for r in per_rank) * 1e3:.1f} ms"
+            said = declined(per_rank)
+            what = said["status"] if said else f"{max(r['time'] for r in per_rank) * 1e3:.1f} ms"
             print(f"[round {round_ + 1}/{cfg.iters}, {done}/{len(cases)}] stack {case[0]} {case[1]} "
                   f"{'x'.join(map(str, case[2]))}: {what}", file=progress)
     world.run(release_rank, timeout=60)
@@ -260,8 +263,9 @@ def _row(cfg: StackSweep, case, rounds: list, backend: str) -> dict:
            "world_size": cfg.world_size, "dtype": "float32", "count": numel, "microbatches": m,
            "zero_stage": cfg.zero_stage, "iters": cfg.iters, "warmup": cfg.warmup,
            "detail": f"{cfg.schedule}, zero {cfg.zero_stage}, checkpointing {cfg.checkpointing}, {cfg.optimizer}"}
-    if rounds[0][0]["unsupported"]:
-        return {**row, "status": "unsupported", "detail": rounds[0][0]["unsupported"]}
+    said = declined(rounds[-1])  # a case that failed in a later round has that round last: its rows are not judged
+    if said:
+        return {**row, **said}
     states = training_memory(numel, zero_stage=cfg.zero_stage, dp=dp, tp=tp, pp=pp, weight_bytes=4, grad_bytes=4,
                              optimizer_bytes=8 if cfg.optimizer in ("adam", "adamw") else 4)  # Adam: two moments
     final = rounds[-1]

@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass, field
 
 from harness.records import registry
+from harness.runtime.bench_case import call_case, declined
 from harness.runtime.comm_count import counted_collectives
 from harness.runtime.timing import summarize, time_iterations
 from reference.cost_model import collective_bytes, tp_layer_comm_bytes
@@ -93,14 +94,14 @@ def run_sweep(cfg: TensorParallelSweep, get_world, run_dir, progress=sys.stderr)
     cases = list(itertools.product(cfg.world_sizes, cfg.impls, cfg.kinds))
     for done, (n, impl, kind) in enumerate(cases, 1):
         world = get_world(n)
-        per_rank = world.run(bench_rank, impl, kind, cfg.seq, cfg.batch, cfg.hidden, cfg.ffn, cfg.iters,
-                             cfg.warmup, cfg.vocab, cfg.heads, timeout=600)
+        per_rank = call_case(world, bench_rank, impl, kind, cfg.seq, cfg.batch, cfg.hidden, cfg.ffn, cfg.iters,
+                             cfg.warmup, cfg.vocab, cfg.heads)
         row = {"suite": "tensor_parallel", "op": kind, "impl": impl, "backend": world.backend, "world_size": n,
                "dtype": "float32", "iters": cfg.iters, "warmup": cfg.warmup, "count": cfg.seq * cfg.batch,
                "comm_bytes_predicted": predicted_bytes(kind, n, cfg.seq, cfg.batch, cfg.hidden)}
-        unsupported = [r["unsupported"] for r in per_rank if "unsupported" in r]
-        if unsupported:
-            row.update(status="unsupported", detail=unsupported[0])
+        said = declined(per_rank)
+        if said:
+            row.update(said)
         else:
             counted = max(r["bytes_sent"] for r in per_rank)
             row.update(status="ok", comm_bytes_measured=counted if counted or n == 1 else None,

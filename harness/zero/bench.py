@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass, field
 
 from harness.records import registry
+from harness.runtime.bench_case import call_case, declined
 from harness.runtime.comm_count import counted_collectives
 from harness.runtime.timing import summarize, time_iterations
 from reference.cost_model import dp_step_comm_bytes, hsdp_step_comm_bytes, training_memory
@@ -149,16 +150,16 @@ def run_sweep(cfg: ZeroSweep, get_world, run_dir, progress=sys.stderr) -> int:
     cases = _cases(cfg)
     for done, (n, impl, stage, variant) in enumerate(cases, 1):
         world = get_world(n)
-        per_rank = world.run(bench_rank, impl, stage, cfg.hidden, cfg.seq, cfg.batch, cfg.iters, cfg.warmup,
-                             variant, timeout=600)
+        per_rank = call_case(world, bench_rank, impl, stage, cfg.hidden, cfg.seq, cfg.batch, cfg.iters, cfg.warmup,
+                             variant)
         suffix = {"clip": "+clip", "hybrid": f"+hybrid{REPLICAS}x{n // REPLICAS}"}.get(variant, "")
         row = {"suite": "zero", "op": f"stage{stage}{suffix}", "zero_stage": stage,
                "impl": impl, "backend": world.backend, "world_size": n,
                "dtype": "bfloat16" if variant == "bf16" else "float32", "iters": cfg.iters, "warmup": cfg.warmup,
                "count": cfg.batch * cfg.seq}
-        unsupported = [r["unsupported"] for r in per_rank if "unsupported" in r]
-        if unsupported:
-            row.update(status="unsupported", detail=unsupported[0])
+        said = declined(per_rank)
+        if said:
+            row.update(said)
         else:
             numel = per_rank[0]["numel"]
             shards = n // REPLICAS if variant == "hybrid" else n  # hybrid: the state sharded over the shard group

@@ -1,0 +1,37 @@
+"""One benchmark case's World call, and the status its ranks' answers give the case's row.
+
+A bench's rank function turns an implementation's refusal (``NotImplementedError``, ``ValueError``, ``Unsupported``)
+into ``{"unsupported": sentence}``; anything else it does — a raise, a rank dying, a hang — ends the World call.
+``call_case`` makes that the case's verdict instead of the sweep's end: every rank's answer is ``{"failed": line}``
+(``harness.runtime.failures.verdict_of``: the failing rank's own failure first), the World is respawned on the next
+call (``World._fail``), and the sweep goes on with its next case. ``declined`` reads the row's status from the
+answers: ``failed`` before ``unsupported``, nothing where every rank finished."""
+
+from __future__ import annotations
+
+import sys
+
+from harness.runtime.failures import RankFailure, verdict_of
+
+
+def call_case(world, fn, *args, timeout: float = 600, log=sys.stderr, **kwargs) -> list[dict]:
+    """``world.run(fn, *args, **kwargs)``; where a rank raised, died or hung, every rank's answer is
+    ``{"failed": the verdict line}`` and the whole failure (each rank's traceback or stack) goes to ``log``."""
+    try:
+        return world.run(fn, *args, timeout=timeout, **kwargs)
+    except RankFailure as exc:
+        print(f"paritybench: a case failed, the sweep goes on: {exc}", file=log, flush=True)
+        return [{"failed": verdict_of(exc)}] * world.size
+
+
+def declined(per_rank: list[dict]) -> dict:
+    """``{"status": "failed" | "unsupported", "detail": ...}`` for a case that did not run to the end (the first
+    rank's sentence: ranks refuse alike), ``{}`` where every rank returned its measurements."""
+    for status in ("failed", "unsupported"):
+        said = [r[status] for r in per_rank if r.get(status)]
+        if said:
+            return {"status": status, "detail": said[0]}
+    return {}
+
+
+__all__ = ["call_case", "declined"]
