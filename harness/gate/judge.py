@@ -7,7 +7,7 @@ Rules (results/README.md, "What the gate judges"):
   Per property (suite, property, impl, backend): present in the baseline and missing now; fewer examples
   per run than the baseline's fewest (a silently thinner suite); failing examples the baseline's property
   never had (hypothesis may draw new ones), named by the smallest failing case. A benchmark case
-  (``results.BENCHMARK_KEY``) that ran (status ok) and is now wrong, unsupported or missing.
+  (``results.BENCHMARK_KEY``) that ran (status ok) and is now wrong, failed, unsupported or missing.
 - Deterministic figures (``EXACT_COLUMNS``): any increase, or a figure measured before and blank now.
 - Times: every timed iteration (samples.csv) through ``stats.ratio_interval``; a regression only when
   the whole confidence interval of new / baseline lies above 1 + threshold.

@@ -54,3 +54,46 @@ def test_report_has_tables_and_plots(tiny_run):
     for op in ("all_reduce", "all_gather", "broadcast"):
         png = path / f"busbw_{op}.png"
         assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _swept(world_cache, tmp_path, impls: list[str], op: str, **kw):
+    cfg = SweepConfig(impls=[f"suites.collectives.impls:{i}" if i[0].isupper() else i for i in impls],
+                      world_sizes=[2], ops=[op], min_bytes=64, max_bytes=64, iters=2, warmup=1, dispatch_iters=1, **kw)
+    run = RunDir(tmp_path, {"suite": "collectives"})
+    run_sweep(cfg, world_cache.get, run, progress=None)
+    run.finish()
+    _, frames = read_run(run.path)
+    bench = frames["benchmarks.csv"]
+    by_impl = lambda frame: {r["impl"].split(":")[-1]: r for r in frame.to_dict("records")}  # noqa: E731
+    return by_impl(bench[bench["suite"] == "collectives"]), by_impl(frames["conformance.csv"])
+
+
+def test_a_check_that_raises_is_failed_and_the_sweep_goes_on(world_cache, world_sizes, tmp_path):
+    """RaisesOnRankOne raises in the exact check on rank 1 (rank 0 then waits for it in the timing): its case is
+    failed, untimed, its conformance row a fail naming rank 1's exception; the reference after it is ok."""
+    if 2 not in world_sizes:
+        pytest.skip("needs a 2-rank world")
+    bench, conf = _swept(world_cache, tmp_path, ["RaisesOnRankOne", "reference"], "all_gather")
+    raised = bench["RaisesOnRankOne"]
+    assert raised["status"] == "failed" and raised["detail"].startswith("rank 1: raised RuntimeError: out of buffers")
+    assert raised["time_p50_us"] != raised["time_p50_us"]  # NaN: no timing
+    assert conf["RaisesOnRankOne"]["outcome"] == "fail" and conf["RaisesOnRankOne"]["detail"] == raised["detail"]
+    assert bench["reference"]["status"] == "ok" and conf["reference"]["outcome"] == "pass"
+
+
+def test_a_check_that_fails_is_wrong_timed_only_where_the_call_returned_wrong_elements(world_cache, world_sizes,
+                                                                                       tmp_path):
+    """ForgetsAverage returns wrong elements: wrong, with their count, and timed (the call runs); AcceptsIntegerAvg
+    accepts AVG on int32, which the contract leaves out: wrong with no wrong element — before, status ok and timed."""
+    if 2 not in world_sizes:
+        pytest.skip("needs a 2-rank world")
+    bench, conf = _swept(world_cache, tmp_path / "float", ["ForgetsAverage"], "all_reduce", reduce_op="avg")
+    row = bench["ForgetsAverage"]
+    assert row["status"] == "wrong" and row["wrong"] > 0 and row["time_p50_us"] > 0
+    assert conf["ForgetsAverage"]["outcome"] == "fail"
+    bench, conf = _swept(world_cache, tmp_path / "int", ["AcceptsIntegerAvg"], "all_reduce", reduce_op="avg",
+                         dtype="int32")
+    row = bench["AcceptsIntegerAvg"]
+    assert row["status"] == "wrong" and row["wrong"] == 0 and "accepted AVG on int32" in row["detail"]
+    assert row["time_p50_us"] != row["time_p50_us"]  # NaN
+    assert conf["AcceptsIntegerAvg"]["outcome"] == "fail"

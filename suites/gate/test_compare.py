@@ -88,7 +88,8 @@ def test_a_silently_thinner_suite_is_a_regression(tmp_path, capsys, change, verd
     assert any(verdict in line for line in regressions(out)), out
 
 
-@pytest.mark.parametrize(("new_status", "verdict"), [("wrong", "now wrong"), ("unsupported", "now unsupported"),
+@pytest.mark.parametrize(("new_status", "verdict"), [("wrong", "now wrong"), ("failed", "now failed"),
+                                                     ("unsupported", "now unsupported"),
                                                      (None, "missing")])
 def test_a_benchmark_case_that_ran_and_now_does_not_is_a_regression(tmp_path, capsys, new_status, verdict):
     base = write_run(tmp_path, [bench_row(), bench_row(n=4)])

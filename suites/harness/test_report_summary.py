@@ -25,10 +25,21 @@ ROWS = [
 ]
 
 
+BENCH = [
+    {"suite": "zero", "op": "stage1", "impl": "mytrainer", "world_size": 2, "status": "failed",
+     "detail": "rank 1: ValueError: bucket size (rank(s) [1] of 2 raised during bench_rank)\nsecond line"},
+    {"suite": "zero", "op": "stage2", "impl": "mytrainer", "world_size": 2, "status": "failed",
+     "detail": "rank 1: ValueError: bucket size (rank(s) [1] of 2 raised during bench_rank)"},
+    {"suite": "zero", "op": "stage1", "impl": "reference", "world_size": 2, "status": "ok", "time_p50_us": 5.0},
+]
+
+
 def _report(tmp_path) -> str:
     run = RunDir(tmp_path, {"suite": "stack"})
     for row in ROWS:
         run.append("conformance.csv", row)
+    for row in BENCH:
+        run.append("benchmarks.csv", row)
     run.update(sections=[{"section": "stack", "seconds": 30.0}, {"section": "matrix", "seconds": 10.0},
                          {"section": "stack", "seconds": 20.0}])
     run.finish()
@@ -48,6 +59,12 @@ def test_the_report_opens_with_the_summary_and_every_link_lands(tmp_path):
     assert "second line" not in summary and "  - finding `torch` — " in summary
     assert "  - stack `torch` (1): torch splits 4 KV heads over tp 8." in summary.splitlines()
     assert "1.0 min of sections; the longest stack 30 s" in summary  # the longest single sweep
+    # the benchmark cases an implementation raised in: one line per cause, and the section listing each case
+    assert ("  - zero `mytrainer` (2): rank 1: ValueError: bucket size (rank(s) [1] of 2 raised during bench_rank)"
+            in summary.splitlines()), summary
+    assert "- **Failed cases** ([table](#failed-cases)): 2 benchmark rows" in summary
+    failed = report[report.index("## Failed cases"):]
+    assert failed.count("| zero    | mytrainer |") == 2 and "reference" not in failed.split("\n## ")[0], failed
     anchors = {anchor(line) for line in lines if line.startswith("#")}
     links = re.findall(r"\]\(#([^)]+)\)", summary)
     assert links and set(links) <= anchors, (links, anchors)

@@ -24,3 +24,19 @@ def test_resume_sweep_rows_and_report(world_cache, tmp_path):
     assert (rows["state_bytes_rank_max"] <= 1.2 * rows["state_bytes_predicted"]).all()
     assert not any(p.name.startswith("resume-") for p in run.path.iterdir())  # the checkpoints are cleaned up
     assert "## Resume: save and load" in write_report(run.path).read_text()
+
+
+def test_a_layout_the_stack_raises_at_is_a_failed_save_and_load_and_the_sweep_goes_on(world_cache, tmp_path):
+    """``suites.stack.raises:RaisesAtPipeline`` raises at its save on rank 1 at pp 2: that layout's two rows are
+    failed, naming rank 1's exception, without timings; the next layout runs (on a respawned World) and is ok."""
+    cfg = ResumeSweep(world_sizes=[2], layouts=[(1, 2, 1), (2, 1, 1)], vocab=13, hidden=16, heads=8, ffn=32,
+                      layers=2, iters=1, warmup=0, impl="suites.stack.raises:RaisesAtPipeline")
+    run = RunDir(tmp_path, {"suite": "resume"})
+    assert run_sweep(cfg, world_cache.get, run, progress=None) == 4
+    run.finish()
+    rows = read_run(run.path)[1]["benchmarks.csv"]
+    assert dict(zip(rows["op"], rows["status"], strict=True)) == {"save 1x2x1": "failed", "load 1x2x1": "failed",
+                                                     "save 2x1x1": "ok", "load 2x1x1": "ok"}
+    failed = rows[rows["status"] == "failed"]
+    assert failed["detail"].str.startswith("rank 1: OSError: checkpoint volume is read-only").all(), failed["detail"]
+    assert failed["time_p50_us"].isna().all() and not any(p.name.startswith("resume-") for p in run.path.iterdir())

@@ -143,3 +143,53 @@ def _aliased_all_reduce_counted() -> float:
 def test_a_collective_a_module_holds_under_its_own_name_is_counted(world_cache):
     """A ring all-reduce of 1 KiB over 2 ranks sends 2 (n - 1) / n x 1 KiB = 1 KiB per rank."""
     assert world_cache.get(2).run(_aliased_all_reduce_counted, timeout=60) == [1024.0, 1024.0]
+
+
+TINY = {"world_size": 2, "vocab": 13, "hidden": 16, "heads": 8, "ffn": 32, "layers": 2, "seq": 4, "rows": 1}
+
+
+def test_a_case_a_stack_raises_in_is_a_failed_row_and_the_sweep_goes_on(world_cache, tmp_path):
+    """``suites.stack.raises:RaisesAtPipeline`` raises on rank 1 at pp 2 from its third step: the sweep's second
+    round (one warm-up step and one timed step in the first). That case is a failed row naming rank 1's exception,
+    no timing; the cases after it in that round ran on a World respawned for them (their trainers rebuilt and warmed
+    up again), and every other case is ok — each row written."""
+    cfg = StackSweep(impls=["reference", "suites.stack.raises:RaisesAtPipeline"], families=["gpt"], iters=2, warmup=1,
+                     layouts=[(1, 2, 1), (2, 1, 1)], **TINY)
+    run = RunDir(tmp_path, {"suite": "stack"})
+    assert run_sweep(cfg, world_cache.get, run, progress=None) == 4
+    run.finish()
+    rows = read_run(run.path)[1]["benchmarks.csv"]
+    status = dict(zip(rows["impl"].str.split(":").str[-1] + " " + rows["op"], rows["status"], strict=True))
+    assert status == {"reference gpt/1x2x1": "ok", "RaisesAtPipeline gpt/1x2x1": "failed",
+                      "reference gpt/2x1x1": "ok", "RaisesAtPipeline gpt/2x1x1": "ok"}
+    failed = rows[rows["status"] == "failed"].iloc[0]
+    assert failed["detail"].startswith("rank 1: RuntimeError: out of pinned memory at the third step"), failed["detail"]
+    assert failed[["time_p50_us", "tokens_per_s"]].isna().all()
+    assert (rows[rows["status"] == "ok"]["time_p50_us"] > 0).all()
+
+
+def steps_of_a_trainer_built_in_a_later_round(warmup: int) -> int:
+    """Rank side: the steps ``bench_rank`` takes with a trainer it has not kept (a World respawned after a failed
+    case) when a later round asks for no warm-up."""
+    from harness.adapters.reference.stack import ReferenceStackTrainer
+    from harness.stack import bench
+
+    taken, step = [], ReferenceStackTrainer.step
+
+    def counted(self, tokens, targets):
+        taken.append(1)
+        return step(self, tokens, targets)
+
+    ReferenceStackTrainer.step = counted
+    try:
+        bench.release_rank()
+        bench.bench_rank(StackSweep(warmup=warmup, **TINY), "reference", "gpt", (2, 1, 1), 0)
+    finally:
+        ReferenceStackTrainer.step = step
+        bench.release_rank()
+    return len(taken)
+
+
+def test_a_trainer_rebuilt_in_a_later_round_is_warmed_up_as_in_the_first(world_cache):
+    """Its timed step is not its first: the sweep's warm-up steps, then the timed one."""
+    assert world_cache.get(2).run(steps_of_a_trainer_built_in_a_later_round, 2, timeout=120) == [3, 3]

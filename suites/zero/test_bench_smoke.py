@@ -55,3 +55,20 @@ def test_bad_zero_variants_are_one_sentence(capsys):
     assert main(["bench", "zero", "--zero-variants", "plain,fp8"]) == 2
     assert "--zero-variants 'plain,fp8' must be comma-separated among plain, bf16, clip, hybrid." in \
         capsys.readouterr().err
+
+
+def test_a_case_an_implementation_raises_in_is_a_failed_row_and_the_sweep_goes_on(world_cache, world_sizes, tmp_path):
+    """A trainer whose step raises on its last rank (its peer blocked in the gradient reduction) gives its case a
+    failed row with rank 1's exception and no timing; the next case runs on a respawned World and is ok."""
+    if 2 not in world_sizes:
+        pytest.skip("needs a 2-rank world")
+    cfg = ZeroSweep(impls=["suites.zero.planted:LastRankStepRaises", "reference"], world_sizes=[2], stages=[0],
+                    hidden=64, seq=4, batch=2, iters=1, warmup=2, variants=["plain"])
+    run = RunDir(tmp_path, {"suite": "zero"})
+    assert run_sweep(cfg, world_cache.get, run, progress=None) == 2
+    run.finish()
+    rows = read_run(run.path)[1]["benchmarks.csv"]
+    assert list(rows["status"]) == ["failed", "ok"] and list(rows["impl"].str.split(":").str[-1]) == \
+        ["LastRankStepRaises", "reference"]
+    assert rows["detail"].iloc[0].startswith("rank 1: ValueError: bucket size not divisible on the last rank")
+    assert math.isnan(rows["time_p50_us"].iloc[0]) and rows["time_p50_us"].iloc[1] > 0

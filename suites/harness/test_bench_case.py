@@ -1,0 +1,31 @@
+"""A benchmark case's World call (``harness.runtime.bench_case``): a rank that raises is the case's verdict — every
+rank's answer, the whole failure logged — not the sweep's end; and the status a row takes from its ranks' answers."""
+
+from __future__ import annotations
+
+import io
+
+from harness.runtime.bench_case import call_case, declined
+
+from . import ranks
+
+
+def test_a_rank_that_raises_is_every_ranks_failed_answer_and_the_next_call_runs(world_cache):
+    world, log = world_cache.get(2), io.StringIO()
+    per_rank = call_case(world, ranks.raise_on, 1, timeout=60, log=log)
+    line = per_rank[0]["failed"]
+    assert per_rank == [{"failed": line}] * 2
+    assert line.startswith("rank 1: ValueError: planted failure on rank 1 (rank(s) [1] of 2 raised during "
+                           "raise_on"), line
+    said = log.getvalue()
+    assert said.startswith(f"paritybench: a case failed, the sweep goes on: {line}\n--- rank 1 ---\nTraceback"), said
+    assert world.run(ranks.rank_and_sum, timeout=60) == [(0, 2, 1.0), (1, 2, 1.0)]  # a World respawned for it
+    assert call_case(world, ranks.rank_and_sum, log=log) == [(0, 2, 1.0), (1, 2, 1.0)]  # answers as they are
+
+
+def test_the_row_status_failed_before_unsupported_and_none_where_every_rank_finished():
+    assert declined([{"failed": "rank 1: X"}, {"failed": "rank 1: X"}]) == {"status": "failed", "detail": "rank 1: X"}
+    assert declined([{"unsupported": "no fp8 on gloo"}, {"times": [1.0]}]) == \
+        {"status": "unsupported", "detail": "no fp8 on gloo"}
+    assert declined([{"unsupported": "a"}, {"failed": "rank 1: X"}]) == {"status": "failed", "detail": "rank 1: X"}
+    assert declined([{"times": [1.0], "unsupported": None}, {"times": [2.0], "unsupported": None}]) == {}
