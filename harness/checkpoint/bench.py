@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 
+from harness.errors import describe
 from harness.records import registry
 from harness.runtime.timing import summarize
 from reference.cost_model import recompute_overhead, sqrt_checkpoint_memory
@@ -82,11 +84,16 @@ def run_sweep(cfg: CheckpointSweep, get_world, run_dir, progress=sys.stderr) -> 
                    "count": count, "iters": cfg.iters, "warmup": cfg.warmup, "backend": "none"}
             if got is None:
                 try:
-                    module = registry.load(impl, "checkpoint").wrap(stack(), policy)
+                    got = measure(registry.load(impl, "checkpoint").wrap(stack(), policy), x, cfg.iters, cfg.warmup)
                 except NotImplementedError as exc:
                     run_dir.append("benchmarks.csv", {**row, "status": "unsupported", "detail": str(exc)})
                     continue
-                got = measure(module, x, cfg.iters, cfg.warmup)
+                except Exception as exc:  # noqa: BLE001 - the implementation's failure is the case's verdict
+                    # (harness.runtime.bench_case's, in this process): its row failed, the traceback logged, the
+                    # sweep goes on
+                    print(f"paritybench: a case failed, the sweep goes on: {traceback.format_exc()}", file=sys.stderr)
+                    run_dir.append("benchmarks.csv", {**row, "status": "failed", "detail": f"raised {describe(exc)}"})
+                    continue
             # cost_model's convention (Chen et al.): a kept segment input counts as one layer's activations
             # (here it is half of them: Linear and GELU each save their input), k segments: ceil(L/k) + k.
             predicted = {"none": count * per_layer, "layer": (1 + count) * per_layer,
