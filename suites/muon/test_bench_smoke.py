@@ -26,3 +26,20 @@ def test_muon_sweep_and_report(world_cache, tmp_path):
     torch_rows = ok[(ok["impl"] == "torch") & (ok["op"] == "rows/split")]  # DTensor's: calls, never a false 0
     assert torch_rows["comm_bytes_measured"].isna().all() and "all_gather" in torch_rows["detail"].iloc[0], torch_rows
     assert "## Muon: one optimizer step under sharding" in write_report(run.path).read_text()
+
+
+def test_a_case_the_suites_verdict_fails_is_wrong_and_still_in_the_section(world_cache, tmp_path):
+    """The planted local Newton-Schulz (each rank orthogonalises its own rows): its rows/split row is wrong — status
+    wrong (before: ok, with wrong 1 that the gate does not read) and the first problem in ``detail`` — and still in
+    the section's table; replicated it is the reference and ok."""
+    cfg = MuonSweep(impls=["suites.muon.planted:LocalNewtonSchulz"], layouts=["replicated", "rows"], world_sizes=[2],
+                    hidden=16, iters=1, warmup=0)
+    run = RunDir(tmp_path, {"suite": "muon"})
+    run_sweep(cfg, world_cache.get, run, progress=None)
+    run.finish()
+    rows = read_run(run.path)[1]["benchmarks.csv"].set_index("op")
+    assert rows.loc["replicated/split", "status"] == "ok" and rows.loc["replicated/split", "wrong"] == 0
+    wrong = rows.loc["rows/split"]
+    assert wrong["status"] == "wrong" and wrong["wrong"] == 1 and wrong["detail"].startswith("rank "), wrong["detail"]
+    section = write_report(run.path).read_text().split("## Muon: one optimizer step under sharding")[1].split("\n## ")[0]
+    assert section.count("LocalNewtonSchulz | rows/split") == 1, section
