@@ -41,5 +41,6 @@ def test_a_case_the_suites_verdict_fails_is_wrong_and_still_in_the_section(world
     assert rows.loc["replicated/split", "status"] == "ok" and rows.loc["replicated/split", "wrong"] == 0
     wrong = rows.loc["rows/split"]
     assert wrong["status"] == "wrong" and wrong["wrong"] == 1 and wrong["detail"].startswith("rank "), wrong["detail"]
-    section = write_report(run.path).read_text().split("## Muon: one optimizer step under sharding")[1].split("\n## ")[0]
+    report = write_report(run.path).read_text()
+    section = report.split("## Muon: one optimizer step under sharding")[1].split("\n## ")[0]
     assert section.count("LocalNewtonSchulz | rows/split") == 1, section
