@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from harness.records import registry
 from harness.records.tables import NO_ROWS, not_provided, opening
-from harness.runtime.bench_case import call_case, declined
+from harness.runtime.bench_case import call_case, declined, judge
 from harness.runtime.comm_count import counted_traffic
 from harness.runtime.timing import summarize, time_iterations
 
@@ -129,7 +129,7 @@ def run_sweep(cfg: LowPrecisionSweep, get_world, run_dir, progress=sys.stderr) -
                 small = _case(recipe, layout)
                 verdict = run_or_fail(get_world(small.world), run_case, impl, as_dict(small), timeout=120,
                                       failed=failed)
-                row["wrong"] = int(any(r.get("problems") for r in verdict))
+                judge(row, verdict)
         run_dir.append("benchmarks.csv", row)
         if progress:
             extra = f"p50 {row['time_p50_us'] / 1e3:.2f} ms" if row["status"] == "ok" else row["status"]
@@ -147,7 +147,7 @@ def low_precision_section(rows, run_dir, md) -> list[str]:
                       "gathering bf16 weights, the baseline (no recipe, no verdict). Bytes: the busiest rank's, "
                       "counted, against `cost_model.low_precision_layer_bytes` (`forward`: the all-gather's under "
                       "FSDP); `wrong`: the suite's verdict of the same implementation, recipe and layout (1: it "
-                      "fails).")
+                      "fails).", judged=True)
     if not len(ok):
         return out + NO_ROWS
     ok = ok.copy()

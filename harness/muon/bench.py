@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from harness.records import registry
 from harness.records.tables import NO_ROWS, not_provided, opening
-from harness.runtime.bench_case import call_case, declined
+from harness.runtime.bench_case import call_case, declined, judge
 from harness.runtime.comm_count import counted_traffic
 from harness.runtime.timing import summarize, time_iterations
 
@@ -95,16 +95,14 @@ def run_sweep(cfg: MuonSweep, get_world, run_dir, progress=sys.stderr) -> int:
         else:
             small = Case(layout, n, fused=fused)  # the suite's size: its verdict, outside the timed loop
             verdict = run_or_fail(get_world(n), run_case, impl, as_dict(small), timeout=120, failed=failed)
-            problems = [p for x in verdict for p in x.get("problems") or []]
-            row.update(status="wrong" if problems else "ok", comm_bytes_measured=max(x["sent"] for x in per_rank),
-                       wrong=int(bool(problems)), **summarize([x["times"] for x in per_rank]))
+            row.update(status="ok", comm_bytes_measured=max(x["sent"] for x in per_rank),
+                       **summarize([x["times"] for x in per_rank]))
             calls = per_rank[0]["calls"]
             if row["comm_bytes_measured"] == 0 and calls:  # collectives the counter did not see: no byte figure
                 row["comm_bytes_measured"] = None
                 row["detail"] = "DTensor collectives per step, bytes not counted: " + ", ".join(
                     f"{c} {op}" for op, c in sorted(calls.items()))
-            if problems:  # the suite's verdict failed (the gate counts an ok case now wrong as a regression)
-                row["detail"] = "; ".join(filter(None, [problems[0], row.get("detail")]))
+            judge(row, verdict)
         run_dir.append("benchmarks.csv", row)
         if progress:
             extra = f"p50 {row['time_p50_us'] / 1e3:.2f} ms" if row["status"] == "ok" else row["status"]
@@ -114,13 +112,13 @@ def run_sweep(cfg: MuonSweep, get_world, run_dir, progress=sys.stderr) -> int:
 
 def muon_section(rows, run_dir, md) -> list[str]:
     """The report section: per implementation, layout and world size, one step's time and bytes."""
-    ok, out = opening(rows[rows["status"].isin(["ok", "wrong"])].assign(status="ok"),
-                      "## Muon: one optimizer step under sharding",
+    ok, out = opening(rows, "## Muon: one optimizer step under sharding",
                       "Muon for a model's hidden matrices (fused QKV and gate + up orthogonalised per part, or split), "
                       "AdamW for the rest, one step: time (p50 over iterations of the slowest rank) and the bytes the "
                       "busiest rank sends, counted, against `cost_model.muon_step_bytes` (the reference's all-gather "
                       "of each matrix's update; torch's DTensor redistributions measured only). `replicated` sends "
-                      "nothing: the other rows are Muon's price under sharding. `wrong`: the suite's verdict.")
+                      "nothing: the other rows are Muon's price under sharding. `wrong`: the suite's verdict.",
+                      judged=True)
     if not len(ok):
         return out + NO_ROWS
     ok["ms"] = ok["time_p50_us"] / 1e3

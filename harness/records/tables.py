@@ -5,9 +5,10 @@ from __future__ import annotations
 NO_ROWS = ["_(no successful rows)_", ""]
 
 
-def opening(rows, title: str, intro: str) -> tuple:
-    """(the rows whose status is ok, a copy; the section's first lines: its title and its introduction)."""
-    return rows[rows["status"] == "ok"].copy(), [title, "", intro, ""]
+def opening(rows, title: str, intro: str, judged: bool = False) -> tuple:
+    """(the rows whose status is ok — and ``judged``: wrong, timed rows a ``wrong`` column marks — a copy; the
+    section's first lines: its title and its introduction)."""
+    return rows[rows["status"].isin(["ok", "wrong"] if judged else ["ok"])].copy(), [title, "", intro, ""]
 
 
 def not_provided(rows, md, columns: list[str]) -> list[str]:

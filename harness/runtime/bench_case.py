@@ -5,7 +5,8 @@ into ``{"unsupported": sentence}``; anything else it does — a raise, a rank dy
 ``call_case`` makes that the case's verdict instead of the sweep's end: every rank's answer is ``{"failed": line}``
 (``harness.runtime.failures.verdict_of``: the failing rank's own failure first), the World is respawned on the next
 call (``World._fail``), and the sweep goes on with its next case. ``declined`` reads the row's status from the
-answers: ``failed`` before ``unsupported``, nothing where every rank finished."""
+answers: ``failed`` before ``unsupported``, nothing where every rank finished; ``judge`` gives a timed row the
+suite's verdict of its case."""
 
 from __future__ import annotations
 
@@ -34,4 +35,15 @@ def declined(per_rank: list[dict]) -> dict:
     return {}
 
 
-__all__ = ["call_case", "declined"]
+def judge(row: dict, verdict: list[dict]) -> dict:
+    """A timed row given the suite's verdict of its case (every rank's ``{"problems": [...]}``): status ``wrong``,
+    ``wrong`` 1 and the first problem ahead of ``detail`` where a rank found one — the gate reads the status, an ok
+    case now wrong is its regression — else ``wrong`` 0. Returns the row."""
+    problems = [p for r in verdict for p in r.get("problems") or []]
+    row["wrong"] = int(bool(problems))
+    if problems:
+        row.update(status="wrong", detail="; ".join(filter(None, [problems[0], row.get("detail")])))
+    return row
+
+
+__all__ = ["call_case", "declined", "judge"]

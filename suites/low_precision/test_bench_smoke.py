@@ -30,3 +30,21 @@ def test_low_precision_sweep_and_report(world_cache, tmp_path):
     report = write_report(run.path).read_text()
     assert "## Low precision: one linear layer under float8 / MXFP8" in report
     assert "The float8 all-gather moves 1.996x fewer bytes than the bf16 one (2052 vs 4096 B" in report, report
+
+
+def test_a_layout_the_suites_verdict_fails_is_wrong_and_still_in_the_section(world_cache, tmp_path):
+    """The planted local amax (each rank scales by its own shard's amax, never reduced): the layouts where a shard is
+    not the whole tensor are wrong — status wrong, the first problem in ``detail`` — and stay in the section's table
+    with their timings; the gate, reading the status, counts an ok case now wrong as a regression."""
+    cfg = LowPrecisionSweep(impls=["suites.low_precision.planted:AmaxOverLocalShard"], recipes=["float8-tensorwise"],
+                            dims=(64, 64, 64), iters=1, warmup=0, baseline=False)
+    run = RunDir(tmp_path, {"suite": "low_precision"})
+    assert run_sweep(cfg, world_cache.get, run, progress=None) == len(LAYOUTS)
+    run.finish()
+    rows = read_run(run.path)[1]["benchmarks.csv"]
+    wrong = rows[rows["status"] == "wrong"]
+    assert len(wrong) and set(rows["status"]) <= {"ok", "wrong"} and (wrong["wrong"] == 1).all()
+    assert (rows[rows["status"] == "ok"]["wrong"] == 0).all()
+    assert wrong["detail"].str.startswith("rank ").all() and (wrong["time_p50_us"] > 0).all(), wrong["detail"]
+    section = write_report(run.path).read_text().split("## Low precision: one linear layer")[1].split("\n## ")[0]
+    assert all(f"| {op} " in section for op in wrong["op"]), section
