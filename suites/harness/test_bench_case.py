@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 
-from harness.runtime.bench_case import call_case, declined
+from harness.runtime.bench_case import call_case, declined, judge
 
 from . import ranks
 
@@ -29,3 +29,12 @@ def test_the_row_status_failed_before_unsupported_and_none_where_every_rank_fini
         {"status": "unsupported", "detail": "no fp8 on gloo"}
     assert declined([{"unsupported": "a"}, {"failed": "rank 1: X"}]) == {"status": "failed", "detail": "rank 1: X"}
     assert declined([{"times": [1.0], "unsupported": None}, {"times": [2.0], "unsupported": None}]) == {}
+
+
+def test_a_timed_row_the_suites_verdict_fails_is_wrong_with_its_first_problem_ahead_of_its_detail():
+    row = judge({"status": "ok", "detail": "DTensor collectives per step"},
+                [{"problems": []}, {"problems": ["rank 1: step 1: w off by 3 E_T", "rank 1: step 2: w"]}])
+    assert row == {"status": "wrong", "wrong": 1,
+                   "detail": "rank 1: step 1: w off by 3 E_T; DTensor collectives per step"}
+    assert judge({"status": "ok"}, [{"problems": ["rank 0: x"]}])["detail"] == "rank 0: x"
+    assert judge({"status": "ok"}, [{"problems": []}, {"refused": "no", "problems": []}]) == {"status": "ok", "wrong": 0}
