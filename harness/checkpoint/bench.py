@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from harness.errors import describe
 from harness.records import registry
+from harness.runtime.bench_case import STDERR
 from harness.runtime.timing import summarize
 from reference.cost_model import recompute_overhead, sqrt_checkpoint_memory
 
@@ -63,7 +64,7 @@ def measure(module, x, iters: int, warmup: int) -> dict:
     return {"peak": meter.peak, "alloc_peak": alloc_peak, "stats": summarize([times])}
 
 
-def run_sweep(cfg: CheckpointSweep, get_world, run_dir, progress=sys.stderr) -> int:
+def run_sweep(cfg: CheckpointSweep, get_world, run_dir, progress=STDERR) -> int:
     import torch
     from torch import nn
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 from harness.cli.sweep_args import add_profile
 from harness.errors import UsageError
@@ -170,6 +171,17 @@ def run_plans(run, plans: list, backend: str | None, keep_going: bool = False) -
     return stopped
 
 
+def _failed_cases(path) -> int:
+    """The rows of the run's benchmarks.csv whose status is failed (``harness.runtime.bench_case``)."""
+    import csv
+
+    try:
+        with open(Path(path) / "benchmarks.csv", newline="") as f:
+            return sum(row.get("status") == "failed" for row in csv.DictReader(f))
+    except FileNotFoundError:  # a run with no benchmark row
+        return 0
+
+
 def run(args) -> int:
     from dataclasses import asdict
 
@@ -196,6 +208,10 @@ def run(args) -> int:
         run.update(report_seconds=round(time.monotonic() - started, 1))  # after the report: in run.json only
         print(f"paritybench: report {path} ({run.meta['report_seconds']:g} s)", file=sys.stderr)
     print(run.path)
+    failed = _failed_cases(run.path)
+    if failed:  # each case's verdict went to stderr as it failed; the count, last, where a user reads
+        print(f"paritybench: {failed} benchmark case(s) failed — an implementation raised, a rank died or a call hung "
+              "(status failed in benchmarks.csv; the report's \"Failed cases\")", file=sys.stderr)
     for line in stopped:  # again, last, where a user reads (the ranks' tracebacks went to stderr when it stopped)
         print(f"paritybench: {line}", file=sys.stderr)
     return 1 if stopped else 0

@@ -11,11 +11,10 @@ size, run outside the timed loop.
 from __future__ import annotations
 
 import itertools
-import sys
 from dataclasses import dataclass, field
 
 from harness.records import registry
-from harness.runtime.bench_case import call_case, declined
+from harness.runtime.bench_case import STDERR, call_case, declined
 from harness.runtime.timing import summarize, time_iterations
 from reference.cost_model import busbw_factor
 
@@ -102,7 +101,7 @@ def dispatch_row(world, iters: int) -> dict:
             **summarize([samples])}
 
 
-def run_sweep(cfg: SweepConfig, get_world, run_dir, progress=sys.stderr) -> int:
+def run_sweep(cfg: SweepConfig, get_world, run_dir, progress=STDERR) -> int:
     """Run the sweep, appending a benchmark and a conformance row per case; return rows written."""
     sizes = sweep_sizes(cfg.min_bytes, cfg.max_bytes, cfg.factor)
     # per size, every implementation of a collective in a row: they share the oracle's expected output

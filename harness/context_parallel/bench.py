@@ -11,12 +11,11 @@ growth with the sequence, not cp sizes with each other."""
 from __future__ import annotations
 
 import itertools
-import sys
 from dataclasses import dataclass, field
 
 from harness.records import registry
 from harness.records.tables import NO_ROWS, not_provided, opening
-from harness.runtime.bench_case import call_case, declined
+from harness.runtime.bench_case import STDERR, call_case, declined
 from harness.runtime.comm_count import counted_traffic
 from harness.runtime.timing import summarize, time_iterations
 
@@ -67,7 +66,7 @@ def bench_rank(impl_spec: str, cfg: ContextParallelSweep, seq: int) -> dict:
     return {"times": time_iterations(step, cfg.iters, cfg.warmup, device), "bytes_sent": counter[0]}
 
 
-def run_sweep(cfg: ContextParallelSweep, get_world, run_dir, progress=sys.stderr) -> int:
+def run_sweep(cfg: ContextParallelSweep, get_world, run_dir, progress=STDERR) -> int:
     from reference.cost_model import cp_layer_comm_bytes
 
     cases = [(1, "one-device", seq) for seq in cfg.seqs]

@@ -17,8 +17,9 @@ Timing as everywhere (``harness.runtime.timing``): per iteration after a barrier
 from __future__ import annotations
 
 import statistics
-import sys
 from dataclasses import dataclass, field
+
+from harness.runtime.bench_case import STDERR
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 
@@ -240,7 +241,7 @@ def _row(world, kind: str, op: str, g, dtype: str, nbytes, flops, cfg, per_rank)
             "dtype": dtype, "bytes": nbytes, "flops": flops, "iters": cfg.iters, "warmup": cfg.warmup, **stats}
 
 
-def run_sweep(cfg: CalibrationSweep, get_world, run_dir, progress=sys.stderr) -> int:
+def run_sweep(cfg: CalibrationSweep, get_world, run_dir, progress=STDERR) -> int:
     rows = 0
     for n in cfg.world_sizes:
         world = get_world(n)

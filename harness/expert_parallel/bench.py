@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import sys
 from dataclasses import dataclass, field
 
 from harness.records import registry
 from harness.records.tables import NO_ROWS, not_provided, opening
-from harness.runtime.bench_case import call_case, declined
+from harness.runtime.bench_case import STDERR, call_case, declined
 from harness.runtime.comm_count import counted_traffic
 from harness.runtime.timing import summarize, time_iterations
 
@@ -117,7 +116,7 @@ def _bench_sharded(impl, dense, x, cfg, tokens: int, n: int, r: int, device) -> 
     return out
 
 
-def run_sweep(cfg: ExpertParallelSweep, get_world, run_dir, progress=sys.stderr) -> int:
+def run_sweep(cfg: ExpertParallelSweep, get_world, run_dir, progress=STDERR) -> int:
     from reference.cost_model import balanced_ep_bytes
 
     shapes = list(itertools.product(cfg.tokens, cfg.skews))

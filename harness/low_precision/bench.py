@@ -11,12 +11,11 @@ twice the float8 one's bytes (``comm_bytes_forward``: the all-gather's, counted,
 from __future__ import annotations
 
 import itertools
-import sys
 from dataclasses import dataclass, field
 
 from harness.records import registry
 from harness.records.tables import NO_ROWS, not_provided, opening
-from harness.runtime.bench_case import call_case, declined, judge
+from harness.runtime.bench_case import STDERR, call_case, declined, judge
 from harness.runtime.comm_count import counted_traffic
 from harness.runtime.timing import summarize, time_iterations
 
@@ -94,7 +93,7 @@ def bench_rank(impl_spec: str, case_dict: dict, iters: int, warmup: int) -> dict
             "backward": backward[0]}
 
 
-def run_sweep(cfg: LowPrecisionSweep, get_world, run_dir, progress=sys.stderr) -> int:
+def run_sweep(cfg: LowPrecisionSweep, get_world, run_dir, progress=STDERR) -> int:
     from harness.runtime.world import run_or_fail
     from reference.cost_model import low_precision_layer_bytes
     from reference.low_precision import recipe as recipe_of

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import sys
 from dataclasses import dataclass, field
 
 from harness.records import registry
 from harness.records.tables import NO_ROWS, not_provided, opening
-from harness.runtime.bench_case import call_case, declined, judge
+from harness.runtime.bench_case import STDERR, call_case, declined, judge
 from harness.runtime.comm_count import counted_traffic
 from harness.runtime.timing import summarize, time_iterations
 
@@ -68,7 +67,7 @@ def collective_calls():
         yield lambda: {getattr(op, "__name__", str(op)): int(c) for op, c in mode.get_comm_counts().items()}
 
 
-def run_sweep(cfg: MuonSweep, get_world, run_dir, progress=sys.stderr) -> int:
+def run_sweep(cfg: MuonSweep, get_world, run_dir, progress=STDERR) -> int:
     from harness.runtime.world import run_or_fail
     from reference.cost_model import muon_step_bytes
     from reference.muon.sharded import owned

@@ -13,11 +13,10 @@ ranks (``hop_latency``).
 from __future__ import annotations
 
 import statistics
-import sys
 from dataclasses import dataclass, field
 
 from harness.records import registry
-from harness.runtime.bench_case import call_case, declined
+from harness.runtime.bench_case import STDERR, call_case, declined
 from harness.runtime.timing import median_interval, summarize
 from reference.pipeline import GENERATORS, INTERLEAVED, placement, stages_per_rank
 
@@ -157,7 +156,7 @@ def predicted_timeline(schedule: str, p: int, m: int, v: int, measured):
     return simulate(sched, {**costs, "comm": max(0.0, hop_latency(measured, p))})
 
 
-def run_sweep(cfg: PipelineSweep, get_world, run_dir, progress=sys.stderr) -> int:
+def run_sweep(cfg: PipelineSweep, get_world, run_dir, progress=STDERR) -> int:
     """Append one benchmark row per case; draw measured and simulated Gantt charts for ours."""
     from harness.cost_model.predict import load_profile, mlp_workload, planned_columns, predict_step
     from reference.pipeline.draw import gantt_png

@@ -8,12 +8,11 @@ vocabulary's uneven split make the measured a little larger)."""
 from __future__ import annotations
 
 import shutil
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.runtime.bench_case import call_case, declined
+from harness.runtime.bench_case import STDERR, call_case, declined
 
 
 @dataclass
@@ -88,7 +87,7 @@ def bench_rank(cfg: ResumeSweep, dims_t, root: str) -> dict:
             "numel": sum(p.numel() for p in dense.parameters())}
 
 
-def run_sweep(cfg: ResumeSweep, get_world, run_dir, progress=sys.stderr) -> int:
+def run_sweep(cfg: ResumeSweep, get_world, run_dir, progress=STDERR) -> int:
     rows = 0
     for n in cfg.world_sizes:
         for dims in _layouts(cfg, n):

@@ -15,7 +15,22 @@ import sys
 from harness.runtime.failures import RankFailure, verdict_of
 
 
-def call_case(world, fn, *args, timeout: float = 600, log=sys.stderr, **kwargs) -> list[dict]:
+class _Stderr:
+    """``sys.stderr`` as it is when written to, not when a module was imported (a sweep's ``progress`` default: a
+    test that captured stderr while the module was first imported closes that stream afterwards)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+STDERR = _Stderr()
+"""Every sweep's default ``progress``."""
+
+
+def call_case(world, fn, *args, timeout: float = 600, log=STDERR, **kwargs) -> list[dict]:
     """``world.run(fn, *args, **kwargs)``; where a rank raised, died or hung, every rank's answer is
     ``{"failed": the verdict line}`` and the whole failure (each rank's traceback or stack) goes to ``log``."""
     try:
@@ -46,4 +61,4 @@ def judge(row: dict, verdict: list[dict]) -> dict:
     return row
 
 
-__all__ = ["call_case", "declined", "judge"]
+__all__ = ["STDERR", "call_case", "declined", "judge"]

@@ -30,11 +30,10 @@ from __future__ import annotations
 
 import math
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 
-from harness.runtime.bench_case import call_case, declined
+from harness.runtime.bench_case import STDERR, call_case, declined
 
 _TRAINERS: dict = {}  # (sweep, impl, family, layout) -> this rank's trainer and batch (or the refusal)
 
@@ -225,7 +224,7 @@ def _cases(cfg: StackSweep) -> list[tuple[str, str, tuple[int, int, int]]]:
             for impl in cfg.impls]
 
 
-def run_sweep(cfg: StackSweep, get_world, run_dir, progress=sys.stderr) -> int:
+def run_sweep(cfg: StackSweep, get_world, run_dir, progress=STDERR) -> int:
     cases = _cases(cfg)
     world = get_world(cfg.world_size)
     kept: dict = {}  # case -> every round's per-rank results

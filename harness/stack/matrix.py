@@ -17,10 +17,10 @@ a row says so in its one sentence; the suite (``suites/stack``) holds every stac
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass, field
 
 from harness.contracts.stack import SCHEDULES
+from harness.runtime.bench_case import STDERR
 
 
 def cases() -> list[tuple[str, object, object, object]]:
@@ -71,7 +71,7 @@ class MatrixSweep:
         return sorted({layout.world_size for _, _, layout, _ in cases()} & set(self.sizes or range(1, 1 << 10)))
 
 
-def run_sweep(cfg: MatrixSweep, get_world, run_dir, progress=sys.stderr) -> int:
+def run_sweep(cfg: MatrixSweep, get_world, run_dir, progress=STDERR) -> int:
     """Every case for every stack, grouped by world size (one World each), each verdict a conformance row."""
     from harness.records import findings, registry
 

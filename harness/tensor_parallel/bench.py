@@ -12,11 +12,10 @@ bytes read "not counted" (blank) rather than a wrong zero.
 from __future__ import annotations
 
 import itertools
-import sys
 from dataclasses import dataclass, field
 
 from harness.records import registry
-from harness.runtime.bench_case import call_case, declined
+from harness.runtime.bench_case import STDERR, call_case, declined
 from harness.runtime.comm_count import counted_collectives
 from harness.runtime.timing import summarize, time_iterations
 from reference.cost_model import collective_bytes, tp_layer_comm_bytes
@@ -90,7 +89,7 @@ def predicted_bytes(kind: str, n: int, seq: int, batch: int, hidden: int, elem: 
     return activations
 
 
-def run_sweep(cfg: TensorParallelSweep, get_world, run_dir, progress=sys.stderr) -> int:
+def run_sweep(cfg: TensorParallelSweep, get_world, run_dir, progress=STDERR) -> int:
     cases = list(itertools.product(cfg.world_sizes, cfg.impls, cfg.kinds))
     for done, (n, impl, kind) in enumerate(cases, 1):
         world = get_world(n)

@@ -25,10 +25,10 @@ On 2 CPU cores 8 ranks are oversubscribed: compare layouts with each other, not 
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 
+from harness.runtime.bench_case import STDERR
 from harness.stack.bench import LayoutSweep, valid_layouts
 
 _GROUPS: dict = {}  # the process groups of each layout, created once per rank process
@@ -116,7 +116,7 @@ def _build(cfg: ThreeDSweep, dims_t: tuple[int, int, int], variant: str):
     return trainer, tokens, targets, numel
 
 
-def run_sweep(cfg: ThreeDSweep, get_world, run_dir, progress=sys.stderr) -> int:
+def run_sweep(cfg: ThreeDSweep, get_world, run_dir, progress=STDERR) -> int:
     from harness.cost_model.plan import Layout, Model, estimate
     from harness.cost_model.predict import gpt_workload, load_profile, planned_columns, predict_step
     from harness.runtime.timing import median_interval, summarize

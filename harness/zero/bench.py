@@ -18,11 +18,10 @@ shard group's reduce-scatter and gathers, each against ``cost_model.hsdp_step_co
 from __future__ import annotations
 
 import itertools
-import sys
 from dataclasses import dataclass, field
 
 from harness.records import registry
-from harness.runtime.bench_case import call_case, declined
+from harness.runtime.bench_case import STDERR, call_case, declined
 from harness.runtime.comm_count import counted_collectives
 from harness.runtime.timing import summarize, time_iterations
 from reference.cost_model import dp_step_comm_bytes, hsdp_step_comm_bytes, training_memory
@@ -146,7 +145,7 @@ def _cases(cfg: ZeroSweep) -> list[tuple[int, str, int, str]]:
     return out
 
 
-def run_sweep(cfg: ZeroSweep, get_world, run_dir, progress=sys.stderr) -> int:
+def run_sweep(cfg: ZeroSweep, get_world, run_dir, progress=STDERR) -> int:
     cases = _cases(cfg)
     for done, (n, impl, stage, variant) in enumerate(cases, 1):
         world = get_world(n)

@@ -153,3 +153,22 @@ def test_a_sweep_an_implementation_stops_is_named_and_the_next_sweep_runs(tmp_pa
     assert f"**{stopped[0]}**" in write_report(run.path).read_text()  # the report names it too
     with pytest.raises(RankFailure):
         run_plans(RunDir(tmp_path, {"suite": "all"}), plans, None)
+
+
+def test_bench_counts_its_failed_cases_last_and_the_run_is_complete(tmp_path, capsys):
+    """A case an implementation raised in is a row (status failed) of a complete run, exit 0 — the suite's verdict,
+    as a wrong row is; ``bench`` says how many, last on stderr, after each one's traceback."""
+    import json
+    from pathlib import Path
+
+    from harness.cli.main import main
+
+    raises = "suites.checkpoint.test_bench_smoke:RaisesAtSqrt"
+    rc = main(["bench", "checkpoint", "--impls", "reference", "--impl", raises,
+               "--layers", "4", "--iters", "1", "--warmup", "0", "--results-dir", str(tmp_path), "--no-report"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and "Traceback" in err, err
+    assert err.rstrip().splitlines()[-1] == (
+        'paritybench: 1 benchmark case(s) failed — an implementation raised, a rank died or a call hung (status failed '
+        'in benchmarks.csv; the report\'s "Failed cases")'), err
+    assert json.loads((Path(out.strip()) / "run.json").read_text())["status"] == "complete"
