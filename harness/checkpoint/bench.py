@@ -9,14 +9,11 @@ where there is one (then the allocator's peak is recorded too, ``alloc_peak_byte
 
 from __future__ import annotations
 
-import sys
 import time
-import traceback
 from dataclasses import dataclass, field
 
-from harness.errors import describe
 from harness.records import registry
-from harness.runtime.bench_case import STDERR
+from harness.runtime.bench_case import STDERR, failed_in_driver
 from harness.runtime.timing import summarize
 from reference.cost_model import recompute_overhead, sqrt_checkpoint_memory
 
@@ -90,10 +87,7 @@ def run_sweep(cfg: CheckpointSweep, get_world, run_dir, progress=STDERR) -> int:
                     run_dir.append("benchmarks.csv", {**row, "status": "unsupported", "detail": str(exc)})
                     continue
                 except Exception as exc:  # noqa: BLE001 - the implementation's failure is the case's verdict
-                    # (harness.runtime.bench_case's, in this process): its row failed, the traceback logged, the
-                    # sweep goes on
-                    print(f"paritybench: a case failed, the sweep goes on: {traceback.format_exc()}", file=sys.stderr)
-                    run_dir.append("benchmarks.csv", {**row, "status": "failed", "detail": f"raised {describe(exc)}"})
+                    run_dir.append("benchmarks.csv", {**row, **failed_in_driver(exc)})
                     continue
             # cost_model's convention (Chen et al.): a kept segment input counts as one layer's activations
             # (here it is half of them: Linear and GELU each save their input), k segments: ceil(L/k) + k.

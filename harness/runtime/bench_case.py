@@ -36,8 +36,23 @@ def call_case(world, fn, *args, timeout: float = 600, log=STDERR, **kwargs) -> l
     try:
         return world.run(fn, *args, timeout=timeout, **kwargs)
     except RankFailure as exc:
-        print(f"paritybench: a case failed, the sweep goes on: {exc}", file=log, flush=True)
+        _log(str(exc), log)
         return [{"failed": verdict_of(exc)}] * world.size
+
+
+def failed_in_driver(exc: BaseException, log=STDERR) -> dict:
+    """A sweep that runs the implementation in the driver (``bench checkpoint``): its exception as the row's status
+    and detail ("raised RuntimeError: ..."), its traceback to ``log`` — call it in the ``except`` block."""
+    import traceback
+
+    from harness.errors import describe
+
+    _log(traceback.format_exc(), log)
+    return {"status": "failed", "detail": f"raised {describe(exc)}"}
+
+
+def _log(failure: str, log) -> None:
+    print(f"paritybench: a case failed, the sweep goes on: {failure}", file=log, flush=True)
 
 
 def declined(per_rank: list[dict]) -> dict:
@@ -61,4 +76,4 @@ def judge(row: dict, verdict: list[dict]) -> dict:
     return row
 
 
-__all__ = ["STDERR", "call_case", "declined", "judge"]
+__all__ = ["STDERR", "call_case", "declined", "failed_in_driver", "judge"]

@@ -143,8 +143,9 @@ def bench_rank(cfg: StackSweep, impl: str, family: str, dims: tuple[int, int, in
     from harness.runtime.rank import rank_device
 
     key = (repr(cfg), impl, family, tuple(dims))
-    if key not in _TRAINERS:  # built here: warmed up as in the first round (a World respawned after a failed case
-        _TRAINERS[key] = _build(cfg, impl, family, dims)  # rebuilds the other cases' trainers in a later round)
+    if key not in _TRAINERS:  # built in this call: warmed up as in the first round, whatever the round (a World
+        # respawned after a failed case rebuilds the other cases' trainers in a later round)
+        _TRAINERS[key] = _build(cfg, impl, family, dims)
         warmup = max(warmup, cfg.warmup)
     built = _TRAINERS[key]
     if isinstance(built, str):
@@ -262,7 +263,7 @@ def _row(cfg: StackSweep, case, rounds: list, backend: str) -> dict:
            "world_size": cfg.world_size, "dtype": "float32", "count": numel, "microbatches": m,
            "zero_stage": cfg.zero_stage, "iters": cfg.iters, "warmup": cfg.warmup,
            "detail": f"{cfg.schedule}, zero {cfg.zero_stage}, checkpointing {cfg.checkpointing}, {cfg.optimizer}"}
-    said = declined(rounds[-1])  # a case that failed in a later round has that round last: its rows are not judged
+    said = declined(rounds[-1])  # unsupported at its first round, or failed at its last one (none follows it)
     if said:
         return {**row, **said}
     states = training_memory(numel, zero_stage=cfg.zero_stage, dp=dp, tp=tp, pp=pp, weight_bytes=4, grad_bytes=4,
