@@ -22,7 +22,9 @@ is held to one device. Per (stack, family, layout) one row, suite ``stack``, ``o
   ours), beside plan's 1F1B bubble; with a machine profile (``--profile``, or the calibration ``bench
   all`` runs first) the step time the planner predicts, with its parts.
 
-A case a stack does not provide is a row with status ``unsupported`` and its one sentence. On 2 CPU
+A case a stack does not provide is a row with status ``unsupported`` and its one sentence; a case it raises, dies or
+hangs in, in any round, a row with status ``failed`` and its verdict line (``harness.runtime.bench_case``: the other
+cases go on, on a respawned World, their trainers rebuilt and warmed up again). On 2 CPU
 cores 8 ranks are oversubscribed: compare layouts and stacks with each other, not with a machine.
 """
 
