@@ -2,17 +2,17 @@
 
 A bench's rank function turns an implementation's refusal (``NotImplementedError``, ``ValueError``, ``Unsupported``)
 into ``{"unsupported": sentence}``; anything else it does — a raise, a rank dying, a hang — ends the World call.
-``call_case`` makes that the case's verdict instead of the sweep's end: every rank's answer is ``{"failed": line}``
-(``harness.runtime.failures.verdict_of``: the failing rank's own failure first), the World is respawned on the next
-call (``World._fail``), and the sweep goes on with its next case. ``declined`` reads the row's status from the
-answers: ``failed`` before ``unsupported``, nothing where every rank finished; ``judge`` gives a timed row the
-suite's verdict of its case."""
+``call_case`` makes that the case's verdict instead of the sweep's end (``harness.runtime.world.run_or_fail``, as a
+suite's ``fail``): every rank's answer is ``{"failed": line}`` (the failing rank's own failure first), the World is
+respawned on the next call (``World._fail``), and the sweep goes on with its next case. ``declined`` reads the row's
+status from the answers: ``failed`` before ``unsupported``, nothing where every rank finished; ``judge`` gives a timed
+row the suite's verdict of its case."""
 
 from __future__ import annotations
 
 import sys
 
-from harness.runtime.failures import RankFailure, verdict_of
+from harness.runtime.world import run_or_fail
 
 
 class _Stderr:
@@ -33,11 +33,8 @@ STDERR = _Stderr()
 def call_case(world, fn, *args, timeout: float = 600, log=STDERR, **kwargs) -> list[dict]:
     """``world.run(fn, *args, **kwargs)``; where a rank raised, died or hung, every rank's answer is
     ``{"failed": the verdict line}`` and the whole failure (each rank's traceback or stack) goes to ``log``."""
-    try:
-        return world.run(fn, *args, timeout=timeout, **kwargs)
-    except RankFailure as exc:
-        _log(str(exc), log)
-        return [{"failed": verdict_of(exc)}] * world.size
+    return run_or_fail(world, fn, *args, failed=lambda line: {"failed": line}, timeout=timeout,
+                       told=lambda failure: _log(failure, log), **kwargs)
 
 
 def failed_in_driver(exc: BaseException, log=STDERR) -> dict:

@@ -285,11 +285,14 @@ class World:
                     states[rank] = conn.recv()
         return states
 
-def run_or_fail(world: World, fn, *args, failed, timeout: float | None = None, **kwargs) -> list:
+def run_or_fail(world: World, fn, *args, failed, timeout: float | None = None, told=None, **kwargs) -> list:
     """``world.run(fn, *args, **kwargs)``; where a rank raised, died, hung, or failed in the code under test
     while its peers were stuck inside it, every rank's result is ``failed(verdict_of(exc))`` — the suite then
-    records its ``fail`` row like any other verdict, naming the failing rank's own failure."""
+    records its ``fail`` row like any other verdict, naming the failing rank's own failure. ``told``: called with
+    the whole failure first (each rank's traceback or stack; ``harness.runtime.bench_case`` logs it)."""
     try:
         return world.run(fn, *args, timeout=timeout, **kwargs)
     except RankFailure as exc:
+        if told is not None:
+            told(str(exc))
         return [failed(verdict_of(exc))] * world.size
