@@ -121,7 +121,7 @@ def run_plans(run, plans: list, backend: str | None, keep_going: bool = False) -
     World's idle ranks cost no CPU since their gloo groups share one device, and ``bench all`` returns to sizes
     2, 4 and 8 after other sizes: each respawn cost seconds), then mark the folder complete; incomplete on any
     error or interrupt. ``keep_going``: a sweep stopped by a rank's exception outside a case (a case's own
-    failure is its ``failed`` row, ``harness.runtime.bench_case``; here: the 3D sweep's, the harness's own) is named
+    failure is its ``failed`` row, ``harness.runtime.bench_case``; here: the calibration's, the harness's own) is named
     in one line, its rows so far kept, and the next sweep runs on fresh Worlds; returns those lines (the folder
     incomplete where there are any)."""
     from harness.runtime import placement

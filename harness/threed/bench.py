@@ -19,7 +19,9 @@ drift of the machine (another job, a thermal step) lands on every layout alike r
 that happened to run late. Every round's step is kept (``samples_us``, the max over ranks); a row carries
 their median and its distribution-free confidence interval (``harness.runtime.timing.median_interval``).
 
-On 2 CPU cores 8 ranks are oversubscribed: compare layouts with each other, not with a machine.
+A layout that raises, dies or hangs, in any round, is a row with status ``failed`` and its verdict line
+(``harness.runtime.bench_case``: the other layouts go on, on a respawned World, their trainers rebuilt and warmed
+up again). On 2 CPU cores 8 ranks are oversubscribed: compare layouts with each other, not with a machine.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from harness.runtime.bench_case import STDERR
+from harness.runtime.bench_case import STDERR, call_case, declined
 from harness.stack.bench import LayoutSweep, valid_layouts
 
 _GROUPS: dict = {}  # the process groups of each layout, created once per rank process
@@ -40,9 +42,6 @@ class ThreeDSweep(LayoutSweep):
     zero_stage: int = 1
     variants: list = field(default_factory=lambda: ["plain"])
     """plain, bf16, clip (see the module's docstring)."""
-
-
-
 
 
 VARIANTS = ("plain", "bf16", "clip")
@@ -64,11 +63,13 @@ def bench_rank(cfg: ThreeDSweep, dims_t: tuple[int, int, int], variant: str = "p
     from reference.zero.accounting import optimizer_state_tensors
 
     key = (repr(cfg), tuple(dims_t), variant)
-    if key not in _TRAINERS:
-        _TRAINERS[key] = _build(cfg, dims_t, variant)
-    trainer, tokens, targets, numel = _TRAINERS[key]
     steps = cfg.iters if steps is None else steps
     warmup = cfg.warmup if warmup is None else warmup
+    if key not in _TRAINERS:  # built in this call: warmed up as in the first round, whatever the round (a World
+        # respawned after a failed layout rebuilds the others in a later round)
+        _TRAINERS[key] = _build(cfg, dims_t, variant)
+        warmup = max(warmup, cfg.warmup)
+    trainer, tokens, targets, numel = _TRAINERS[key]
     times, busy, makespan = [], [], []
     for i in range(warmup + steps):
         dist.barrier()
@@ -132,14 +133,23 @@ def run_sweep(cfg: ThreeDSweep, get_world, run_dir, progress=STDERR) -> int:
     kept: dict = {}  # case -> every round's per-rank results
     for round_ in range(cfg.iters):
         for done, case in enumerate(cases, 1):
-            kept.setdefault(case, []).append(world.run(bench_rank, cfg, *case, 1, cfg.warmup if round_ == 0 else 0,
-                                                       timeout=600))
+            if round_ and declined(kept[case][-1]):  # failed: not asked again
+                continue
+            per_rank = call_case(world, bench_rank, cfg, *case, 1, cfg.warmup if round_ == 0 else 0)
+            kept.setdefault(case, []).append(per_rank)
+            said = declined(per_rank)
+            what = said["status"] if said else f"{max(r['times'][0] for r in per_rank) * 1e3:.1f} ms"
             print(f"[round {round_ + 1}/{cfg.iters}, {done}/{len(cases)}] 3d {'x'.join(map(str, case[0]))} {case[1]}: "
-                  f"{max(r['times'][0] for r in kept[case][-1]) * 1e3:.1f} ms", file=progress)
+                  f"{what}", file=progress)
     world.run(release_rank, timeout=60)
     for dims, variant in cases:
         dp, pp, tp = dims
         rounds = kept[(dims, variant)]
+        said = declined(rounds[-1])
+        if said:
+            run_dir.append("benchmarks.csv", {**_case_columns(cfg, dims, variant, world.backend), **said})
+            print(f"3d dp={dp} pp={pp} tp={tp} {variant}: {said['status']}: {said['detail']}", file=progress)
+            continue
         per_rank = [{k: [x for rnd in rounds for x in rnd[rank][k]] if k in ("times", "busy", "makespan")
                      else rounds[-1][rank][k] for k in rounds[-1][rank]} for rank in range(cfg.world_size)]
         r0 = per_rank[0]
@@ -154,16 +164,13 @@ def run_sweep(cfg: ThreeDSweep, get_world, run_dir, progress=STDERR) -> int:
         # per timed step over every rank, then the median step (one step's bubble is noisy on a shared CPU)
         bubble = statistics.median(1 - sum(r["busy"][i] for r in per_rank) / sum(r["makespan"][i] for r in per_rank)
                                    for i in range(len(r0["busy"])))
-        row = {"suite": "3d", "op": f"{dp}x{pp}x{tp}" + ("+clip" if variant == "clip" else ""), "impl": "reference",
-               "backend": world.backend, "world_size": cfg.world_size, "dtype": "bfloat16" if low else "float32",
-               "iters": cfg.iters, "warmup": cfg.warmup,
-               "count": r0["numel"], "microbatches": r0["microbatches"], "zero_stage": cfg.zero_stage, "status": "ok",
+        row = {**_case_columns(cfg, dims, variant, world.backend),
+               "count": r0["numel"], "microbatches": r0["microbatches"], "status": "ok",
                "mem_params_bytes": worst["params"], "mem_grads_bytes": worst["grads"],
                "mem_optimizer_bytes": worst["optimizer"], "mem_params_predicted": states.weights,
                "mem_grads_predicted": states.gradients, "mem_optimizer_predicted": states.optimizer,
                "bubble_measured": bubble, "bubble_predicted": plan["bubble_fraction_1f1b"] if plan else None,
                "comm_bytes_predicted": plan["comm_bytes_per_step"]["total"] if plan else None,
-               "detail": f"{cfg.schedule}, zero {cfg.zero_stage}, checkpointing {cfg.checkpointing}",
                **summarize([r["times"] for r in per_rank])}
         lo, hi, level = median_interval(row["samples_us"])
         row.update(rounds=cfg.iters, time_ci_lo_us=lo, time_ci_hi_us=hi, time_ci_level=level)
@@ -175,3 +182,12 @@ def run_sweep(cfg: ThreeDSweep, get_world, run_dir, progress=STDERR) -> int:
         print(f"3d dp={dp} pp={pp} tp={tp} {variant}: median {row['time_p50_us'] / 1e3:.1f} ms over {cfg.iters} "
               f"rounds, [{lo / 1e3:.1f}, {hi / 1e3:.1f}] at {level:.0%}{planned}", file=progress)
     return len(cases)
+
+
+def _case_columns(cfg: ThreeDSweep, dims: tuple[int, int, int], variant: str, backend: str) -> dict:
+    """What names a layout's row (and its recipe in ``detail``), measured or not."""
+    dp, pp, tp = dims
+    return {"suite": "3d", "op": f"{dp}x{pp}x{tp}" + ("+clip" if variant == "clip" else ""), "impl": "reference",
+            "backend": backend, "world_size": cfg.world_size, "dtype": "bfloat16" if variant == "bf16" else "float32",
+            "iters": cfg.iters, "warmup": cfg.warmup, "zero_stage": cfg.zero_stage,
+            "detail": f"{cfg.schedule}, zero {cfg.zero_stage}, checkpointing {cfg.checkpointing}"}

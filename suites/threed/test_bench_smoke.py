@@ -4,6 +4,8 @@ model-state memory of the pure data-parallel layout is the cost model's up to th
 
 from __future__ import annotations
 
+import pandas as pd
+
 from harness.cli.report import write_report
 from harness.records.results import RunDir, read_run
 from harness.threed.bench import ThreeDSweep, run_sweep
@@ -72,3 +74,25 @@ def test_bad_3d_variants_are_one_sentence(capsys):
 
     assert main(["bench", "3d", "--3d-variants", "bf16,fp8"]) == 2
     assert "--3d-variants 'bf16,fp8' must be comma-separated among plain, bf16, clip." in capsys.readouterr().err
+
+
+def test_a_layout_that_raises_is_a_failed_row_and_the_others_go_on(world_cache, tmp_path):
+    """Two pipeline stages of a one-layer GPT cannot be partitioned: that layout raises on every rank in the first
+    round — its row is failed with the ranks' verdict, the World is respawned, and the layout before it, rebuilt
+    there in the second round, and the one after it are still measured (before: the sweep ended)."""
+    import io
+
+    cfg = ThreeDSweep(world_size=2, vocab=13, hidden=16, heads=8, ffn=32, layers=1, seq=4, rows=1, iters=2, warmup=1,
+                      layouts=[(2, 1, 1), (1, 2, 1), (1, 1, 2)])
+    run, progress = RunDir(tmp_path, {"suite": "3d"}), io.StringIO()
+    assert run_sweep(cfg, world_cache.get, run, progress=progress) == 3
+    run.finish()
+    rows = read_run(run.path)[1]["benchmarks.csv"].set_index("op")
+    assert rows["status"].to_dict() == {"2x1x1": "ok", "1x2x1": "failed", "1x1x2": "ok"}
+    failed = rows.loc["1x2x1"]
+    assert "pp (2) cannot exceed the number of layers (1)" in failed["detail"] and pd.isna(failed["time_p50_us"])
+    assert (rows.loc[["2x1x1", "1x1x2"], "rounds"] == 2).all()
+    asked = [line.split("] 3d ")[1].rsplit(":", 1)[0] for line in progress.getvalue().splitlines()
+             if line.startswith("[round")]
+    assert asked == ["2x1x1 plain", "1x2x1 plain", "1x1x2 plain", "2x1x1 plain", "1x1x2 plain"], asked
+    assert "[round 1/2, 2/3] 3d 1x2x1 plain: failed" in progress.getvalue()
