@@ -20,7 +20,7 @@ import sys
 from harness.cli import bench as bench_cli
 from harness.cli import plan
 from harness.cli import test as suite_cli
-from harness.cli.parsing import parse_bytes, parse_list, parse_world_sizes  # noqa: F401 - re-exported for users
+from harness.cli.parsing import output_path, parse_bytes, parse_list, parse_world_sizes  # noqa: F401 - re-exported for users
 from harness.cost_model import cli as calibrate_cli
 from harness.errors import UsageError
 from harness.gate import cli as gate_cli
@@ -73,6 +73,8 @@ def _schedule(args) -> int:
     if bad or any(v < 0 for v in costs.values()):
         raise UsageError(f"--costs takes non-negative F, B, I, W, F&B (an overlapped pair) and comm; "
                          f"got {args.costs!r}.")
+    if args.png:
+        output_path(args.png, "--png")
     try:
         schedule = generate(args.name, args.p, args.m, args.v)
     except ValueError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from harness.errors import UsageError
 
@@ -16,6 +17,29 @@ def parse_bytes(text: str) -> int:
     if not m or m.group(2).upper() not in _UNITS:
         raise UsageError(f"size {text!r} is not a byte count; use e.g. 1024, 8K, 64M, 1G, 64MiB or 1GB.")
     return int(m.group(1)) * _UNITS[m.group(2).upper()]
+
+
+def output_path(text: str, option: str, folder: bool = False) -> Path:
+    """Where a command writes at its end (``option``'s value), checked before any of its work: a file — or, with
+    ``folder``, a folder — that can be made there: not an existing folder where a file is asked (nor a file where a
+    folder is), not under a file, a file creatable in its nearest existing parent (a probe, created and removed:
+    permissions, a read-only or special filesystem). One sentence otherwise; returns the path."""
+    import tempfile
+
+    path = Path(text).expanduser()
+    if path.is_dir() != folder and path.exists():
+        raise UsageError(f"{option} {text!r} is {'a file' if folder else 'a folder'}; give "
+                         f"{'a folder' if folder else 'the file to write'}.")
+    nearest = next(p for p in (path if folder else path.parent, *path.parents) if p.exists() or p == Path(p.anchor))
+    if not nearest.is_dir():
+        raise UsageError(f"{option} {text!r} cannot be written: {str(nearest)!r} is a file, not a folder.")
+    try:
+        with tempfile.TemporaryFile(dir=nearest):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{option} {text!r} cannot be written: no file can be made in {str(nearest)!r} "
+                         f"({exc.strerror or exc}).") from None
+    return path
 
 
 def parse_list(text: str, valid: tuple[str, ...], what: str) -> list[str]:

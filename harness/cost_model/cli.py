@@ -59,8 +59,10 @@ def fit_table(profile) -> str:
 
 
 def run(args) -> int:
+    from harness.cli.parsing import output_path
     from harness.cost_model.build import profile_from_run
 
+    output_path(args.out, "--out")  # before the sweep: not after its minutes
     if args.from_run:
         try:
             profile = profile_from_run(args.from_run)

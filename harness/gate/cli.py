@@ -53,6 +53,10 @@ def compare_paths(base_path: str, new_path: str, threshold: float, confidence: f
 
 
 def run_compare(args) -> int:
+    from harness.cli.parsing import output_path
+
+    if args.output:
+        output_path(args.output, "--output")
     header, records = compare_paths(args.baseline, args.new, parse_threshold(args.time_threshold), args.confidence,
                                     args.allow_env_change)
     text = render.FORMATS[args.format](header, records)
@@ -64,6 +68,9 @@ def run_compare(args) -> int:
 
 
 def run_baseline(args) -> int:
+    from harness.cli.parsing import output_path
+
+    output_path(args.out, "--out", folder=True)
     path = baseline.merge(args.runs, args.out, args.allow_env_change)
     print(path)
     print(f"paritybench: merged {len(args.runs)} run(s) into {path}", file=sys.stderr)

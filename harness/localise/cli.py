@@ -98,6 +98,7 @@ def schedule_of(text: str | None):
 
 
 def run(args) -> int:
+    from harness.cli.parsing import output_path
     from harness.records import registry
     from harness.runtime.world import World
     from harness.stack.judge import judged
@@ -106,6 +107,8 @@ def run(args) -> int:
     from .saved import save
 
     case = case_of(args)
+    if args.out:
+        output_path(args.out, "--out", folder=True)  # before the localisation: not after it
     registry.load(args.impl, "stack")  # an unknown stack: one sentence (RegistryError), before any World
     worlds: dict = {}
 

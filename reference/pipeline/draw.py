@@ -54,5 +54,5 @@ def gantt_png(timeline: Timeline, path, title: str = "") -> None:
     ax.set_xlabel("time")
     ax.set_title(title or metrics_text(timeline), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format="png")  # at ``path`` as given (matplotlib appends ".png" to a bare name)
     plt.close(fig)
