@@ -168,6 +168,14 @@ def main(argv=None) -> int:
     a.add_argument("--confidence", type=float, default=0.99)
     args = p.parse_args(argv)
     if args.command == "collect":
+        from harness.cli.parsing import output_path
+        from harness.errors import UsageError
+
+        try:  # before the runs' minutes
+            output_path(args.out, "--out", folder=True)
+        except UsageError as exc:
+            print(f"paritybench: error: {exc}", file=sys.stderr)
+            return 2
         collect(Path(args.out), args.runs, args.power_runs)
     else:
         print(analyze(Path(args.folder), parse_threshold(args.time_threshold), args.confidence))

@@ -172,6 +172,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"paritybench: error: unknown stack(s) {', '.join(unknown)}; choose from {', '.join(MATRIX)}.",
               file=sys.stderr)
         return 2
+    from harness.cli.parsing import output_path
+    from harness.errors import UsageError
+
+    try:  # before the venvs' minutes
+        output_path(args.out, "--out", folder=True), output_path(args.venvs, "--venvs", folder=True)
+    except UsageError as exc:
+        print(f"paritybench: error: {exc}", file=sys.stderr)
+        return 2
     path = run(stacks, Path(args.out), Path(args.venvs), chosen)
     from harness.cli.report import write_report
 

@@ -71,3 +71,16 @@ def test_schedule_png_lands_at_the_path_given(tmp_path, capsys):
     assert main(["schedule", "1f1b", "--p", "2", "--m", "2", "--png", str(bare)]) == 0
     assert bare.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not (tmp_path / "gantt.png").exists()
     assert f"wrote {bare}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("module, argv", [("harness.gate.study", ["collect", "--out"]),
+                                          ("harness.records.release_matrix", ["--out"])])
+def test_the_team_tools_check_their_output_folder_first(module, argv, tmp_path, capsys):
+    """``python -m harness.gate.study collect`` (minutes of bench runs) and ``python -m harness.records.release_matrix``
+    (a venv per release) say a bad --out at once."""
+    import importlib
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert importlib.import_module(module).main([*argv, str(blocker)]) == 2
+    assert capsys.readouterr().err == f"paritybench: error: --out {str(blocker)!r} is a file; give a folder.\n"
