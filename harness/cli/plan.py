@@ -30,6 +30,7 @@ from harness.cost_model.plan import (
     predicted,
     ranked_by_time,
 )
+from reference.cost_model import OFFLOADS
 from reference.pipeline import GENERATORS
 
 
@@ -72,8 +73,10 @@ def render(model: Model, plan: dict, device_memory: float | None, ranked: list[d
         if model.experts else ""
     title = (f"{model.params / 1e9:g}B parameters{moe}, dp={lay['dp']} tp={lay['tp']} pp={lay['pp']}{cp}{ep} "
              f"ZeRO-{lay['zero']}{', float8 weights' if model.fp8_weights else ''}: per device")
+    host = [(f"host memory ({model.offload} offloaded), per rank", ("memory", "GB (1e9 bytes)"), plan["host_bytes"])] \
+        if "host_bytes" in plan else []
     for heading, (label, unit), values in (
-            (title, ("memory", "GB (1e9 bytes)"), plan["memory_bytes"]),
+            (title, ("memory", "GB (1e9 bytes)"), plan["memory_bytes"]), *host,
             ("communication per step, bytes each device sends", ("paradigm", "GB"), plan["comm_bytes_per_step"])):
         console.print(f"[bold]{heading}[/bold]")
         table = Table()
@@ -122,7 +125,7 @@ def run(args) -> int:
                   sequence_parallel=args.sequence_parallel, recompute=args.recompute, vocab=args.vocab or 0,
                   ffn=args.ffn or 0, kv_heads=args.kv_heads or 0, cp_algorithm=args.cp_algorithm,
                   experts=args.experts or 0, top_k=args.top_k, expert_ffn=args.expert_ffn or 0,
-                  fp8_weights=args.fp8_weights)
+                  fp8_weights=args.fp8_weights, offload=args.offload)
     layout = Layout(dp=args.dp, tp=args.tp, pp=args.pp, zero=args.zero, cp=args.cp, ep=args.ep)
     gpus = args.dp * args.tp * args.pp * args.cp
     plan = estimate(model, layout)
@@ -170,6 +173,10 @@ def add_parser(sub) -> None:
     p.add_argument("--fp8-weights", action="store_true",
                    help="weights held and all-gathered in float8 (Megatron's --fp8-param-gather, torchao's FSDP2 "
                         "float8 all-gather): 1 byte per parameter, in memory and in ZeRO's parameter gathers")
+    p.add_argument("--offload", default="none", choices=list(OFFLOADS),
+                   help="model state kept in host memory: optimizer (its state and the reduced gradients' shard: "
+                        "ZeRO-Offload, --zero 1-3), parameters (the weight shard too: --zero 3, FSDP2's "
+                        "CPUOffloadPolicy); the memory shown is the device's, the host's apart")
     p.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
     p.add_argument("--device-memory", default=None, help="e.g. 80GB: also list the layouts that fit")
     p.add_argument("--json", action="store_true", help="machine-readable output")

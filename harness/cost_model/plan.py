@@ -15,8 +15,8 @@ from reference.cost_model import (
     cp_layer_comm_bytes,
     dp_step_comm_bytes,
     expert_params,
+    offloaded_memory,
     tp_layer_comm_bytes,
-    training_memory,
 )
 from reference.pipeline import INTERLEAVED, V_SHAPED
 
@@ -79,6 +79,10 @@ class Model:
     weights, torchao's FSDP2 float8 all-gather): 1 byte per parameter instead of 2, in memory and in ZeRO's
     parameter all-gathers; gradients (2 bytes) and the fp32 master and Adam state (12) unchanged. Their scales (one
     float32 per tensor or row) are left out."""
+    offload: str = "none"
+    """Model state kept in host memory (``reference.cost_model.offloaded_memory``): none; optimizer (the optimizer
+    state and the reduced gradients' shard: ZeRO-Offload, ZeRO 1-3); parameters (the weight shard too: ZeRO 3,
+    FSDP2's CPUOffloadPolicy). The plan's memory is the device's; the host's is ``host_bytes``."""
 
     @property
     def weight_bytes(self) -> int:
@@ -106,25 +110,27 @@ class Layout:
 
 
 def _states(model: Model, layout: Layout):
-    """(model-state bytes: the dense part over dp x cp x tp x pp, the experts' over ep x pp with their
-    expert-data-parallel group dp x cp / ep; the DP gradient-sync bytes of both)."""
+    """(model-state bytes on the device and on the host: the dense part over dp x cp x tp x pp, the experts' over
+    ep x pp with their expert-data-parallel group dp x cp / ep; the DP gradient-sync bytes of both)."""
     cp, ep = layout.cp, layout.ep
     experts = model.expert_params
     if experts >= model.params:
         raise ValueError(f"the {model.experts} experts' {experts:.3g} parameters are not fewer than --params "
                          f"({model.params:.3g}): --params counts every parameter, experts included.")
     w = model.weight_bytes
-    dense = training_memory(model.params - experts, zero_stage=layout.zero, dp=layout.dp * cp, tp=layout.tp,
-                            pp=layout.pp, weight_bytes=w)
+    device, host = offloaded_memory(model.params - experts, zero_stage=layout.zero, dp=layout.dp * cp, tp=layout.tp,
+                                    pp=layout.pp, weight_bytes=w, offload=model.offload)
     comm = dp_step_comm_bytes((model.params - experts) / (layout.tp * layout.pp), layout.zero, layout.dp * cp,
                               weight_bytes=w)
     if not experts:
-        return dense, comm
+        return device, host, comm
     edp = layout.dp * cp // ep
-    routed = training_memory(experts / ep, zero_stage=layout.zero, dp=edp, pp=layout.pp, weight_bytes=w)
+    routed = offloaded_memory(experts / ep, zero_stage=layout.zero, dp=edp, pp=layout.pp, weight_bytes=w,
+                              offload=model.offload)
     comm += dp_step_comm_bytes(experts / (ep * layout.pp), layout.zero, edp, weight_bytes=w) if edp > 1 else 0.0
-    return type(dense)(**{k: getattr(dense, k) + getattr(routed, k) for k in ("weights", "gradients", "optimizer")}), \
-        comm
+    device, host = (type(a)(**{k: getattr(a, k) + getattr(b, k) for k in ("weights", "gradients", "optimizer")})
+                    for a, b in zip((device, host), routed, strict=True))
+    return device, host, comm
 
 
 def estimate(model: Model, layout: Layout) -> dict:
@@ -145,7 +151,7 @@ def estimate(model: Model, layout: Layout) -> dict:
         if model.experts and (model.experts % ep or not 1 <= model.top_k <= model.experts):
             raise ValueError(f"--ep ({ep}) must divide --experts ({model.experts}) and --top-k ({model.top_k}) be "
                              "between 1 and it.")
-        states, dp_comm = _states(model, layout)
+        states, host, dp_comm = _states(model, layout)
         stage_layers = model.layers // layout.pp
         # 1F1B's first stage holds min(pp, m) microbatches in flight, each for layers / pp layers.
         in_flight = min(layout.pp, model.microbatches)
@@ -179,19 +185,23 @@ def estimate(model: Model, layout: Layout) -> dict:
     comm = {"dp": dp_comm, "tp": tp_comm, "pp": pp_comm, **({"cp": cp_comm} if cp > 1 else {}),
             **({"ep": ep_comm} if ep > 1 else {})}
     comm["total"] = sum(comm.values())
-    return {"layout": asdict(layout), "memory_bytes": memory, "comm_bytes_per_step": comm,
-            "bubble_fraction_1f1b": bubble_fraction("1f1b", layout.pp, model.microbatches)}
+    out = {"layout": asdict(layout), "memory_bytes": memory, "comm_bytes_per_step": comm,
+           "bubble_fraction_1f1b": bubble_fraction("1f1b", layout.pp, model.microbatches)}
+    if model.offload != "none":
+        out["host_bytes"] = {"weights": host.weights, "gradients": host.gradients, "optimizer": host.optimizer,
+                             "total": host.total}
+    return out
 
 
 def layouts(model: Model, gpus: int, cp: int = 1, ep: int = 1):
     """Every (dp, tp, pp, zero) with dp * tp * pp * cp == gpus, tp <= 8 dividing heads, pp dividing layers,
-    ep dividing dp x cp (cp and ep as given)."""
+    ep dividing dp x cp (cp and ep as given), zero a stage the model's offload runs at."""
     rest = gpus // cp
     for tp in (t for t in range(1, min(MAX_TP, rest) + 1) if rest % t == 0 and model.heads % t == 0):
         for pp in (p for p in range(1, rest // tp + 1) if (rest // tp) % p == 0 and model.layers % p == 0):
             if (rest // (tp * pp) * cp) % ep:
                 continue
-            for zero in range(4):
+            for zero in range({"none": 0, "optimizer": 1, "parameters": 3}[model.offload], 4):  # where it offloads
                 yield Layout(dp=rest // (tp * pp), tp=tp, pp=pp, zero=zero, cp=cp, ep=ep)
 
 

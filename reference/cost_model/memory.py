@@ -52,6 +52,40 @@ def training_memory(n_params: float, *, zero_stage: int = 0, dp: int = 1, tp: in
     )
 
 
+OFFLOADS = ("none", "optimizer", "parameters")
+
+
+def offloaded_memory(n_params: float, *, zero_stage: int, dp: int = 1, tp: int = 1, pp: int = 1,
+                     weight_bytes: float = 2, grad_bytes: float = 2, optimizer_bytes: float = 12,
+                     offload: str = "optimizer") -> tuple[MemoryBreakdown, MemoryBreakdown]:
+    """(device, host) model-state bytes per rank with part of the state kept in host memory, Psi and K as in
+    ``training_memory``:
+
+    - ``optimizer`` (ZeRO-Offload, Ren et al. 2021, section 4; DeepSpeed's ``offload_optimizer`` at ZeRO 1-3): the
+      host holds this rank's shard of the optimizer state, K Psi / N_d, and of the reduced gradients,
+      G Psi / N_d — the update runs there; the device keeps the weights as the stage holds them (W Psi; W Psi / N_d
+      at stage 3).
+    - ``parameters`` (ZeRO 3 only: DeepSpeed's ``offload_param`` with ``offload_optimizer``, FSDP2's
+      ``CPUOffloadPolicy``): the weight shard W Psi / N_d on the host too — the device holds no model state between
+      steps.
+
+    Not counted, as ``training_memory`` counts none: the transient buffers (a layer's gathered weights and
+    gradients while it computes, the reduction buckets, pinned staging copies). ``none``: ``training_memory`` and
+    an empty host."""
+    choice("offload", offload, OFFLOADS)
+    states = training_memory(n_params, zero_stage=zero_stage, dp=dp, tp=tp, pp=pp, weight_bytes=weight_bytes,
+                             grad_bytes=grad_bytes, optimizer_bytes=optimizer_bytes)
+    if offload == "none":
+        return states, MemoryBreakdown(0.0, 0.0, 0.0)
+    if zero_stage < (3 if offload == "parameters" else 1):
+        raise ValueError(f"offloading the {offload} needs ZeRO {'3' if offload == 'parameters' else '1, 2 or 3'} "
+                         f"(the host holds this rank's shard); got ZeRO {zero_stage}.")
+    shard = n_params / (tp * pp * dp)
+    host = MemoryBreakdown(weights=weight_bytes * shard if offload == "parameters" else 0.0,
+                           gradients=grad_bytes * shard, optimizer=optimizer_bytes * shard)
+    return MemoryBreakdown(weights=states.weights - host.weights, gradients=0.0, optimizer=0.0), host
+
+
 RECOMPUTE = ("none", "selective", "full")
 
 

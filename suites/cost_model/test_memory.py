@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reference.cost_model import activation_memory, training_memory
+from reference.cost_model import activation_memory, offloaded_memory, training_memory
 
 PARAMS = st.floats(1e6, 1e13, allow_nan=False)
 DP = st.integers(1, 4096)
@@ -31,6 +31,33 @@ def test_zero_stages_70b_dp64(stage, expected):
 
 def test_tp_and_pp_divide_the_parameters_held():
     assert training_memory(70e9, tp=8, pp=4).total == pytest.approx(1.12e12 / 32, rel=1e-15)
+
+
+@pytest.mark.parametrize("stage, offload, device, host", [
+    # ZeRO-Offload (Ren et al. 2021): the bf16 weights stay, the gradient and Adam shards (2 + 12) Psi / N_d go
+    (1, "optimizer", (140e9, 0, 0), (0, 140e9 / 64, 840e9 / 64)),
+    (2, "optimizer", (140e9, 0, 0), (0, 140e9 / 64, 840e9 / 64)),
+    (3, "optimizer", (140e9 / 64, 0, 0), (0, 140e9 / 64, 840e9 / 64)),
+    (3, "parameters", (0, 0, 0), (140e9 / 64, 140e9 / 64, 840e9 / 64)),  # FSDP2's CPUOffloadPolicy, offload_param
+])
+def test_offload_moves_the_shards_to_the_host_70b_dp64(stage, offload, device, host):
+    on_device, on_host = offloaded_memory(70e9, zero_stage=stage, dp=64, offload=offload)
+    assert (on_device.weights, on_device.gradients, on_device.optimizer) == pytest.approx(device, rel=1e-15)
+    assert (on_host.weights, on_host.gradients, on_host.optimizer) == pytest.approx(host, rel=1e-15)
+
+
+@given(PARAMS, DP, st.sampled_from([(1, "optimizer"), (2, "optimizer"), (3, "optimizer"), (3, "parameters")]))
+def test_offload_keeps_every_byte_of_the_sharded_state(n, dp, where):
+    """Device + host = what the stage holds with no offload, less the gradients the device no longer keeps whole
+    (the host keeps their shard): nothing counted twice, nothing lost from the optimizer's and weights' shards."""
+    stage, offload = where
+    states = training_memory(n, zero_stage=stage, dp=dp)
+    on_device, on_host = offloaded_memory(n, zero_stage=stage, dp=dp, offload=offload)
+    assert on_device.weights + on_host.weights == pytest.approx(states.weights, rel=1e-12)
+    assert on_device.optimizer + on_host.optimizer == pytest.approx(states.optimizer, rel=1e-12)
+    assert on_device.gradients == 0 and on_host.gradients == pytest.approx(2 * n / dp, rel=1e-12)
+    none_device, none_host = offloaded_memory(n, zero_stage=stage, dp=dp, offload="none")
+    assert none_device == states and none_host.total == 0
 
 
 @given(PARAMS, DP, DP)
@@ -84,6 +111,10 @@ def test_activation_savings_are_ordered(tp, layers, seq):
     (lambda: training_memory(1e9, dp=0), "dp must be a whole number >= 1; got 0"),
     (lambda: activation_memory(2048, 1, 1024, 12, tp=8), r"tp \(8\) must divide the number of heads \(12\)"),
     (lambda: activation_memory(2048, 1, 1024, 16, recompute="some"), "recompute must be one of none"),
+    (lambda: offloaded_memory(1e9, zero_stage=0, offload="optimizer"),
+     r"offloading the optimizer needs ZeRO 1, 2 or 3 \(the host holds this rank's shard\); got ZeRO 0"),
+    (lambda: offloaded_memory(1e9, zero_stage=2, offload="parameters"), "offloading the parameters needs ZeRO 3"),
+    (lambda: offloaded_memory(1e9, zero_stage=3, offload="activations"), "offload must be one of none, optimizer"),
 ])
 def test_bad_arguments_name_the_value_and_range(call, message):
     with pytest.raises(ValueError, match=message):

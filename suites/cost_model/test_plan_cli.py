@@ -47,6 +47,26 @@ def test_float8_weights_take_one_byte_in_memory_and_in_the_gathers(capsys):
     assert "float8 weights" in capsys.readouterr().out
 
 
+def test_offload_plans_the_device_and_the_host_apart(capsys):
+    """The seed's 70B at ZeRO-2 with --offload optimizer: the device keeps the bf16 weights (2 Psi) and its
+    activations, the host this rank's gradient and Adam shards ((2 + 12) Psi / 64); the fit is the device's, and
+    every layout listed offloads at a stage that can (ZeRO 1-3; --offload parameters: ZeRO 3 alone)."""
+    argv = [*SEED, "--json", "--device-memory", "80GB"]
+    argv[argv.index("--zero") + 1] = "2"
+    assert main([*argv, "--offload", "optimizer"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    psi, mem, host = 70e9 / 32, out["memory_bytes"], out["host_bytes"]
+    assert (mem["weights"], mem["gradients"], mem["optimizer"]) == pytest.approx((2 * psi, 0, 0))
+    assert mem["total"] == pytest.approx(2 * psi + mem["activations"]) and out["fits"] is True
+    assert (host["weights"], host["gradients"], host["optimizer"]) == pytest.approx((0, 2 * psi / 64, 12 * psi / 64))
+    assert out["model"]["offload"] == "optimizer" and {e["layout"]["zero"] for e in out["fitting_layouts"]} == {1, 2, 3}
+    assert main([*SEED, "--zero", "3", "--offload", "parameters", "--device-memory", "80GB"]) == 0
+    table = capsys.readouterr().out
+    assert "host memory (parameters offloaded), per rank" in table
+    assert {int(line.split("│")[5]) for line in table.splitlines() if line.count("│") == 9} == {3}  # ZeRO column
+    assert main([*SEED, "--json"]) == 0 and "host_bytes" not in json.loads(capsys.readouterr().out)
+
+
 def test_one_device_does_not_fit_and_the_answer_says_how_to_split(capsys):
     argv = ["plan", "--params", "70B", "--hidden", "8192", "--heads", "64", "--layers", "80", "--seq", "4096",
             "--microbatches", "8", "--sequence-parallel", "--recompute", "selective", "--device-memory", "80GB",
@@ -94,6 +114,9 @@ def test_parse_memory(text, value):
     (["--params", "70B", "--tp", "3"], "tp (3) must divide the number of heads (64)"),
     (["--params", "70B", "--dp", "0"], "0 must be at least 1"),
     (["--params", "70B", "--zero", "5"], "invalid choice: 5"),
+    (["--params", "70B", "--offload", "optimizer"], "offloading the optimizer needs ZeRO 1, 2 or 3"),
+    (["--params", "70B", "--zero", "2", "--offload", "parameters"], "offloading the parameters needs ZeRO 3"),
+    (["--params", "70B", "--offload", "activations"], "invalid choice: 'activations'"),
 ])
 def test_bad_input_exit_2(capsys, extra, needle):
     base = ["plan", "--hidden", "8192", "--heads", "64", "--layers", "80"]
