@@ -65,15 +65,31 @@ def _world_sizes(config) -> list[int]:
         raise pytest.UsageError(str(exc)) from None
 
 
-def _fits(spec: str, paradigm: str) -> str | None:
+def _refusal(spec: str, paradigm: str) -> registry.RegistryError | None:
     """None if ``spec`` names a ``paradigm`` implementation (one that can be skipped counts), else why not."""
     try:
         impl = registry.resolve(spec, paradigm)
         if registry.skip_reason(impl) is None:
             registry.load(spec, paradigm)
     except registry.RegistryError as exc:
-        return str(exc)
+        return exc
     return None
+
+
+def _fits(spec: str, paradigm: str) -> str | None:
+    refusal = _refusal(spec, paradigm)
+    return None if refusal is None else str(refusal)
+
+
+def _no_paradigm(spec: str, refusals: list[registry.RegistryError]) -> str:
+    """Why ``spec`` (which no paradigm takes) is refused, for the paradigm it was meant for: an unknown name is told
+    every registered one; an object, the refusal of the contract whose methods it has the most of (a user's
+    collectives lacking all_to_all is told that, not the first paradigm's missing method)."""
+    if ":" not in registry.current_name(spec) and all(
+            str(r).startswith(f"unknown implementation {spec!r}") for r in refusals):
+        known = dict.fromkeys(name for paradigm in CONTRACTS for name in registry.names(paradigm))
+        return f"unknown implementation {spec!r}; known: {', '.join(known)}, or package.module:object for your own."
+    return str(max(refusals, key=lambda r: getattr(r, "has", -1)))  # max: the first of the nearest
 
 
 def _impl_specs(config, paradigm: str) -> list[str]:
@@ -92,9 +108,9 @@ def pytest_configure(config):
                             "hypothesis profile) or -m thorough (CI's step after tox); deselected otherwise")
     _world_sizes(config)
     for spec in config.getoption("--impl"):
-        reasons = [_fits(spec, paradigm) for paradigm in CONTRACTS]
-        if all(reasons):
-            raise pytest.UsageError(reasons[0])
+        refusals = [_refusal(spec, paradigm) for paradigm in CONTRACTS]
+        if all(refusals):
+            raise pytest.UsageError(_no_paradigm(spec, refusals))
     config._paritybench_run = None
     config._paritybench_exercised = set()
     config._paritybench_seconds = {}

@@ -28,6 +28,15 @@ class RegistryError(ValueError):
     """A spec that names no usable implementation; the message is one sentence for the user."""
 
 
+class NotThisContract(RegistryError):
+    """An object that is not the paradigm's implementation: ``has`` of the contract's methods are there (what the
+    pytest plugin reads to name the paradigm a spec was nearest to)."""
+
+    def __init__(self, message: str, has: int):
+        super().__init__(message)
+        self.has = has
+
+
 @dataclass(frozen=True)
 class ImplSpec:
     """How to build one implementation."""
@@ -183,14 +192,17 @@ def _build(impl: ImplSpec, paradigm: str):
     from harness.paradigm import contracts
 
     contract = contracts()[paradigm]
-    missing = [m for m in _methods(contract) if not callable(getattr(obj, m, None))]
+    methods = _methods(contract)
+    missing = [m for m in methods if not callable(getattr(obj, m, None))]
     if missing:
-        raise RegistryError(f"{impl.name!r} is not a {paradigm} implementation: it lacks {', '.join(missing)}.")
+        raise NotThisContract(f"{impl.name!r} is not a {paradigm} implementation: it lacks {', '.join(missing)}.",
+                              has=len(methods) - len(missing))
     # Several contracts have one method of the same name (pipeline and zero: build); the arguments tell them apart.
-    wrong = [m for m in _methods(contract) if not _accepts(getattr(obj, m), getattr(contract, m))]
+    wrong = [m for m in methods if not _accepts(getattr(obj, m), getattr(contract, m))]
     if wrong:
         args = ", ".join(f"{m}({', '.join(_parameters(getattr(contract, m)))})" for m in wrong)
-        raise RegistryError(f"{impl.name!r} is not a {paradigm} implementation: it does not take {args}.")
+        raise NotThisContract(f"{impl.name!r} is not a {paradigm} implementation: it does not take {args}.",
+                              has=len(methods) - len(wrong))
     return obj
 
 

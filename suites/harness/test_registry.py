@@ -71,3 +71,30 @@ def test_contracts_with_a_method_of_the_same_name_are_told_apart_by_its_argument
     for spec, paradigm in (("docs.examples.allreduce_data_parallel:AllReduceDataParallel", "zero"),
                            ("docs.examples.gpipe_pipeline:GPipeOnly", "pipeline")):
         assert registry.load(spec, paradigm) is not None
+
+
+def test_pytest_impl_fitting_no_paradigm_is_told_the_nearest_contracts_refusal(tmp_path, monkeypatch):
+    """``pytest --impl`` takes any paradigm's implementation: one that fits none is refused for the paradigm it was
+    nearest to — a user's collectives lacking all_to_all is told so (before: the first paradigm's, "lacks wrap"), an
+    unknown name is told every registered one (before: checkpointing's alone)."""
+    from harness.contracts import CONTRACTS
+    from harness.pytest.plugin import _no_paradigm, _refusal
+
+    (tmp_path / "almost_collectives.py").write_text(
+        "class AlmostCollectives:\n" + "".join(
+            f"    def {op}(self, *args, **kwargs):\n        pass\n"
+            for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")))
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def said(spec: str) -> str:
+        refusals = [_refusal(spec, paradigm) for paradigm in CONTRACTS]
+        assert all(refusals), spec
+        return _no_paradigm(spec, refusals)
+
+    assert said("almost_collectives:AlmostCollectives") == \
+        "'almost_collectives:AlmostCollectives' is not a collectives implementation: it lacks all_to_all."
+    unknown = said("nccl-magic")
+    assert unknown.startswith("unknown implementation 'nccl-magic'; known: reference, torch, ")
+    for name in ("reference-rhd", "deepspeed", "reference-ulysses", "torchao"):  # collectives, zero, cp, low precision
+        assert f" {name}," in unknown, name
+    assert said("no_such_module_xyz:Impl").startswith("cannot import module 'no_such_module_xyz'")
