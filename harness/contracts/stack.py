@@ -154,6 +154,10 @@ class Recipe:
             if self.low_precision not in RECIPES:
                 raise ValueError(f"low_precision must be one of {', '.join(RECIPES)} or None; got "
                                  f"{self.low_precision!r}.")
+        for name in ("max_grad_norm", "loss_scale"):  # NaN fails the comparison too
+            value = getattr(self, name)
+            if value is not None and not 0 < value < float("inf"):
+                raise ValueError(f"{name} must be a finite number > 0 or None; got {value!r}.")
         if self.norm_type not in (2.0, float("inf")):
             raise ValueError(f"norm_type must be 2 or inf; got {self.norm_type}.")
         if not isinstance(self.accumulation, int) or self.accumulation < 1:

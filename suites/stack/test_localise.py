@@ -159,6 +159,8 @@ def test_a_passing_case_traced_blames_no_tensor(impl, spec, layout, recipe, worl
     (["--lr-schedule", "warmup=x"], "--lr-schedule's warmup must be a whole number; got 'x'."),
     (["--lr-schedule", "peak=2"], "--lr-schedule takes key=value pairs of warmup, start, stable, decay, total"),
     (["--lr-schedule", "decay=cosine"], "a cosine decay needs total"),
+    (["--clip", "-1"], "--clip must be a finite norm > 0; got -1.0."),  # before: a fail, localised (the stack raised)
+    (["--clip", "nan"], "--clip must be a finite norm > 0; got nan."),
 ])
 def test_paritybench_localise_says_a_bad_input_in_one_sentence_with_exit_code_2(argv, said, capsys):
     from harness.cli.main import main
@@ -200,3 +202,16 @@ def test_a_localisation_that_breaks_leaves_the_verdict_standing(world_cache, con
     assert v["outcome"] == "fail" and "localised" not in v, v["outcome"]
     assert v["problems"][0] == "(not localised: RuntimeError: the localisation's own bug)", v["problems"][:2]
     assert any("parameter" in p for p in v["problems"][1:]), v["problems"][:3]
+
+
+@pytest.mark.parametrize("field", ["max_grad_norm", "loss_scale"])
+@pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_recipe_refuses_a_clip_or_loss_scale_no_step_can_take(field, value):
+    """The contract's Recipe says it, in one sentence, before any stack is built (before: each stack met it in its
+    own way — the reference raised inside its ranks, which a suite read as the stack's fail)."""
+    from harness.contracts.stack import Recipe
+
+    with pytest.raises(ValueError) as exc:
+        Recipe(**{field: value})
+    assert str(exc.value) == f"{field} must be a finite number > 0 or None; got {value!r}."
+    assert Recipe(**{field: 0.5}) and Recipe(**{field: None})
