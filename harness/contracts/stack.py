@@ -154,6 +154,10 @@ class Recipe:
             if self.low_precision not in RECIPES:
                 raise ValueError(f"low_precision must be one of {', '.join(RECIPES)} or None; got "
                                  f"{self.low_precision!r}.")
+        if not isinstance(self.optimizer, OptimizerSpec):
+            raise ValueError(f"optimizer must be a reference.zero.OptimizerSpec; got {self.optimizer!r}.")
+        if not isinstance(self.growth_interval, int) or self.growth_interval < 1:
+            raise ValueError(f"growth_interval must be a whole number >= 1; got {self.growth_interval!r}.")
         for name in ("max_grad_norm", "loss_scale"):  # NaN fails the comparison too
             value = getattr(self, name)
             if value is not None and not 0 < value < float("inf"):

@@ -73,7 +73,9 @@ class ModelSpec:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}.")
         kv = self.kv_heads if self.kv_heads is not None else self.heads
-        if self.hidden % self.heads or self.heads % kv or kv < 1:
+        if kv < 1:
+            raise ValueError(f"kv_heads must be >= 1; got {kv}.")
+        if self.hidden % self.heads or self.heads % kv:
             raise ValueError(f"hidden ({self.hidden}) must divide by heads ({self.heads}) and heads by kv_heads "
                              f"({kv}).")
         if self.family == "moe":

@@ -51,6 +51,13 @@ class OptimizerSpec:
             raise ValueError(f"lr must be positive; got {self.lr}.")
         if not self.weight_decay >= 0:
             raise ValueError(f"weight_decay must be >= 0; got {self.weight_decay}.")
+        # torch.optim's own ranges (SGD's momentum, Adam's betas and eps), said here once for every stack
+        if not self.momentum >= 0:
+            raise ValueError(f"momentum must be >= 0; got {self.momentum}.")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"betas must be two numbers in [0, 1); got {self.betas}.")
+        if not self.eps >= 0:
+            raise ValueError(f"eps must be >= 0; got {self.eps}.")
         if self.name not in ("adamw", "muon") and self.weight_decay:
             raise ValueError(f"weight_decay is AdamW's and Muon's; {self.name} here trains without it (adamw is Adam "
                              "with a decoupled weight decay).")

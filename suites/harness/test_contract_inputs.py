@@ -1,0 +1,50 @@
+"""The contracts' inputs (``Layout``, ``ModelSpec``, ``OptimizerSpec``, ``Recipe``) refuse what no trainer can run in
+one sentence, before any stack is built — not a ZeroDivisionError, and not a value each stack meets in its own way
+inside its ranks (which a suite reads as that stack's fail: `localise --clip -1` localised the reference as failing)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from harness.contracts.stack import Layout, Recipe
+from reference.models import ModelSpec
+from reference.zero import OptimizerSpec
+
+
+@pytest.mark.parametrize("make, said", [
+    (lambda: ModelSpec("llama", kv_heads=0), "kv_heads must be >= 1; got 0."),  # before: ZeroDivisionError
+    (lambda: ModelSpec("llama", heads=4, kv_heads=3),
+     "hidden (16) must divide by heads (4) and heads by kv_heads (3)."),
+    (lambda: OptimizerSpec("sgd", 0.1, momentum=-1), "momentum must be >= 0; got -1."),
+    (lambda: OptimizerSpec("adam", 0.1, betas=(1.5, 0.9)), "betas must be two numbers in [0, 1); got (1.5, 0.9)."),
+    (lambda: OptimizerSpec("adam", 0.1, betas=(0.9,)), "betas must be two numbers in [0, 1); got (0.9,)."),
+    (lambda: OptimizerSpec("adam", 0.1, eps=-1e-8), "eps must be >= 0; got -1e-08."),
+    (lambda: OptimizerSpec("adam", 0.1, eps=math.nan), "eps must be >= 0; got nan."),
+    (lambda: Recipe(optimizer="sgd"), "optimizer must be a reference.zero.OptimizerSpec; got 'sgd'."),
+    (lambda: Recipe(growth_interval=0), "growth_interval must be a whole number >= 1; got 0."),
+    (lambda: Recipe(accumulation=0), "accumulation must be a whole number >= 1; got 0."),
+    (lambda: Layout(2, replicate=3), "replicate (3) must be a whole number dividing dp x cp (2): the replicas of a "
+                                     "hybrid-sharded mesh."),
+])
+def test_an_input_no_trainer_can_run_is_one_sentence(make, said):
+    with pytest.raises(ValueError) as exc:
+        make()
+    assert str(exc.value) == said
+
+
+@pytest.mark.parametrize("field", ["max_grad_norm", "loss_scale"])
+@pytest.mark.parametrize("value", [0.0, -1.0, math.nan, math.inf])
+def test_a_recipe_refuses_a_clip_or_loss_scale_no_step_can_take(field, value):
+    with pytest.raises(ValueError) as exc:
+        Recipe(**{field: value})
+    assert str(exc.value) == f"{field} must be a finite number > 0 or None; got {value!r}."
+    assert Recipe(**{field: 0.5}) and Recipe(**{field: None})
+
+
+def test_the_ranges_torch_accepts_are_accepted():
+    """The bounds are torch.optim's: momentum 0, a beta of 0 and eps 0 are valid there, and here."""
+    assert OptimizerSpec("sgd", 0.1, momentum=0).momentum == 0
+    assert OptimizerSpec("adam", 0.1, betas=(0.0, 0.0), eps=0.0).eps == 0.0
+    assert Recipe(optimizer=OptimizerSpec("adam", 1e-3), growth_interval=1, loss_scale=2.0**16).growth_interval == 1
