@@ -4,8 +4,8 @@ from __future__ import annotations
 
 
 def positive(name: str, value, *, allow_zero: bool = False) -> None:
-    ok = value >= 0 if allow_zero else value > 0
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not ok:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)  # before comparing: a str raises there
+    if not number or not (value >= 0 if allow_zero else value > 0):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name} must be a number {bound}; got {value!r}.")
 

@@ -109,6 +109,7 @@ def test_activation_savings_are_ordered(tp, layers, seq):
     (lambda: training_memory(-1), "n_params must be a number > 0; got -1"),
     (lambda: training_memory(1e9, zero_stage=4), "zero_stage must be one of 0, 1, 2, 3; got 4"),
     (lambda: training_memory(1e9, dp=0), "dp must be a whole number >= 1; got 0"),
+    (lambda: training_memory("70B"), "n_params must be a number > 0; got '70B'"),  # before: TypeError comparing a str
     (lambda: activation_memory(2048, 1, 1024, 12, tp=8), r"tp \(8\) must divide the number of heads \(12\)"),
     (lambda: activation_memory(2048, 1, 1024, 16, recompute="some"), "recompute must be one of none"),
     (lambda: offloaded_memory(1e9, zero_stage=0, offload="optimizer"),
