@@ -76,6 +76,13 @@ class World:
         if self._spmd and size != spmd.world_size():
             raise ValueError(f"under torchrun a World has exactly the job's {spmd.world_size()} ranks; "
                              f"got size {size} (pass --world-sizes {spmd.world_size()}).")
+        if backend == "nccl" and not self._spmd:
+            import torch
+
+            visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if visible < size:  # each rank takes its own device: said here, not as every rank dying at start-up
+                raise ValueError(f"a World of {size} rank(s) on nccl needs a CUDA device per rank; {visible} visible "
+                                 "here — use backend 'gloo' (or None: nccl where there are enough, else gloo).")
         self.size = size
         self.backend = spmd.backend() if self._spmd else (backend or default_backend(size))
         self.timeout = float(timeout)

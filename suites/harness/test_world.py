@@ -172,6 +172,17 @@ def test_bad_arguments_are_one_clear_sentence(kwargs, message):
         World(**kwargs)
 
 
+def test_nccl_without_a_device_per_rank_is_one_sentence_before_any_rank_starts():
+    """Before: every rank died at start-up in torch.cuda.set_device (a RankFailure with a traceback per rank)."""
+    import torch
+
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(ValueError) as exc:
+        World(visible + 1, backend="nccl")
+    assert str(exc.value) == (f"a World of {visible + 1} rank(s) on nccl needs a CUDA device per rank; {visible} "
+                              "visible here — use backend 'gloo' (or None: nccl where there are enough, else gloo).")
+
+
 def test_context_manager_closes_the_ranks():
     with World(1, timeout=60) as w:
         assert w.run(ranks.rank_and_sum) == [(0, 1, 0.0)]
