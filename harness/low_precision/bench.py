@@ -13,9 +13,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from harness.records import registry
+from harness.records import findings, registry
 from harness.records.tables import NO_ROWS, not_provided, opening
-from harness.runtime.bench_case import STDERR, call_case, declined, judge
+from harness.runtime.bench_case import STDERR, call_case, declined, judge, problems_of
 from harness.runtime.comm_count import counted_traffic
 from harness.runtime.timing import summarize, time_iterations
 
@@ -128,7 +128,9 @@ def run_sweep(cfg: LowPrecisionSweep, get_world, run_dir, progress=STDERR) -> in
                 small = _case(recipe, layout)
                 verdict = run_or_fail(get_world(small.world), run_case, impl, as_dict(small), timeout=120,
                                       failed=failed)
-                judge(row, verdict)
+                problems = problems_of(verdict)  # a registered finding's, named in the row (as the suite's)
+                judge(row, verdict, problems and findings.match(impl, "low_precision", problems,
+                                                                **small.finding_keys()))
         run_dir.append("benchmarks.csv", row)
         if progress:
             extra = f"p50 {row['time_p50_us'] / 1e3:.2f} ms" if row["status"] == "ok" else row["status"]

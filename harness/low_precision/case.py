@@ -69,6 +69,11 @@ class Case:
         return (f"{self.recipe}-{self.layout().label()}-dp{self.dp}tp{self.tp}-t{self.tokens}k{self.k}n{self.n}"
                 + (f"-m{self.microbatches}" if self.microbatches > 1 else ""))
 
+    def finding_keys(self) -> dict:
+        """The case's parameters the findings' conditions read (the suite's and the bench's)."""
+        return {"fp8_all_gather": self.fp8_all_gather, "rows_remainder": self.n % self.dp, "kind": self.kind,
+                "recipe": self.recipe}
+
 
 def bound(case: Case) -> float:
     """The largest allowed |difference| / magnitude of any element (the module docstring)."""

@@ -62,15 +62,24 @@ def declined(per_rank: list[dict]) -> dict:
     return {}
 
 
-def judge(row: dict, verdict: list[dict]) -> dict:
+def problems_of(verdict: list[dict]) -> list[str]:
+    """Every rank's problems in the suite's verdict of a case (``{"problems": [...]}`` per rank), in rank order."""
+    return [p for r in verdict for p in r.get("problems") or []]
+
+
+def judge(row: dict, verdict: list[dict], known=None) -> dict:
     """A timed row given the suite's verdict of its case (every rank's ``{"problems": [...]}``): status ``wrong``,
     ``wrong`` 1 and the first problem ahead of ``detail`` where a rank found one — the gate reads the status, an ok
-    case now wrong is its regression — else ``wrong`` 0. Returns the row."""
-    problems = [p for r in verdict for p in r.get("problems") or []]
+    case now wrong is its regression — else ``wrong`` 0. ``known``: the registered finding that explains the
+    problems (``harness.records.findings.match``), named first — still wrong, as the suite's row is a finding, not a
+    pass. Returns the row."""
+    from harness.records.findings import detail_with
+
+    problems = problems_of(verdict)
     row["wrong"] = int(bool(problems))
     if problems:
-        row.update(status="wrong", detail="; ".join(filter(None, [problems[0], row.get("detail")])))
+        row.update(status="wrong", detail=detail_with(known, "; ".join(filter(None, [problems[0], row.get("detail")]))))
     return row
 
 
-__all__ = ["STDERR", "call_case", "declined", "failed_in_driver", "judge"]
+__all__ = ["STDERR", "call_case", "declined", "failed_in_driver", "judge", "problems_of"]

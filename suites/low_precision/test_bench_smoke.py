@@ -5,6 +5,8 @@ equal the cost model exactly, the float8 all-gather's a quarter of float32's plu
 
 from __future__ import annotations
 
+import pytest
+
 from harness.cli.report import write_report
 from harness.low_precision.bench import LAYOUTS, LowPrecisionSweep, run_sweep
 from harness.records.results import RunDir, read_run
@@ -48,3 +50,28 @@ def test_a_layout_the_suites_verdict_fails_is_wrong_and_still_in_the_section(wor
     assert wrong["detail"].str.startswith("rank ").all() and (wrong["time_p50_us"] > 0).all(), wrong["detail"]
     section = write_report(run.path).read_text().split("## Low precision: one linear layer")[1].split("\n## ")[0]
     assert all(f"| {op} " in section for op in wrong["op"]), section
+
+
+def test_a_known_finding_is_named_in_its_wrong_row(world_cache, tmp_path):
+    """torchtitan's emulated rowwise float8 trains tensorwise (a registered finding, watched): its rows are wrong, as
+    the suite's rows are known non-conformance — and say which finding, first, as the suite's do (before: the bare
+    problem, as if new). torchao's MXFP8 asked for the float8 all-gather is refused (before: accepted and done in
+    fp32 — a wrong row, which the suite's new case now catches)."""
+    from harness.records import registry
+
+    for name in ("torchtitan", "torchao"):
+        why = registry.skip_reason(registry.resolve(name, "low_precision"))
+        if why:
+            pytest.skip(why)
+    cfg = LowPrecisionSweep(impls=["torchtitan", "torchao"], recipes=["float8-rowwise", "mxfp8"], dims=(64, 64, 64),
+                            iters=1, warmup=0, baseline=False)
+    run = RunDir(tmp_path, {"suite": "low_precision"})
+    run_sweep(cfg, world_cache.get, run, progress=None)
+    run.finish()
+    rows = read_run(run.path)[1]["benchmarks.csv"].set_index(["impl", "op"])
+    titan = rows.loc["torchtitan"]
+    wrong = titan[titan["status"] == "wrong"]
+    assert set(wrong.index) == {"float8-rowwise/fsdp", "float8-rowwise/column-sp", "float8-rowwise/row"}, titan
+    assert wrong["detail"].str.startswith("known finding: torchtitan's Float8LinearConverter with emulate=True").all()
+    assert rows.loc[("torchao", "mxfp8/fsdp-fp8ag"), "status"] == "unsupported"
+    assert (rows[rows["status"] == "wrong"].index.get_level_values(0) == "torchtitan").all(), rows["status"]

@@ -31,6 +31,7 @@ LAYOUTS = [  # (case fields): per recipe
 ]
 CASES = [Case(recipe=r, **f) for r in RECIPES for f in LAYOUTS] + [
     Case(kind="fsdp", dp=2, tp=1, fp8_all_gather=True),                              # the float8 all-gather
+    Case(recipe="mxfp8", kind="fsdp", dp=2, tp=1, fp8_all_gather=True),              # asked where none is: refused
     Case(kind="fsdp", dp=2, tp=1, fp8_all_gather=True, n=33, k=21, microbatches=2),  # padded shards: N K odd
     Case(kind="fsdp", dp=4, tp=1, fp8_all_gather=True, n=30, k=10),                  # 300 over 4: padded
     Case(recipe="float8-rowwise", kind="column", tp=3, n=48),                        # tp 3
@@ -38,12 +39,6 @@ CASES = [Case(recipe=r, **f) for r in RECIPES for f in LAYOUTS] + [
     Case(recipe="mxfp8", kind="column", tp=4, n=128, sp=True),                       # blocks one shard wide
     Case(recipe="mxfp8", kind="row", tp=4, k=128),
 ]
-
-
-def finding_keys(case: Case) -> dict:
-    """The case's parameters the findings' conditions read."""
-    return {"fp8_all_gather": case.fp8_all_gather, "rows_remainder": case.n % case.dp, "kind": case.kind,
-            "recipe": case.recipe}
 
 
 TORCHTITAN_TOX = {"replicated", "column"}
@@ -55,13 +50,13 @@ the other layouts run in the thorough env (tox's budget)."""
 def test_low_precision_layer_equals_one_device(low_precision_impl, case, world_cache, conformance, sweep):
     sweep.require(low_precision_impl != "torchtitan" or case.kind in TORCHTITAN_TOX,
                   "thorough: torchtitan's rowwise layouts all hit its one finding; tox runs replicated and column")
-    hang = findings.known_hang(low_precision_impl, "low_precision", **finding_keys(case))
+    hang = findings.known_hang(low_precision_impl, "low_precision", **case.finding_keys())
     if hang:  # not run: a deadlock costs the hang window and a respawn; its watch runs the minimal case
         conformance.record("fail", hang, suite="low_precision", world_size=case.world, dtype="float64",
                            impl=low_precision_impl, collective=case.label(), detail="not run: a known deadlock")
         conformance.settle()
     outcome, refused, problems, _ = judge(world_cache, conformance, low_precision_impl, case)
-    known = findings.match(low_precision_impl, "low_precision", problems, **finding_keys(case)) \
+    known = findings.match(low_precision_impl, "low_precision", problems, **case.finding_keys()) \
         if outcome == "fail" else None
     if known:
         conformance.known.append(known)

@@ -130,6 +130,10 @@ class TorchaoLowPrecision:
         from torchao.float8 import Float8LinearConfig
 
         if recipe == "mxfp8":
+            if layout.fp8_all_gather:  # asked and silently not done before: FSDP2 gathered the fp32 weights
+                raise Unsupported("torchao's float8 all-gather is Float8LinearConfig's (enable_fsdp_float8_all_gather, "
+                                  "tensorwise only); its MXFP8 training (MXFP8Linear) has none: FSDP2 all-gathers "
+                                  "the weights in their own precision.")
             return None
         if recipe not in _RECIPE_NAMES:
             raise Unsupported(f"torchao's {recipe} training is not driven by this adapter (float8 tensorwise and "
