@@ -8,6 +8,7 @@ import re
 from dataclasses import asdict, dataclass
 
 from reference.cost_model import (
+    OFFLOAD_MIN_STAGE,
     activation_memory,
     balanced_ep_bytes,
     bubble_fraction,
@@ -201,7 +202,7 @@ def layouts(model: Model, gpus: int, cp: int = 1, ep: int = 1):
         for pp in (p for p in range(1, rest // tp + 1) if (rest // tp) % p == 0 and model.layers % p == 0):
             if (rest // (tp * pp) * cp) % ep:
                 continue
-            for zero in range({"none": 0, "optimizer": 1, "parameters": 3}[model.offload], 4):  # where it offloads
+            for zero in range(OFFLOAD_MIN_STAGE[model.offload], 4):
                 yield Layout(dp=rest // (tp * pp), tp=tp, pp=pp, zero=zero, cp=cp, ep=ep)
 
 

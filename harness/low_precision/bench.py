@@ -129,8 +129,8 @@ def run_sweep(cfg: LowPrecisionSweep, get_world, run_dir, progress=STDERR) -> in
                 verdict = run_or_fail(get_world(small.world), run_case, impl, as_dict(small), timeout=120,
                                       failed=failed)
                 problems = problems_of(verdict)  # a registered finding's, named in the row (as the suite's)
-                judge(row, verdict, problems and findings.match(impl, "low_precision", problems,
-                                                                **small.finding_keys()))
+                judge(row, verdict, findings.match(impl, "low_precision", problems, **small.finding_keys())
+                      if problems else None)
         run_dir.append("benchmarks.csv", row)
         if progress:
             extra = f"p50 {row['time_p50_us'] / 1e3:.2f} ms" if row["status"] == "ok" else row["status"]

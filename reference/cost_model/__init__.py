@@ -15,7 +15,7 @@ from .communication import (
 from .context import CP_ALGORITHMS, cp_activation_memory, cp_layer_comm_bytes
 from .expert import balanced_ep_bytes, ep_layer_comm_bytes, expert_params
 from .low_precision import amax_bytes, low_precision_layer_bytes
-from .memory import OFFLOADS, MemoryBreakdown, activation_memory, offloaded_memory, training_memory
+from .memory import OFFLOAD_MIN_STAGE, OFFLOADS, MemoryBreakdown, activation_memory, offloaded_memory, training_memory
 from .muon import muon_step_bytes
 from .pipeline import bubble_fraction
 from .recompute import checkpoint_segments, recompute_overhead, sqrt_checkpoint_memory
@@ -25,5 +25,6 @@ __all__ = [
     "amax_bytes", "expert_params", "low_precision_layer_bytes", "muon_step_bytes",
     "MemoryBreakdown", "activation_memory", "alpha_beta_time", "bubble_fraction", "busbw_factor",
     "checkpoint_segments", "collective_bytes", "dp_step_comm_bytes", "hsdp_step_comm_bytes", "recompute_overhead",
-    "sqrt_checkpoint_memory", "tp_layer_comm_bytes", "training_memory", "OFFLOADS", "offloaded_memory",
+    "sqrt_checkpoint_memory", "tp_layer_comm_bytes", "training_memory",
+    "OFFLOADS", "OFFLOAD_MIN_STAGE", "offloaded_memory",
 ]

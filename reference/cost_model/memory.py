@@ -53,6 +53,8 @@ def training_memory(n_params: float, *, zero_stage: int = 0, dp: int = 1, tp: in
 
 
 OFFLOADS = ("none", "optimizer", "parameters")
+OFFLOAD_MIN_STAGE = {"none": 0, "optimizer": 1, "parameters": 3}
+"""The lowest ZeRO stage each offload runs at: the host holds this rank's shard of what it offloads."""
 
 
 def offloaded_memory(n_params: float, *, zero_stage: int, dp: int = 1, tp: int = 1, pp: int = 1,
@@ -77,9 +79,11 @@ def offloaded_memory(n_params: float, *, zero_stage: int, dp: int = 1, tp: int =
                              grad_bytes=grad_bytes, optimizer_bytes=optimizer_bytes)
     if offload == "none":
         return states, MemoryBreakdown(0.0, 0.0, 0.0)
-    if zero_stage < (3 if offload == "parameters" else 1):
-        raise ValueError(f"offloading the {offload} needs ZeRO {'3' if offload == 'parameters' else '1, 2 or 3'} "
-                         f"(the host holds this rank's shard); got ZeRO {zero_stage}.")
+    lowest = OFFLOAD_MIN_STAGE[offload]
+    if zero_stage < lowest:
+        stages = "3" if lowest == 3 else f"{', '.join(map(str, range(lowest, 3)))} or 3"
+        raise ValueError(f"offloading the {offload} needs ZeRO {stages} (the host holds this rank's shard); got ZeRO "
+                         f"{zero_stage}.")
     shard = n_params / (tp * pp * dp)
     host = MemoryBreakdown(weights=weight_bytes * shard if offload == "parameters" else 0.0,
                            gradients=grad_bytes * shard, optimizer=optimizer_bytes * shard)
