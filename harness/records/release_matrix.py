@@ -176,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     from harness.errors import UsageError
 
     try:  # before the venvs' minutes
-        output_path(args.out, "--out", folder=True), output_path(args.venvs, "--venvs", folder=True)
+        output_path(args.out, "--out", folder=True)
+        output_path(args.venvs, "--venvs", folder=True)
     except UsageError as exc:
         print(f"paritybench: error: {exc}", file=sys.stderr)
         return 2
