@@ -44,6 +44,16 @@ class Layout:
     sp: bool = False
     fp8_all_gather: bool = False
 
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {self.kind!r}.")
+        if self.sp and self.kind not in ("column", "row"):
+            raise ValueError(f"sequence parallelism is tensor parallelism's (column, row); the {self.kind} layout "
+                             "has none.")
+        if self.fp8_all_gather and self.kind != "fsdp":
+            raise ValueError(f"the float8 all-gather is FSDP's (the fsdp layout); the {self.kind} layout gathers no "
+                             "weight.")
+
     def label(self) -> str:
         return self.kind + ("-sp" if self.sp else "") + ("-fp8ag" if self.fp8_all_gather else "")
 

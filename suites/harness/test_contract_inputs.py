@@ -1,6 +1,8 @@
-"""The contracts' inputs (``Layout``, ``ModelSpec``, ``OptimizerSpec``, ``Recipe``) refuse what no trainer can run in
-one sentence, before any stack is built — not a ZeroDivisionError, and not a value each stack meets in its own way
-inside its ranks (which a suite reads as that stack's fail: `localise --clip -1` localised the reference as failing)."""
+"""The contracts' inputs (``Layout``, ``ModelSpec``, ``OptimizerSpec``, ``Recipe``, the low-precision ``Layout``)
+refuse what no trainer can run in one sentence, before any stack is built — not a ZeroDivisionError, and not a value
+each stack meets in its own way inside its ranks (which a suite reads as that stack's fail: `localise --clip -1`
+localised the reference as failing), nor a field an implementation silently ignores (fsdp "with" sequence
+parallelism)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import math
 import pytest
 
 from harness.contracts.stack import Layout, Recipe
+from reference.low_precision import Layout as LowPrecisionLayout
 from reference.models import ModelSpec
 from reference.zero import OptimizerSpec
 
@@ -25,6 +28,11 @@ from reference.zero import OptimizerSpec
     (lambda: Recipe(optimizer="sgd"), "optimizer must be a reference.zero.OptimizerSpec; got 'sgd'."),
     (lambda: Recipe(growth_interval=0), "growth_interval must be a whole number >= 1; got 0."),
     (lambda: Recipe(accumulation=0), "accumulation must be a whole number >= 1; got 0."),
+    (lambda: LowPrecisionLayout("diagonal"), "kind must be one of replicated, column, row, fsdp; got 'diagonal'."),
+    (lambda: LowPrecisionLayout("fsdp", sp=True),  # before: accepted, trained as plain fsdp, labelled fsdp-sp
+     "sequence parallelism is tensor parallelism's (column, row); the fsdp layout has none."),
+    (lambda: LowPrecisionLayout("column", fp8_all_gather=True),
+     "the float8 all-gather is FSDP's (the fsdp layout); the column layout gathers no weight."),
     (lambda: Layout(2, replicate=3), "replicate (3) must be a whole number dividing dp x cp (2): the replicas of a "
                                      "hybrid-sharded mesh."),
 ])
