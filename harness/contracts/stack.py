@@ -77,6 +77,14 @@ class Layout:
                 raise ValueError(f"{name} must be a whole number >= 1; got {value!r}.")
         if self.zero not in (0, 1, 2, 3):
             raise ValueError(f"zero must be 0, 1, 2 or 3; got {self.zero!r}.")
+        for name in ("checkpointing", "compile", "sequence_parallel"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False; got {getattr(self, name)!r}.")
+        if self.sequence_parallel and self.tp == 1:  # else a stack that ignores it would pass a case labelled SP
+            raise ValueError("sequence_parallel shards what tensor parallelism replicates: it needs tp > 1; got tp 1.")
+        if self.microbatches is not None and (not isinstance(self.microbatches, int)
+                                              or isinstance(self.microbatches, bool) or self.microbatches < 1):
+            raise ValueError(f"microbatches must be a whole number >= 1 or None (2 pp); got {self.microbatches!r}.")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}; got {self.schedule!r}.")
         if (self.dp * self.cp) % self.ep:
@@ -158,10 +166,11 @@ class Recipe:
             raise ValueError(f"optimizer must be a reference.zero.OptimizerSpec; got {self.optimizer!r}.")
         if not isinstance(self.growth_interval, int) or self.growth_interval < 1:
             raise ValueError(f"growth_interval must be a whole number >= 1; got {self.growth_interval!r}.")
-        for name in ("max_grad_norm", "loss_scale"):  # NaN fails the comparison too
-            value = getattr(self, name)
-            if value is not None and not 0 < value < float("inf"):
-                raise ValueError(f"{name} must be a finite number > 0 or None; got {value!r}.")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:  # NaN fails the comparison too
+            raise ValueError(f"max_grad_norm must be a number > 0 (inf: the norm computed, nothing clipped) or None; "
+                             f"got {self.max_grad_norm!r}.")
+        if self.loss_scale is not None and not 0 < self.loss_scale < float("inf"):
+            raise ValueError(f"loss_scale must be a finite number > 0 or None; got {self.loss_scale!r}.")
         if self.norm_type not in (2.0, float("inf")):
             raise ValueError(f"norm_type must be 2 or inf; got {self.norm_type}.")
         if not isinstance(self.accumulation, int) or self.accumulation < 1:

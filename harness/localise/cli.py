@@ -58,8 +58,8 @@ def case_of(args):
         raise UsageError(f"--layout {args.layout!r} must be dpxppxtp, e.g. 2x1x2.") from None
     if args.steps < 1 or args.budget < 0:
         raise UsageError(f"--steps must be >= 1 and --budget >= 0; got {args.steps} and {args.budget}.")
-    if args.clip is not None and not 0 < args.clip < float("inf"):  # NaN fails the comparison too
-        raise UsageError(f"--clip must be a finite norm > 0; got {args.clip}.")
+    if args.clip is not None and not args.clip > 0:  # NaN fails the comparison too
+        raise UsageError(f"--clip must be a norm > 0; got {args.clip}.")
     try:
         spec = ModelSpec(args.family, dtype=args.dtype, tie_embeddings=args.tie, **SIZES[args.family])
         layout = Layout(*dims, zero=args.zero, schedule=args.schedule, checkpointing=args.checkpointing, cp=args.cp,

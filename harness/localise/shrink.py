@@ -41,6 +41,8 @@ def _layout(layout, **changes):
     fields.update(changes)
     if fields["pp"] == 1:
         fields["schedule"] = "1f1b"
+    if fields["tp"] == 1:  # sequence parallelism is tensor parallelism's: at tp 1 there is none
+        fields["sequence_parallel"] = False
     if (fields["dp"] * fields["cp"]) % fields["ep"]:
         fields["ep"] = math.gcd(fields["ep"], fields["dp"] * fields["cp"])
     return type(layout)(**fields)

@@ -42,13 +42,33 @@ def test_an_input_no_trainer_can_run_is_one_sentence(make, said):
     assert str(exc.value) == said
 
 
-@pytest.mark.parametrize("field", ["max_grad_norm", "loss_scale"])
-@pytest.mark.parametrize("value", [0.0, -1.0, math.nan, math.inf])
-def test_a_recipe_refuses_a_clip_or_loss_scale_no_step_can_take(field, value):
+@pytest.mark.parametrize("value", [0.0, -1.0, math.nan])
+def test_a_recipe_refuses_a_clip_or_loss_scale_no_step_can_take(value):
+    """A clip at inf is torch's "the norm, nothing clipped" (clip_grad_norm_ takes it): accepted; a loss scale at inf
+    makes every step overflow: refused."""
     with pytest.raises(ValueError) as exc:
-        Recipe(**{field: value})
-    assert str(exc.value) == f"{field} must be a finite number > 0 or None; got {value!r}."
-    assert Recipe(**{field: 0.5}) and Recipe(**{field: None})
+        Recipe(max_grad_norm=value)
+    assert str(exc.value) == (f"max_grad_norm must be a number > 0 (inf: the norm computed, nothing clipped) or None; "
+                              f"got {value!r}.")
+    for scale in (value, math.inf):
+        with pytest.raises(ValueError) as exc:
+            Recipe(loss_scale=scale)
+        assert str(exc.value) == f"loss_scale must be a finite number > 0 or None; got {scale!r}."
+    assert Recipe(max_grad_norm=math.inf).max_grad_norm == math.inf and Recipe(loss_scale=2.0**16, max_grad_norm=0.5)
+
+
+@pytest.mark.parametrize("make, said", [
+    (lambda: Layout(2, sequence_parallel=True),  # before: accepted, and a stack ignoring it passed a case labelled SP
+     "sequence_parallel shards what tensor parallelism replicates: it needs tp > 1; got tp 1."),
+    (lambda: Layout(2, compile="yes"), "compile must be True or False; got 'yes'."),
+    (lambda: Layout(2, checkpointing=1), "checkpointing must be True or False; got 1."),
+    (lambda: Layout(1, 2, 1, microbatches=0),  # before: 0 read as "unset", 2 pp microbatches ran
+     "microbatches must be a whole number >= 1 or None (2 pp); got 0."),
+])
+def test_a_layout_field_a_stack_could_ignore_is_refused(make, said):
+    with pytest.raises(ValueError) as exc:
+        make()
+    assert str(exc.value) == said
 
 
 def test_the_ranges_torch_accepts_are_accepted():
