@@ -58,13 +58,15 @@ def test_impl_option_runs_and_passes_on_the_world():
     assert "\nparitybench: time per suite: collectives " in out.stdout, out.stdout[-2000:]
 
 
+@pytest.mark.thorough  # each a pytest session of its own (~2-7 s under tox's load); their messages are tested in
+# process in tox (test_registry's --impl refusal; test_cli's --world-sizes rows, the same parser), this the path to
+# pytest's exit code 4
 @pytest.mark.parametrize("args, needle", [
     (["--impl", "nccl-magic"], "unknown implementation 'nccl-magic'"),
-    pytest.param(["--world-sizes", "0,2"], "every world size must be at least 1", marks=pytest.mark.thorough),
-    pytest.param(["--world-sizes", "two"], "must be comma-separated whole numbers", marks=pytest.mark.thorough),
+    (["--world-sizes", "0,2"], "every world size must be at least 1"),
+    (["--world-sizes", "two"], "must be comma-separated whole numbers"),
 ], ids=["impl", "world-size-0", "world-size-word"])
 def test_bad_options_are_usage_errors(args, needle):
-    """Each a pytest session of its own (~1.8 s): tox runs one, the thorough env all three."""
     out = pytest_run("suites/collectives/test_bad_input.py", *args)
     assert out.returncode == 4 and needle in out.stderr, (args, out.stderr[-1000:])
 
@@ -94,6 +96,8 @@ def test_a_harness_error_is_named_as_ours_in_the_summary(tmp_path):
     assert summary[0].endswith("::test_oracle"), out.stdout[-1500:]
 
 
+@pytest.mark.thorough  # two pytest sessions (~10 s under tox's load): the split's rule is held in tox in process
+# (test_a_sweep_takes_tox_rows_except_where_the_run_follows_tox); this, end to end, in CI's thorough step
 def test_thorough_sweeps_run_only_in_the_thorough_env(tmp_path):
     """A thorough case runs only there; a table that widens there (the ``sweep`` fixture) runs its tox rows in tox,
     and ``-m thorough`` (CI's step after tox) selects it with the thorough cases and runs the rest of its rows alone
