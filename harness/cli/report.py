@@ -68,21 +68,39 @@ def calibration(rows, run_dir, md) -> list[str]:
     return calibration_section(rows, json.loads((Path(run_dir) / "run.json").read_text()), run_dir, md)
 
 
+def _cases(rows, status: str):
+    """The benchmark rows of ``status``, each named by its case's own keys, its detail's first line."""
+    from harness.cli.summary import first_line
+
+    chosen = rows[rows["status"] == status].copy()
+    chosen["detail"] = chosen["detail"].map(first_line)
+    shown = [c for c in ("suite", "impl", "op", "world_size", "bytes", "microbatches", "detail")
+             if c in chosen.columns and (c == "detail" or chosen[c].notna().any())]
+    return chosen[shown]
+
+
 def failed_cases(rows, run_dir, md) -> list[str]:
     """Every benchmark case an implementation raised, died or hung in (``harness.runtime.bench_case``), with its
     verdict line; nothing where there are none."""
-    from harness.cli.summary import first_line
-
-    failed = rows[rows["status"] == "failed"].copy()
+    failed = _cases(rows, "failed")
     if not len(failed):
         return []
-    failed["detail"] = failed["detail"].map(first_line)
-    shown = [c for c in ("suite", "impl", "op", "world_size", "bytes", "microbatches", "detail")
-             if c in failed.columns and (c == "detail" or failed[c].notna().any())]  # the case's own keys
-    failed = failed[shown]
     return ["## Failed cases", "", "Benchmark cases in which an implementation raised, a rank died or the call hung "
             "(status `failed`, no timing; the sweep went on with its next case): the failing rank's own failure "
             "first. Each section's tables leave them out.", "", md(failed, "g", index=False), ""]
+
+
+def wrong_results(rows, run_dir, md) -> list[str]:
+    """Every benchmark case that ran but whose check failed (status ``wrong``), over every suite; nothing where there
+    are none."""
+    wrong = _cases(rows, "wrong")
+    if not len(wrong):
+        return []
+    return ["## Wrong results", "", "Benchmark cases that ran and were timed but whose result is not one device's "
+            "(status `wrong`): wrong elements in the exact check beside the timing (collectives), or the suite's "
+            "verdict of the same case at its own size (Muon, low precision) — a registered finding named first, "
+            "\"known finding: ...\". Each section's tables show them beside the ok rows.", "",
+            md(wrong, "g", index=False), ""]
 
 
 # The report's own sections among the paradigms' (harness.paradigm.Section: its ``order`` places it)
@@ -90,6 +108,7 @@ HOUSE = (Section(10, "harness.cli.report:dispatch_section", suite="world"),
          Section(900, "harness.cost_model.report:planner_section"),
          Section(910, "harness.cli.report:calibration", source="calibration.csv"),
          Section(920, "harness.records.scaling:scaling_section"),
+         Section(975, "harness.cli.report:wrong_results"),
          Section(980, "harness.cli.report:failed_cases"),
          Section(990, "harness.cli.report:conformance_counts", source="conformance.csv"))
 

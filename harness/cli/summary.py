@@ -37,7 +37,10 @@ def summary(meta: dict, bench, conf, sections: list[str]) -> list[str]:
 
     out = ["## Summary", ""]
     out += _conformance(conf, link)
-    out += _failed(bench, link)
+    out += _listed(bench, "wrong", "Wrong results", "benchmark rows that ran but whose result is not one device's "
+                   "(a wrong element, or the suite's verdict)", link)
+    out += _listed(bench, "failed", "Failed cases", "benchmark rows in which an implementation raised, a rank died or "
+                   "the call hung", link)
     out += _headlines(bench, link)
     out += _not_judged(bench, conf, link)
     out += _time(meta, link)
@@ -73,14 +76,13 @@ def _conformance(conf, link) -> list[str]:
     return out
 
 
-def _failed(bench, link) -> list[str]:
-    """The benchmark cases an implementation raised, died or hung in, by implementation and cause."""
-    failed = bench[bench["status"] == "failed"] if len(bench) else bench
-    if not len(failed):
+def _listed(bench, status: str, heading: str, what: str, link) -> list[str]:
+    """The benchmark rows of ``status`` (``wrong``, ``failed``), by suite, implementation and cause."""
+    rows = bench[bench["status"] == status] if len(bench) else bench
+    if not len(rows):
         return []
-    groups = failed.groupby(["suite", "impl", failed["detail"].map(first_line)], sort=False)
-    out = [f"- **Failed cases** ({link('table', 'Failed cases')}): {len(failed)} benchmark rows in which an "
-           "implementation raised, a rank died or the call hung:"]
+    groups = rows.groupby(["suite", "impl", rows["detail"].map(first_line)], sort=False)
+    out = [f"- **{heading}** ({link('table', heading)}): {len(rows)} {what}:"]
     for i, ((suite, impl, detail), g) in enumerate(groups):
         if i == _LISTED:
             out.append(f"  - … and {groups.ngroups - _LISTED} more causes (the table).")

@@ -31,6 +31,10 @@ BENCH = [
     {"suite": "zero", "op": "stage2", "impl": "mytrainer", "world_size": 2, "status": "failed",
      "detail": "rank 1: ValueError: bucket size (rank(s) [1] of 2 raised during bench_rank)"},
     {"suite": "zero", "op": "stage1", "impl": "reference", "world_size": 2, "status": "ok", "time_p50_us": 5.0},
+    {"suite": "low_precision", "op": "float8-rowwise/row", "impl": "torchtitan", "world_size": 2, "status": "wrong",
+     "time_p50_us": 7.0, "wrong": 1, "detail": "known finding: trains tensorwise. | rank 0: step 0: off by 1e7 u32"},
+    {"suite": "collectives", "op": "all_reduce", "impl": "mycoll", "world_size": 2, "bytes": 1024, "status": "wrong",
+     "time_p50_us": 3.0, "wrong": 256, "detail": "256 of 256 elements wrong"},
 ]
 
 
@@ -63,6 +67,14 @@ def test_the_report_opens_with_the_summary_and_every_link_lands(tmp_path):
     assert ("  - zero `mytrainer` (2): rank 1: ValueError: bucket size (rank(s) [1] of 2 raised during bench_rank)"
             in summary.splitlines()), summary
     assert "- **Failed cases** ([table](#failed-cases)): 2 benchmark rows" in summary
+    # the cases that ran but are wrong — a collective's wrong elements, a suite's verdict (a known finding named) —
+    # their own line per cause, and the section listing each across suites (before: no word in the summary)
+    assert "- **Wrong results** ([table](#wrong-results)): 2 benchmark rows that ran but whose result" in summary
+    assert "  - low_precision `torchtitan` (1): known finding: trains tensorwise. | rank 0: step 0: off by 1e7 u32" \
+        in summary.splitlines() and "  - collectives `mycoll` (1): 256 of 256 elements wrong" in summary.splitlines()
+    wrong = report[report.index("## Wrong results"):].split("\n## ")[0]
+    assert "| low_precision | torchtitan |" in wrong and "| collectives   | mycoll     |" in wrong, wrong
+    assert "mytrainer" not in wrong and "reference" not in wrong, wrong
     failed = report[report.index("## Failed cases"):]
     assert failed.count("| zero    | mytrainer |") == 2 and "reference" not in failed.split("\n## ")[0], failed
     anchors = {anchor(line) for line in lines if line.startswith("#")}
