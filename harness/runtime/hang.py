@@ -168,6 +168,18 @@ def describe(size: int, pending, states: dict, stacks: dict, what: str) -> str:
     return "; ".join(dict.fromkeys(parts))
 
 
+def crash_stack(world, rank: int) -> str | None:
+    """The Python stacks a rank's faulthandler wrote when a fatal signal killed it ("Fatal Python error: Segmentation
+    fault" and every thread's frames), or None (it died otherwise, or wrote nothing)."""
+    path = world._stack_path(rank) if world._tmpdir is not None else None
+    if path is None or not os.path.exists(path):
+        return None
+    with open(path, errors="replace") as f:
+        text = f.read()
+    start = text.rfind("Fatal Python error")
+    return text[start:] if start >= 0 else None
+
+
 STACK_WAIT_S = 1.0
 """How long a rank has to answer (its stack after SIGUSR1, its collectives' state)."""
 

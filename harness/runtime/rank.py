@@ -77,6 +77,7 @@ def _rank_main(rank: int, size: int, backend: str, store_path: str, stack_path: 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # ranks of a World share one machine
     stack_file = open(stack_path, "w")  # noqa: SIM115 - must outlive this frame for faulthandler
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    faulthandler.enable(file=stack_file, all_threads=True)  # a fatal signal (SIGSEGV ...): where, for its death line
 
     from datetime import timedelta
 

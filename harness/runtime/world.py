@@ -237,6 +237,11 @@ class World:
                 if rank in pending and not self._procs[rank].is_alive():
                     self._procs[rank].join(timeout=1)  # reap it, so the exit code is known
                     dead[rank] = f"rank {rank} {_death(self._procs[rank].exitcode)} during {what}"
+                    crash = hang.crash_stack(self, rank)  # a fatal signal's: where it was, the whole dump kept
+                    if crash:
+                        frame = hang.innermost_frame(crash)
+                        dead[rank] += (f" (in {frame})" if frame else " (in code with no Python frame of its own)") \
+                            + f"\n{crash}"  # the line, then the dump: RankFailure.failures keeps it whole
                     pending.discard(rank)
             if dead:
                 break  # a dead rank breaks the group; the others cannot finish
@@ -255,10 +260,9 @@ class World:
         # whose bytes would then land in the next call's collective. The next call spawns a fresh world.
         self._kill()
         if dead:
-            failures = {**errors, **dead}
-            raise RankFailure(
-                f"{'; '.join(dead[r] for r in sorted(dead))} ({len(dead)} rank(s) {sorted(dead)} of {self.size} died; "
-                "the world will be respawned on the next call).", failures)
+            lines = "; ".join(dead[r].partition("\n")[0] for r in sorted(dead))  # a crash's dump is in failures
+            raise RankFailure(f"{lines} ({len(dead)} rank(s) {sorted(dead)} of {self.size} died; the world will be "
+                              "respawned on the next call).", {**errors, **dead})
         if errors:
             note = f"; ranks {sorted(stuck)} were stuck waiting for them" if stuck else ""
             raise RankFailure(f"{_first_errors(errors)} (rank(s) {sorted(errors)} of {self.size} raised during "

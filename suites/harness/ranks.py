@@ -41,6 +41,15 @@ def exit_on(rank: int, code: int) -> None:
     dist.barrier()
 
 
+def segfault_on(rank: int) -> None:
+    """A native crash, as a C++ extension's: reading address 0."""
+    import ctypes
+
+    if dist.get_rank() == rank:
+        ctypes.string_at(0)
+    dist.barrier()
+
+
 def pid() -> int:
     return os.getpid()
 

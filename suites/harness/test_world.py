@@ -150,6 +150,20 @@ def test_rank_that_dies_is_reported_at_once_with_its_exit_code(world3):
     assert world3.run(ranks.rank_and_sum)[1] == (1, N, 3.0)
 
 
+def test_a_rank_killed_by_a_fatal_signal_is_named_with_where_it_was(world3):
+    """A segfault in a rank (a native crash under torch) was "killed by signal SIGSEGV during <call>" alone: now the
+    rank's faulthandler dump names the frame it was in, and the failure keeps the whole dump."""
+    import inspect
+
+    with pytest.raises(RankFailure) as info:
+        world3.run(ranks.segfault_on, 1, timeout=60)
+    line = inspect.getsourcelines(ranks.segfault_on)[1] + 5  # the ctypes.string_at(0) line
+    assert verdict_of(info.value).startswith(f"rank 1 was killed by signal SIGSEGV during segfault_on (in segfault_on "
+                                             f"at ranks.py:{line}) (1 rank(s) [1] of 3 died"), verdict_of(info.value)
+    assert "Fatal Python error: Segmentation fault" in info.value.failures[1], info.value.failures[1][:500]
+    assert world3.run(ranks.rank_and_sum)[1] == (1, N, 3.0)
+
+
 def test_unpicklable_function_is_refused_clearly(world3):
     with pytest.raises(TypeError, match="module-level function"):
         world3.run(lambda: None)
