@@ -48,8 +48,12 @@ __all__ = ["World", "RankFailure", "ImplementationFailure", "WorldTimeout", "Wor
            "default_backend", "verdict_of", "run_or_fail"]
 
 # A rank that raised (or failed in the code under test, harness.runtime.rank.failed_in_implementation) leaves its
-# peers blocked in a collective; they get this long to finish anyway.
+# peers blocked in a collective; they get this long to finish anyway — or less: the grace ends once none of them
+# has used the CPU for _GRACE_IDLE_S (blocked in a collective the failed rank never joins; sampled every
+# _GRACE_PROBE_S). A peer still computing keeps the whole grace.
 _PEER_GRACE_S = 3.0
+_GRACE_IDLE_S = 1.0
+_GRACE_PROBE_S = 0.25
 _PROBE_S = 1.0  # how often a waiting parent samples its ranks' CPU time (harness.runtime.hang)
 
 
@@ -208,19 +212,25 @@ class World:
         pending = set(range(self.size))
         by_conn = {id(c): r for r, c in enumerate(self._conns)}
         by_sentinel = {p.sentinel: r for r, p in enumerate(self._procs)}
-        progress = hang.Progress({r: p.pid for r, p in enumerate(self._procs)}, self.hang_window)
+        pids = {r: p.pid for r, p in enumerate(self._procs)}
+        progress = hang.Progress(pids, self.hang_window)
+        grace = hang.Progress(pids, _GRACE_IDLE_S, every=_GRACE_PROBE_S)  # sampled once a rank has failed
         while pending:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
             waitables = [self._conns[r] for r in pending] + [self._procs[r].sentinel for r in pending]
-            ready = connection.wait(waitables, timeout=min(remaining, _PROBE_S))
-            if not ready:  # nothing came back this second: has any rank progressed within the window?
-                if (not (errors or verdicts) and progress.stalled(pending)
+            failed = bool(errors or verdicts)
+            ready = connection.wait(waitables, timeout=min(remaining, _GRACE_PROBE_S if failed else _PROBE_S))
+            if not ready:  # nothing came back: has any rank progressed within the window?
+                if failed and grace.stalled(pending) and not any(self._conns[r].poll() for r in pending):
+                    break  # the peers are blocked on the failed rank: the grace ends now
+                if (not failed and progress.stalled(pending)
                         and not any(self._conns[r].poll() for r in pending)):
                     return self._fail(what, pending, errors, dead, hung=True)
                 continue
             progress.reset()  # an answer is progress: the window starts again
+            grace.reset()
             for obj in ready:
                 rank = by_sentinel[obj] if isinstance(obj, int) else by_conn[id(obj)]
                 while rank in pending and self._conns[rank].poll():
@@ -245,7 +255,7 @@ class World:
                     pending.discard(rank)
             if dead:
                 break  # a dead rank breaks the group; the others cannot finish
-            if errors or verdicts:
+            if (errors or verdicts) and not failed:  # the first failure: the grace starts
                 deadline = min(deadline, time.monotonic() + _PEER_GRACE_S)
         if not pending and not errors and not dead:
             return [results[r] for r in range(self.size)]
@@ -273,8 +283,8 @@ class World:
             line = line if line.startswith(f"rank {first}:") else f"rank {first}: {line}"
             raise ImplementationFailure(
                 f"{line} (ranks {sorted(stuck)} of {self.size} were still inside the "
-                f"code under test {_PEER_GRACE_S:g} s later and were ended; the world will be respawned on the "
-                "next call).", verdicts, stuck, results or {})
+                f"code under test, blocked or {_PEER_GRACE_S:g} s later, and were ended; the world will be respawned "
+                "on the next call).", verdicts, stuck, results or {})
         if hung:
             line = hang.describe(self.size, pending, states, stuck, what)
             raise WorldHang(f"{line} (no rank progressed in {what} for {self.hang_window:g} s: a deadlock; "

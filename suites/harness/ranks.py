@@ -21,6 +21,21 @@ def raise_on(rank: int) -> None:
     dist.barrier()  # the others wait in a collective the failing rank never joins
 
 
+def raise_while_a_peer_computes(rank: int, computer: int, seconds: float) -> int:
+    """``rank`` raises; ``computer`` keeps a core busy for ``seconds`` (no collective) and returns its rank; the others
+    block in a barrier the failing rank never joins."""
+    me = dist.get_rank()
+    if me == rank:
+        raise ValueError(f"planted failure on rank {rank}")
+    if me == computer:
+        end = time.process_time() + seconds  # CPU seconds: the peer progresses however the cores are shared
+        while time.process_time() < end:
+            pass
+        return me
+    dist.barrier()
+    return me
+
+
 def raise_with_collective_in_flight(rank: int) -> None:
     """The others start an all-reduce of 4 floats and return without waiting for it (as DTensor's
     asynchronous functional collectives do); ``rank`` raises."""

@@ -106,6 +106,24 @@ def test_rank_failing_in_the_implementation_ends_its_stuck_peers_with_its_verdic
     assert world3.run(ranks.rank_and_sum)[0] == (0, N, 3.0)  # respawned after the failure
 
 
+def test_the_grace_ends_once_the_peers_are_blocked_and_not_while_one_computes(world3, monkeypatch):
+    """After a rank raised, its peers' grace lasts while any of them uses the CPU (rank 0 here, computing 1.5 CPU
+    seconds and returning) and ends once every one left is blocked (rank 2, in a barrier the failed rank never
+    joins) — not at the grace's end: made 120 s here, the call is over long before it (a grace that ended on
+    one idle peer would have ended rank 0 too; one that never ended early would take the 120 s)."""
+    import harness.runtime.world as world_module
+
+    monkeypatch.setattr(world_module, "_PEER_GRACE_S", 120.0)
+    started = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        world3.run(ranks.raise_while_a_peer_computes, 1, 0, 1.5, timeout=600)
+    took = time.monotonic() - started
+    assert info.value.ranks == [1] and sorted(info.value.stuck) == [2], (info.value.ranks, info.value.stuck)
+    assert "barrier" in info.value.stuck[2]
+    assert took < 60, f"the grace was waited out ({took:.0f} s): blocked peers were not seen idle"
+    assert world3.run(ranks.rank_and_sum)[0] == (0, N, 3.0)
+
+
 def test_a_raising_rank_is_named_with_its_exception_in_the_first_line(world3):
     with pytest.raises(RankFailure) as info:
         world3.run(ranks.raise_on, 1, timeout=60)
