@@ -163,15 +163,14 @@ class AccelerateTrainer(BuiltFromDense):
         return float(value)
 
     def dense_state(self) -> dict:
-        def full(t):
-            t = t.detach()
-            return (t.full_tensor() if hasattr(t, "full_tensor") else t).cpu().clone()
+        from harness.stack.dense import full_tensors
 
         module, inner = self.module, self.optimizer.optimizer  # the torch optimizer behind AcceleratedOptimizer
         keys = self.recipe.optimizer.state_keys
-        params = {n: full(p) for n, p in module.named_parameters()}
-        optimizer = {n: {k: full(inner.state[p][k]) for k in keys if k in inner.state.get(p, {})}
-                     for n, p in module.named_parameters()}
+        full = full_tensors({"params": {n: p.detach() for n, p in module.named_parameters()},
+                             "optimizer": {n: {k: inner.state[p][k] for k in keys if k in inner.state.get(p, {})}
+                                           for n, p in module.named_parameters()}})
+        params, optimizer = full["params"], full["optimizer"]
         if self.spec.tie_embeddings:
             tied(params, optimizer)
         return {"params": params, "optimizer": optimizer, "grad_norm": self.last_grad_norm}

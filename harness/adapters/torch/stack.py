@@ -237,15 +237,16 @@ class TorchStackTrainer(BuiltFromDense):
         return self.trainer.step(tokens.to(rank_device()), targets.to(rank_device()))
 
     def dense_state(self) -> dict:
-        from harness.adapters.torch.stack_trainer import _full
+        from harness.stack.dense import full_tensors
 
         t, spec = self.trainer, self.recipe.optimizer
         state = t.state
-        mine = {"params": {t.names[n]: _full(p.detach()).cpu().clone() for n, p in t.stage.named_parameters()},
-                "optimizer": {t.names[n]: {k: _full(state[p][k]).cpu().clone()
+        mine = {"params": {t.names[n]: p.detach() for n, p in t.stage.named_parameters()},
+                "optimizer": {t.names[n]: {k: state[p][k]
                                            for k in spec.state_keys_of(t.names[n], p.shape) if k in state.get(p, {})}
                               for n, p in t.stage.named_parameters()
                               if t.ddp != 1 or p in state}}  # ZeroRedundancyOptimizer: its owner's, from its rank
+        mine = full_tensors(mine)
         # every stage's tensors, on every rank (harness.stack.dense: its own as it holds them)
         params, optimizer = gathered(mine["params"]), gathered(mine["optimizer"])
         if self.spec.tie_embeddings:  # named once (the embedding's): under both names, its state once

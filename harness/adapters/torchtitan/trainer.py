@@ -9,9 +9,9 @@ import torch
 import torch.distributed as dist
 
 from harness.adapters.torchtitan.names import contract_name, torchtitan_name
-from harness.adapters.torchtitan.state import _full, _load, _save, _scalar, materialise
+from harness.adapters.torchtitan.state import _load, _save, _scalar, materialise
 from harness.stack.built import BuiltFromDense
-from harness.stack.dense import gathered, tied
+from harness.stack.dense import full_tensors, gathered, tied
 from reference.errors import Unsupported
 
 SPMD_BACKEND = "partial_dtensor"
@@ -306,11 +306,13 @@ class TorchtitanStackTrainer(BuiltFromDense):
         opt_state = {}
         for opt in self.optimizers.optimizers:
             opt_state.update(opt.state)
+        named = [(n, p) for part in self.trainer for n, p in part.named_parameters()]
+        full = full_tensors({i: {"value": p.detach(), "state": {key: opt_state.get(p, {})[key] for key in keys
+                                                                 if key in opt_state.get(p, {})}}
+                             for i, (_, p) in enumerate(named)})  # by position: two parts may share a name
         mine = {}
-        for name, p in ((n, p) for part in self.trainer for n, p in part.named_parameters()):
-            st = opt_state.get(p, {})
-            for dense, value, state in self._dense_entries(name, _full(p), {key: _full(st[key]) for key in keys
-                                                                              if key in st}):
+        for i, (name, _) in enumerate(named):
+            for dense, value, state in self._dense_entries(name, full[i]["value"], full[i]["state"]):
                 mine[dense] = (value, state)
         every = gathered(mine)  # pipeline ranks hold different layers: every rank's (harness.stack.dense)
         params = {name: value for name, (value, _) in every.items()}
