@@ -79,24 +79,26 @@ def _unpacked(obj, memo: dict):
     return obj
 
 
-def full_tensors(tree: dict) -> dict:
+def full_tensors(tree: dict, group=None) -> dict:
     """``tree`` (dicts of tensors, nested) with each DTensor replaced by its full tensor — what its ``full_tensor()``
     gives, bitwise — and every tensor by a CPU copy. One exchange, not a gather per tensor (one at a time, each a
     meeting of the ranks, they were 60 % of a 4-rank torch stack case on 2 cores): every rank sends its DTensors' local
     shards with their boxes (``__create_chunk_list__``, the protocol torch's distributed checkpoint reads), and each
     assembles its own from the ranks ``full_tensor()`` gathers from — its mesh's, at its coordinate on every
     replicated dimension. A DTensor whose boxes do not tile it exactly (or that has a partial placement, or a torch
-    without the protocol) is gathered by its own ``full_tensor()``, on every rank of its mesh alike."""
+    without the protocol) is gathered by its own ``full_tensor()``, on every rank of its mesh alike. Every rank of
+    ``group`` (the world where None) calls it; the DTensors' meshes lie within it."""
     leaves = list(_leaves(tree, ()))
     boxed = {path: _box(t) for path, t in leaves if hasattr(t, "full_tensor")}
     out = {}
-    if boxed and dist.is_initialized() and dist.get_world_size() > 1:
-        everyone = exchanged({path: box for path, box in boxed.items() if box is not None})
+    if boxed and dist.is_initialized() and dist.get_world_size(group) > 1:
+        parts = exchanged({path: box for path, box in boxed.items() if box is not None}, group)
+        everyone = dict(zip(dist.get_process_group_ranks(group or dist.group.WORLD), parts, strict=True))
         for path, t in leaves:
             if boxed.get(path) is not None:
                 out[path] = _assembled(t, path, everyone)
-        failed = [None] * len(everyone)  # a path one rank could not assemble is gathered the library's way by all
-        dist.all_gather_object(failed, sorted(path for path in boxed if out.get(path) is None))
+        failed = [None] * len(parts)  # a path one rank could not assemble is gathered the library's way by all
+        dist.all_gather_object(failed, sorted(path for path in boxed if out.get(path) is None), group=group)
         redo = set().union(*failed)
         out = {path: value for path, value in out.items() if path not in redo}
     for path, t in leaves:
@@ -135,9 +137,9 @@ def _box(t):
     return tuple(chunks[0].offsets), tuple(chunks[0].sizes), local.cpu().clone()
 
 
-def _assembled(t, path, everyone):
-    """The full tensor of DTensor ``t`` from the boxes of the ranks its ``full_tensor()`` gathers from; None where
-    they do not cover it exactly once."""
+def _assembled(t, path, everyone: dict):
+    """The full tensor of DTensor ``t`` from the boxes (``everyone``: global rank -> its boxes) of the ranks its
+    ``full_tensor()`` gathers from; None where they do not cover it exactly once."""
     import torch
 
     mesh = t.device_mesh
@@ -146,7 +148,7 @@ def _assembled(t, path, everyone):
     full = torch.empty(t.shape, dtype=t.dtype)
     hits = torch.zeros(t.shape, dtype=torch.int32)
     for rank in ranks[index].flatten().tolist():
-        box = everyone[rank].get(path)
+        box = everyone.get(rank, {}).get(path)
         if box is None:
             return None
         offsets, sizes, local = box

@@ -32,6 +32,10 @@ def _full(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def _on(tree: dict, device) -> dict:
+    return {k: _on(v, device) if isinstance(v, dict) else v.to(device) for k, v in tree.items()}
+
+
 def _local(t):
     return None if t is None else (t.to_local() if hasattr(t, "to_local") else t)
 
@@ -128,10 +132,16 @@ class _Trainer:
         return total
 
     def full_params(self) -> dict:
-        return {k: _full(p.detach()).clone() for k, p in self.inner.named_parameters()}
+        return self._full_tensors({k: p.detach() for k, p in self.inner.named_parameters()})
 
     def full_grads(self) -> dict:
-        return {k: _full(p.grad).clone() for k, p in self.inner.named_parameters()}
+        return self._full_tensors({k: p.grad for k, p in self.inner.named_parameters()})
+
+    def _full_tensors(self, tree: dict) -> dict:
+        """Every DTensor's full tensor in one exchange (``harness.stack.dense.full_tensors``), on the rank's device."""
+        from harness.stack.dense import full_tensors
+
+        return _on(full_tensors(tree, self.group), rank_device())
 
     def _local_state(self):
         return self.optimizer.optim.state if self.stage == 1 else self.optimizer.state
@@ -147,8 +157,8 @@ class _Trainer:
                     dist.all_reduce(t, group=self.group)
                     out[name][key] = t
                 else:
-                    out[name][key] = _full(state[p][key]).clone()
-        return out
+                    out[name][key] = state[p][key]
+        return self._full_tensors(out) if self.stage != 1 else out
 
     def memory(self) -> dict:
         params = list(self.inner.parameters())
