@@ -326,7 +326,10 @@ class Torch3D:
         return float(total)
 
     def full_params(self) -> dict:
-        return {self.names[name]: _full(p.detach()).clone() for name, p in self.stage.named_parameters()}
+        from harness.stack.dense import full_tensors
+
+        named = {self.names[name]: p.detach() for name, p in self.stage.named_parameters()}
+        return {k: v.to(named[k].device) for k, v in full_tensors(named).items()}  # one exchange, on their device
 
 
 def _dense_name(name: str, lo: int) -> str:
