@@ -47,7 +47,10 @@ Megatron's); tp 4 (13 vocabulary rows split unevenly over 4), the hybrid mesh an
 
 
 @pytest.mark.parametrize("spec, layout, recipe", named_cases(CASES, THOROUGH))
-def test_tied_embedding_equals_one_device(stack_impl, spec, layout, recipe, world_cache, conformance):
+def test_tied_embedding_equals_one_device(stack_impl, spec, layout, recipe, world_cache, conformance, sweep):
+    sweep.require(not (stack_impl == "torchtitan" and layout == Layout(2, 1, 2, zero=2)),
+                  "thorough: torchtitan's known finding on this case; its watch, the same case "
+                  "(test_torchtitan.py::test_watch_a_tied_embedding_under_fsdp_and_tp_is_off_at_step_two), runs in tox")
     v = held(world_cache, conformance, stack_impl, layout.world_size, spec, layout, recipe)
     assert v["outcome"] == "pass" or v["known"], v["problems"][:4]
 
