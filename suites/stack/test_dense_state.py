@@ -49,6 +49,14 @@ def _sharded(kind: str):
                           for n, p in model.named_parameters()}}
 
 
+def _flat(tree: dict, path=()) -> dict:
+    """{path: leaf} of a tree of dicts."""
+    out = {}
+    for k, v in tree.items():
+        out.update(_flat(v, (*path, k)) if isinstance(v, dict) else {(*path, k): v})
+    return out
+
+
 def compare(kind: str, without_protocol: bool = False) -> dict:
     """Rank side: where ``full_tensors`` differs from ``full_tensor()`` (path, dtype, bits), and how many
     ``full_tensor()`` calls it made (0: the one exchange served every DTensor)."""
@@ -64,13 +72,7 @@ def compare(kind: str, without_protocol: bool = False) -> dict:
 
         mesh = init_device_mesh("cpu", (N,))
         tree["pending"] = DTensor.from_local(torch.arange(6.0) * (1 + mesh.get_rank()), mesh, [Partial()])
-    own = {}
-
-    def walk(node, path):
-        for k, v in node.items():
-            (walk(v, (*path, k)) if isinstance(v, dict) else own.__setitem__((*path, k), v))
-
-    walk(tree, ())
+    own = _flat(tree)
     expected = {path: (t.full_tensor() if isinstance(t, DTensor) else t).cpu() for path, t in own.items()}
     calls = []
     original = DTensor.full_tensor
@@ -86,13 +88,7 @@ def compare(kind: str, without_protocol: bool = False) -> dict:
         DTensor.full_tensor = original
         if without_protocol:
             DTensor.__create_chunk_list__ = saved
-    flat = {}
-
-    def take(node, path):
-        for k, v in node.items():
-            (take(v, (*path, k)) if isinstance(v, dict) else flat.__setitem__((*path, k), v))
-
-    take(got, ())
+    flat = _flat(got)
     off = [f"{path}: {flat.get(path)!r} against {t!r}" for path, t in expected.items()
            if path not in flat or flat[path].dtype != t.dtype or flat[path].device.type != "cpu"
            or not torch.equal(flat[path], t)]
