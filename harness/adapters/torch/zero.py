@@ -32,8 +32,9 @@ def _full(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def _on(tree: dict, device) -> dict:
-    return {k: _on(v, device) if isinstance(v, dict) else v.to(device) for k, v in tree.items()}
+def _on_their_devices(full: dict, tree: dict) -> dict:
+    """``full``'s tensors each on the device of ``tree``'s tensor of the same name (as ``_full`` left them)."""
+    return {k: _on_their_devices(v, tree[k]) if isinstance(v, dict) else v.to(tree[k].device) for k, v in full.items()}
 
 
 def _local(t):
@@ -138,10 +139,10 @@ class _Trainer:
         return self._full_tensors({k: p.grad for k, p in self.inner.named_parameters()})
 
     def _full_tensors(self, tree: dict) -> dict:
-        """Every DTensor's full tensor in one exchange (``harness.stack.dense.full_tensors``), on the rank's device."""
+        """Every DTensor's full tensor in one exchange (``harness.stack.dense.full_tensors``), on its own device."""
         from harness.stack.dense import full_tensors
 
-        return _on(full_tensors(tree, self.group), rank_device())
+        return _on_their_devices(full_tensors(tree, self.group), tree)
 
     def _local_state(self):
         return self.optimizer.optim.state if self.stage == 1 else self.optimizer.state

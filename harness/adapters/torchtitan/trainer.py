@@ -307,9 +307,10 @@ class TorchtitanStackTrainer(BuiltFromDense):
         for opt in self.optimizers.optimizers:
             opt_state.update(opt.state)
         named = [(n, p) for part in self.trainer for n, p in part.named_parameters()]
-        full = full_tensors({i: {"value": p.detach(), "state": {key: opt_state.get(p, {})[key] for key in keys
-                                                                 if key in opt_state.get(p, {})}}
-                             for i, (_, p) in enumerate(named)})  # by position: two parts may share a name
+        states = [opt_state.get(p, {}) for _, p in named]
+        # keyed by position, not name: two model parts of a rank may name a parameter alike
+        full = full_tensors({i: {"value": p.detach(), "state": {key: st[key] for key in keys if key in st}}
+                             for i, ((_, p), st) in enumerate(zip(named, states, strict=True))})
         mine = {}
         for i, (name, _) in enumerate(named):
             for dense, value, state in self._dense_entries(name, full[i]["value"], full[i]["state"]):
