@@ -222,11 +222,10 @@ class World:
             waitables = [self._conns[r] for r in pending] + [self._procs[r].sentinel for r in pending]
             failed = bool(errors or verdicts)
             ready = connection.wait(waitables, timeout=min(remaining, _GRACE_PROBE_S if failed else _PROBE_S))
-            if not ready:  # nothing came back: has any rank progressed within the window?
-                if failed and grace.stalled(pending) and not any(self._conns[r].poll() for r in pending):
-                    break  # the peers are blocked on the failed rank: the grace ends now
-                if (not failed and progress.stalled(pending)
-                        and not any(self._conns[r].poll() for r in pending)):
+            if not ready:  # nothing came back: has any rank progressed within the window (the grace's, once failed)?
+                if (grace if failed else progress).stalled(pending) and not any(self._conns[r].poll() for r in pending):
+                    if failed:
+                        break  # the peers are blocked on the failed rank: the grace ends now
                     return self._fail(what, pending, errors, dead, hung=True)
                 continue
             progress.reset()  # an answer is progress: the window starts again

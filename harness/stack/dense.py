@@ -107,6 +107,12 @@ def full_tensors(tree: dict, group=None) -> dict:
     return _rebuilt(tree, (), out)
 
 
+def on_their_devices(full: dict, tree: dict) -> dict:
+    """``full`` (``full_tensors(tree)``: CPU copies) with each tensor moved to the device of ``tree``'s tensor of the
+    same path — for a caller whose comparisons run where the state lives (an offloaded parameter stays on the host)."""
+    return {k: on_their_devices(v, tree[k]) if isinstance(v, dict) else v.to(tree[k].device) for k, v in full.items()}
+
+
 def _leaves(node, path):
     if isinstance(node, dict):
         for key, value in node.items():

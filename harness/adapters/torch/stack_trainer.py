@@ -326,10 +326,10 @@ class Torch3D:
         return float(total)
 
     def full_params(self) -> dict:
-        from harness.stack.dense import full_tensors
+        from harness.stack.dense import full_tensors, on_their_devices
 
         named = {self.names[name]: p.detach() for name, p in self.stage.named_parameters()}
-        return {k: v.to(named[k].device) for k, v in full_tensors(named).items()}  # one exchange, on their device
+        return on_their_devices(full_tensors(named), named)
 
 
 def _dense_name(name: str, lo: int) -> str:

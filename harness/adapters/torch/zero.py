@@ -32,11 +32,6 @@ def _full(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def _on_their_devices(full: dict, tree: dict) -> dict:
-    """``full``'s tensors each on the device of ``tree``'s tensor of the same name (as ``_full`` left them)."""
-    return {k: _on_their_devices(v, tree[k]) if isinstance(v, dict) else v.to(tree[k].device) for k, v in full.items()}
-
-
 def _local(t):
     return None if t is None else (t.to_local() if hasattr(t, "to_local") else t)
 
@@ -140,9 +135,9 @@ class _Trainer:
 
     def _full_tensors(self, tree: dict) -> dict:
         """Every DTensor's full tensor in one exchange (``harness.stack.dense.full_tensors``), on its own device."""
-        from harness.stack.dense import full_tensors
+        from harness.stack.dense import full_tensors, on_their_devices
 
-        return _on_their_devices(full_tensors(tree, self.group), tree)
+        return on_their_devices(full_tensors(tree, self.group), tree)
 
     def _local_state(self):
         return self.optimizer.optim.state if self.stage == 1 else self.optimizer.state
