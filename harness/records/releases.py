@@ -14,7 +14,7 @@ from harness.records.versions import installed as _installed
 from harness.records.versions import release as _release
 
 TESTED: dict[str, tuple[str, str]] = {
-    "torch": ("2.12.1", "2.15.0"),
+    "torch": ("2.12.0", "2.15.0"),
     "deepspeed": ("0.18.0", "0.19.8"),
     "megatron-core": ("0.15.3", "0.19.2"),
     "torchtitan": ("0.2.2", "0.3.0"),
@@ -25,8 +25,9 @@ TESTED: dict[str, tuple[str, str]] = {
 """distribution -> (first, last) release the suite's runs cover — the release matrix's (``tox -e stacks-matrix``,
 2026-12-03: DeepSpeed 0.18.0, 0.18.9, 0.19.0, 0.19.4, 0.19.8; megatron-core 0.15.3, 0.16.1, and 0.17.1, 0.18.2,
 0.19.2 on Python 3.12; accelerate 1.13.0-1.16.0; torchtitan 0.2.2 (its Llama3: ``torchtitan_v02.py``) and
-0.3.0), the compat envs' for torch; transformers 5.19.0, 5.20.2, 5.22.2, 5.23.0, 5.24.0 (docs/guides/stacks.md,
-"Releases"); torchao 0.18.0, the newest (2026-12-03), in the cpu env (the low-precision suite)."""
+0.3.0), the compat envs' for torch (2.12.0: .ci/floors.txt); transformers 5.19.0, 5.20.2, 5.22.2, 5.23.0,
+5.24.0 (docs/guides/stacks.md, "Releases"); torchao 0.18.0, the newest (2026-12-03), in the cpu env (the low-precision
+suite)."""
 
 STACKS = {"deepspeed": "deepspeed", "megatron": "megatron-core", "torchtitan": "torchtitan", "accelerate": "accelerate",
           "torch": "torch"}

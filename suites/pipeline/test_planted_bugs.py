@@ -3,6 +3,8 @@ and shrinks each to its minimal case."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import find, settings
 
@@ -13,22 +15,31 @@ from suites._support.pipeline import pipeline_cases
 _SEARCH = settings(max_examples=100, database=None, deadline=None, derandomize=True)
 
 
-def minimal_failure(impl: str, schedule: str, world_cache, world_sizes):
-    def fails(case) -> bool:
-        verdict = compare(case, single_device(case), world_cache.get(case.p).run(run_rank, case, timeout=120))
-        return verdict["outcome"] == "fail"
+def outcome(case, world_cache) -> str:
+    return compare(case, single_device(case), world_cache.get(case.p).run(run_rank, case, timeout=120))["outcome"]
 
-    return find(pipeline_cases(impl, schedule, world_sizes), fails, settings=_SEARCH)
+
+def minimal_failure(impl: str, schedule: str, world_cache, world_sizes):
+    return find(pipeline_cases(impl, schedule, world_sizes), lambda case: outcome(case, world_cache) == "fail",
+                settings=_SEARCH)
+
+
+def fails_from_two_microbatches(impl: str, schedule: str, world_cache, world_sizes) -> None:
+    """The property finds the bug and shrinks it to m = 2, and the same case at m = 1 passes (a mean of one loss is its
+    sum; one micro-batch's gradient divided by 1). The found case's p is not asserted: hypothesis' shrinker reaches the
+    smallest p in its newer releases and stops at 2 or 3 in the declared floor's (6.100: the draws after p change with
+    p), which says nothing of the code under test."""
+    case = minimal_failure(impl, schedule, world_cache, world_sizes)
+    assert case.m == 2, case.line()
+    assert outcome(replace(case, m=1), world_cache) == "pass", case.line()
 
 
 def test_averaged_microbatch_losses_fail_from_two_microbatches(world_cache, world_sizes):
-    case = minimal_failure("suites.pipeline.impls:AveragesMicrobatches", "1f1b", world_cache, world_sizes)
-    assert (case.p, case.m) == (min(world_sizes), 2), case.line()  # m = 1 is the one case a mean is a sum
+    fails_from_two_microbatches("suites.pipeline.impls:AveragesMicrobatches", "1f1b", world_cache, world_sizes)
 
 
 def test_torch_default_scale_grads_is_wrong_for_a_summed_loss(world_cache, world_sizes):
-    case = minimal_failure("suites.pipeline.impls:TorchDefaultScaling", "gpipe", world_cache, world_sizes)
-    assert (case.p, case.m) == (min(world_sizes), 2), case.line()
+    fails_from_two_microbatches("suites.pipeline.impls:TorchDefaultScaling", "gpipe", world_cache, world_sizes)
 
 
 def test_a_missing_gradient_or_loss_is_a_failure_with_its_detail_not_a_crash(world_cache, world_sizes):
