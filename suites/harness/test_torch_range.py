@@ -72,6 +72,10 @@ def test_the_oldest_compat_env_installs_the_floors_and_the_newest_the_newest():
     assert settings == {"newest": "/dev/null", "oldest": "{toxinidir}/.ci/floors.txt"}, settings
     assert re.search(r"^\s*oldest: PARITYBENCH_FLOORS = \{toxinidir\}/\.ci/floors\.txt\s*$", env["set_env"], re.M)
     assert [d.strip() for d in env["deps"].splitlines() if d.strip()] == ["torch"], env["deps"]  # no pin of its own
+    pythons = dict(re.findall(r"^\s*(newest|oldest): python(\S+)\s*$", env["base_python"], flags=re.M))
+    declared = re.findall(r'^requires-python = ">=([0-9.]+)"$', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert pythons["oldest"] == declared[0], (pythons, declared)  # the Python floor too
+    assert Version(pythons["newest"]) > Version(pythons["oldest"]), pythons
     assert Version(_pinned()["torch"]) == Version(_floor())
     from harness.records.releases import TESTED  # what `paritybench impls` tells a user on torch's floor
 
