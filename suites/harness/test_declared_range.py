@@ -1,7 +1,8 @@
 """Declared = tested: the floor of every dependency ``pyproject.toml`` declares for ``paritybench[test]`` — torch's and
 numpy's, pandas', pytest's, hypothesis'... — is the release ``.ci/floors.txt`` pins, which ``tox -e compat-oldest``
-installs together (its PIP_CONSTRAINT) while compat-newest takes the newest of each; ``.ci/run`` runs both ends,
-``.ci/installed`` pins no torch, and the docs say the same torch floor."""
+installs together (its PIP_CONSTRAINT) on ``requires-python``'s floor, while compat-newest takes the newest of each on
+a newer Python; ``tox -e lint`` holds every file to that Python floor; ``.ci/run`` runs all of it, ``.ci/installed``
+pins no torch, and the docs say the same torch floor."""
 
 from __future__ import annotations
 
@@ -53,10 +54,16 @@ def _pinned() -> dict[str, str]:
     return out
 
 
-def _compat() -> configparser.SectionProxy:
+def _python_floor() -> str:
+    found = re.findall(r'^requires-python = ">=([0-9.]+)"$', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert len(found) == 1, f"pyproject.toml should declare requires-python = \">=X\" once, found {found}"
+    return found[0]
+
+
+def _tox() -> configparser.ConfigParser:
     tox = configparser.ConfigParser(interpolation=None)
     tox.read(ROOT / "tox.ini")
-    return tox["testenv:compat-{newest,oldest}"]
+    return tox
 
 
 def test_the_floors_file_pins_every_declared_floor_and_nothing_else():
@@ -67,14 +74,13 @@ def test_the_floors_file_pins_every_declared_floor_and_nothing_else():
 
 
 def test_the_oldest_compat_env_installs_the_floors_and_the_newest_the_newest():
-    env = _compat()
+    env = _tox()["testenv:compat-{newest,oldest}"]
     settings = dict(re.findall(r"^\s*(newest|oldest): PIP_CONSTRAINT = (\S+)\s*$", env["set_env"], flags=re.M))
     assert settings == {"newest": "/dev/null", "oldest": "{toxinidir}/.ci/floors.txt"}, settings
     assert re.search(r"^\s*oldest: PARITYBENCH_FLOORS = \{toxinidir\}/\.ci/floors\.txt\s*$", env["set_env"], re.M)
     assert [d.strip() for d in env["deps"].splitlines() if d.strip()] == ["torch"], env["deps"]  # no pin of its own
     pythons = dict(re.findall(r"^\s*(newest|oldest): python(\S+)\s*$", env["base_python"], flags=re.M))
-    declared = re.findall(r'^requires-python = ">=([0-9.]+)"$', (ROOT / "pyproject.toml").read_text(), re.M)
-    assert pythons["oldest"] == declared[0], (pythons, declared)  # the Python floor too
+    assert pythons["oldest"] == _python_floor(), pythons  # the Python floor too
     assert Version(pythons["newest"]) > Version(pythons["oldest"]), pythons
     assert Version(_pinned()["torch"]) == Version(_floor())
     from harness.records.releases import TESTED  # what `paritybench impls` tells a user on torch's floor
@@ -95,13 +101,11 @@ def test_the_floors_env_has_the_floors_installed():
 
 
 def test_lint_holds_the_code_to_the_declared_python_floor():
-    """vermin's target in ``tox -e lint`` is ``requires-python``'s floor (CI runs a newer Python: only this says that
-    nothing of a newer one is used), and ``.ci/run`` runs that env."""
-    tox = configparser.ConfigParser(interpolation=None)
-    tox.read(ROOT / "tox.ini")
-    target = re.findall(r"^\s*vermin --target=([0-9.]+)- ", tox["testenv:lint"]["commands"], re.M)
-    declared = re.findall(r'^requires-python = ">=([0-9.]+)"$', (ROOT / "pyproject.toml").read_text(), re.M)
-    assert target == declared and len(declared) == 1, (target, declared)
+    """vermin's target in ``tox -e lint`` is ``requires-python``'s floor (compat-oldest runs a part of the suites on
+    that Python; vermin reads every file, the stacks' adapters that need packages compat does not install included),
+    and ``.ci/run`` runs that env."""
+    target = re.findall(r"^\s*vermin --target=([0-9.]+)- ", _tox()["testenv:lint"]["commands"], re.M)
+    assert target == [_python_floor()], target
     assert re.search(r"^\.tox-venv/bin/tox -e lint$", (ROOT / ".ci" / "run").read_text(), re.M)
 
 
@@ -109,8 +113,7 @@ def test_no_pytest_command_of_tox_names_a_path_inside_another():
     """pytest 8.0 up to its fix of #12083 (the declared floor, 8.0.0, among them) collects only the file when a file
     and its directory are both given: compat-oldest ran 783 of its 951 tests so (suites/zero and suites/tensor_parallel
     left out, every test passing) until its command stopped naming their findings files twice."""
-    tox = configparser.ConfigParser(interpolation=None)
-    tox.read(ROOT / "tox.ini")
+    tox = _tox()
     for section in tox.sections():
         for command in re.split(r"\n(?=\S)", tox[section].get("commands", "").replace("\\\n", " ")):
             paths = [Path(a) for a in command.split() if a.startswith("suites")]
