@@ -19,15 +19,15 @@ TESTED: dict[str, tuple[str, str]] = {
     "megatron-core": ("0.15.3", "0.19.2"),
     "torchtitan": ("0.2.2", "0.3.0"),
     "accelerate": ("1.13.0", "1.16.0"),
-    "transformers": ("5.19.0", "5.24.0"),
+    "transformers": ("5.19.0", "5.25.0"),
     "torchao": ("0.18.0", "0.18.0"),
 }
 """distribution -> (first, last) release the suite's runs cover — the release matrix's (``tox -e stacks-matrix``,
 2026-12-03: DeepSpeed 0.18.0, 0.18.9, 0.19.0, 0.19.4, 0.19.8; megatron-core 0.15.3, 0.16.1, and 0.17.1, 0.18.2,
 0.19.2 on Python 3.12; accelerate 1.13.0-1.16.0; torchtitan 0.2.2 (its Llama3: ``torchtitan_v02.py``) and
 0.3.0), the compat envs' for torch (2.12.0: .ci/floors.txt); transformers 5.19.0, 5.20.2, 5.22.2, 5.23.0,
-5.24.0 (docs/guides/stacks.md, "Releases"); torchao 0.18.0, the newest (2026-12-03), in the cpu env (the low-precision
-suite)."""
+5.24.0 and 5.25.0 (2026-12-07; docs/guides/stacks.md, "Releases"); torchao 0.18.0, the newest (2026-12-03), in the
+cpu env (the low-precision suite)."""
 
 STACKS = {"deepspeed": "deepspeed", "megatron": "megatron-core", "torchtitan": "torchtitan", "accelerate": "accelerate",
           "torch": "torch"}
