@@ -34,6 +34,11 @@ def outcome(world_cache, n: int, case: Case) -> str:
     return verdict(world_cache, n, case)["outcome"]
 
 
+def members(n: int, case: Case) -> int:
+    """The size of the case's group on a world of n (the world's where it names none)."""
+    return len(case.group) if case.group else n
+
+
 def test_dropped_remainder_fails_exactly_where_the_group_does_not_divide_numel(world_cache, world_sizes):
     """The property finds the dropped remainder; the found case has a remainder and passes without one (numel made a
     multiple of its group's size). Its minimal case run as such: two ranks, one element fails; two elements pass. Which
@@ -43,9 +48,9 @@ def test_dropped_remainder_fails_exactly_where_the_group_does_not_divide_numel(w
         return  # needs two ranks; covered whenever --world-sizes has one
     impl = "suites.collectives.impls:DropsRemainder"
     n, case = minimal_failure(impl, "all_reduce", world_cache, world_sizes)
-    members = len(case.group) if case.group else n
-    assert case.numel % members, case.line(n)
-    divisible = replace(case, numel=case.numel - case.numel % members or members)
+    size = members(n, case)
+    assert case.numel % size, case.line(n)
+    divisible = replace(case, numel=case.numel - case.numel % size or size)
     assert outcome(world_cache, n, divisible) == "pass", divisible.line(n)
     if 2 in world_sizes:
         assert [outcome(world_cache, 2, Case(impl, "all_reduce", numel=k)) for k in (1, 2)] == ["fail", "pass"]
@@ -58,7 +63,7 @@ def test_missing_average_is_caught_only_for_avg(world_cache, world_sizes):
         return
     impl = "suites.collectives.impls:ForgetsAverage"
     n, case = minimal_failure(impl, "all_reduce", world_cache, world_sizes)
-    assert case.op == "avg" and (len(case.group) if case.group else n) >= 2, case.line(n)
+    assert case.op == "avg" and members(n, case) >= 2, case.line(n)
     assert outcome(world_cache, n, replace(case, op="sum")) == "pass", case.line(n)
     if 2 in world_sizes:
         assert [outcome(world_cache, 2, Case(impl, "all_reduce", op=op)) for op in ("avg", "sum")] == ["fail", "pass"]
