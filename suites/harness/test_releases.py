@@ -78,3 +78,22 @@ def test_each_stacks_declared_floor_is_the_oldest_release_the_matrix_holds(extra
     stack = next(name for name, spec in MATRIX.items() if spec["dist"] == dist)
     minor = releases._release(floor[0])[:2]
     assert any(releases._release(r)[:2] == minor for r in MATRIX[stack]["releases"]), MATRIX[stack]["releases"]
+
+
+@pytest.mark.checkout  # reads the clone's docs
+def test_the_ranges_the_docs_quote_are_the_table():
+    """Every tested range the docs quote in ``paritybench impls``' words ("a tested release (A to B)", "(tested: A to
+    B)") is ``TESTED``'s for that distribution: an example output goes stale when a range moves (it did: torch's
+    floor 2.12.1 -> 2.12.0)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    quoted = [(path.relative_to(root), m["dist"], m["lo"], m["hi"] or m["lo"])
+              for path in sorted((root / "docs").rglob("*.md")) + [root / "README.md"]
+              for m in re.finditer(r"(?P<dist>[a-z][a-z-]*) \S+: (?:a tested release \(|NOT a release this suite was "
+                                   r"measured on \(tested: )(?P<lo>[0-9.]+)(?: to (?P<hi>[0-9.]+))?\)",
+                                   path.read_text())]
+    assert quoted, "the docs no longer quote impls' release lines: this test reads nothing"
+    stale = [q for q in quoted if releases.TESTED.get(q[1]) != q[2:]]
+    assert not stale, stale
