@@ -1,0 +1,69 @@
+"""Every ``paritybench`` command the docs and the README show — in a code block or inline — names a command (and, for
+``bench``, a suite) the CLI has, and every ``--option`` written after it is one that command's ``--help`` lists: a
+user copies these lines, and a renamed or dropped option would leave the page saying what the CLI refuses."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from harness.cli.main import main
+
+pytestmark = pytest.mark.checkout  # reads the clone's docs
+
+ROOT = Path(__file__).resolve().parents[2]
+_FENCED = re.compile(r"```[a-z]*\n(.*?)```", re.S)
+_COMMAND = re.compile(r"(?:^|\s)paritybench ([a-z_0-9]+)(?=\s|$)([^#]*)")  # a comment after '#' is prose
+_OPTION = re.compile(r"(?<![\w-])--[a-z0-9][a-z0-9-]*")
+
+
+def mentions(text: str) -> list[tuple[list[str], list[str]]]:
+    """(the command's words — ``bench`` with its suite —, the options written after it) of each ``paritybench``
+    command in ``text``'s code: fenced blocks line by line, then inline code spans."""
+    spans = [line for block in _FENCED.findall(text) for line in block.splitlines()]
+    spans += re.findall(r"`([^`\n]+)`", _FENCED.sub("", text))
+    out = []
+    for span in spans:
+        for m in _COMMAND.finditer(span):
+            rest = m[2].split()
+            words = [m[1], rest[0]] if m[1] == "bench" and rest and re.fullmatch(r"[a-z_0-9]+", rest[0]) else [m[1]]
+            out.append((words, _OPTION.findall(m[2])))
+    return out
+
+
+def _help(words: list[str], capsys, cache: dict) -> str | None:
+    """The command's ``--help``, or None where the CLI has no such command (its one sentence, exit 2)."""
+    key = tuple(words)
+    if key not in cache:
+        try:
+            code = main([*words, "--help"])  # ``test`` prints its own and returns 0
+        except SystemExit as exc:  # argparse's --help exits 0 after printing
+            code = exc.code
+        cache[key] = capsys.readouterr().out if code in (0, None) else None
+    return cache[key]
+
+
+def test_the_reader_finds_commands_and_their_options():
+    text = ("Run `paritybench bench zero --stages 0,1` or\n```\nparitybench plan --params 7B --dp 8"
+            "   # --not-an-option\n```\nthe `paritybench in-rank time` is prose.")
+    assert mentions(text) == [(["plan"], ["--params", "--dp"]), (["bench", "zero"], ["--stages"])]
+
+
+def test_every_option_the_docs_show_is_the_clis(capsys):
+    pages = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
+    cache: dict = {}
+    seen, wrong = 0, []
+    for page in pages:
+        for words, options in mentions(page.read_text()):
+            text = _help(words, capsys, cache)
+            if text is None:
+                wrong.append((page.relative_to(ROOT).as_posix(), " ".join(words), "no such command"))
+                continue
+            for option in options:
+                seen += 1
+                if not re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", text):
+                    wrong.append((page.relative_to(ROOT).as_posix(), " ".join(words), option))
+    assert seen > 50, f"only {seen} options read from the docs: the reader no longer finds their commands"
+    assert not wrong, wrong
