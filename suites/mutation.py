@@ -7,7 +7,8 @@ All planted specs go to one pytest session (each suite takes the specs of its ow
 ``dev`` hypothesis profile — the thinnest one, so a bug caught here is caught by every profile. A planted
 bug is caught when at least one test parametrized with its spec fails. The session runs on
 ``PARITYBENCH_WORKERS`` pytest-xdist workers (2, as tox; 0: one process) — one process keeps 2 cores
-~73 % busy (its ranks wait on each other), two keep them full: 95 bugs in 19.4 min, not ~27 (2026-12; six tensor-parallel layer bugs since: their selection 12 s in one process, 6 s before).
+~73 % busy (its ranks wait on each other), two keep them full: 95 bugs in 19.4 min, not ~27 (2026-12; six
+tensor-parallel layer bugs since: their selection 12 s in one process, 6 s before).
 """
 
 from __future__ import annotations
@@ -53,17 +54,17 @@ PLANTED = [
      "suites/tensor_parallel/test_conformance.py::test_sharded_layer_equals_dense"),
     ("suites.tensor_parallel.planted:RaisesInFullGrads", "full_grads raises",
      "suites/tensor_parallel/test_conformance.py::test_sharded_layer_equals_dense"),
-    ("suites.tensor_parallel.planted:RowBiasOnEveryRank", "a row-parallel bias added on every rank, before the reduction",
+    ("suites.tensor_parallel.planted:RowBiasOnEveryRank", "TP: a row bias added on every rank, then reduced",
      "suites/tensor_parallel/test_conformance.py::test_sharded_layer_equals_dense"),
-    ("suites.tensor_parallel.planted:ColumnInputGradNotReduced", "a column-parallel input's gradient never all-reduced",
+    ("suites.tensor_parallel.planted:ColumnInputGradNotReduced", "TP: a column input's gradient never all-reduced",
      "suites/tensor_parallel/test_conformance.py::test_sharded_layer_equals_dense"),
-    ("suites.tensor_parallel.planted:EmbeddingNotMasked", "the vocabulary-parallel embedding reads other ranks' tokens as row 0",
+    ("suites.tensor_parallel.planted:EmbeddingNotMasked", "TP: other ranks' tokens embedded as local row 0",
      "suites/tensor_parallel/test_conformance.py::test_sharded_layer_equals_dense"),
-    ("suites.tensor_parallel.planted:VocabRemainderDropped", "the vocabulary split floor(V / tp): the last V % tp rows on no rank",
+    ("suites.tensor_parallel.planted:VocabRemainderDropped", "TP: vocabulary split floor(V / tp), remainder lost",
      "suites/tensor_parallel/test_conformance.py::test_sharded_layer_equals_dense"),
-    ("suites.tensor_parallel.planted:CrossEntropyLocalMax", "the vocabulary-parallel cross-entropy shifted by each rank's own max",
+    ("suites.tensor_parallel.planted:CrossEntropyLocalMax", "TP: cross-entropy shifted by each rank's own max",
      "suites/tensor_parallel/test_conformance.py::test_sharded_layer_equals_dense"),
-    ("suites.tensor_parallel.planted:SequenceParallelBiasPartial", "sequence parallelism: the row bias's gradient not summed over tp",
+    ("suites.tensor_parallel.planted:SequenceParallelBiasPartial", "TP + SP: the row bias's gradient not summed",
      "suites/tensor_parallel/test_conformance.py::test_sharded_layer_equals_dense"),
     ("suites.zero.planted:StepRaises", "the trainer's step raises",
      "suites/zero/test_conformance.py::test_training_equals_one_device"),
