@@ -86,6 +86,8 @@ PLANTED = [
      "suites/zero/test_hybrid.py::test_hybrid_sharding_equals_one_device"),
     ("suites.zero.planted:FlatShardDecayedWhole", "ZeRO's AdamW decaying a flat shard whole (its norms and biases too)",
      "suites/zero/test_conformance.py::test_adamw_decays_only_what_its_rule_decays"),
+    ("suites.zero.planted:ClipsByShardNorm", "ZeRO 1-3: each shard clipped by its own norm",
+     "suites/zero/test_seams.py::test_accumulation_and_clipping_equal_one_device"),
     ("suites.zero.planted:OffloadKeepsFirstMicroStep", "offload: only the first micro-step's gradients kept",
      "suites/zero/test_offload.py::test_offloaded_training_equals_one_device"),
     ("suites.checkpoint.planted:SelectiveIgnored", "selective checkpointing asked, whole layers recomputed",

@@ -86,7 +86,7 @@ def _single_device(model, spec, x, y, steps: int, recipe: StepRecipe | None = No
         if recipe is not None and recipe.max_grad_norm is not None:
             norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm, recipe.norm_type))
         opt.step()
-        out.append({"loss": float(loss), "norm": norm,
+        out.append({"loss": float(loss.detach()), "norm": norm,
                     "params": {k: p.detach().clone() for k, p in model.named_parameters()},
                     "grads": {k: p.grad.clone() for k, p in model.named_parameters()},
                     "state": {k: {s: opt.state[p][s].clone() for s in spec.state_keys}

@@ -261,3 +261,25 @@ class FlatShardDecayedWhole(ReferenceZero):
             trainer.engine.optimizer = trainer.optimizer = torch.optim.AdamW(
                 shards, lr=optimizer.lr, betas=optimizer.betas, eps=optimizer.eps, weight_decay=optimizer.weight_decay)
         return trainer
+
+
+class _ShardNormClip(_Trainer):
+    """Bug: at ZeRO 1-3 each rank clips its shard by that shard's own norm — the squares never summed over the
+    group (each rank's norm is part of the whole's, so each clips less, and by its own factor)."""
+
+    def _clip(self, params, dp_sharded) -> None:
+        from reference.clipping import clip_grad_norm_
+
+        if self.recipe.max_grad_norm is None or not dp_sharded:
+            return super()._clip(params, dp_sharded)
+        self.last_grad_norm = float(clip_grad_norm_(params, self.recipe.max_grad_norm, {}, self.recipe.norm_type,
+                                                    dp_sharded=dp_sharded))
+
+
+class ClipsByShardNorm(ReferenceZero):
+    """Planted bug: ZeRO 1-3 clipping each rank's shard by its own norm, not the model's global one."""
+
+    def build(self, model, optimizer, stage, group=None, **kwargs):
+        trainer = super().build(model, optimizer, stage, group, **kwargs)
+        trainer.__class__ = _ShardNormClip
+        return trainer

@@ -75,3 +75,19 @@ def test_the_per_micro_step_and_per_rank_means_are_caught_on_a_padded_batch(plan
     assert not run(RECIPES["accumulate-2"])["problems"]
     masked = run(RECIPES["masked-accumulate-2"])["problems"]
     assert any(": params " in p for p in masked), masked  # the weights, not only the loss's 0 / 0
+
+
+def test_clipping_each_shard_by_its_own_norm_is_caught_where_a_shard_is_clipped(world_cache, world_sizes):
+    """Each ZeRO 2 rank clipping its shard by that shard's norm fails clipped (the norm it reports and the weights
+    off) and equals one device unclipped, and at stage 0 (an all-reduced gradient: the reference's own clip)."""
+    n = _dp(world_sizes)
+    if n < 2:
+        pytest.skip("needs two ranks")
+
+    def problems(stage: int, recipe: str) -> list[str]:
+        return ranks.merge(world_cache.get(n).run(ranks.train_case, "suites.zero.planted:ClipsByShardNorm", stage,
+                                                  "mlp", "sgd", 2, 4, n, None, RECIPES[recipe]))["problems"]
+
+    clipped = problems(2, "accumulate-2+clip")
+    assert any(": gradient norm off" in p for p in clipped) and any(": params " in p for p in clipped), clipped
+    assert problems(2, "accumulate-2") == [] and problems(0, "accumulate-2+clip") == []
