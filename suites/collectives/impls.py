@@ -94,3 +94,27 @@ class LastRankRaisesOnOddLength(ReferenceCollectives):
         if dist.get_rank(group) == dist.get_world_size(group) - 1 and tensor.numel() % 2:
             raise ValueError(f"odd length {tensor.numel()} not supported on the last rank")
         super().all_reduce(tensor, op, group)
+
+
+def _blocks(t, n: int):
+    """``t`` flat as n equal blocks, one row each."""
+    return t.reshape(n, -1)
+
+
+class ReduceScatterNextBlock(ReferenceCollectives):
+    """Planted bug: a ring's chunk index one off — rank r gets the reduced block r + 1 (mod n), not block r."""
+
+    def reduce_scatter(self, output, input, op="sum", group=None):
+        n = dist.get_world_size(group)
+        super().reduce_scatter(output, _blocks(input, n).roll(-1, 0).reshape(input.shape), op, group)
+
+
+class AllToAllBlocksByOffset(ReferenceCollectives):
+    """Planted bug: all-to-all's received blocks stored by their ring offset, not by their sender — rank r writes
+    rank j's block at (j - r) mod n (rank 0's output right, every other rank's rotated)."""
+
+    def all_to_all(self, output, input, group=None):
+        n, r = dist.get_world_size(group), dist.get_rank(group)
+        received = output.clone()
+        super().all_to_all(received, input, group)
+        _blocks(output, n).copy_(_blocks(received, n).roll(-r, 0))

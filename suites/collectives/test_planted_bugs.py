@@ -115,3 +115,25 @@ def test_one_rank_raising_fails_the_property_naming_that_rank(world_cache, world
         f": rank {n - 1}: raised ValueError: odd length 1 not supported on the last rank (ranks "
         f"{list(range(n - 1))} of {n} were still inside the code under test") in message, message
     assert conformance.counts.get("fail") == 1, conformance.counts
+
+
+@pytest.mark.parametrize("impl, collective", [("ReduceScatterNextBlock", "reduce_scatter"),
+                                              ("AllToAllBlocksByOffset", "all_to_all")])
+def test_a_block_index_off_by_the_rank_is_caught_wherever_a_group_has_two_ranks(impl, collective, world_cache,
+                                                                                world_sizes):
+    """A chunk index off by one (reduce-scatter: rank r gets block r + 1) or by the rank (all-to-all: blocks stored by
+    ring offset) is invisible in a group of one: the found case's group has two ranks or more and passes as a group
+    of its first rank alone (a subgroup of one); minimal: two ranks, one element a block, fails — a rank other than 0
+    for the all-to-all, whose rank 0 is right."""
+    if max(world_sizes) < 2:
+        return
+    spec = f"suites.collectives.impls:{impl}"
+    n, case = minimal_failure(spec, collective, world_cache, world_sizes)
+    assert members(n, case) >= 2, case.line(n)
+    alone = replace(case, group=(case.group or (0,))[:1], root=0)
+    assert outcome(world_cache, n, alone) == "pass", alone.line(n)
+    if 2 in world_sizes:
+        result = verdict(world_cache, 2, Case(spec, collective))
+        assert result["outcome"] == "fail", result
+        if collective == "all_to_all":
+            assert result["detail"].startswith("rank 1: "), result["detail"]
