@@ -1,6 +1,6 @@
 """``paritybench``: the command line.
 
-    paritybench bench collectives|pipeline|tensor_parallel|zero|checkpoint|3d|all [--impls ...] ...
+    paritybench bench SUITE|all [--impls ...] ...   # SUITE: collectives, pipeline, zero, stack, ... (bench --help)
     paritybench report [BASELINE] RUN_DIR
     paritybench compare BASELINE NEW [--time-threshold 10%] [--confidence 0.99] [--format text|markdown|json]
     paritybench baseline RUN [RUN ...] --out results/baselines/<name>/
@@ -8,6 +8,8 @@
     paritybench test [PARADIGM ...] --impl pkg.mod:obj [pytest args]   # the installed suites, by pytest
     paritybench plan --params 70B --dp 64 --tp 8 --pp 4 --hidden 8192 --heads 64 --layers 80 ...
     paritybench localise IMPL --family gpt --layout 2x1x2 [--accumulation 2 --clip 0.05 ...]   # where and why
+    paritybench calibrate --out PROFILE.json [--world-sizes 2,4,8]   # this machine's profile for plan and bench
+    paritybench schedule 1f1b --p 4 --m 8 [--v 2] [--png FILE]   # a pipeline schedule, its grid and metrics
 
 Every bad input gets one sentence on stderr and exit code 2; never a traceback.
 """
