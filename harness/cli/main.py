@@ -1,6 +1,6 @@
 """``paritybench``: the command line.
 
-    paritybench bench SUITE|all [--impls ...] ...   # SUITE: collectives, pipeline, zero, stack, ... (bench --help)
+    paritybench bench collectives [--impls ...] ...   # or pipeline, zero, stack, ... (bench --help), or all
     paritybench report [BASELINE] RUN_DIR
     paritybench compare BASELINE NEW [--time-threshold 10%] [--confidence 0.99] [--format text|markdown|json]
     paritybench baseline RUN [RUN ...] --out results/baselines/<name>/

@@ -1,4 +1,5 @@
-"""Every ``paritybench`` command the docs and the README show — in a code block or inline — names a command (and, for
+"""Every ``paritybench`` command the docs and the README show — in a code block or inline — and the CLI module's own
+synopsis (``harness/cli/main.py``'s docstring) names a command (and, for
 ``bench``, a suite) the CLI has, and every ``--option`` written after it is one that command's ``--help`` lists: a
 user copies these lines, and a renamed or dropped option would leave the page saying what the CLI refuses."""
 
@@ -52,18 +53,22 @@ def test_the_reader_finds_commands_and_their_options():
 
 
 def test_every_option_the_docs_show_is_the_clis(capsys):
-    pages = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
+    from harness.cli import main as cli
+
+    texts = {page.relative_to(ROOT).as_posix(): page.read_text()
+             for page in sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]}
+    texts["harness/cli/main.py"] = f"```\n{cli.__doc__}```"  # its synopsis: one code block
     cache: dict = {}
     seen, wrong = 0, []
-    for page in pages:
-        for words, options in mentions(page.read_text()):
+    for page, text in texts.items():
+        for words, options in mentions(text):
             text = _help(words, capsys, cache)
             if text is None:
-                wrong.append((page.relative_to(ROOT).as_posix(), " ".join(words), "no such command"))
+                wrong.append((page, " ".join(words), "no such command"))
                 continue
             for option in options:
                 seen += 1
                 if not re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", text):
-                    wrong.append((page.relative_to(ROOT).as_posix(), " ".join(words), option))
+                    wrong.append((page, " ".join(words), option))
     assert seen > 50, f"only {seen} options read from the docs: the reader no longer finds their commands"
     assert not wrong, wrong
