@@ -38,6 +38,9 @@ class Bench:
     """Its rows carry the time this machine's profile predicts: ``--profile``, or a calibration sweep before it."""
     iters: int = 10
     warmup: int = 3
+    own_world_size: str | None = None
+    """None: it runs at ``--world-sizes``; else what sets its world size instead (a phrase: ``bench <name>
+    --world-sizes ...`` is refused with it, never silently ignored; ``bench all``'s applies to the others)."""
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ PARADIGM = Paradigm(
     ),
     benches=(
         Bench("checkpoint", "activation memory and step time with and without checkpointing",
-              "harness.checkpoint.cli:plans", "harness.checkpoint.cli:add_arguments", in_all=4),
+              "harness.checkpoint.cli:plans", "harness.checkpoint.cli:add_arguments", in_all=4,
+              own_world_size="it runs in this process, on no ranks"),
     ),
     sections=(Section(100, "harness.checkpoint.report:checkpoint_section", suite="checkpoint"),),
 )

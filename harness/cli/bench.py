@@ -62,6 +62,9 @@ def add_parsers(sub) -> None:
 def _check_counts(args) -> None:
     from harness.runtime.hang import window_s
 
+    own = benches()[args.suite].own_world_size if args.suite != "all" else None
+    if own and args.world_sizes != "auto":
+        raise UsageError(f"bench {args.suite} does not take --world-sizes ({args.world_sizes!r}): {own}.")
     if args.iters < 1 or args.warmup < 0:
         raise UsageError(f"--iters must be >= 1 and --warmup >= 0; got {args.iters} and {args.warmup}.")
     window_s()  # a malformed PARITYBENCH_HANG_WINDOW_S is said before any run folder exists

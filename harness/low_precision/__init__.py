@@ -53,7 +53,8 @@ PARADIGM = Paradigm(
         Bench("low_precision", "one linear layer per implementation, recipe (float8 tensorwise / rowwise, MXFP8) and "
                                "layout (FSDP with and without the float8 all-gather, TP): time and bytes per rank vs "
                                "the cost model", "harness.low_precision.cli:plans",
-              "harness.low_precision.cli:add_arguments", in_all=7),
+              "harness.low_precision.cli:add_arguments", in_all=7,
+              own_world_size="each layout runs on its own 2 ranks (FSDP over 2, or TP over 2)"),
     ),
     sections=(Section(65, "harness.low_precision.bench:low_precision_section", suite="low_precision"),),
 )

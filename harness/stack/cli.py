@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from harness.cli.parsing import parse_list
-from harness.cli.sweep_args import impls, layout, own_or_every
+from harness.cli.sweep_args import impls, layout, own_or_every, sizes
 
 from ..contracts.stack import SCHEDULES
 from ..errors import UsageError
@@ -60,7 +60,16 @@ def plans(args) -> list:
 
 
 def matrix_plans(args) -> list:
+    """The matrix's fixed cases; ``bench matrix --world-sizes N,...`` only those of these sizes (``bench all``'s
+    world sizes are its sweeps': the matrix there runs every case)."""
     from .matrix import MatrixSweep, run_sweep
 
-    return [("matrix", MatrixSweep(impls=impls(args, "stack") if args.suite == "matrix" else []), run_sweep)]
+    if args.suite != "matrix":
+        return [("matrix", MatrixSweep(), run_sweep)]
+    chosen = [] if args.world_sizes == "auto" else sizes(args, args.world_sizes)
+    cfg = MatrixSweep(impls=impls(args, "stack"), sizes=chosen)
+    if not cfg.world_sizes:
+        raise UsageError(f"no case of the matrix runs at --world-sizes {args.world_sizes!r}; its cases run at "
+                         f"{', '.join(map(str, MatrixSweep().world_sizes))} ranks.")
+    return [("matrix", cfg, run_sweep)]
 

@@ -47,6 +47,13 @@ def run_cli(capsys, *argv) -> tuple[int, str]:
     (["bench", "stack", "--stack-layouts", "2x2x4"], "each must be dpxppxtp of 8 ranks that the model allows"),
     (["bench", "stack", "--impls", "reference-rhd"], "is a collectives implementation, not stack"),
     (["bench", "all", "--families", "moe"], "famil(ies) moe not known"),
+    (["bench", "stack", "--world-sizes", "2"],
+     "bench stack does not take --world-sizes ('2'): its layouts' world size is --stack-world-size (8)."),
+    (["bench", "3d", "--world-sizes", "4"], "bench 3d does not take --world-sizes ('4'): its layouts' world size is"),
+    (["bench", "low_precision", "--world-sizes", "2,4"], "each layout runs on its own 2 ranks"),
+    (["bench", "checkpoint", "--world-sizes", "2"],
+     "bench checkpoint does not take --world-sizes ('2'): it runs in this process, on no ranks."),
+    (["bench", "matrix", "--world-sizes", "3"], "no case of the matrix runs at --world-sizes '3'; its cases run at"),
     (["bench", "context_parallel", "--seqs", "256,x"], "--seqs '256,x' must be comma-separated whole numbers"),
     (["bench", "context_parallel", "--seqs", "6", "--world-sizes", "2"], "6 tokens do not split into the 2 cp chunks"),
     ([], "the following arguments are required"),
@@ -172,3 +179,20 @@ def test_bench_counts_its_failed_cases_last_and_the_run_is_complete(tmp_path, ca
         'paritybench: 1 benchmark case(s) failed — an implementation raised, a rank died or a call hung (status failed '
         'in benchmarks.csv; the report\'s "Failed cases")'), err
     assert json.loads((Path(out.strip()) / "run.json").read_text())["status"] == "complete"
+
+
+def test_every_bench_runs_at_the_world_sizes_asked_or_refuses_them():
+    """``bench <name> --world-sizes 2``: each sweep's plans run at 2 ranks only, or the bench declares what sets its
+    world size instead (``Bench.own_world_size``, refused above) — an option accepted and ignored is silently wrong
+    (bench muon and bench matrix once ignored it)."""
+    from harness.cli.main import _build_parser
+    from harness.paradigm import benches, load
+
+    parser, checked = _build_parser(), 0
+    for name, bench in benches().items():
+        if bench.own_world_size:
+            continue
+        for _, cfg, _ in load(bench.plans)(parser.parse_args(["bench", name, "--world-sizes", "2"])):
+            assert list(cfg.world_sizes) == [2], (name, cfg.world_sizes)
+            checked += 1
+    assert checked >= 9, checked
