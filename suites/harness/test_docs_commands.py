@@ -72,3 +72,14 @@ def test_every_option_the_docs_show_is_the_clis(capsys):
                     wrong.append((page, " ".join(words), option))
     assert seen > 50, f"only {seen} options read from the docs: the reader no longer finds their commands"
     assert not wrong, wrong
+
+
+def test_bench_all_is_documented_as_the_sweeps_it_runs():
+    """docs/commands.md's ``bench all`` line lists exactly the sweeps ``bench all`` runs, in its order (muon was
+    missing from it)."""
+    from harness.cli.bench import _chosen
+
+    text = (ROOT / "docs" / "commands.md").read_text()
+    line = re.search(r"^paritybench bench all +# ([a-z_, ]+):", text, re.M)
+    assert line, "docs/commands.md has no bench all line with its sweeps"
+    assert [w.strip() for w in line[1].split(",")] == _chosen("all")
