@@ -42,6 +42,18 @@ def own_or_every(args, paradigm: str, keep=lambda impl: True) -> list[str]:
             if keep(registry.resolve(s, paradigm)) and registry.skip_reason(registry.resolve(s, paradigm)) is None]
 
 
+def counts(args, name: str) -> tuple[int, int]:
+    """(iters, warmup) of sweep ``name``: under its own sub-command --iters and --warmup as given (their defaults its
+    ``Bench`` record's); under ``bench all``, whose one --iters / --warmup every sweep shares, at most its record's
+    (an 8-rank stack step costs what thousands of collectives do: the main job's budget)."""
+    from harness.paradigm import benches
+
+    if args.suite == name:
+        return args.iters, args.warmup
+    record = benches()[name]
+    return min(args.iters, record.iters), min(args.warmup, record.warmup)
+
+
 def sizes(args, text: str, cpu_default: str = "2,4") -> list[int]:
     """World sizes of a sweep: as given, or ``auto`` (see ``parsing.auto_world_sizes``; benchmarks start at 2)."""
     return parse_world_sizes(text, args.backend, cpu_default, minimum=2)

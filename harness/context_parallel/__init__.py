@@ -35,7 +35,8 @@ PARADIGM = Paradigm(
     benches=(
         Bench("context_parallel", "one attention layer per implementation vs sequence length and cp: time "
                                   "and bytes per rank vs the cost model",
-              "harness.context_parallel.cli:plans", "harness.context_parallel.cli:add_arguments"),
+              "harness.context_parallel.cli:plans", "harness.context_parallel.cli:add_arguments", iters=5,
+              warmup=1),
     ),
     sections=(Section(50, "harness.context_parallel.bench:context_parallel_section", suite="context_parallel"),),
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.cli.sweep_args import impls, sizes, whole_numbers
+from harness.cli.sweep_args import counts, impls, sizes, whole_numbers
 
 from ..errors import UsageError
 
@@ -20,6 +20,7 @@ def plans(args) -> list:
     if bad:  # checked before the implementations are resolved: the error is the only line
         raise UsageError(f"--seqs: {bad[0]} tokens do not split into the 2 cp chunks the zigzag layout needs at "
                          f"every --world-sizes cp ({', '.join(map(str, world_sizes))}).")
+    iters, warmup = counts(args, "context_parallel")
     cfg = ContextParallelSweep(impls=impls(args, "context_parallel"), world_sizes=world_sizes, seqs=seqs,
-                               iters=min(args.iters, 5), warmup=min(args.warmup, 1))
+                               iters=iters, warmup=warmup)
     return [("context_parallel", cfg, run_sweep)]

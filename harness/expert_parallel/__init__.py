@@ -44,7 +44,7 @@ PARADIGM = Paradigm(
     benches=(
         Bench("expert_parallel", "one MoE layer per implementation vs ep, tokens and skew: time, dispatch "
                                  "time and bytes per rank vs the cost model",
-              "harness.expert_parallel.cli:plans", "harness.expert_parallel.cli:add_arguments"),
+              "harness.expert_parallel.cli:plans", "harness.expert_parallel.cli:add_arguments", iters=5, warmup=1),
     ),
     sections=(Section(60, "harness.expert_parallel.bench:expert_parallel_section", suite="expert_parallel"),),
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.cli.sweep_args import impls, sizes, whole_numbers
+from harness.cli.sweep_args import counts, impls, sizes, whole_numbers
 
 from ..errors import UsageError
 
@@ -41,6 +41,7 @@ def plans(args) -> list:
     if bad:  # the skewed router sends every token to EP rank 0's E / ep experts: k of them must exist
         raise UsageError(f"--experts ({args.experts}) must split over every --world-sizes ep into at least "
                          f"--top-k ({args.top_k}) per rank; ep = {bad[0]} does not.")
+    iters, warmup = counts(args, "expert_parallel")
     cfg = ExpertParallelSweep(impls=ep_impls(args), world_sizes=world_sizes, tokens=tokens, experts=args.experts,
-                              top_k=args.top_k, iters=min(args.iters, 5), warmup=min(args.warmup, 1))
+                              top_k=args.top_k, iters=iters, warmup=warmup)
     return [("expert_parallel", cfg, run_sweep)]

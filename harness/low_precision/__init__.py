@@ -54,7 +54,7 @@ PARADIGM = Paradigm(
                                "layout (FSDP with and without the float8 all-gather, TP): time and bytes per rank vs "
                                "the cost model", "harness.low_precision.cli:plans",
               "harness.low_precision.cli:add_arguments", in_all=7,
-              own_world_size="each layout runs on its own 2 ranks (FSDP over 2, or TP over 2)"),
+              own_world_size="each layout runs on its own 2 ranks (FSDP over 2, or TP over 2)", warmup=2),
     ),
     sections=(Section(65, "harness.low_precision.bench:low_precision_section", suite="low_precision"),),
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.cli.sweep_args import own_or_every, variants, whole_numbers
+from harness.cli.sweep_args import counts, own_or_every, variants, whole_numbers
 
 from ..errors import UsageError
 
@@ -23,6 +23,7 @@ def plans(args) -> list:
     if len(dims) != 3 or any(d % 64 for d in dims):
         raise UsageError(f"--lp-dims {args.lp_dims!r} must be three multiples of 64 (tokens, K, N: MXFP8's blocks of "
                          f"32 on each of 2 TP shards).")
+    iters, warmup = counts(args, "low_precision")
     cfg = LowPrecisionSweep(impls=own_or_every(args, "low_precision"), recipes=recipes, dims=tuple(dims),
-                            iters=min(args.iters, 10), warmup=min(args.warmup, 2))
+                            iters=iters, warmup=warmup)
     return [("low_precision", cfg, run_sweep)]

@@ -18,7 +18,7 @@ PARADIGM = Paradigm(
     benches=(
         Bench("muon", "one Muon + AdamW step per implementation, layout (replicated, rows, cols, flat) and world size: "
                       "time and bytes per rank vs the cost model", "harness.muon.cli:plans",
-              "harness.muon.cli:add_arguments", in_all=8),
+              "harness.muon.cli:add_arguments", in_all=8, iters=5, warmup=1),
     ),
     sections=(Section(67, "harness.muon.bench:muon_section", suite="muon"),),
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.cli.sweep_args import own_or_every, sizes, variants, whole_numbers
+from harness.cli.sweep_args import counts, own_or_every, sizes, variants, whole_numbers
 
 from ..errors import UsageError
 
@@ -23,6 +23,7 @@ def plans(args) -> list:
     if rest or hidden % 4:
         raise UsageError(f"--muon-hidden {args.muon_hidden!r} must be one multiple of 4 (k and v are h / 2 rows, "
                          f"the MLP 3h / 2).")
+    iters, warmup = counts(args, "muon")
     cfg = MuonSweep(impls=own_or_every(args, "muon"), layouts=layouts, world_sizes=sizes(args, args.world_sizes),
-                    hidden=hidden, iters=min(args.iters, 5), warmup=min(args.warmup, 1))
+                    hidden=hidden, iters=iters, warmup=warmup)
     return [("muon", cfg, run_sweep)]

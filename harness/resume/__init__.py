@@ -7,7 +7,7 @@ PARADIGM = Paradigm(
     "resume", 10,
     benches=(
         Bench("resume", "save and load time, GB/s and bytes per rank of the 3D stack's state",
-              "harness.resume.cli:plans"),
+              "harness.resume.cli:plans", iters=3, warmup=1),
     ),
     sections=(Section(90, "harness.resume.bench:resume_section", suite="resume"),),
 )

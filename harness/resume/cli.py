@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from harness.cli.sweep_args import sizes
+from harness.cli.sweep_args import counts, sizes
 
 
 def plans(args) -> list:
     from .bench import ResumeSweep, run_sweep
 
-    cfg = ResumeSweep(world_sizes=sizes(args, args.world_sizes), iters=min(args.iters, 3), warmup=min(args.warmup, 1))
+    iters, warmup = counts(args, "resume")
+    cfg = ResumeSweep(world_sizes=sizes(args, args.world_sizes), iters=iters, warmup=warmup)
     return [("resume", cfg, run_sweep)]

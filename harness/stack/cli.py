@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from harness.cli.parsing import parse_list
-from harness.cli.sweep_args import impls, layout, own_or_every, sizes
+from harness.cli.sweep_args import counts, impls, layout, own_or_every, sizes
 
 from ..contracts.stack import SCHEDULES
 from ..errors import UsageError
@@ -31,9 +31,10 @@ def config(args):
     if args.stack_world_size < 1:
         raise UsageError(f"--stack-world-size must be >= 1; got {args.stack_world_size}.")
     families = args.families or ("llama" if args.suite == "all" else ",".join(FAMILIES))
+    iters, warmup = counts(args, "stack")
     cfg = StackSweep(impls=[], families=parse_list(families, FAMILIES, "famil(ies)"),
                      world_size=args.stack_world_size, schedule=args.stack_schedule, zero_stage=args.stack_zero,
-                     optimizer=args.stack_optimizer, iters=min(args.iters, 3), warmup=min(args.warmup, 1))
+                     optimizer=args.stack_optimizer, iters=iters, warmup=warmup)
     allowed = valid_layouts(cfg)
     if args.stack_layouts:
         cfg.layouts = [layout(t) for t in args.stack_layouts.split(",") if t.strip()]

@@ -8,7 +8,7 @@ PARADIGM = Paradigm(
     benches=(
         Bench("3d", "the reference stack's GPT per layout with the bf16 / clip variants and the measured bubble",
               "harness.threed.cli:plans", "harness.threed.cli:add_arguments", calibrated=True,
-              own_world_size="its layouts' world size is --3d-world-size (8)"),
+              own_world_size="its layouts' world size is --3d-world-size (8)", iters=5, warmup=1),
     ),
     sections=(Section(80, "harness.threed.report:threed_section", suite="3d"),),
 )

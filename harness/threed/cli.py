@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.cli.sweep_args import variants
+from harness.cli.sweep_args import counts, variants
 
 from ..contracts.stack import SCHEDULES
 from ..errors import UsageError
@@ -25,8 +25,9 @@ def config(args):
     if args.threed_world_size < 1:
         raise UsageError(f"--3d-world-size must be >= 1; got {args.threed_world_size}.")
     chosen = variants(args.threed_variants, "--3d-variants", VARIANTS)
+    iters, warmup = counts(args, "3d")
     cfg = ThreeDSweep(world_size=args.threed_world_size, schedule=args.threed_schedule, zero_stage=args.threed_zero,
-                      checkpointing=args.threed_checkpointing, iters=min(args.iters, 5), warmup=min(args.warmup, 1),
+                      checkpointing=args.threed_checkpointing, iters=iters, warmup=warmup,
                       variants=chosen)
     if not valid_layouts(cfg):
         raise UsageError(f"no dp x pp x tp layout of {cfg.world_size} ranks fits the model ({cfg.heads} heads, "

@@ -196,3 +196,25 @@ def test_every_bench_runs_at_the_world_sizes_asked_or_refuses_them():
             assert list(cfg.world_sizes) == [2], (name, cfg.world_sizes)
             checked += 1
     assert checked >= 9, checked
+
+
+def test_every_bench_runs_the_iterations_asked_under_its_own_command():
+    """``bench <name> --iters 7 --warmup 0``: every sweep that times iterations runs 7 and warms up 0 (stack, 3d, muon,
+    resume, context and expert parallelism once took at most 3 or 5 whatever was asked); under ``bench all`` each is
+    held to at most its record's (the main job's budget), which is also its own command's default."""
+    from harness.cli.main import _build_parser
+    from harness.paradigm import benches, load
+
+    parser, seen = _build_parser(), set()
+    for name, bench in benches().items():
+        for _, cfg, _ in load(bench.plans)(parser.parse_args(["bench", name, "--iters", "7", "--warmup", "0"])):
+            if hasattr(cfg, "iters"):
+                assert (cfg.iters, cfg.warmup) == (7, 0), (name, cfg.iters, cfg.warmup)
+                seen.add(name)
+        for _, cfg, _ in load(bench.plans)(parser.parse_args(["bench", name])):
+            if hasattr(cfg, "iters"):
+                assert (cfg.iters, cfg.warmup) == (bench.iters, bench.warmup), (name, cfg.iters, cfg.warmup)
+    assert {"stack", "3d", "muon", "resume", "context_parallel", "expert_parallel"} <= seen, seen
+    stack = benches()["stack"]
+    for _, cfg, _ in load(stack.plans)(parser.parse_args(["bench", "all", "--iters", "10", "--warmup", "2"])):
+        assert (cfg.iters, cfg.warmup) == (stack.iters, min(2, stack.warmup))
