@@ -53,7 +53,14 @@ def bench_rank(cfg: ResumeSweep, dims_t, root: str) -> dict:
     spec = ModelSpec("gpt", vocab=cfg.vocab, hidden=cfg.hidden, heads=cfg.heads, ffn=cfg.ffn, layers=cfg.layers,
                      dtype="float32")
     layout = Layout(*dims_t, zero=cfg.zero_stage, microbatches=dims_t[1])
-    trainer = registry.load(cfg.impl, "stack").build(spec, layout, Recipe(optimizer=OptimizerSpec("sgd", 1e-3)))
+    try:
+        trainer = registry.load(cfg.impl, "stack").build(spec, layout, Recipe(optimizer=OptimizerSpec("sgd", 1e-3)))
+    except (NotImplementedError, ValueError) as exc:  # the stack does not provide the case: its one sentence
+        return {"unsupported": str(exc).splitlines()[0]}
+    if not (callable(getattr(trainer, "save", None)) and callable(getattr(trainer, "load", None))):
+        return {"unsupported": f"{cfg.impl} provides no save / load (optional in the stack contract)."}
+    if hasattr(trainer, "activate"):  # a stack with process-global parallel state (megatron-core)
+        trainer.activate()
     dense = spec.build(0)
     trainer.load_dense(dense.state_dict())
     gen = torch.Generator().manual_seed(1)

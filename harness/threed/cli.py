@@ -24,6 +24,9 @@ def config(args):
 
     if args.threed_world_size < 1:
         raise UsageError(f"--3d-world-size must be >= 1; got {args.threed_world_size}.")
+    if args.impls or args.impl:
+        raise UsageError("bench 3d measures the reference stack's GPT only: it takes no --impls / --impl (bench stack "
+                         "sweeps the layouts of any stack).")
     chosen = variants(args.threed_variants, "--3d-variants", VARIANTS)
     iters, warmup = counts(args, "3d")
     cfg = ThreeDSweep(world_size=args.threed_world_size, schedule=args.threed_schedule, zero_stage=args.threed_zero,

@@ -41,6 +41,7 @@ def run_cli(capsys, *argv) -> tuple[int, str]:
     (["bench", "checkpoint", "--policies", "sqrt,everything"], "polic(ies) everything not known"),
     (["bench", "3d", "--3d-world-size", "0"], "--3d-world-size must be >= 1; got 0."),
     (["bench", "3d", "--3d-zero", "3"], "invalid choice: 3"),
+    (["bench", "3d", "--impls", "torch"], "bench 3d measures the reference stack's GPT only: it takes no --impls"),
     (["bench", "stack", "--families", "gpt,mamba"], "famil(ies) mamba not known; choose from gpt, llama."),
     (["bench", "stack", "--stack-world-size", "0"], "--stack-world-size must be >= 1; got 0."),
     (["bench", "stack", "--stack-layouts", "2x2"], "layout '2x2' must be dpxppxtp"),

@@ -40,3 +40,34 @@ def test_a_layout_the_stack_raises_at_is_a_failed_save_and_load_and_the_sweep_go
     failed = rows[rows["status"] == "failed"]
     assert failed["detail"].str.startswith("rank 1: OSError: checkpoint volume is read-only").all(), failed["detail"]
     assert failed["time_p50_us"].isna().all() and not any(p.name.startswith("resume-") for p in run.path.iterdir())
+
+
+def test_a_stack_that_does_not_provide_the_case_or_save_is_unsupported(world_cache, tmp_path):
+    """A stack refusing the layout at build (``docs.examples.ddp_stack``: dp only) and one without ``save`` / ``load``
+    (the same example at dp 2, ZeRO 0: the stack contract leaves them optional) get unsupported rows with the
+    sentence, not failed ones."""
+    spec = "docs.examples.ddp_stack:DDPStack"
+    run = RunDir(tmp_path, {"suite": "resume"})
+    for zero, dims in ((0, (1, 2, 1)), (0, (2, 1, 1))):
+        cfg = ResumeSweep(world_sizes=[2], layouts=[dims], zero_stage=zero, vocab=13, hidden=16, heads=8, ffn=32,
+                          layers=2, iters=1, warmup=0, impl=spec)
+        assert run_sweep(cfg, world_cache.get, run, progress=None) == 2
+    run.finish()
+    rows = read_run(run.path)[1]["benchmarks.csv"]
+    assert (rows["status"] == "unsupported").all(), rows[["op", "status", "detail"]]
+    detail = dict(zip(rows["op"], rows["detail"], strict=True))
+    assert detail["save 1x2x1"].startswith("the DDP example trains data parallel only")
+    assert detail["save 2x1x1"] == f"{spec} provides no save / load (optional in the stack contract)."
+
+
+def test_bench_resume_times_the_stacks_asked_one_sweep_each():
+    """``bench resume`` times the reference stack's save and load; ``--impls`` / ``--impl`` each stack named (it
+    ignored them once)."""
+    from harness.cli.main import _build_parser
+    from harness.resume.cli import plans
+
+    parser = _build_parser()
+    assert [cfg.impl for _, cfg, _ in plans(parser.parse_args(["bench", "resume"]))] == ["reference"]
+    chosen = plans(parser.parse_args(["bench", "resume", "--impls", "torch,reference", "--impl",
+                                      "docs.examples.ddp_stack:DDPStack"]))
+    assert [cfg.impl for _, cfg, _ in chosen] == ["torch", "reference", "docs.examples.ddp_stack:DDPStack"]
