@@ -38,6 +38,8 @@ class Bench:
     """Its rows carry the time this machine's profile predicts: ``--profile``, or a calibration sweep before it."""
     iters: int = 10
     warmup: int = 3
+    """Its own command's default --iters / --warmup, and what it runs at most under ``bench all``'s shared ones
+    (``harness.cli.sweep_args.counts``)."""
     own_world_size: str | None = None
     """None: it runs at ``--world-sizes``; else what sets its world size instead (a phrase: ``bench <name>
     --world-sizes ...`` is refused with it, never silently ignored; ``bench all``'s applies to the others)."""

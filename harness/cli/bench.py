@@ -59,7 +59,7 @@ def add_parsers(sub) -> None:
                 load(benches()[n].arguments)(p)
 
 
-def _check_counts(args) -> None:
+def _check_shared_options(args) -> None:
     from harness.runtime.hang import window_s
 
     own = benches()[args.suite].own_world_size if args.suite != "all" else None
@@ -190,7 +190,7 @@ def run(args) -> int:
 
     from harness.records.results import RunDir
 
-    _check_counts(args)
+    _check_shared_options(args)
     plans = [plan for name in _chosen(args.suite) for plan in load(benches()[name].plans)(args)]
     plans = _with_calibration(args, plans)
     _check_profile(args, plans)
