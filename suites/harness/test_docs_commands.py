@@ -83,3 +83,15 @@ def test_bench_all_is_documented_as_the_sweeps_it_runs():
     line = re.search(r"^paritybench bench all +# ([a-z_, ]+):", text, re.M)
     assert line, "docs/commands.md has no bench all line with its sweeps"
     assert [w.strip() for w in line[1].split(",")] == _chosen("all")
+
+
+def test_the_iteration_defaults_the_docs_state_are_the_records():
+    """docs/commands.md's "`name` iters / warmup" list is each bench's record (``Bench.iters`` / ``warmup``: its
+    own command's default and its bound under ``bench all``), and every record off 10 / 3 is in it."""
+    from harness.paradigm import benches
+
+    text = re.sub(r"\s+", " ", (ROOT / "docs" / "commands.md").read_text())
+    stated = {m[1]: (int(m[2]), int(m[3])) for m in re.finditer(r"`([a-z0-9_]+)` (\d+) / (\d+)", text)}
+    records = {name: (b.iters, b.warmup) for name, b in benches().items()}
+    assert stated == {name: c for name, c in records.items() if c != (10, 3)}, (stated, records)
+    assert "the others 10 / 3" in text
