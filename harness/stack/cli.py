@@ -68,9 +68,8 @@ def matrix_plans(args) -> list:
     if args.suite != "matrix":
         return [("matrix", MatrixSweep(), run_sweep)]
     chosen = [] if args.world_sizes == "auto" else sizes(args, args.world_sizes)
-    cfg = MatrixSweep(impls=impls(args, "stack"), sizes=chosen)
-    if not cfg.world_sizes:
+    if not MatrixSweep(sizes=chosen).world_sizes:  # said before the stacks are resolved: the error is the only line
         raise UsageError(f"no case of the matrix runs at --world-sizes {args.world_sizes!r}; its cases run at "
                          f"{', '.join(map(str, MatrixSweep().world_sizes))} ranks.")
-    return [("matrix", cfg, run_sweep)]
+    return [("matrix", MatrixSweep(impls=impls(args, "stack"), sizes=chosen), run_sweep)]
 
