@@ -1,7 +1,7 @@
 """Every ``paritybench`` command the docs and the README show — in a code block or inline — and the CLI module's own
-synopsis (``harness/cli/main.py``'s docstring) names a command (and, for
-``bench``, a suite) the CLI has, and every ``--option`` written after it is one that command's ``--help`` lists: a
-user copies these lines, and a renamed or dropped option would leave the page saying what the CLI refuses."""
+synopsis (``harness/cli/main.py``'s docstring) names a command (and, for ``bench``, a suite) the CLI has, and every
+``--option`` written after it is one that command's ``--help`` lists: a user copies these lines, and a renamed or
+dropped option would leave the page saying what the CLI refuses."""
 
 from __future__ import annotations
 
@@ -62,13 +62,13 @@ def test_every_option_the_docs_show_is_the_clis(capsys):
     seen, wrong = 0, []
     for page, text in texts.items():
         for words, options in mentions(text):
-            text = _help(words, capsys, cache)
-            if text is None:
+            usage = _help(words, capsys, cache)
+            if usage is None:
                 wrong.append((page, " ".join(words), "no such command"))
                 continue
             for option in options:
                 seen += 1
-                if not re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", text):
+                if not re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", usage):
                     wrong.append((page, " ".join(words), option))
     assert seen > 50, f"only {seen} options read from the docs: the reader no longer finds their commands"
     assert not wrong, wrong
