@@ -21,8 +21,13 @@ def _steps() -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
 
 
+def _readme_tests() -> str:
+    """The README's test command: its third line (after the fence, the main job's line, then the tests')."""
+    return (ROOT / "README.md").read_text().splitlines()[2]
+
+
 def test_ci_runs_the_readme_test_line_verbatim_under_set_e():
-    readme_tests = (ROOT / "README.md").read_text().splitlines()[2]  # after the fence: the main job, then the tests
+    readme_tests = _readme_tests()
     steps = _steps()
     assert "set -euo pipefail" in steps[:3], steps[:3]
     assert readme_tests in steps, readme_tests
@@ -30,6 +35,6 @@ def test_ci_runs_the_readme_test_line_verbatim_under_set_e():
 
 
 def test_no_step_fails_silently_left_of_an_and_list():
-    readme_tests = (ROOT / "README.md").read_text().splitlines()[2]
+    readme_tests = _readme_tests()
     lists = [s for s in _steps() if "&&" in s and s != readme_tests]
     assert lists == [], f"a failure left of && does not stop .ci/run under set -e: {lists}"
