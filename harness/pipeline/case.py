@@ -195,7 +195,8 @@ def step_tolerance(case: PipelineCase, reference: dict) -> float:
 def compare(case: PipelineCase, reference: dict, per_rank: list[dict]) -> dict:
     """One verdict: step-1 loss and gradients bitwise, later losses within 2 (batch * hidden) eps of
     the loss (a sum of non-negative terms regrouped), final parameters within ``step_tolerance``."""
-    failed = [r["failed"] for r in per_rank if "failed" in r]
+    # A World's failure comes back once per rank: said once.
+    failed = list(dict.fromkeys(r["failed"] for r in per_rank if "failed" in r))
     if failed:
         return _verdict(failed)
     unsupported = [r["unsupported"] for r in per_rank if "unsupported" in r]

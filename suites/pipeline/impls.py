@@ -6,6 +6,7 @@ from harness.adapters.torch.pipeline import TorchPipeline
 from reference.pipeline.runtime import PipelineRuntime, ReferencePipeline
 
 from . import planted_schedules
+from .handwritten import HandWritten1F1B
 
 
 class AveragesMicrobatches(ReferencePipeline):
@@ -75,6 +76,14 @@ class LastStageRaises(ReferencePipeline):
             raise ValueError(f"uneven microbatches ({batch_size} rows in {num_microbatches}) on the last stage")
 
         return _Wrapped(inner, refuse)
+
+
+class UnclampedCooldown1F1B(HandWritten1F1B):
+    """Planted: the cool-down runs ``p - rank - 1`` backwards where only ``min(p - rank - 1, m)`` forwards ran. At
+    m >= p - 1 the two counts agree; at m < p - 1 rank 0 (and every rank with p - rank - 1 > m) waits for the
+    gradient of a microbatch that does not exist, and its peers, in the next step, for rank 0: a hang."""
+
+    clamp_cooldown = False
 
 
 class _PlantedSchedule(ReferencePipeline):

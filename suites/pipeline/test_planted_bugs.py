@@ -64,3 +64,30 @@ def test_one_stage_raising_is_a_fail_naming_that_rank(world_cache, world_sizes):
     assert verdict["detail"].startswith(f"rank {p - 1}: step raised ValueError: uneven microbatches (5 rows in 2) on "
                                         "the last stage"), verdict["detail"]
     assert "still inside the code under test" in verdict["detail"], verdict["detail"]
+
+
+def test_a_pipeline_that_hangs_at_few_microbatches_is_a_fail_in_seconds(world_cache, world_sizes):
+    """A hand-written 1F1B (Megatron's loop, no schedule as data, no validator) whose cool-down counts p - rank - 1
+    backwards where min(p - rank - 1, m) forwards ran: at p = 3, m = 1 rank 0 waits for a gradient no rank sends,
+    its peers for rank 0 — a true hang, called a fail within the hang window (3 s here, 10 by default) naming where
+    each rank waits, the World usable after. Held at its boundary: the same case with the count clamped passes, and
+    the plant passes at m = p - 1, where the two counts agree."""
+    if max(world_sizes) < 3:
+        pytest.skip("needs three ranks (at p = 2 the unclamped count never exceeds m)")
+    world = world_cache.get(3)
+
+    def outcome(impl, m):
+        case = PipelineCase(f"suites.pipeline.{impl}", "1f1b", 3, m, 1, batch=2 * m, hidden=2, seed=m)
+        per_rank = run_or_fail(world, run_rank, case, timeout=120, failed=lambda detail: {"failed": detail})
+        return compare(case, single_device(case), per_rank)
+
+    saved, world.hang_window = world.hang_window, 3.0  # the hang named in 3 s, not the default 10 (tox's budget)
+    try:
+        verdict = outcome("impls:UnclampedCooldown1F1B", 1)
+    finally:
+        world.hang_window = saved
+    assert verdict["outcome"] == "fail", verdict
+    assert verdict["detail"].startswith("rank 0 is in _recv at handwritten.py:"), verdict["detail"]
+    assert verdict["detail"].count("no rank progressed in run_rank for 3 s: a deadlock") == 1, verdict["detail"]
+    assert outcome("handwritten:HandWritten1F1B", 1)["outcome"] == "pass"
+    assert outcome("impls:UnclampedCooldown1F1B", 2)["outcome"] == "pass"
