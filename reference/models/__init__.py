@@ -87,8 +87,9 @@ class ModelSpec:
                 raise ValueError(f"router must be one of {', '.join(SCORINGS)}; got {self.router!r}.")
             if not isinstance(self.renormalize, bool):
                 raise ValueError(f"renormalize must be True or False; got {self.renormalize!r}.")
-            if self.shared_experts < 0 or self.aux_coef < 0:
-                raise ValueError("shared_experts and aux_coef must be >= 0.")
+            for name in ("shared_experts", "aux_coef"):
+                if not getattr(self, name) >= 0:  # NaN too
+                    raise ValueError(f"{name} must be >= 0; got {getattr(self, name)!r}.")
         if self.family == "gpt" and kv != self.heads:
             raise ValueError(f"the gpt family has full multi-head attention: kv_heads must be heads ({self.heads}); "
                              f"got {kv}.")

@@ -20,6 +20,16 @@ from reference.zero import OptimizerSpec
     (lambda: ModelSpec("llama", kv_heads=0), "kv_heads must be >= 1; got 0."),  # before: ZeroDivisionError
     (lambda: ModelSpec("llama", heads=4, kv_heads=3),
      "hidden (16) must divide by heads (4) and heads by kv_heads (3)."),
+    (lambda: ModelSpec("bert"), "family must be one of gpt, llama, moe; got 'bert'."),
+    (lambda: ModelSpec("gpt", dtype="int8"), "dtype must be float64, float32, bfloat16 or float16; got 'int8'."),
+    (lambda: ModelSpec("gpt", vocab=0), "vocab must be >= 1; got 0."),
+    (lambda: ModelSpec("gpt", heads=4, kv_heads=2),
+     "the gpt family has full multi-head attention: kv_heads must be heads (4); got 2."),
+    (lambda: ModelSpec("moe", top_k=5), "top_k must be between 1 and experts (4); got 5."),
+    (lambda: ModelSpec("moe", router="argmax"), "router must be one of softmax, sigmoid; got 'argmax'."),
+    (lambda: ModelSpec("moe", renormalize=1), "renormalize must be True or False; got 1."),
+    (lambda: ModelSpec("moe", shared_experts=-1), "shared_experts must be >= 0; got -1."),
+    (lambda: ModelSpec("moe", aux_coef=math.nan), "aux_coef must be >= 0; got nan."),  # before: accepted
     (lambda: OptimizerSpec("sgd", 0.1, momentum=-1), "momentum must be >= 0; got -1."),
     (lambda: OptimizerSpec("adam", 0.1, betas=(1.5, 0.9)), "betas must be two numbers in [0, 1); got (1.5, 0.9)."),
     (lambda: OptimizerSpec("adam", 0.1, betas=(0.9,)), "betas must be two numbers in [0, 1); got (0.9,)."),

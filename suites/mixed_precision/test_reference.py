@@ -11,6 +11,7 @@ with measured numbers."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from harness.mixed_precision import case
 from harness.runtime.capabilities import require_dtype
@@ -61,3 +62,22 @@ def test_memory_per_rank_is_the_zero_papers_model_with_k_12(n, world_cache):
         for r in per_rank:
             assert r["memory"] == {"params": want.weights, "grads": want.gradients, "optimizer": want.optimizer}, \
                 (stage, r["memory"], want)
+
+
+@pytest.mark.parametrize("model_dtype, kwargs, said", [
+    (torch.float32, {"stage": 1}, "mixed precision trains a bfloat16 or float16 model; this one is torch.float32."),
+    (torch.bfloat16, {"stage": 4}, "ZeRO stage must be 0, 1, 2 or 3; got 4."),
+    (torch.bfloat16, {"stage": 3, "divisor": 4}, "a reduction divisor applies to ZeRO stages 0-2."),
+    (torch.float16, {"stage": 2, "reduce_dtype": torch.bfloat16},
+     "reduce_dtype must be float32 or the model's torch.float16; got torch.bfloat16."),
+    (torch.bfloat16, {"stage": 0, "replicate": object()},
+     "hybrid sharding shards ZeRO 1-3's state within a group; stage 0 shards none."),
+])
+def test_a_recipe_mixed_precision_cannot_train_is_one_sentence_before_any_collective(model_dtype, kwargs, said):
+    """In process, no World: each refusal comes before the first collective (a group of None is never reached)."""
+    from reference.mixed_precision import MixedPrecisionZero
+    from reference.zero import OptimizerSpec
+
+    with pytest.raises(ValueError) as info:
+        MixedPrecisionZero(torch.nn.Linear(2, 2, dtype=model_dtype), OptimizerSpec("sgd", 0.1), **kwargs)
+    assert str(info.value) == said
