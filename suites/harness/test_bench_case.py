@@ -4,6 +4,7 @@ rank's answer, the whole failure logged — not the sweep's end; and the status 
 from __future__ import annotations
 
 import io
+import re
 
 from harness.runtime.bench_case import call_case, declined, judge
 
@@ -21,6 +22,27 @@ def test_a_rank_that_raises_is_every_ranks_failed_answer_and_the_next_call_runs(
     assert said.startswith(f"paritybench: a case failed, the sweep goes on: {line}\n--- rank 1 ---\nTraceback"), said
     assert world.run(ranks.rank_and_sum, timeout=60) == [(0, 2, 1.0), (1, 2, 1.0)]  # a World respawned for it
     assert call_case(world, ranks.rank_and_sum, log=log) == [(0, 2, 1.0), (1, 2, 1.0)]  # answers as they are
+
+
+def test_a_case_that_hangs_is_every_ranks_failed_answer_named_in_the_window_and_the_next_call_runs(world_cache):
+    """Rank 1 never enters the all-reduce rank 0 waits in (a trainer stuck before its next collective): within the
+    hang window (2 s here) the case's answer names it — not the sweep's deadline, not its end; each rank's stack goes
+    to the log, and the sweep's next case runs on a respawned World."""
+    world, log = world_cache.get(2), io.StringIO()
+    saved, world.hang_window = world.hang_window, 2.0
+    try:
+        per_rank = call_case(world, ranks.sleep_before_collective, 1, 0, timeout=600, log=log)
+    finally:
+        world.hang_window = saved
+    line = per_rank[0]["failed"]
+    assert per_rank == [{"failed": line}] * 2
+    assert line.startswith("rank 1 never entered all_reduce #") and "that rank 0 waits in" in line, line
+    assert "no rank progressed in sleep_before_collective for 2 s: a deadlock" in line, line
+    said = log.getvalue()
+    assert said.startswith(f"paritybench: a case failed, the sweep goes on: {line}"), said
+    rank1 = said.split("--- rank 1 ---\n", 1)[1].split("--- rank ", 1)[0]
+    assert re.search(r'ranks\.py", line \d+ in sleep_before_collective', rank1), said
+    assert call_case(world, ranks.rank_and_sum, log=log) == [(0, 2, 1.0), (1, 2, 1.0)]
 
 
 def test_the_row_status_failed_before_unsupported_and_none_where_every_rank_finished():
