@@ -27,6 +27,10 @@ class HandWritten1F1B:
         if schedule != "1f1b" or virtual_stages != 1:
             return ReferencePipeline().build(stages, num_stages, schedule, num_microbatches, virtual_stages, loss_fn,
                                              batch_size, sample_shape, group)
+        if dist.get_backend(group) != "gloo":
+            raise Unsupported("the hand-written 1F1B runs on gloo only: it tells its messages apart by tag, and waits "
+                              "for a receive on the host (nccl matches point-to-point messages by order, and its wait "
+                              "does not block the host).")
         if batch_size % num_microbatches:
             raise Unsupported(f"equal microbatches only (Megatron's fixed tensor shape): {batch_size} rows do not "
                               f"split into {num_microbatches}.")
