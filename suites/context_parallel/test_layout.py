@@ -33,14 +33,15 @@ def test_every_token_is_on_exactly_one_rank_in_its_chunks_order(split):
 @given(splits())
 def test_the_zigzag_gives_every_rank_the_same_causal_work_the_contiguous_does_not(split):
     """Causal work of a rank: the keys its queries see, sum over its tokens of (position + 1). The zigzag pairs chunk r
-    with chunk 2 cp - 1 - r: equal on every rank. The contiguous split's last rank does (2 cp - 1) times its first's."""
+    with chunk 2 cp - 1 - r: equal on every rank. The contiguous split's last rank does exactly (cp - 1) n^2 more than
+    its first (n tokens a rank): each of its n queries sees (cp - 1) n more keys."""
     cp, layout, seq = split
     work = [int((positions(seq, cp, r, layout) + 1).sum()) for r in range(cp)]
     if layout == "zigzag" or cp == 1:
         assert len(set(work)) == 1, work
     else:
         n = seq // cp
-        assert work[-1] - work[0] == (cp - 1) * n * n, work  # each of the last rank's n queries sees (cp - 1) n more
+        assert work[-1] - work[0] == (cp - 1) * n * n, work
 
 
 @given(splits(), st.integers(0, 2))
