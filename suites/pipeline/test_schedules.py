@@ -150,17 +150,14 @@ def test_wrong_placement_is_rejected():
 
 
 def _overlap(pair_of):
-    """DualPipeV at p 2, m 4 with its first overlapped pair replaced by ``pair_of(forward, backward, rank's row)``."""
+    """DualPipeV at p 2, m 4 with its first overlapped pair (forward, backward) replaced by ``pair_of(f, b)``."""
     s = generate("dualpipev", 2, 4)
     pairs = list(s.meta["overlap"])
-    f, b = pairs[0]
-    row = next(r for r in s.actions if f in r)
     return Schedule(s.actions, s.num_stages, s.num_microbatches, s.placement, s.name,
-                    {**s.meta, "overlap": [pair_of(f, b, row), *pairs[1:]]})
+                    {**s.meta, "overlap": [pair_of(*pairs[0]), *pairs[1:]]})
 
 
-def _with(build, change):
-    s = build()
+def _with(s, change):
     change(s.actions)
     return s
 
@@ -168,14 +165,14 @@ def _with(build, change):
 @pytest.mark.parametrize("broken, said", [
     (lambda: Schedule(gpipe(2, 1).actions, 2, 1, (0, 2), "bad"),
      "placement (0, 2) must give a rank in 0..1 for each of 2 stages."),
-    (lambda: _with(lambda: gpipe(2, 2), lambda rows: rows[0].append(Action(0, "F", 2))),
+    (lambda: _with(gpipe(2, 2), lambda rows: rows[0].append(Action(0, "F", 2))),
      "unknown stage or microbatch: 0F2 is outside stages 0..1, microbatches 0..1 (rank 0, step 4)"),
-    (lambda: _with(lambda: gpipe(2, 2), lambda rows: rows[0].remove(Action(0, "F", 1))),
+    (lambda: _with(gpipe(2, 2), lambda rows: rows[0].remove(Action(0, "F", 1))),
      "every stage runs F once per microbatch: 0F1 is missing (rank 0)"),
-    (lambda: _overlap(lambda f, b, row: (b, f)),
+    (lambda: _overlap(lambda f, b: (b, f)),
      "an overlapped pair is a forward and a backward: (3B1, 0F3) is not a forward and a backward of this schedule "
      "(rank 0)"),
-    (lambda: _overlap(lambda f, b, row: (f, Action(0, "B", 0))),  # a backward of that rank, not next to the forward
+    (lambda: _overlap(lambda f, b: (f, Action(0, "B", 0))),  # a backward of that rank, not next to the forward
      "an overlapped pair runs as one unit: 0B0 is not right after 0F3 (rank 0, step 10)"),
 ])
 def test_a_schedule_breaking_a_rule_is_refused_naming_the_rule_and_where(broken, said):
