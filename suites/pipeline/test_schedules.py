@@ -174,7 +174,7 @@ def _with(s, change):
      "(rank 0)"),
     (lambda: _overlap(lambda f, b: (f, Action(0, "B", 0))),  # a backward of that rank, not next to the forward
      "an overlapped pair runs as one unit: 0B0 is not right after 0F3 (rank 0, step 10)"),
-])
+], ids=["placement-out-of-range", "unknown-microbatch", "missing-F", "pair-not-F-and-B", "pair-not-adjacent"])
 def test_a_schedule_breaking_a_rule_is_refused_naming_the_rule_and_where(broken, said):
     """The validator is what keeps a broken schedule from being run (and hanging): each rule refused in its words,
     at its rank and step, before anything is sent."""
