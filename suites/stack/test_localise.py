@@ -170,6 +170,16 @@ def test_paritybench_localise_says_a_bad_input_in_one_sentence_with_exit_code_2(
     assert said in err and err.count("\n") == 1, err
 
 
+@pytest.mark.thorough  # ~3 s of its own Worlds' spawns; CI's thorough step runs it
+def test_paritybench_localise_of_a_case_that_holds_says_pass_and_exits_0(tmp_path, capsys):
+    """Nothing to localise: the verdict in one line, exit 0, and nothing written to --out."""
+    from harness.cli.main import main
+
+    assert main(["localise", "reference", "--layout", "1x1x1", "--steps", "1", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == "pass: the case holds to one device\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.thorough  # tox's budget (7.5 s): the localisation itself runs in tox in-process (the tests above)
 def test_paritybench_localise_prints_the_verdict_and_writes_its_plot(tmp_path, capsys):
     from harness.cli.main import main
