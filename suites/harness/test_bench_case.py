@@ -9,6 +9,7 @@ import re
 import pytest
 
 from harness.runtime.bench_case import call_case, declined, judge
+from suites._support.worlds import hang_window
 
 from . import ranks
 
@@ -33,11 +34,8 @@ def test_a_case_that_hangs_is_every_ranks_failed_answer_named_in_the_window_and_
     world, log = world_cache.get(2), io.StringIO()
     if world.backend != "gloo":
         pytest.skip("a wait the hang window reads is gloo's (under nccl a waiting rank may spin: the deadline governs)")
-    saved, world.hang_window = world.hang_window, 2.0
-    try:
+    with hang_window(world, 2.0):
         per_rank = call_case(world, ranks.sleep_before_collective, 1, 0, timeout=600, log=log)
-    finally:
-        world.hang_window = saved
     line = per_rank[0]["failed"]
     assert per_rank == [{"failed": line}] * 2
     assert line.startswith("rank 1 never entered all_reduce #") and "that rank 0 waits in" in line, line

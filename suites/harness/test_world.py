@@ -23,6 +23,7 @@ from harness.runtime.world import (
     run_or_fail,
     verdict_of,
 )
+from suites._support.worlds import hang_window
 
 from . import ranks
 
@@ -262,9 +263,8 @@ def _hang_line(exc) -> str:
 @pytest.fixture
 def short_window(world3):
     """world3 calling a hang after 3 s without progress instead of 10 (the default's verdict took 11.2 s)."""
-    saved, world3.hang_window = world3.hang_window, 3.0
-    yield world3
-    world3.hang_window = saved
+    with hang_window(world3, 3.0):
+        yield world3
 
 
 def test_a_hung_rank_is_named_with_the_collective_it_never_entered_and_where_it_is(short_window):
@@ -299,11 +299,8 @@ def test_a_hung_subgroup_names_the_group_by_its_ranks(short_window):
 
 
 def _computing_rank_is_not_hung(world, seconds: float, window: float) -> None:
-    saved, world.hang_window = world.hang_window, window
-    try:
+    with hang_window(world, window):
         assert world.run(ranks.compute_while_peers_wait, 1, seconds, timeout=seconds + 120) == [7.0] * world.size
-    finally:
-        world.hang_window = saved
 
 
 def test_a_rank_computing_four_windows_long_is_not_called_hung(world3):

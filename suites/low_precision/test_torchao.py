@@ -8,6 +8,7 @@ import pytest
 from harness.low_precision.case import Case
 from harness.records import findings
 from suites._support.layers import judge_low_precision as judge
+from suites._support.worlds import hang_window
 
 pytest.importorskip("torchao", reason="torchao is not installed (pip install 'paritybench[torchao]')")
 
@@ -57,12 +58,9 @@ def test_watch_float8_all_gather_of_rows_dp_does_not_divide_hangs(world_cache, c
     if why:
         pytest.skip(why)
     world = world_cache.get(2)
-    saved, world.hang_window = world.hang_window, 3.0  # the deadlock named in 3 s, not the default 10 (tox's budget)
-    try:
+    with hang_window(world, 3.0):
         outcome, _, problems, _ = judge(world_cache, conformance, "torchao",
                                         Case(kind="fsdp", dp=2, tp=1, fp8_all_gather=True, n=33, k=21))
-    finally:
-        world.hang_window = saved
     assert outcome == "fail" and findings.match("torchao", "low_precision", problems, fp8_all_gather=True,
                                                 rows_remainder=1), problems[:2]
     outcome, refused, problems, _ = judge(world_cache, conformance, "torchao",

@@ -11,6 +11,7 @@ from hypothesis import find, settings
 from harness.pipeline.case import PipelineCase, compare, run_rank, single_device
 from harness.runtime.world import run_or_fail
 from suites._support.pipeline import pipeline_cases
+from suites._support.worlds import hang_window
 
 _SEARCH = settings(max_examples=100, database=None, deadline=None, derandomize=True)
 
@@ -83,11 +84,8 @@ def test_a_pipeline_that_hangs_at_few_microbatches_is_a_fail_in_seconds(world_ca
         per_rank = run_or_fail(world, run_rank, case, timeout=120, failed=lambda detail: {"failed": detail})
         return compare(case, single_device(case), per_rank)
 
-    saved, world.hang_window = world.hang_window, 3.0  # the hang named in 3 s, not the default 10 (tox's budget)
-    try:
+    with hang_window(world, 3.0):
         verdict = outcome("impls:UnclampedCooldown1F1B", 1)
-    finally:
-        world.hang_window = saved
     assert verdict["outcome"] == "fail", verdict
     assert verdict["detail"].startswith("rank 0 is in _recv at handwritten.py:"), verdict["detail"]
     assert verdict["detail"].count("no rank progressed in run_rank for 3 s: a deadlock") == 1, verdict["detail"]
