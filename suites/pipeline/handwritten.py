@@ -40,7 +40,7 @@ class HandWritten1F1B:
 
 class _Loop:
     def __init__(self, clamp_cooldown, stage, p, m, loss_fn, shape, group):
-        self.stage, self.p, self.m, self.loss_fn, self.shape, self.group = stage, p, m, loss_fn, shape, group
+        self.stage, self.m, self.loss_fn, self.shape, self.group = stage, m, loss_fn, shape, group
         self.rank = dist.get_rank(group)
         self.first, self.last = self.rank == 0, self.rank == p - 1
         warmup = p - self.rank - 1
