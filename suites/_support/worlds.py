@@ -1,4 +1,4 @@
-"""A World's settings a test changes for one call and puts back."""
+"""What a test asks of a World beyond its calls: a setting changed for one call and put back; the backend it needs."""
 
 from __future__ import annotations
 
@@ -14,3 +14,14 @@ def hang_window(world, seconds: float):
         yield world
     finally:
         world.hang_window = saved
+
+
+def gloo_only(world, why: str) -> None:
+    """Skip the calling test unless ``world`` runs gloo, with ``why`` and the backend it runs: for what only a CPU /
+    gloo World can show — a finding on CPU tensors and CPU meshes (under nccl the default group has no CPU backend:
+    torch refuses a CPU tensor there before the code under test runs), or a wait the hang window reads as idle (under
+    nccl a waiting rank may spin: the deadline governs, as ``harness.runtime.hang`` says)."""
+    import pytest
+
+    if world.backend != "gloo":
+        pytest.skip(f"{why}; this World runs {world.backend}")

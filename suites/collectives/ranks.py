@@ -9,24 +9,27 @@ from reference import collectives as rc
 
 
 def bytes_sent(algorithm: str, numel: int, dtype: str, root: int, piece_bytes: int | None) -> int:
-    """Run one reference algorithm on zeros and return the bytes this rank says it sent."""
-    n = dist.get_world_size()
+    """Run one reference algorithm on zeros (on the rank's device: nccl's default group has no CPU backend) and
+    return the bytes this rank says it sent."""
+    from harness.runtime.rank import rank_device
+
+    n, device = dist.get_world_size(), rank_device()
     dt = getattr(torch, dtype)
-    t = torch.zeros(numel, dtype=dt)
+    t = torch.zeros(numel, dtype=dt, device=device)
     if algorithm == "ring_all_reduce":
         return rc.ring_all_reduce(t, "sum", None, piece_bytes)
     if algorithm in ("rhd_all_reduce", "tree_all_reduce", "naive_all_reduce"):
         return getattr(rc, algorithm)(t, "sum", None)
     if algorithm == "ring_reduce_scatter":
-        return rc.ring_reduce_scatter(t, torch.zeros(n * numel, dtype=dt), "sum", None, piece_bytes)
+        return rc.ring_reduce_scatter(t, torch.zeros(n * numel, dtype=dt, device=device), "sum", None, piece_bytes)
     if algorithm == "ring_all_gather":
-        return rc.ring_all_gather(torch.zeros(n * numel, dtype=dt), t, None, piece_bytes)
+        return rc.ring_all_gather(torch.zeros(n * numel, dtype=dt, device=device), t, None, piece_bytes)
     if algorithm == "tree_broadcast":
         return rc.tree_broadcast(t, root, None)
     if algorithm == "tree_reduce":
         return rc.tree_reduce(t, root, "sum", None)
     if algorithm == "pairwise_all_to_all":
-        return rc.pairwise_all_to_all(torch.zeros(n * numel, dtype=dt), torch.zeros(n * numel, dtype=dt), None)
+        return rc.pairwise_all_to_all(t.repeat(n), t.repeat(n), None)
     raise ValueError(f"unknown algorithm {algorithm!r}")
 
 
@@ -34,7 +37,7 @@ def torch_all_to_all_aliased(numel: int) -> int:
     """dist.all_to_all_single with output aliasing input; returns the number of wrong elements."""
     n, r = dist.get_world_size(), dist.get_rank()
     # Element i of rank q's input is q * 1000 + i; block j goes to rank j.
-    t = torch.arange(n * numel, dtype=torch.float64) + r * 1000
+    t = torch.arange(n * numel, dtype=torch.float64) + r * 1000  # gloo only (suites/collectives/test_findings.py)
     dist.all_to_all_single(t, t)
     want = torch.cat([torch.arange(r * numel, (r + 1) * numel, dtype=torch.float64) + q * 1000 for q in range(n)])
     return int((t != want).sum())

@@ -16,6 +16,7 @@ from harness.context_parallel.third_party import torch_context_parallel_probe
 from harness.records import findings, registry
 from harness.records.releases import TORCHTITAN_03
 from suites._support.layers import judge_context_parallel as judge
+from suites._support.worlds import gloo_only
 
 DEEPSPEED = registry.skip_reason(registry.resolve("deepspeed-ulysses", "context_parallel"))
 
@@ -59,8 +60,7 @@ def test_watch_deepspeed_ulysses_uneven_kv_heads_before_the_fix(world_cache, con
 def test_torch_context_parallel_does_not_run_on_cpu(backend, raised, needle, world_cache, conformance):
     """Watch: torch 2.13's context_parallel on CPU — the CPU flash kernel has no DTensor sharding strategy,
     the math backend mixes DTensor and Tensor (pytorch #147793), the efficient kernel is CUDA-only."""
-    if world_cache.get(2).backend != "gloo":
-        pytest.skip("a watch of the CPU path; on a GPU node torch's context_parallel is the GPU guide's")
+    gloo_only(world_cache.get(2), "a watch of the CPU path; on a GPU node torch's context_parallel is the GPU guide's")
     got = world_cache.get(2).run(torch_context_parallel_probe, backend, timeout=120)
     conformance.record("unsupported", suite="context_parallel", world_size=2, dtype="float64", impl="torch",
                        collective=f"context_parallel/{backend}", detail=": ".join(got[0]))
@@ -112,8 +112,7 @@ def test_torchtitans_context_parallelism_does_not_run_on_cpu(world_cache, confor
     the CPU flash kernel has no sharding strategy. Fails once it runs (then the torchtitan stack takes cp)."""
     from suites.stack.torchtitan_ranks import torchtitan_cp_probe
 
-    if world_cache.get(2).backend != "gloo":
-        pytest.skip("a watch of the CPU path")
+    gloo_only(world_cache.get(2), "a watch of the CPU path")
     got = world_cache.get(2).run(torchtitan_cp_probe, timeout=120)
     conformance.record("unsupported", suite="context_parallel", world_size=2, dtype="float32", impl="torchtitan",
                        collective="apply_cp_to_forward/sdpa", detail=": ".join(got[0]))

@@ -22,6 +22,7 @@ from harness.expert_parallel.case import Case, as_dict
 from harness.records import registry
 from harness.records.registry import ImplSpec
 from harness.runtime.capabilities import says_no_cuda
+from suites._support.worlds import gloo_only
 
 MEGATRON = registry.skip_reason(ImplSpec("megatron-moe", "expert_parallel", "x:y", requires=("megatron.core",)))
 pytestmark = pytest.mark.skipif(bool(MEGATRON), reason=f"megatron-core: {MEGATRON}")
@@ -81,8 +82,7 @@ def test_watch_megatron_moe_layer_needs_cuda_without_the_redirect(dispatcher, wo
     (then the redirect can go)."""
     from harness.expert_parallel.third_party import megatron_moe_probe
 
-    if world_cache.get(2).backend != "gloo":
-        pytest.skip("a watch of the CPU path; on a GPU node megatron's MoELayer runs as it is")
+    gloo_only(world_cache.get(2), "a watch of the CPU path; on a GPU node megatron's MoELayer runs as it is")
     got = world_cache.get(2).run(megatron_moe_probe, dispatcher, timeout=120)
     # torch's CUDA build on a machine without a driver raises AcceleratorError (a RuntimeError) there
     assert all(r[0] in ("RuntimeError", "AcceleratorError", "AssertionError") and "transformer/moe/" in r[1]

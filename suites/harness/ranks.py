@@ -1,4 +1,6 @@
-"""Rank-side functions for the World tests (module-level, so a World can call them)."""
+"""Rank-side functions for the World tests (module-level, so a World can call them). What they send over the World's
+own group lies on ``rank_device()`` (``cuda:<rank>`` under nccl, whose default group has no CPU backend; the CPU on
+gloo); a helper for a gloo-only behaviour says so."""
 
 from __future__ import annotations
 
@@ -8,9 +10,11 @@ import time
 import torch
 import torch.distributed as dist
 
+from harness.runtime.rank import rank_device
+
 
 def rank_and_sum() -> tuple[int, int, float]:
-    t = torch.tensor([float(dist.get_rank())])
+    t = torch.tensor([float(dist.get_rank())], device=rank_device())
     dist.all_reduce(t)
     return dist.get_rank(), dist.get_world_size(), t.item()
 
@@ -41,7 +45,7 @@ def raise_with_collective_in_flight(rank: int) -> None:
     asynchronous functional collectives do); ``rank`` raises."""
     if dist.get_rank() == rank:
         raise ValueError(f"planted failure on rank {rank}")
-    dist.all_reduce(torch.ones(4), async_op=True)
+    dist.all_reduce(torch.ones(4, device=rank_device()), async_op=True)
 
 
 def hang_on(rank: int) -> None:
@@ -136,7 +140,7 @@ def all_to_all_counted(how: str) -> float:
     n, r = dist.get_world_size(), dist.get_rank()
     send = [r + 1 + p for p in range(n)]  # uneven: equal splits would count the same bytes either way
     recv = [p + 1 + r for p in range(n)]
-    x, out = torch.ones(sum(send), 3), torch.empty(sum(recv), 3)
+    x, out = torch.ones(sum(send), 3, device=rank_device()), torch.empty(sum(recv), 3, device=rank_device())
     splits = {"list": send, "numpy": np.array(send), "positional": send}[how]
     counter = [0.0]
     with counted_traffic(counter):
@@ -177,16 +181,16 @@ def sleep_before_collective(rank: int, collectives: int) -> None:
     """Every rank makes ``collectives`` all-reduces over the world group; ``rank`` then sleeps (a trainer
     that never reaches its next collective) while the others enter one more."""
     for _ in range(collectives):
-        dist.all_reduce(torch.ones(1))
+        dist.all_reduce(torch.ones(1, device=rank_device()))
     if dist.get_rank() == rank:
         time.sleep(3600)
-    dist.all_reduce(torch.ones(1))
+    dist.all_reduce(torch.ones(1, device=rank_device()))
 
 
 def compute_while_peers_wait(rank: int, seconds: float) -> float:
     """``rank`` computes (CPU-bound matrix products) for ``seconds`` while the others wait for it in a
     broadcast; every rank then returns the broadcast value."""
-    t = torch.zeros(1)
+    t = torch.zeros(1, device=rank_device())
     if dist.get_rank() == rank:
         a, end = torch.rand(64, 64), time.monotonic() + seconds
         while time.monotonic() < end:
@@ -202,7 +206,7 @@ def wait_in_a_subgroup(rank: int) -> None:
     if dist.get_rank() == rank:
         dist.barrier()
     elif dist.get_rank() in (0, 1):
-        dist.all_reduce(torch.ones(1), group=group)
+        dist.all_reduce(torch.ones(1, device=rank_device()), group=group)
     else:
         time.sleep(3600)
 
@@ -223,8 +227,8 @@ def functional_all_reduce_counted(hide_group_resolution: bool) -> dict:
 
     from harness.runtime import comm_count
 
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    partial = DTensor.from_local(torch.full((4,), float(dist.get_rank() + 1)), mesh, [Partial()])
+    mesh = init_device_mesh(rank_device().type, (dist.get_world_size(),))
+    partial = DTensor.from_local(torch.full((4,), float(dist.get_rank() + 1), device=rank_device()), mesh, [Partial()])
     counter, saved = [0.0], c10d._resolve_process_group
     if hide_group_resolution:
         del c10d._resolve_process_group
@@ -255,7 +259,7 @@ def sequence_gather_counted(_):
 
     out = []
     for counting in (counted_collectives, counted_traffic):
-        x = torch.ones(16, 64, requires_grad=True)
+        x = torch.ones(16, 64, device=rank_device(), requires_grad=True)
         sent = [0.0]
         with counting(sent):
             mappings.gather_from_sequence_region(x, dist.group.WORLD).sum().backward()

@@ -6,10 +6,8 @@ from __future__ import annotations
 import io
 import re
 
-import pytest
-
 from harness.runtime.bench_case import call_case, declined, judge
-from suites._support.worlds import hang_window
+from suites._support.worlds import gloo_only, hang_window
 
 from . import ranks
 
@@ -32,8 +30,7 @@ def test_a_case_that_hangs_is_every_ranks_failed_answer_named_in_the_window_and_
     hang window (2 s here) the case's answer names it — not the sweep's deadline, not its end; each rank's stack goes
     to the log, and the sweep's next case runs on a respawned World."""
     world, log = world_cache.get(2), io.StringIO()
-    if world.backend != "gloo":
-        pytest.skip("a wait the hang window reads is gloo's (under nccl a waiting rank may spin: the deadline governs)")
+    gloo_only(world, "a wait the hang window reads as idle is gloo's")
     with hang_window(world, 2.0):
         per_rank = call_case(world, ranks.sleep_before_collective, 1, 0, timeout=600, log=log)
     line = per_rank[0]["failed"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
+from suites._support.worlds import gloo_only
 
 from . import ranks
 
@@ -12,8 +12,7 @@ def test_float8_all_gathers_move_as_bytes_on_gloo_and_every_other_call_is_torchs
     (every byte arrives where nccl puts it); a float32 one is torch's call unchanged. Watch: torch's own function
     still cannot move float8 on gloo — when it can, the shim goes."""
     world = world_cache.get(2)
-    if world.backend != "gloo":
-        pytest.skip(f"the shim is for gloo; this World runs {world.backend}")
+    gloo_only(world, "the shim is for gloo")
     for got in world.run(ranks.float8_all_gathered_as_bytes, None):
         assert got["bytes"] and got["wrapped_once"], got
         assert got["floats"] == [0.0, 0.0, 1.0, 1.0], got

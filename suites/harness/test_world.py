@@ -23,7 +23,7 @@ from harness.runtime.world import (
     run_or_fail,
     verdict_of,
 )
-from suites._support.worlds import hang_window
+from suites._support.worlds import gloo_only, hang_window
 
 from . import ranks
 
@@ -263,6 +263,7 @@ def _hang_line(exc) -> str:
 @pytest.fixture
 def short_window(world3):
     """world3 calling a hang after 3 s without progress instead of 10 (the default's verdict took 11.2 s)."""
+    gloo_only(world3, "a wait the hang window reads as idle is gloo's")
     with hang_window(world3, 3.0):
         yield world3
 
@@ -336,3 +337,13 @@ def test_an_exception_is_described_by_its_first_line_with_text_and_by_its_cause(
     assert line == ("RuntimeError: [Stage 0] failed to run forward: from RuntimeError: INTERNAL ASSERT FAILED at "
                     "reducer.cpp"), line
     assert describe(KeyError()) == "KeyError: "
+
+
+def test_a_test_that_needs_gloo_skips_elsewhere_with_its_reason_and_the_backend():
+    """``suites._support.worlds.gloo_only``: on gloo nothing happens; on any other backend the test skips saying why
+    and what the World runs."""
+    from types import SimpleNamespace
+
+    assert gloo_only(SimpleNamespace(backend="gloo"), "a CPU finding") is None
+    with pytest.raises(pytest.skip.Exception, match=r"^a CPU finding; this World runs nccl$"):
+        gloo_only(SimpleNamespace(backend="nccl"), "a CPU finding")

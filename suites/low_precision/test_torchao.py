@@ -8,7 +8,7 @@ import pytest
 from harness.low_precision.case import Case
 from harness.records import findings
 from suites._support.layers import judge_low_precision as judge
-from suites._support.worlds import hang_window
+from suites._support.worlds import gloo_only, hang_window
 
 pytest.importorskip("torchao", reason="torchao is not installed (pip install 'paritybench[torchao]')")
 
@@ -25,8 +25,7 @@ def test_watch_gloo_cannot_all_gather_float8(world_cache):
     """gloo (torch 2.13) has no float8 type: its all-gather raises 'Invalid scalar type'. When this fails, gloo moves
     float8 — the torchao cases unsupported for it now run: drop this watch."""
     world = world_cache.get(2)
-    if world.backend != "gloo":
-        pytest.skip(f"the watch is gloo's; this World runs {world.backend}")
+    gloo_only(world, "the watch is gloo's")
     errors = world.run(_probe, None, timeout=60)
     assert all(e and "Invalid scalar type" in e for e in errors), errors
 
@@ -34,8 +33,7 @@ def test_watch_gloo_cannot_all_gather_float8(world_cache):
 def test_torchao_float8_all_gather_of_activations_is_unsupported_on_gloo_with_the_reason(world_cache, conformance):
     """DTensor issues it from C++ (no byte-wise shim reaches it): unsupported, the backend's error quoted."""
     world = world_cache.get(2)
-    if world.backend != "gloo":
-        pytest.skip(f"the float8 all-gather runs on {world.backend}")
+    gloo_only(world, "the refusal is gloo's (no float8 type)")
     outcome, refused, _, _ = judge(world_cache, conformance, "torchao", Case(kind="column", sp=True))
     assert outcome == "unsupported" and "Invalid scalar type" in refused and "nccl" in refused, (outcome, refused)
 

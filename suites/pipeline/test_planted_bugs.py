@@ -11,7 +11,7 @@ from hypothesis import find, settings
 from harness.pipeline.case import PipelineCase, compare, run_rank, single_device
 from harness.runtime.world import run_or_fail
 from suites._support.pipeline import pipeline_cases
-from suites._support.worlds import hang_window
+from suites._support.worlds import gloo_only, hang_window
 
 _SEARCH = settings(max_examples=100, database=None, deadline=None, derandomize=True)
 
@@ -76,8 +76,7 @@ def test_a_pipeline_that_hangs_at_few_microbatches_is_a_fail_in_seconds(world_ca
     if max(world_sizes) < 3:
         pytest.skip("needs three ranks (at p = 2 the unclamped count never exceeds m)")
     world = world_cache.get(3)
-    if world.backend != "gloo":
-        pytest.skip("the hand-written 1F1B runs on gloo only (tagged messages, a wait that blocks the host)")
+    gloo_only(world, "the hand-written 1F1B runs on gloo only (tagged messages, a wait that blocks the host)")
 
     def outcome(impl, m):
         case = PipelineCase(f"suites.pipeline.{impl}", "1f1b", 3, m, 1, batch=2 * m, hidden=2, seed=m)

@@ -20,25 +20,29 @@ def _model(seed: int):
 
 
 def _sharded(kind: str):
-    """A model sharded as ``kind`` on 4 gloo ranks, one Adam step taken: its parameters' and Adam state's tree."""
+    """A model sharded as ``kind`` on the World's 4 ranks (on their device: the CPU on gloo), one Adam step taken: its
+    parameters' and Adam state's tree."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    model = _model(0)
+    from harness.runtime.rank import rank_device
+
+    device = rank_device()
+    model = _model(0).to(device)
     if kind == "fsdp":
-        fully_shard(model, mesh=init_device_mesh("cpu", (N,)))
+        fully_shard(model, mesh=init_device_mesh(device.type, (N,)))
     elif kind.startswith("hsdp"):
-        fully_shard(model, mesh=init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard")))
+        fully_shard(model, mesh=init_device_mesh(device.type, (2, 2), mesh_dim_names=("replicate", "shard")))
     else:
-        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        mesh = init_device_mesh(device.type, (2, 2), mesh_dim_names=("dp", "tp"))
         parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
         if kind == "fsdp-tp":
             fully_shard(model, mesh=mesh["dp"])
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
     torch.manual_seed(1)
-    model(torch.randn(3, 10)).square().sum().backward()
+    model(torch.randn(3, 10).to(device)).square().sum().backward()
     opt.step()
     if kind == "hsdp-drifted":  # the second replica's copy off by one: each rank's full tensor is its replica's
         with torch.no_grad():
@@ -70,8 +74,11 @@ def compare(kind: str, without_protocol: bool = False) -> dict:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import Partial
 
-        mesh = init_device_mesh("cpu", (N,))
-        tree["pending"] = DTensor.from_local(torch.arange(6.0) * (1 + mesh.get_rank()), mesh, [Partial()])
+        from harness.runtime.rank import rank_device
+
+        mesh = init_device_mesh(rank_device().type, (N,))
+        tree["pending"] = DTensor.from_local(torch.arange(6.0, device=rank_device()) * (1 + mesh.get_rank()), mesh,
+                                             [Partial()])
     own = _flat(tree)
     expected = {path: (t.full_tensor() if isinstance(t, DTensor) else t).cpu() for path, t in own.items()}
     calls = []

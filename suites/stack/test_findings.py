@@ -5,8 +5,11 @@ from __future__ import annotations
 import pytest
 
 from harness.runtime.world import ImplementationFailure, verdict_of
+from suites._support.worlds import gloo_only
 
 from . import findings_ranks as ranks
+
+CPU = "a finding of the CPU path: its ranks' modules, meshes and stages are on the CPU (on a GPU node untested)"
 
 
 def test_a_new_pipeline_schedule_drops_fsdp2_accumulated_gradients(world_cache):
@@ -14,6 +17,7 @@ def test_a_new_pipeline_schedule_drops_fsdp2_accumulated_gradients(world_cache):
     its shape inference, whose clean-up sets every FSDP parameter's grad to None — the passes accumulated
     so far are lost, silently. The same schedule object accumulates. Fails once torch keeps them."""
     world = world_cache.get(1)
+    gloo_only(world, CPU)
     assert world.run(ranks.fsdp_pipeline_grads_over_two_schedules, True, timeout=120)[0] == {
         "sum": True, "second_only": False}
     assert world.run(ranks.fsdp_pipeline_grads_over_two_schedules, False, timeout=120)[0] == {
@@ -25,8 +29,10 @@ def test_inf_norm_of_an_empty_fsdp_shard_raises(world_cache):
     rank whose shard is empty ("_foreach_norm cannot compute the infinity norm on an empty tensor"), while
     its peers wait in the reduction; the 2-norm of the same shards works. Minimal case: Linear(3, 1) over 2
     ranks. Fails once torch takes the inf norm of an empty shard as 0."""
+    world = world_cache.get(2)
+    gloo_only(world, CPU)
     with pytest.raises(ImplementationFailure) as info:  # rank 0 left waiting in the reduction, then ended
-        world_cache.get(2).run(ranks.inf_norm_of_an_empty_fsdp_shard, timeout=60)
+        world.run(ranks.inf_norm_of_an_empty_fsdp_shard, timeout=60)
     first = verdict_of(info.value)
     assert first.startswith("rank 1: ") and "cannot compute the infinity norm on an empty tensor" in first, first
 
@@ -43,6 +49,7 @@ def test_watch_a_compiled_tp_block_after_a_tp_embedding_drops_its_gradient(backe
     shows the same two outcomes (2026-12-04), so tox watches it there (~3 s; inductor's own compile ~11 s cold, the
     thorough env)."""
     world = world_cache.get(2)
+    gloo_only(world, CPU)
     args = (backend, sequence_parallel)
     assert world.run(ranks.compiled_tp_block_after_a_tp_embedding, True, *args, timeout=300)[0] == "zero"
     without = world.run(ranks.compiled_tp_block_after_a_tp_embedding, False, *args, timeout=300)[0]
@@ -62,6 +69,7 @@ def test_watch_ddp_under_pipelining_raises_after_two_backwards_in_a_row(world_ca
     from suites.stack.test_ddp import RAISED
 
     world = world_cache.get(2)
+    gloo_only(world, CPU)
     for (schedule, pp, m), raised in RAISED.items():
         if pp == 1:  # every rank raises together (at pp 2 a stage's peers wait for it: the hang window each)
             per_rank = world.run(ranks.ddp_pipeline, schedule, m, timeout=120)
@@ -77,6 +85,7 @@ def test_watch_ddp_under_zero_bubble_reduces_only_the_first_stage(world_cache):
     pipeline rank (stages 0 and 1, the first and the last): both reduced; under 1F1B every replica agrees (the
     control). Fails once torch reduces every stage under zero bubble."""
     world = world_cache.get(4)
+    gloo_only(world, CPU)
     zb = world.run(ranks.ddp_pipeline, "zb-h1", 2, 2, 1, timeout=120)
     assert [r["agree"] for r in zb] == [True, False, True, False], zb
     assert all(r["agree"] for r in world.run(ranks.ddp_pipeline, "1f1b", 2, 2, 1, timeout=120))

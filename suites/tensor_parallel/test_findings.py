@@ -49,21 +49,29 @@ import pytest
 
 from harness.records import findings
 from harness.runtime.world import RankFailure
+from suites._support.worlds import gloo_only
 
 from . import findings_ranks
+
+
+def _cpu(world):
+    """``world`` where it runs gloo, else the test skips: these are findings of the CPU path (the ranks' meshes and
+    tensors on the CPU; on a GPU node untested)."""
+    gloo_only(world, "a finding of the CPU path")
+    return world
 
 
 def test_dtensor_rowwise_bias_rounds_on_three_ranks(world_cache, world_sizes):
     if 3 not in world_sizes:
         pytest.skip("needs a 3-rank world")
-    assert max(world_cache.get(3).run(findings_ranks.dtensor_row_bias, 3, True)) > 0.0  # integers, yet not exact
-    assert max(world_cache.get(3).run(findings_ranks.dtensor_row_bias, 3, False)) == 0.0
+    assert max(_cpu(world_cache.get(3)).run(findings_ranks.dtensor_row_bias, 3, True)) > 0.0  # integers, yet not exact
+    assert max(_cpu(world_cache.get(3)).run(findings_ranks.dtensor_row_bias, 3, False)) == 0.0
 
 
 def test_dtensor_rowwise_bias_exact_on_two_ranks(world_cache, world_sizes):
     if 2 not in world_sizes:
         pytest.skip("needs a 2-rank world")
-    assert max(world_cache.get(2).run(findings_ranks.dtensor_row_bias, 4, True)) == 0.0
+    assert max(_cpu(world_cache.get(2)).run(findings_ranks.dtensor_row_bias, 4, True)) == 0.0
 
 
 def test_watch_ddp_over_tensor_parallel_empties_the_module(world_cache, world_sizes):
@@ -71,7 +79,7 @@ def test_watch_ddp_over_tensor_parallel_empties_the_module(world_cache, world_si
     (the registry's finding is then fixed) or when the training it does is no longer one device's."""
     if 4 not in world_sizes:
         pytest.skip("needs a 4-rank world (dp 2 x tp 2)")
-    for got in world_cache.get(4).run(findings_ranks.ddp_over_tp, timeout=120):
+    for got in _cpu(world_cache.get(4)).run(findings_ranks.ddp_over_tp, timeout=120):
         assert got["off"] == 0.0, got  # integer-valued: DDP's average of the replicas is exact
         assert got["names_before"] == ["0.weight", "2.weight"], got
         assert got["names_after"] == [] and got["state_dict_after"] == [], got
@@ -84,7 +92,7 @@ def test_watch_grad_scaler_reduces_found_inf_over_the_first_gradients_mesh_dims(
     halves)."""
     if 2 not in world_sizes:
         pytest.skip("needs a 2-rank world")
-    world = world_cache.get(2)
+    world = _cpu(world_cache.get(2))
     sharded_first = world.run(findings_ranks.scaler_found_inf, False, timeout=60)
     assert [(r["stepped"], r["scale"]) for r in sharded_first] == [(False, 2.0 ** 15)] * 2, sharded_first
     replicated_first = world.run(findings_ranks.scaler_found_inf, True, timeout=60)
@@ -102,21 +110,21 @@ def test_dtensor_size_one_sharded_dimension_on_one_rank(world_cache, world_sizes
     if why:
         pytest.skip(why)
     with pytest.raises(RankFailure, match="would remove or reshape sharded dimension"):
-        world_cache.get(1).run(findings_ranks.dtensor_size_one, timeout=60)
+        _cpu(world_cache.get(1)).run(findings_ranks.dtensor_size_one, timeout=60)
 
 
 def test_dtensor_empty_vocabulary_shard(world_cache, world_sizes):
     if 3 not in world_sizes:
         pytest.skip("needs a 3-rank world")
     with pytest.raises(RankFailure, match="index_select"):
-        world_cache.get(3).run(findings_ranks.dtensor_empty_vocab_shard, timeout=60)
+        _cpu(world_cache.get(3)).run(findings_ranks.dtensor_empty_vocab_shard, timeout=60)
 
 
 def _megatron(world_cache, world_sizes):
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (extra paritybench[megatron])")
     if 2 not in world_sizes:
         pytest.skip("needs a 2-rank world")
-    return world_cache.get(2)
+    return _cpu(world_cache.get(2))
 
 
 def test_megatron_cross_entropy_computes_in_float32(world_cache, world_sizes):
