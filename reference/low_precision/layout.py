@@ -143,7 +143,7 @@ class LowPrecisionLinear(torch.nn.Module):
                 local = weight.float().chunk(self.tp, 1)[t]
             elif layout.kind == "fsdp":
                 size = math.ceil(n * k / self.dp)
-                flat = torch.zeros(size * self.dp)
+                flat = torch.zeros(size * self.dp, device=weight.device)
                 flat[: n * k] = weight.float().reshape(-1)
                 local = flat[dist.get_rank(dp_group) * size:][:size]
             else:
@@ -176,7 +176,7 @@ class LowPrecisionLinear(torch.nn.Module):
         if self.planted:
             a = self.planted["stale"].setdefault(("output", "w"), a)
         q = cast_operand(self.weight, cast, 0, a)[0]
-        gathered = torch.empty(q.numel() * self.dp, dtype=torch.uint8)
+        gathered = torch.empty(q.numel() * self.dp, dtype=torch.uint8, device=q.device)
         dist.all_gather_into_tensor(gathered, q.view(torch.uint8), group=self.dp_group)
         w = dequantise(gathered.view(q.dtype)[: math.prod(self.shape)], a, cast, 0).view(self.shape)
         return scaled_linear(x, full, self.recipe, {}, self.planted, w_ops={"output": w, "grad_input": w})

@@ -7,12 +7,16 @@ import torch.distributed as dist
 
 
 def torch_uneven_microbatches(batch: int, m: int) -> None:
-    """Run torch's ScheduleGPipe with ``batch`` rows in ``m`` microbatches (whatever it raises, raises)."""
+    """Run torch's ScheduleGPipe with ``batch`` rows in ``m`` microbatches on the rank's device (whatever it raises,
+    raises)."""
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-    stage = PipelineStage(torch.nn.Linear(2, 2, dtype=torch.float64), dist.get_rank(), dist.get_world_size(),
-                          torch.device("cpu"))
+    from harness.runtime.rank import rank_device
+
+    device = rank_device()
+    stage = PipelineStage(torch.nn.Linear(2, 2, dtype=torch.float64, device=device), dist.get_rank(),
+                          dist.get_world_size(), device)
     sched = ScheduleGPipe(stage, m, loss_fn=lambda out, t: ((out - t) ** 2).sum(), scale_grads=False)
-    x = torch.zeros(batch, 2, dtype=torch.float64)
+    x = torch.zeros(batch, 2, dtype=torch.float64, device=device)
     last = dist.get_rank() == dist.get_world_size() - 1
     sched.step(*((x,) if dist.get_rank() == 0 else ()), **({"target": x} if last else {}))

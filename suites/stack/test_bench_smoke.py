@@ -124,6 +124,7 @@ def _aliased_all_reduce_counted() -> float:
     import torch.distributed as dist
 
     from harness.runtime.comm_count import counted_collectives
+    from harness.runtime.rank import rank_device
 
     module = types.ModuleType("a_third_party")  # what megatron-core does: a collective taken by value at import
     module.reduce = dist.all_reduce
@@ -133,7 +134,7 @@ def _aliased_all_reduce_counted() -> float:
     try:
         counter = [0.0]
         with counted_collectives(counter):
-            module.reduce(torch.ones(256))
+            module.reduce(torch.ones(256, device=rank_device()))
         return counter[0]
     finally:
         del sys.modules[module.__name__]

@@ -47,7 +47,8 @@ def _pipeline_norms():
     def observed(parameters, max_norm, norm_type=2, mpu=None):
         parameters = [p for p in parameters if p.grad is not None]
         mine = sum(float(p.grad.double().pow(2).sum()) for p in parameters)
-        stages = torch.tensor([mine if dist.get_rank() == r else 0.0 for r in range(2)], dtype=torch.float64)
+        stages = torch.tensor([mine if dist.get_rank() == r else 0.0 for r in range(2)], dtype=torch.float64,
+                              device=parameters[0].grad.device)  # the engine's device: nccl has no CPU backend
         dist.all_reduce(stages)
         clipped_by = clip(parameters=parameters, max_norm=max_norm, norm_type=norm_type, mpu=mpu)
         seen.append((float(clipped_by), float(stages.sum().sqrt()), float(stages[0].sqrt())))
@@ -100,10 +101,12 @@ def _expert_norms():
     def observed(parameters, max_norm, norm_type=2, mpu=None):
         parameters = [p for p in parameters if p.grad is not None]
         dense = sum(float(p.grad.double().pow(2).sum()) for p in parameters if not is_moe_param(p))
-        mine = torch.tensor([sum(float(p.grad.double().pow(2).sum()) for p in parameters if is_moe_param(p))])
+        device = parameters[0].grad.device  # the engine's: nccl's default group has no CPU backend
+        mine = torch.tensor([sum(float(p.grad.double().pow(2).sum()) for p in parameters if is_moe_param(p))],
+                            device=device)
         experts = mine.clone()
         dist.all_reduce(experts)  # each rank's experts are its own (EDP 1): their sum is every expert once
-        own = torch.tensor([(dense + float(mine)) ** 0.5])
+        own = torch.tensor([(dense + float(mine)) ** 0.5], device=device)
         dist.all_reduce(own)
         clipped_by = clip(parameters=parameters, max_norm=max_norm, norm_type=norm_type, mpu=mpu)
         seen.append((float(clipped_by), (dense + float(experts)) ** 0.5, float(own) / 2))

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from harness.contracts import Unsupported
+from harness.runtime.rank import rank_device
 from harness.stack.built import BuiltFromDense
 from harness.stack.dense import tied
 from harness.stack.supports import Rule, Supports
@@ -158,7 +159,7 @@ class AccelerateTrainer(BuiltFromDense):
                     self.scheduler.step()
                 self.optimizer.zero_grad()
             total += float(loss.detach()) / k
-        value = torch.tensor([total / self.layout.dp], dtype=torch.float64)
+        value = torch.tensor([total / self.layout.dp], dtype=torch.float64, device=rank_device())
         dist.all_reduce(value)
         return float(value)
 

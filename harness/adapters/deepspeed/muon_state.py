@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from harness.runtime.rank import rank_device
+
 KEY = "momentum_buffer"
 
 
@@ -59,7 +61,7 @@ def momentum(optimizer, params: dict, group=None) -> dict:
     if not muon:  # no Muon (the same tags on every rank): nothing to read, no collective
         return {}
     mine = _held_here(optimizer, {id(p): k for k, p in muon.items()})
-    found = torch.tensor([0 if mine is None else 1])
+    found = torch.tensor([0 if mine is None else 1], device=rank_device())  # nccl's groups have no CPU backend
     dist.all_reduce(found, op=dist.ReduceOp.MIN, group=group)  # every rank reads the same way
     if found.item():
         gathered = [None] * dist.get_world_size(group)

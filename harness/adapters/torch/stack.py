@@ -286,6 +286,8 @@ class TorchStackTrainer(BuiltFromDense):
         import torch
         import torch.distributed as dist
 
+        from harness.runtime.rank import rank_device
+
         t, spec, out = self.trainer, self.recipe.optimizer, {}
         for local, p in t.stage.named_parameters():
             name, state = t.names[local], t.state.get(p, {})
@@ -298,8 +300,11 @@ class TorchStackTrainer(BuiltFromDense):
             # saves it whole (the owner's plus the others' zeros), as DCP keeps one copy of a plain tensor
             group = t.mesh["dp"].get_group()
             for key in [k for k in out if k.startswith("optim.")]:
-                out[key] = out[key].clone()
-                dist.all_reduce(out[key], group=group)
+                # a copy on the rank's device (Adam's step lives on the CPU beside CUDA parameters; nccl has no CPU
+                # backend), reduced, then back where the state keeps it
+                whole = out[key].to(rank_device(), copy=True)
+                dist.all_reduce(whole, group=group)
+                out[key] = whole.to(out[key].device)
         if t.schedulers:  # their position (every scheduler's and every rank's the same: DCP keeps one)
             out["lr_scheduler.last_epoch"] = torch.tensor(float(t.schedulers[0].last_epoch))
         if t.scaler is not None:  # fp16: GradScaler's state_dict (the scale, its clean steps so far, its factors)

@@ -8,9 +8,10 @@ stack applies, and only where they are needed (docs/guides/stacks.md names them)
    them. triton itself is never stubbed (torch asks whether it is importable). 0.2.x imports its MoE's
    permutation kernels (``torchtitan.models.moe.kernels``) from the package's ``__init__``: stubbed alike.
 2. ``torchtitan.tools.utils.device_type`` falls back to "cuda" when no accelerator is found, and its
-   ``device_module`` to ``torch.cuda``; ``ParallelDims`` builds its device mesh on that type. Without an
-   accelerator both are set to the CPU's ("cpu", ``torch.cpu``) — in ``torchtitan.tools.utils`` and in every
-   torchtitan module that had already bound them by name.
+   ``device_module`` to ``torch.cuda``; ``ParallelDims`` builds its device mesh on that type. Where the World's
+   ranks compute on the CPU (gloo: ``harness.runtime.rank.rank_device``, on a machine with or without CUDA) both
+   are set to the CPU's ("cpu", ``torch.cpu``) — in ``torchtitan.tools.utils`` and in every torchtitan module that
+   had already bound them by name; on nccl torchtitan keeps its own.
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ def import_torchtitan():
 def _device_to_cpu() -> None:
     import torch
 
-    if torch.cuda.is_available():
+    from harness.runtime.rank import rank_device
+
+    if rank_device().type != "cpu":  # a World on nccl: torchtitan's own CUDA device, as its users run it
         return
     for name, module in list(sys.modules.items()):
         if name.startswith("torchtitan") and getattr(module, "device_type", None) == "cuda":

@@ -8,14 +8,16 @@ import torch
 import torch.distributed as dist
 
 from harness.adapters.torchtitan.imports import v02
+from harness.runtime.rank import rank_device
 
 
 def materialise(parts, state: dict) -> None:
-    """torchtitan's order after parallelizing a meta model: each part moved to the CPU, its buffers initialised
-    (the rotary cache; a tied embedding re-tied to the head), then the one-device weights ``state`` (torchtitan's
-    names) loaded where a checkpoint load would put them; on gloo, FSDP2's reduction forced to a plain sum."""
+    """torchtitan's order after parallelizing a meta model: each part moved to the rank's device, its buffers
+    initialised (the rotary cache; a tied embedding re-tied to the head), then the one-device weights ``state``
+    (torchtitan's names) loaded where a checkpoint load would put them; on gloo, FSDP2's reduction forced to a plain
+    sum."""
     for part in parts:
-        part.to_empty(device="cpu")
+        part.to_empty(device=rank_device())
         with torch.no_grad():
             part.init_weights(buffer_device=None)
             _load_full(part, state)

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from harness.adapters.torchtitan.names import contract_name, torchtitan_name
 from harness.adapters.torchtitan.state import _load, _save, _scalar, materialise
+from harness.runtime.rank import rank_device
 from harness.stack.built import BuiltFromDense
 from harness.stack.dense import full_tensors, gathered, tied
 from reference.errors import Unsupported
@@ -186,7 +187,7 @@ class TorchtitanStackTrainer(BuiltFromDense):
                                              enable_cpu_offload=self.cpu_offload)}
         if layout.pp > 1:
             self.schedule, parts, self.first, self.last = pipeline_llm(
-                titan, **common, device=torch.device("cpu"), model_config=config, parallelize_fn=parallelize,
+                titan, **common, device=rank_device(), model_config=config, parallelize_fn=parallelize,
                 loss_fn=self.loss_fn)
         else:
             self.schedule, parts, self.first, self.last = None, [parallelize(titan, **common)], True, True
@@ -237,7 +238,7 @@ class TorchtitanStackTrainer(BuiltFromDense):
         self.optimizers.step()
         if self.lr_schedulers is not None:  # Trainer.train_step's order: after the optimizers
             self.lr_schedulers.step()
-        total = torch.tensor([loss_sum], dtype=torch.float64)
+        total = torch.tensor([loss_sum], dtype=torch.float64, device=rank_device())
         for axis in ("pp", "batch"):  # the last stage's sums, over every replica
             mesh = dims.get_optional_mesh(axis)
             if mesh is not None:

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from harness.adapters.torchtitan.names import contract_name, torchtitan_name
 from harness.adapters.torchtitan.state import _scalar, materialise
 from harness.adapters.torchtitan.trainer import SCHEDULES, TorchtitanStackTrainer
+from harness.runtime.rank import rank_device
 
 SEQ = 64
 """The rotary cache's length (``max_seq_len``): the contract's cases are shorter."""
@@ -124,10 +125,11 @@ class TorchtitanV02Trainer(TorchtitanStackTrainer):
             titan = Transformer(args)
         self.loss_fn = build_cross_entropy_loss(job)
         self.loss_parallel = layout.tp > 1 and not p.disable_loss_parallel  # Trainer's train_context
-        self.amp = dist_utils.maybe_enable_amp(self.dims, job.training.mixed_precision_param, "cpu")  # its autocast
+        self.amp = dist_utils.maybe_enable_amp(self.dims, job.training.mixed_precision_param,
+                                               rank_device().type)  # its autocast
         if layout.pp > 1:
             self.schedule, parts, self.first, self.last = pipeline_llm(
-                titan, self.dims, job, torch.device("cpu"), args, parallelize_llama, self.loss_fn)
+                titan, self.dims, job, rank_device(), args, parallelize_llama, self.loss_fn)
         else:
             self.schedule, parts, self.first, self.last = None, [parallelize_llama(titan, self.dims, job)], True, True
         materialise(parts, self._titan_state(model))
