@@ -15,8 +15,7 @@ from reference.low_precision import Layout as LowPrecisionLayout
 from reference.models import ModelSpec
 from reference.zero import OptimizerSpec
 
-
-@pytest.mark.parametrize("make, said", [
+REFUSED = [
     (lambda: ModelSpec("llama", kv_heads=0), "kv_heads must be >= 1; got 0."),  # before: ZeroDivisionError
     (lambda: ModelSpec("llama", heads=4, kv_heads=3),
      "hidden (16) must divide by heads (4) and heads by kv_heads (3)."),
@@ -45,7 +44,10 @@ from reference.zero import OptimizerSpec
      "the float8 all-gather is FSDP's (the fsdp layout); the column layout gathers no weight."),
     (lambda: Layout(2, replicate=3), "replicate (3) must be a whole number dividing dp x cp (2): the replicas of a "
                                      "hybrid-sharded mesh."),
-])
+]
+
+
+@pytest.mark.parametrize("make, said", REFUSED, ids=[said for _, said in REFUSED])
 def test_an_input_no_trainer_can_run_is_one_sentence(make, said):
     with pytest.raises(ValueError) as exc:
         make()
@@ -67,14 +69,17 @@ def test_a_recipe_refuses_a_clip_or_loss_scale_no_step_can_take(value):
     assert Recipe(max_grad_norm=math.inf).max_grad_norm == math.inf and Recipe(loss_scale=2.0**16, max_grad_norm=0.5)
 
 
-@pytest.mark.parametrize("make, said", [
+LAYOUT_FIELDS = [
     (lambda: Layout(2, sequence_parallel=True),  # before: accepted, and a stack ignoring it passed a case labelled SP
      "sequence_parallel shards what tensor parallelism replicates: it needs tp > 1; got tp 1."),
     (lambda: Layout(2, compile="yes"), "compile must be True or False; got 'yes'."),
     (lambda: Layout(2, checkpointing=1), "checkpointing must be True or False; got 1."),
     (lambda: Layout(1, 2, 1, microbatches=0),  # before: 0 read as "unset", 2 pp microbatches ran
      "microbatches must be a whole number >= 1 or None (2 pp); got 0."),
-])
+]
+
+
+@pytest.mark.parametrize("make, said", LAYOUT_FIELDS, ids=[said for _, said in LAYOUT_FIELDS])
 def test_a_layout_field_a_stack_could_ignore_is_refused(make, said):
     with pytest.raises(ValueError) as exc:
         make()
