@@ -9,6 +9,7 @@ seconds. Nothing happens where the variable is unset: the env's other processes 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -21,16 +22,15 @@ def _save() -> None:
 
     current = coverage.Coverage.current()
     if current is not None:
-        try:
+        with contextlib.suppress(Exception):  # measuring never fails the run it measures
             current.save()
-        except Exception:  # noqa: BLE001 - measuring never fails the run it measures
-            pass
 
 
 def _save_between_calls() -> None:
-    """In a forked child: a World rank's call loop puts torch back after every call (``harness.runtime.hygiene.restore``,
-    between calls, nothing else running); there, at most every ``SAVE_EVERY_S``, its data is saved. (A thread saving on
-    a timer raced the tracer of the computing main thread: a rank died of SIGSEGV inside ``Coverage.save``.)"""
+    """In a forked child: a World rank's call loop puts torch back after every call
+    (``harness.runtime.hygiene.restore``, between calls, nothing else running); there, at most every
+    ``SAVE_EVERY_S``, its data is saved. (A thread saving on a timer raced the tracer of the computing main thread: a
+    rank died of SIGSEGV inside ``Coverage.save``.)"""
     try:
         from harness.runtime import hygiene
     except ImportError:
