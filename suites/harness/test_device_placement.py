@@ -43,7 +43,7 @@ def _collective(node) -> bool:
 def host_tensors_sent(source: str) -> list[tuple[int, str]]:
     """(line, function) of each collective in ``source`` whose tensor argument (its first two positional ones) is a
     torch factory's call without ``device=``, or a name the same function bound to one."""
-    found = []
+    found = {}  # line -> the innermost function it is in (ast.walk meets an enclosing function first)
     for fn in ast.walk(ast.parse(source)):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
@@ -52,8 +52,8 @@ def host_tensors_sent(source: str) -> list[tuple[int, str]]:
         for call in ast.walk(fn):
             if isinstance(call, ast.Call) and _collective(call) and any(
                     _factory_without_device(a) or (isinstance(a, ast.Name) and a.id in bound) for a in call.args[:2]):
-                found.append((call.lineno, fn.name))
-    return sorted(set(found))
+                found[call.lineno] = fn.name
+    return sorted(found.items())
 
 
 def test_the_pattern_is_seen_where_it_is_and_not_where_a_device_is_given():
