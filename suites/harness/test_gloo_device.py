@@ -17,8 +17,9 @@ def test_new_groups_share_the_ranks_one_device_and_reduce_exactly(world_cache, w
     n = max(world_sizes)
     for r, got in enumerate(world_cache.get(n).run(ranks.groups_on_one_device, 6)):
         # 12 more gloo groups on the one device the World's own group made (gloo), or the first of them made (under
-        # nccl the World's group has none); torch alone adds a device thread each
-        assert got["after"] == max(got["before"], 1) == 1, got
+        # nccl the World's group has none); torch alone adds a device thread each. (A torch that does not name gloo's
+        # threads — the declared floor's — counts none before or after.)
+        assert got["before"] <= got["after"] <= max(got["before"], 1), got
         want = [(n, n * (n + 1) / 2)] * 6 + ([(2, 3.0)] * 6 if r < 2 and n > 1 else [])
         assert got["sums"] == want, (r, got["sums"])
         assert got["isinstance"], "a gloo backend torch builds itself fails torch's isinstance check"
