@@ -31,6 +31,18 @@ def rank_device():
     return torch.device("cpu")
 
 
+def summed(values, group=None) -> list[float]:
+    """``values`` (numbers) summed over the ranks of ``group`` (the world where None), in float64, made on this rank's
+    device (``rank_device``: nccl's groups have no CPU backend). Collective: every rank of ``group`` calls it with as
+    many values. The stacks' step loss is read this way."""
+    import torch
+    import torch.distributed as dist
+
+    total = torch.tensor([float(v) for v in values], dtype=torch.float64, device=rank_device())
+    dist.all_reduce(total, group=group)
+    return total.tolist()
+
+
 _VERDICT: list[str] = []
 """This call's failure of the code under test, as ``failed_in_implementation`` recorded it (rank side)."""
 

@@ -356,3 +356,12 @@ def keeps_a_named_semaphore() -> str:
     lock = multiprocessing.get_context("forkserver").RLock()
     _KEPT.append(lock)
     return "/dev/shm/sem." + lock._semlock.name.lstrip("/")
+
+
+def summed_here() -> tuple[list[float], list[float]]:
+    """``harness.runtime.rank.summed`` of (rank, 1, 0.1) over the world, and of (rank,) over ranks {0, 1}."""
+    from harness.runtime.rank import summed
+
+    r = dist.get_rank()
+    pair = dist.new_group([0, 1])  # every rank makes it; only its members reduce over it
+    return summed([r, 1, 0.1]), (summed([r], pair) if r < 2 else [])

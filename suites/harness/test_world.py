@@ -347,3 +347,11 @@ def test_a_test_that_needs_gloo_skips_elsewhere_with_its_reason_and_the_backend(
     assert gloo_only(SimpleNamespace(backend="gloo"), "a CPU finding") is None
     with pytest.raises(pytest.skip.Exception, match=r"^a CPU finding; this World runs nccl$"):
         gloo_only(SimpleNamespace(backend="nccl"), "a CPU finding")
+
+
+def test_summed_adds_each_value_over_the_group_in_float64_on_every_rank(world3):
+    """``harness.runtime.rank.summed``, how the stacks read their step's loss: every rank gets the sums, over the world
+    or a group of ranks, in float64 (three 0.1s: 0.30000000000000004 — in float32 they would read 0.30000001...)."""
+    tenths = 0.1 + 0.1 + 0.1  # equal terms: any order of the reduction gives this
+    got = world3.run(ranks.summed_here)
+    assert got == [([3.0, 3.0, tenths], [1.0]), ([3.0, 3.0, tenths], [1.0]), ([3.0, 3.0, tenths], [])], got

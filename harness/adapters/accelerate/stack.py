@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from harness.contracts import Unsupported
-from harness.runtime.rank import rank_device
+from harness.runtime.rank import summed
 from harness.stack.built import BuiltFromDense
 from harness.stack.dense import tied
 from harness.stack.supports import Rule, Supports
@@ -159,9 +159,7 @@ class AccelerateTrainer(BuiltFromDense):
                     self.scheduler.step()
                 self.optimizer.zero_grad()
             total += float(loss.detach()) / k
-        value = torch.tensor([total / self.layout.dp], dtype=torch.float64, device=rank_device())
-        dist.all_reduce(value)
-        return float(value)
+        return summed([total / self.layout.dp])[0]
 
     def dense_state(self) -> dict:
         from harness.stack.dense import full_tensors

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from harness.adapters.deepspeed.mixed import MastersState, bf16_config
 from harness.adapters.deepspeed.resume import DeepSpeedCheckpoint
 from harness.contracts import Unsupported
-from harness.runtime.rank import rank_device
+from harness.runtime.rank import summed
 from harness.stack.built import BuiltFromDense
 from harness.stack.dense import tied
 from harness.stack.supports import Rule, Supports
@@ -326,9 +326,7 @@ class DeepSpeedStackTrainer(DeepSpeedCheckpoint, BuiltFromDense):
         if self.recipe.max_grad_norm is not None:
             norm = engine.get_global_grad_norm()
             self.last_grad_norm = None if norm is None else float(norm)
-        value = torch.tensor([total / dp], dtype=torch.float64, device=rank_device())
-        dist.all_reduce(value)
-        return float(value)
+        return summed([total / dp])[0]
 
     def memory(self) -> dict:
         from harness.adapters.deepspeed.zero import engine_memory

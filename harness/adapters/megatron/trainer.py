@@ -13,7 +13,7 @@ from harness.adapters.megatron.checkpoint import MegatronCheckpoint
 from harness.adapters.megatron.cpu import on_cpu
 from harness.adapters.megatron.names import _global_names, _local, _main_params, _scatter_dense
 from harness.adapters.megatron.tensor_parallel import _padded
-from harness.runtime.rank import rank_device
+from harness.runtime.rank import summed
 from harness.stack.built import BuiltFromDense
 from reference.errors import Unsupported
 
@@ -245,10 +245,8 @@ class MegatronStackTrainer(MegatronCheckpoint, BuiltFromDense):
         self.scheduler.step(increment=1)  # Megatron-LM's train_step, after a successful update
         self.last_grad_norm = float(grad_norm) if recipe.max_grad_norm is not None else None
         last = losses and self.tp_rank == 0  # each replica's (sum, count), from its last stage's first TP rank
-        total = torch.tensor([sum(float(d["lm loss"][i]) for d in losses) if last else 0.0 for i in (0, 1)],
-                             dtype=torch.float64, device=rank_device())
-        dist.all_reduce(total)
-        return float(total[0] / total[1])
+        loss_sum, count = summed([sum(float(d["lm loss"][i]) for d in losses) if last else 0.0 for i in (0, 1)])
+        return loss_sum / count
 
     def _optimizers(self) -> list:
         """Megatron's optimizers under its ChainedOptimizer (or the one it returned)."""

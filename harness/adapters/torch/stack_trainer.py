@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from harness.runtime.world import rank_device
+from harness.runtime.rank import rank_device, summed
 from harness.stack.inputs import token_share
 from reference.stack.compose import Stage
 
@@ -290,10 +290,9 @@ class Torch3D:
             applied = float(self.scaler.get_scale()) >= scale  # an inf backs the scale off; a clean step never
         for scheduler in self.schedulers if applied else ():  # a skipped update does not advance the schedule
             scheduler.step()
-        value = torch.tensor([float(sum(_full(loss).item() for loss in losses)) / scale if self.last else 0.0],
-                             dtype=torch.float64, device=rank_device())
-        dist.all_reduce(value)  # the last stage's replicas, times tp ranks each
-        return float(value) / (dp * self.dims[2])
+        # the last stage's replicas, times tp ranks each
+        [value] = summed([float(sum(_full(loss).item() for loss in losses)) / scale if self.last else 0.0])
+        return value / (dp * self.dims[2])
 
     def _clip(self) -> float:
         """torchtitan's clip_grad_norm_ (non-EP path) — verbatim, or per device mesh (``clip_recipe``)."""

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from harness.adapters.torchtitan.names import contract_name, torchtitan_name
 from harness.adapters.torchtitan.state import _load, _save, _scalar, materialise
-from harness.runtime.rank import rank_device
+from harness.runtime.rank import rank_device, summed
 from harness.stack.built import BuiltFromDense
 from harness.stack.dense import full_tensors, gathered, tied
 from reference.errors import Unsupported
@@ -238,12 +238,11 @@ class TorchtitanStackTrainer(BuiltFromDense):
         self.optimizers.step()
         if self.lr_schedulers is not None:  # Trainer.train_step's order: after the optimizers
             self.lr_schedulers.step()
-        total = torch.tensor([loss_sum], dtype=torch.float64, device=rank_device())
         for axis in ("pp", "batch"):  # the last stage's sums, over every replica
             mesh = dims.get_optional_mesh(axis)
             if mesh is not None:
-                dist.all_reduce(total, group=mesh.get_group())
-        return float(total)
+                [loss_sum] = summed([loss_sum], mesh.get_group())
+        return float(loss_sum)
 
     @staticmethod
     def _sum_over(count, mesh):

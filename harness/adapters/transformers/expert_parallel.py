@@ -16,7 +16,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from harness.runtime.rank import rank_device
+from harness.runtime.rank import summed
 
 SIZES = {"vocab_size": 32, "hidden_size": 16, "intermediate_size": 32, "moe_intermediate_size": 8,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 4,
@@ -79,8 +79,7 @@ def run_case(path: str, ep: int, experts: str | None = None) -> dict:
         which = f"experts_implementation={experts!r}: " if experts else ""
         return {"problems": [], "worst": 0.0, "bound": 0.0,
                 "unsupported": f"{which}{type(exc).__name__}: {str(exc).splitlines()[0]}"}
-    total = torch.tensor([loss], dtype=torch.float64, device=rank_device())
-    dist.all_reduce(total)  # equal rows and tokens per rank: the mean of the rank means is the batch's
+    [total] = summed([loss])  # equal rows and tokens per rank: the mean of the rank means is the batch's
     spec = ModelSpec("moe", vocab=SIZES["vocab_size"], hidden=16, layers=2, heads=4, kv_heads=2, ffn=8, experts=4,
                      top_k=2, dtype="float32")
     limit = bound(1, ROWS * SEQ, spec, n)
