@@ -14,8 +14,10 @@ from suites import mutation
 pytestmark = pytest.mark.checkout  # reads the clone's files or runs its tools
 
 def test_runner_flags_a_planted_bug_and_not_a_correct_implementation(monkeypatch):
-    """On xdist's workers, as CI runs it (their junit reports merged into the one the runner reads)."""
-    monkeypatch.setenv("PARITYBENCH_WORKERS", "2")
+    """In one pytest process (``PARITYBENCH_WORKERS=0``: two xdist workers' start-ups were half of this test's 19 s
+    in tox). The runner on xdist's workers — their junit reports merged into the one it reads — is what CI's
+    mutation step runs on the whole table: a merge that lost the failures would leave every plant uncaught there."""
+    monkeypatch.setenv("PARITYBENCH_WORKERS", "0")
     tests = "suites/collectives/test_conformance.py::test_collective_matches_exact_oracle"
     caught = mutation.run([("suites.collectives.impls:IgnoresSrc", "broadcast from rank 0", tests),
                            ("suites.collectives.impls:ring_unpipelined", "correct", tests)],
