@@ -40,6 +40,8 @@ class Bench:
     warmup: int = 3
     """Its own command's default --iters / --warmup, and what it runs at most under ``bench all``'s shared ones
     (``harness.cli.sweep_args.counts``)."""
+    all_iters: int | None = None
+    """Fewer iterations than ``iters`` under ``bench all`` (the main job's 10 minutes on 2 cores); None: ``iters``."""
     own_world_size: str | None = None
     """None: it runs at ``--world-sizes``; else what sets its world size instead (a phrase: ``bench <name>
     --world-sizes ...`` is refused with it, never silently ignored; ``bench all``'s applies to the others)."""

@@ -51,7 +51,7 @@ def counts(args, name: str) -> tuple[int, int]:
     if args.suite == name:
         return args.iters, args.warmup
     record = benches()[name]
-    return min(args.iters, record.iters), min(args.warmup, record.warmup)
+    return min(args.iters, record.all_iters or record.iters), min(args.warmup, record.warmup)
 
 
 def sizes(args, text: str, cpu_default: str = "2,4") -> list[int]:

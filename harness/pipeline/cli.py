@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from harness.cli.parsing import parse_list
-from harness.cli.sweep_args import own_or_every, sizes, whole_numbers
+from harness.cli.sweep_args import counts, own_or_every, sizes, whole_numbers
 from reference.pipeline import GENERATORS
 
 from ..errors import UsageError
@@ -30,11 +30,11 @@ def config(args):
     wide = whole_numbers(args.wide_microbatches, "--wide-microbatches") if args.wide_microbatches else None
     if args.virtual_stages < 1 or args.hidden < 1:
         raise UsageError(f"--virtual-stages and --hidden must be >= 1; got {args.virtual_stages}, {args.hidden}.")
+    iters, warmup = counts(args, "pipeline")  # under bench all at most its own 5 / 2 (it took bench all's 10)
     return PipelineSweep(impls=own_or_every(args, "pipeline"),
                          schedules=parse_list(args.schedules, SCHEDULES, "schedule(s)"),
                          world_sizes=sizes(args, given, "2"), microbatches=micro, wide_microbatches=wide,
-                         virtual_stages=args.virtual_stages, hidden=args.hidden, iters=args.iters,
-                         warmup=args.warmup)
+                         virtual_stages=args.virtual_stages, hidden=args.hidden, iters=iters, warmup=warmup)
 
 
 def plans(args) -> list:

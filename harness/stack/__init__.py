@@ -41,7 +41,8 @@ PARADIGM = Paradigm(
         Bench("stack", "every dp x pp x tp layout of one world size per stack and family (through the stack "
                        "contract): step time, tokens/s, model state and bytes per rank vs plan",
               "harness.stack.cli:plans", "harness.stack.cli:add_arguments", in_all=5, calibrated=True,
-              own_world_size="its layouts' world size is --stack-world-size (8)", iters=3, warmup=1),
+              own_world_size="its layouts' world size is --stack-world-size (8)", iters=3, warmup=1,
+              all_iters=2),
         Bench("matrix", "every installed stack held to one device over one fixed set of cases (layouts, "
                         "schedules, seams): the conformance matrix of the report",
               "harness.stack.cli:matrix_plans", in_all=6),

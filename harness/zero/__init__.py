@@ -58,7 +58,7 @@ PARADIGM = Paradigm(
     ),
     benches=(
         Bench("zero", "step time, memory per rank and bytes per DP / ZeRO stage",
-              "harness.zero.cli:plans", "harness.zero.cli:add_arguments", in_all=3),
+              "harness.zero.cli:plans", "harness.zero.cli:add_arguments", in_all=3, all_iters=6),
     ),
     sections=(Section(40, "harness.zero.report:zero_section", suite="zero"),),
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.cli.sweep_args import own_or_every, sizes, variants
+from harness.cli.sweep_args import counts, own_or_every, sizes, variants
 
 from ..errors import UsageError
 
@@ -27,8 +27,9 @@ def config(args):
         raise UsageError(f"--zero-hidden must be >= 1; got {args.zero_hidden}.")
     chosen = variants(args.zero_variants, "--zero-variants", VARIANTS)
     impls = own_or_every(args, "zero", keep=lambda impl: not impl.only_ops)
+    iters, warmup = counts(args, "zero")
     return ZeroSweep(impls=impls, world_sizes=sizes(args, args.zero_world_sizes or args.world_sizes),
-                     stages=[int(t) for t in stages], hidden=args.zero_hidden, iters=args.iters, warmup=args.warmup,
+                     stages=[int(t) for t in stages], hidden=args.zero_hidden, iters=iters, warmup=warmup,
                      variants=chosen)
 
 

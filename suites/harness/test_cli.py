@@ -202,7 +202,8 @@ def test_every_bench_runs_at_the_world_sizes_asked_or_refuses_them():
 def test_every_bench_runs_the_iterations_asked_under_its_own_command():
     """``bench <name> --iters 7 --warmup 0``: every sweep that times iterations runs 7 and warms up 0 (stack, 3d, muon,
     resume, context and expert parallelism once took at most 3 or 5 whatever was asked); under ``bench all`` each is
-    held to at most its record's (the main job's budget), which is also its own command's default."""
+    held to at most its record's (the main job's budget), which is also its own command's default — or to its record's
+    ``all_iters`` where it has one (the stack's: 2 rounds there, 3 under its own command; the zero sweep's 6 of 10)."""
     from harness.cli.main import _build_parser
     from harness.paradigm import benches, load
 
@@ -217,5 +218,14 @@ def test_every_bench_runs_the_iterations_asked_under_its_own_command():
                 assert (cfg.iters, cfg.warmup) == (bench.iters, bench.warmup), (name, cfg.iters, cfg.warmup)
     assert {"stack", "3d", "muon", "resume", "context_parallel", "expert_parallel"} <= seen, seen
     stack = benches()["stack"]
+    assert stack.all_iters == 2 < stack.iters == 3
     for _, cfg, _ in load(stack.plans)(parser.parse_args(["bench", "all", "--iters", "10", "--warmup", "2"])):
-        assert (cfg.iters, cfg.warmup) == (stack.iters, min(2, stack.warmup))
+        assert (cfg.iters, cfg.warmup) == (stack.all_iters, min(2, stack.warmup))
+    # zero: 6 of its 10 under bench all; the pipeline its own 5 (it took bench all's 10); fewer if bench all asks fewer
+    zero, pipeline = benches()["zero"], benches()["pipeline"]
+    assert zero.all_iters == 6 < zero.iters and pipeline.all_iters is None
+    for asked in (10, 4):
+        for record in (zero, pipeline):
+            args = parser.parse_args(["bench", "all", "--iters", str(asked)])
+            got = [cfg.iters for _, cfg, _ in load(record.plans)(args)]
+            assert got == [min(asked, record.all_iters or record.iters)], (record.name, asked, got)
