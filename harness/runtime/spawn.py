@@ -43,20 +43,54 @@ def _context():
     if _CTX is None:
         from multiprocessing import forkserver
 
+        from harness.runtime import preload
+
         ctx = get_context("forkserver")
-        ctx.set_forkserver_preload(list(PRELOAD))
+        ctx.set_forkserver_preload(list(PRELOAD) + (["harness.runtime.preload"] if _STACKS else []))
         # The server's environment is every rank's: one thread per CPU rank, read by the BLAS libraries
-        # when torch loads them in the server, not later.
-        saved = {k: os.environ.get(k) for k in _RANK_ENV}
-        os.environ.update({k: v for k, v in _RANK_ENV.items() if saved[k] is None})
+        # when torch loads them in the server, not later; and the stacks it preloads.
+        env = {**_RANK_ENV, preload.ENV: ",".join(_STACKS)}
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update({k: v for k, v in env.items() if saved[k] is None or k == preload.ENV})
         try:
             forkserver.ensure_running()
         finally:
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         _CTX = ctx
     return _CTX
 
 
 _CTX = None
+_STACKS: list[str] = []
+
+
+def preload_stacks(names) -> list[str]:
+    """Have the fork server import these third-party stacks (``harness.runtime.preload.IMPORTS``: torchtitan,
+    megatron) once, before it forks any rank — those installed, and only on a CPU-only build of torch: a stack's import
+    that touched CUDA in the server would be inherited by every fork, so on a CUDA (or ROCm) build each rank imports
+    its stacks itself, as before. Called before the first World of this process starts its server (later: no
+    effect). Returns the stacks it will preload."""
+    import torch
+
+    from harness.runtime.preload import IMPORTS
+
+    top = {"torchtitan": "torchtitan", "megatron": "megatron.core"}
+    cpu_only = torch.version.cuda is None and getattr(torch.version, "hip", None) is None
+    if _CTX is None and cpu_only:
+        for name in names:
+            if name in IMPORTS and name not in _STACKS and _installed(top[name]):
+                _STACKS.append(name)
+    return list(_STACKS)
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package missing
+        return False

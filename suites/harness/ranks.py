@@ -345,6 +345,13 @@ def not_preloaded() -> list:
     return [m for m in PRELOAD if m not in sys.modules]
 
 
+def not_imported(modules) -> list:
+    """Those of ``modules`` this rank has not imported."""
+    import sys
+
+    return [m for m in modules if m not in sys.modules]
+
+
 _KEPT = []
 
 

@@ -256,6 +256,51 @@ def test_a_fresh_rank_starts_with_the_fork_servers_modules_imported():
         assert w.run(ranks.not_preloaded) == [[]]
 
 
+STACK_MODULES = {"torchtitan": ["torchtitan.models.llama3", "torchtitan.distributed"],
+                 "megatron": ["megatron.core", "megatron.core.models.gpt"]}
+
+
+def test_a_fresh_rank_starts_with_the_sessions_stacks_imported():
+    """The third-party stacks this session's tests run (``harness.pytest.session.pytest_collection_finish``), installed,
+    on a CPU-only torch, are imported by the fork server: a new World's rank has their modules before its first call
+    (in a session that selects none, or on a CUDA build, the list is empty)."""
+    from harness.runtime import spawn
+
+    with World(1, timeout=60) as w:
+        assert w.run(ranks.not_imported, [m for name in spawn.preload_stacks([]) for m in STACK_MODULES[name]]) == [[]]
+
+
+def test_stacks_are_preloaded_only_on_a_cpu_build_and_before_the_server_starts(monkeypatch):
+    """``preload_stacks``: nothing on a CUDA build (a stack's import touching CUDA in the fork server would reach every
+    fork), nothing not installed or without an importer, nothing once the server runs."""
+    import torch
+
+    from harness.runtime import spawn
+
+    monkeypatch.setattr(spawn, "_STACKS", [])
+    monkeypatch.setattr(spawn, "_CTX", None)
+    monkeypatch.setattr(spawn, "_installed", lambda module: module != "megatron.core")
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    assert spawn.preload_stacks(["torchtitan", "megatron"]) == []
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert spawn.preload_stacks(["torchtitan", "megatron", "deepspeed"]) == ["torchtitan"]
+    monkeypatch.setattr(spawn, "_installed", lambda module: True)
+    monkeypatch.setattr(spawn, "_CTX", object())  # the server started: it imports what it was told then
+    assert spawn.preload_stacks(["megatron"]) == ["torchtitan"]
+
+
+def test_a_stack_the_fork_server_cannot_import_is_left_to_the_ranks(monkeypatch):
+    """``harness.runtime.preload.load`` never raises (the server must live): a stack whose import raises is named with
+    its error and left out — its ranks import it themselves and meet the same error where they did before."""
+    from harness.runtime import preload
+
+    def broken():
+        raise RuntimeError("no such release")
+
+    monkeypatch.setitem(preload.IMPORTS, "megatron", broken)
+    assert preload.load(["megatron"]) == {"megatron": "RuntimeError: no such release"}
+
+
 def _hang_line(exc) -> str:
     return verdict_of(exc).split(" (no rank progressed")[0]
 
