@@ -70,27 +70,25 @@ _STACKS: list[str] = []
 
 def preload_stacks(names) -> list[str]:
     """Have the fork server import these third-party stacks (``harness.runtime.preload.IMPORTS``: torchtitan,
-    megatron) once, before it forks any rank — those installed, and only on a CPU-only build of torch: a stack's import
-    that touched CUDA in the server would be inherited by every fork, so on a CUDA (or ROCm) build each rank imports
-    its stacks itself, as before. Called before the first World of this process starts its server (later: no
-    effect). Returns the stacks it will preload."""
+    megatron) once, before it forks any rank — those the registry says run here, and only on a CPU-only torch: a
+    stack's import that touched CUDA in the server would be inherited by every fork, so on a CUDA (or ROCm) build each
+    rank imports its stacks itself, as before. Called before the first World of this process starts its server
+    (later: no effect). Returns the stacks it will preload."""
     import torch
 
     from harness.runtime.preload import IMPORTS
 
-    top = {"torchtitan": "torchtitan", "megatron": "megatron.core"}
     cpu_only = torch.version.cuda is None and getattr(torch.version, "hip", None) is None
     if _CTX is None and cpu_only:
         for name in names:
-            if name in IMPORTS and name not in _STACKS and _installed(top[name]):
+            if name in IMPORTS and name not in _STACKS and _runs_here(name):
                 _STACKS.append(name)
     return list(_STACKS)
 
 
-def _installed(module: str) -> bool:
-    import importlib.util
+def _runs_here(stack: str) -> bool:
+    """Whether the registry's stack ``stack`` can run here (``registry.skip_reason``: its packages installed, a release
+    its adapter drives)."""
+    from harness.records import registry
 
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # a parent package missing
-        return False
+    return registry.skip_reason(registry.resolve(stack, "stack")) is None

@@ -272,19 +272,19 @@ def test_a_fresh_rank_starts_with_the_sessions_stacks_imported():
 
 def test_stacks_are_preloaded_only_on_a_cpu_build_and_before_the_server_starts(monkeypatch):
     """``preload_stacks``: nothing on a CUDA build (a stack's import touching CUDA in the fork server would reach every
-    fork), nothing not installed or without an importer, nothing once the server runs."""
+    fork), nothing the registry says cannot run here or without an importer, nothing once the server runs."""
     import torch
 
     from harness.runtime import spawn
 
     monkeypatch.setattr(spawn, "_STACKS", [])
     monkeypatch.setattr(spawn, "_CTX", None)
-    monkeypatch.setattr(spawn, "_installed", lambda module: module != "megatron.core")
+    monkeypatch.setattr(spawn, "_runs_here", lambda stack: stack != "megatron")
     monkeypatch.setattr(torch.version, "cuda", "12.8")
     assert spawn.preload_stacks(["torchtitan", "megatron"]) == []
     monkeypatch.setattr(torch.version, "cuda", None)
     assert spawn.preload_stacks(["torchtitan", "megatron", "deepspeed"]) == ["torchtitan"]
-    monkeypatch.setattr(spawn, "_installed", lambda module: True)
+    monkeypatch.setattr(spawn, "_runs_here", lambda stack: True)
     monkeypatch.setattr(spawn, "_CTX", object())  # the server started: it imports what it was told then
     assert spawn.preload_stacks(["megatron"]) == ["torchtitan"]
 
