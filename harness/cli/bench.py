@@ -126,12 +126,17 @@ def run_plans(run, plans: list, backend: str | None, keep_going: bool = False) -
     error or interrupt. ``keep_going``: a sweep stopped by a rank's exception outside a case (a case's own
     failure is its ``failed`` row, ``harness.runtime.bench_case``; here: the calibration's, the harness's own) is named
     in one line, its rows so far kept, and the next sweep runs on fresh Worlds; returns those lines (the folder
-    incomplete where there are any)."""
+    incomplete where there are any). The third-party stacks the sweeps name are preloaded by the fork server
+    (``harness.runtime.spawn.preload_stacks``: a CPU-only torch)."""
     from harness.runtime import placement
     from harness.runtime.failures import RankFailure, verdict_of
+    from harness.runtime.preload import IMPORTS
+    from harness.runtime.spawn import preload_stacks
     from harness.runtime.world import World
 
     worlds: dict[int, World] = {}
+    preload_stacks([stack for stack in IMPORTS if any(stack in impl for _, cfg, _ in plans
+                                                      for impl in getattr(cfg, "impls", None) or ())])
 
     def get_world(n: int) -> World:
         if n not in worlds:

@@ -229,3 +229,25 @@ def test_every_bench_runs_the_iterations_asked_under_its_own_command():
             args = parser.parse_args(["bench", "all", "--iters", str(asked)])
             got = [cfg.iters for _, cfg, _ in load(record.plans)(args)]
             assert got == [min(asked, record.all_iters or record.iters)], (record.name, asked, got)
+
+
+def test_bench_has_the_fork_server_preload_the_stacks_its_sweeps_name(tmp_path, monkeypatch):
+    """``run_plans`` names to ``harness.runtime.spawn.preload_stacks`` the third-party stacks among its sweeps'
+    implementations (a name that contains one: ``torchtitan``, ``megatron``), before any World — none for sweeps of
+    ours and torch's alone."""
+    from types import SimpleNamespace
+
+    from harness.cli.bench import run_plans
+    from harness.records.results import RunDir
+    from harness.runtime import spawn
+
+    asked = []
+    monkeypatch.setattr(spawn, "preload_stacks", lambda names: asked.append(list(names)) or [])
+
+    def plans(*impls):
+        return [(f"sweep{i}", SimpleNamespace(impls=list(names)), lambda cfg, get_world, run: None)
+                for i, names in enumerate(impls)]
+
+    run_plans(RunDir(tmp_path, {"suite": "stack"}), plans(["reference", "torchtitan"], ["megatron", "torch"]), None)
+    run_plans(RunDir(tmp_path, {"suite": "stack"}), plans(["reference", "torch"]), None)
+    assert asked == [["torchtitan", "megatron"], []]
