@@ -130,13 +130,12 @@ def run_plans(run, plans: list, backend: str | None, keep_going: bool = False) -
     (``harness.runtime.spawn.preload_stacks``: a CPU-only torch)."""
     from harness.runtime import placement
     from harness.runtime.failures import RankFailure, verdict_of
-    from harness.runtime.preload import IMPORTS
+    from harness.runtime.preload import named_in
     from harness.runtime.spawn import preload_stacks
     from harness.runtime.world import World
 
     worlds: dict[int, World] = {}
-    preload_stacks([stack for stack in IMPORTS if any(stack in impl for _, cfg, _ in plans
-                                                      for impl in getattr(cfg, "impls", None) or ())])
+    preload_stacks(named_in(impl for _, cfg, _ in plans for impl in getattr(cfg, "impls", None) or ()))
 
     def get_world(n: int) -> World:
         if n not in worlds:

@@ -186,10 +186,10 @@ def pytest_collection_modifyitems(config, items):
 def pytest_collection_finish(session):
     """The third-party stacks the selected tests run (a test id naming one: its file or its parameter) are imported
     once by this process's fork server, not by each rank (``harness.runtime.spawn.preload_stacks``: CPU-only torch)."""
-    from harness.runtime.preload import IMPORTS
+    from harness.runtime.preload import named_in
     from harness.runtime.spawn import preload_stacks
 
-    preload_stacks([name for name in IMPORTS if any(name in item.nodeid for item in session.items)])
+    preload_stacks(named_in(item.nodeid for item in session.items))
 
 
 def yours_alone(config) -> bool:

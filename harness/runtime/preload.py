@@ -32,6 +32,12 @@ IMPORTS = {"torchtitan": _torchtitan, "megatron": _megatron}
 """stack -> what imports its modules as the adapters' rank side does."""
 
 
+def named_in(texts) -> list[str]:
+    """The stacks of ``IMPORTS`` whose name is in one of ``texts`` (test ids, implementation names)."""
+    texts = list(texts)
+    return [stack for stack in IMPORTS if any(stack in text for text in texts)]
+
+
 def load(names) -> dict[str, str]:
     """Import each named stack's modules; {name: why it was left out} for those whose import raised (never raises)."""
     left = {}

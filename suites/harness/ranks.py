@@ -335,18 +335,9 @@ def points_left_patched() -> list:
             for (owner, name, now), (_, _, was) in zip(hygiene.snapshot(), _FOUND, strict=True) if now is not was]
 
 
-def not_preloaded() -> list:
-    """The fork server's preloaded modules this rank has not imported (a fresh World's first call: none — it
-    imported none of them itself)."""
-    import sys
-
-    from harness.runtime.spawn import PRELOAD
-
-    return [m for m in PRELOAD if m not in sys.modules]
-
-
 def not_imported(modules) -> list:
-    """Those of ``modules`` this rank has not imported."""
+    """Those of ``modules`` this rank has not imported (the fork server's preload, a fresh World's first call: none —
+    it imported none of them itself)."""
     import sys
 
     return [m for m in modules if m not in sys.modules]

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from harness.runtime import spmd_runtime as spmd
+from harness.runtime.spawn import PRELOAD
 from harness.runtime.world import (
     ImplementationFailure,
     RankFailure,
@@ -253,7 +254,7 @@ def test_a_fresh_rank_starts_with_the_fork_servers_modules_imported():
     """``harness.runtime.spawn.PRELOAD`` (torch's distributed modules) are imported once, by the fork server: a new
     World's ranks have them before their first call, and import none of them again (~2 s of a World of 4)."""
     with World(1, timeout=60) as w:
-        assert w.run(ranks.not_preloaded) == [[]]
+        assert w.run(ranks.not_imported, list(PRELOAD)) == [[]]
 
 
 STACK_MODULES = {"torchtitan": ["torchtitan.models.llama3", "torchtitan.distributed"],
