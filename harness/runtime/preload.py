@@ -1,8 +1,9 @@
-"""Imported by the World's fork server (``harness.runtime.spawn``) where the session named third-party stacks to
-preload: each one's modules, imported once there instead of in every rank that runs it (after torch's own preload a
+"""The third-party stacks the World's fork server (``harness.runtime.spawn``) can preload where the session names them:
+each one's modules, imported once there instead of in every rank that runs it (after torch's own preload a
 rank spends ~1.7 s of CPU importing megatron-core and ~1.4 s torchtitan; a tox run's ranks imported torchtitan in 33
 processes, megatron-core in 14, measured 2026-12-07). A stack whose import raises here is left out: the rank imports it
-itself and meets the same error where it did before."""
+itself and meets the same error where it did before. Importing this module imports no stack: the server imports
+``harness.runtime.preload_server``, which loads what its environment names."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import importlib
 import os
 
 ENV = "PARITYBENCH_PRELOAD_STACKS"
-"""Comma-separated names of ``IMPORTS`` the fork server imports (its environment is set for its start)."""
+"""Comma-separated names of ``IMPORTS`` the fork server imports (its environment is set for its start; read by
+``harness.runtime.preload_server`` alone)."""
 
 
 def _torchtitan() -> None:
@@ -49,4 +51,6 @@ def load(names) -> dict[str, str]:
     return left
 
 
-load([n for n in os.environ.get(ENV, "").split(",") if n in IMPORTS])
+def named_by_environment() -> list[str]:
+    """The stacks ``ENV`` names (those of ``IMPORTS``; anything else is ignored)."""
+    return [n for n in os.environ.get(ENV, "").split(",") if n in IMPORTS]

@@ -46,7 +46,7 @@ def _context():
         from harness.runtime import preload
 
         ctx = get_context("forkserver")
-        ctx.set_forkserver_preload(list(PRELOAD) + (["harness.runtime.preload"] if _STACKS else []))
+        ctx.set_forkserver_preload(list(PRELOAD) + (["harness.runtime.preload_server"] if _STACKS else []))
         # The server's environment is every rank's: one thread per CPU rank, read by the BLAS libraries
         # when torch loads them in the server, not later; and the stacks it preloads.
         env = {**_RANK_ENV, preload.ENV: ",".join(_STACKS)}

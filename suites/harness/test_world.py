@@ -9,7 +9,10 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +30,8 @@ from harness.runtime.world import (
 from suites._support.worlds import gloo_only, hang_window
 
 from . import ranks
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(spmd.active(), reason="under torchrun the World cannot kill or respawn ranks")
 
@@ -300,6 +305,19 @@ def test_a_stack_the_fork_server_cannot_import_is_left_to_the_ranks(monkeypatch)
 
     monkeypatch.setitem(preload.IMPORTS, "megatron", broken)
     assert preload.load(["megatron"]) == {"megatron": "RuntimeError: no such release"}
+
+
+def test_reading_the_preload_names_imports_no_stack():
+    """A driver that imports ``harness.runtime.preload`` (for ``named_in``, ``ENV``) imports no stack, even with ``ENV``
+    exported by its user: only the fork server's ``harness.runtime.preload_server`` loads what ``ENV`` names (a fresh
+    interpreter: this one may have imported the stacks already)."""
+    from harness.runtime import preload
+
+    probe = ("import sys; from harness.runtime import preload; print(preload.named_by_environment(), "
+             "sorted({m.split('.')[0] for m in sys.modules} & set(preload.IMPORTS)))")
+    env = {**os.environ, preload.ENV: "megatron,no-such-stack,torchtitan"}
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.split("\n")[0] == "['megatron', 'torchtitan'] []", out.stdout + out.stderr
 
 
 def _hang_line(exc) -> str:
