@@ -1,10 +1,13 @@
 """The optional stacks (megatron-core, DeepSpeed) are optional everywhere: with their packages gone, or
 with only a parent package missing, pytest collects and skips them with the reason, ``paritybench impls``
-says why, and a benchmark skips them in one line. The packages are hidden by an import blocker, so this
-runs the same in the full env (where they are installed) and in ``tox -e minimal`` (where they are not)."""
+says why, and a benchmark skips them in one line. The packages are hidden by an import blocker, so this runs the same
+in the full env (where they are installed) and in ``tox -e minimal`` (where they are not). Its pytest and paritybench
+sessions run in tox where a stack is missing (the minimal and compat envs); where both are installed (the cpu env)
+they are the thorough env's (CI's ``-m thorough`` step): ~6 s of tox each, and CI's minimal env runs them anyway."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -36,6 +39,11 @@ sys.exit(main(args))
 """
 
 
+INSTALLED = all(importlib.util.find_spec(name) is not None for name in ("megatron", "deepspeed"))
+"""Both stacks installed: the cpu env's, where the sessions below are the thorough env's (the module docstring)."""
+WHY = "thorough: both stacks are installed here; tox -e minimal runs this where they are not"
+
+
 def _without_stacks(*argv: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PARITYBENCH_HYPOTHESIS_PROFILE": "dev"}
     return subprocess.run([sys.executable, "-c", _BLOCKED, *argv], cwd=ROOT, capture_output=True, text=True,
@@ -49,7 +57,8 @@ def test_a_missing_parent_package_is_a_skip_reason():
         "implementation 'x' needs the package 'no_such_parent_xyz.core', which is not installed")
 
 
-def test_pytest_collects_and_skips_megatron_and_deepspeed_with_reasons():
+def test_pytest_collects_and_skips_megatron_and_deepspeed_with_reasons(sweep):
+    sweep.require(not INSTALLED, WHY)
     out = _without_stacks("pytest", "-q", "-rs", "-p", "no:cacheprovider", "-k", "megatron or deepspeed",
                           "suites/tensor_parallel", "suites/zero")
     log = out.stdout + out.stderr
@@ -60,7 +69,8 @@ def test_pytest_collects_and_skips_megatron_and_deepspeed_with_reasons():
     assert "needs the package 'deepspeed', which is not installed" in log, log[-3000:]
 
 
-def test_impls_and_bench_say_why_a_stack_is_skipped():
+def test_impls_and_bench_say_why_a_stack_is_skipped(sweep):
+    sweep.require(not INSTALLED, WHY)
     out = _without_stacks("paritybench", "impls")
     assert out.returncode == 0, out.stderr
     lines = {tuple(line.split()[:2]): line for line in out.stdout.splitlines()}
