@@ -1,7 +1,8 @@
 """DeepSpeed's own checkpoints (``engine.save_checkpoint`` / ``load_checkpoint``) across a resume: saved
 at one (world size, ZeRO stage), loaded at another, trained on, against one device — the data-parallel
 suite's model (``mlp``, float32, SGD with momentum) and bound. Whatever DeepSpeed does is the outcome:
-loaded and equal, loaded and different, or refused (its exception, first line)."""
+loaded and equal, loaded and different, or refused (its exception, first line); the universal route unsupported
+where this DeepSpeed keeps its flag elsewhere (``harness.adapters.deepspeed.resume.ask_universal``)."""
 
 from __future__ import annotations
 
@@ -38,10 +39,15 @@ def save(path: str, stage: int, steps: int, opt: str = "sgd") -> None:
 
 def resume_and_compare(path: str, stage: int, done: int, more: int, universal: bool = False,
                        opt: str = "sgd") -> dict:
+    from harness.adapters.deepspeed.resume import ask_universal
+
     model, trainer = _build(stage, opt)
     try:
         if universal:
-            trainer.engine._config.load_universal_checkpoint = True  # what "checkpoint": {"load_universal"} sets
+            ask_universal(trainer.engine)
+    except NotImplementedError as exc:  # this DeepSpeed keeps the flag elsewhere: the route is not driven
+        return {"outcome": "unsupported", "detail": str(exc)}
+    try:
         loaded, client = trainer.engine.load_checkpoint(path, tag=f"step-{done}", load_optimizer_states=True)
     except Exception as exc:  # noqa: BLE001 - DeepSpeed's refusal is the outcome
         return {"outcome": "refused", "detail": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}

@@ -62,6 +62,28 @@ def test_what_deepspeed_moe_does_not_compute_is_unsupported(case, needle):
     assert "\n" not in str(err.value)
 
 
+@needs_deepspeed
+@pytest.mark.parametrize("gone", ["_get_expert_data_parallel_group", "_get_expert_parallel_group"])
+def test_a_deepspeed_without_its_private_expert_group_readers_is_unsupported(gone):
+    """The guard of the adapter's private reads (``deepspeed.utils.groups``' expert-group readers: DeepSpeed has no
+    public one): where one is missing, the layer is unsupported in one sentence, before any group is built; with
+    both it is built as before (the equivalence test above)."""
+    from unittest import mock
+
+    from deepspeed.utils import groups
+
+    from harness.adapters.deepspeed.moe import DeepSpeedMoE
+    from harness.contracts import Unsupported
+    from reference.models.moe import MoE
+
+    case = CASES[0][1]
+    dense = MoE(case.hidden, case.ffn, case.experts, case.top_k, case.shared, case.scoring, case.renormalize)
+    with mock.patch.object(groups, gone, None), pytest.raises(Unsupported, match="expert groups its engine reduces "
+                                                                                 "over cannot be read") as err:
+        DeepSpeedMoE().shard(dense, None, 2)
+    assert gone in str(err.value) and "\n" not in str(err.value)
+
+
 TORCHTITAN = registry.skip_reason(ImplSpec("torchtitan", "stack", "x:y", requires=("torchtitan", "spmd_types"),
                                            drives=TORCHTITAN_03))
 

@@ -34,7 +34,41 @@ def test_universal_checkpoint_resumes_at_another_dp_size(world_cache, tmp_path):
     world_cache.get(2).run(ds.save, path, 2, 2, "adam", timeout=300)
     universal = ds.to_universal(path, 2)
     got = world_cache.get(4).run(ds.resume_and_compare, universal, 2, 2, 2, True, "adam", timeout=300)[0]
-    assert got["outcome"] == "pass", got["detail"]
+    assert got["outcome"] == "pass", got["detail"]  # "unsupported" only where the flag's guard says so (below)
+
+
+def _universal_asked_of(engine_kind: str) -> tuple:
+    """Rank side (one rank): ``ask_universal`` on a built DeepSpeed engine as it is ("as-is"), on one whose config
+    keeps no ``load_universal_checkpoint`` ("no-flag") and on one whose public reader reads something else
+    ("other-reader"): (the public reader's answer after, or the sentence it raised; whether the config's flag is as
+    it was)."""
+    from harness.adapters.deepspeed.resume import ask_universal
+
+    engine = ds._build(2, "adam")[1].engine
+    config = engine._config
+    if engine_kind == "no-flag":
+        del config.load_universal_checkpoint
+    elif engine_kind == "other-reader":
+        engine.load_universal_checkpoint = lambda: False
+    before = getattr(config, "load_universal_checkpoint", None)
+    try:
+        ask_universal(engine)
+        return engine.load_universal_checkpoint(), None
+    except NotImplementedError as exc:
+        return str(exc), getattr(config, "load_universal_checkpoint", None) == before
+
+
+def test_the_universal_flag_is_set_only_where_deepspeed_keeps_it_so(world_cache):
+    """The guard of the adapter's one private write (``engine._config.load_universal_checkpoint``, what DeepSpeed's
+    config key sets at initialisation): set where its public ``load_universal_checkpoint()`` then reads True;
+    elsewhere unsupported in one sentence, the config left as it was (``resume_stack`` and ``resume_and_compare``
+    make that sentence their "unsupported" verdict)."""
+    world = world_cache.get(1)
+    assert world.run(_universal_asked_of, "as-is", timeout=120)[0] == (True, None)
+    for kind in ("no-flag", "other-reader"):
+        said, untouched = world.run(_universal_asked_of, kind, timeout=120)[0]
+        assert said.startswith("this DeepSpeed's") and "its universal checkpoint is not loaded here" in said, said
+        assert "\n" not in said and untouched, (kind, said)
 
 
 def test_universal_conversion_of_an_sgd_checkpoint_fails(world_cache, tmp_path):

@@ -299,3 +299,50 @@ def test_watch_megatrons_distributed_optimizer_cannot_load_its_checkpoint(world_
     assert outcome == "fail" and known is not None and known.condition == {"zero": 1}, problems[:3]
     conformance.settle()
 
+
+
+@pytest.mark.parametrize("gone", ["_get_model_param_range_map", "_get_main_param_and_optimizer_states"])
+def test_a_megatron_without_its_distributed_optimizers_private_readers_is_unsupported_at_zero_1(gone):
+    """The guard of the adapter's private reads of the distributed optimizer's state (megatron-core has no public
+    per-parameter read): where one is missing, ZeRO 1 is unsupported in one sentence at build — before any group or
+    model is made, so no case fails for it; ZeRO 0 (no distributed optimizer) builds as before."""
+    from unittest import mock
+
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    from harness.adapters.megatron.stack import MegatronStack
+    from harness.contracts import Unsupported
+
+    with mock.patch.object(DistributedOptimizer, gone, None):
+        with pytest.raises(Unsupported, match="cannot be read back per parameter, so ZeRO 1 is not held here") as err:
+            MegatronStack().build(LLAMA, Layout(2, zero=1), Recipe(optimizer=ADAM))
+        assert gone in str(err.value) and "\n" not in str(err.value)
+        assert MegatronStack().build(LLAMA, Layout(2), Recipe()) is not None
+    assert MegatronStack().build(LLAMA, Layout(2, zero=1), Recipe(optimizer=ADAM)) is not None
+
+
+def test_the_saves_settings_for_a_rank_are_put_back_and_left_to_megatron_where_they_differ(monkeypatch):
+    """``writers_in_a_rank`` (the save's two private settings: CPython's ``BaseProcess._config`` "daemon", megatron-
+    core's ``filesystem_async._results_queue``): set within, put back after — a "daemon" the process did not have
+    removed again; where either is not what it was written against (no such module global, no such dict), that part is
+    left as the library has it, and nothing raises."""
+    import multiprocessing
+    import queue
+    from types import SimpleNamespace
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    from harness.adapters.megatron.checkpoint import writers_in_a_rank
+
+    config, held = multiprocessing.current_process()._config, filesystem_async._results_queue
+    had_daemon, daemon = "daemon" in config, config.get("daemon")
+    with writers_in_a_rank() as done:
+        assert done == ["daemon", "results queue"] and config["daemon"] is False
+        assert isinstance(filesystem_async._results_queue, queue.Queue)
+    assert filesystem_async._results_queue is held and ("daemon" in config) == had_daemon
+    assert config.get("daemon") == daemon
+    monkeypatch.delattr(filesystem_async, "_results_queue")
+    monkeypatch.setattr(multiprocessing, "current_process", lambda: SimpleNamespace(name="elsewhere"))
+    with writers_in_a_rank() as done:
+        assert done == [] and not hasattr(filesystem_async, "_results_queue")
+    assert not hasattr(filesystem_async, "_results_queue")

@@ -45,6 +45,7 @@ class DeepSpeedMoE:
         if (dense.top_k == 1) == dense.renormalize:
             raise Unsupported("DeepSpeed weights a top-1 expert by its probability and renormalises top-2's two: "
                               f"renormalize={dense.renormalize} at k = {dense.top_k} is not what it computes.")
+        expert_group_readers()  # before any group is built: unsupported where this DeepSpeed has no such readers
         n = dist.get_world_size(group)
         ep = ep or n
         if n != dist.get_world_size():
@@ -54,6 +55,23 @@ class DeepSpeedMoE:
 
     def full_grads(self, sharded, group) -> dict:
         return sharded.full_grads(group)
+
+
+def expert_group_readers() -> tuple:
+    """DeepSpeed's readers of an MoE layer's expert-data-parallel and expert-parallel groups by the layer's group name
+    — private (``deepspeed.utils.groups._get_expert_data_parallel_group`` / ``_get_expert_parallel_group``: its
+    engine reduces the experts' gradients over the former; DeepSpeed has no public reader). Where this DeepSpeed has
+    no such callables, unsupported in one sentence (nothing built)."""
+    from deepspeed.utils import groups
+
+    readers = tuple(getattr(groups, name, None) for name in _READERS)
+    if not all(callable(r) for r in readers):
+        raise Unsupported(f"this DeepSpeed has no {' / '.join('groups.' + n for n in _READERS)}: the expert groups "
+                          "its engine reduces over cannot be read, so its MoE layer is not held here.")
+    return readers
+
+
+_READERS = ("_get_expert_data_parallel_group", "_get_expert_parallel_group")
 
 
 class _Layer(torch.nn.Module):
@@ -66,10 +84,9 @@ class _Layer(torch.nn.Module):
                        k=dense.top_k, min_capacity=0, drop_tokens=False, use_rts=False,
                        top2_2nd_expert_sampling=False)
         self.moe.set_deepspeed_parallelism()
-        from deepspeed.utils import groups
-
-        self.edp_group = groups._get_expert_data_parallel_group(self.moe.expert_group_name)
-        self.ep_group = groups._get_expert_parallel_group(self.moe.expert_group_name)
+        edp, ep_of = expert_group_readers()
+        self.edp_group = edp(self.moe.expert_group_name)
+        self.ep_group = ep_of(self.moe.expert_group_name)
         local = E // ep
         self.first = dist.get_rank(self.ep_group) * local
         experts = self.moe.deepspeed_moe.experts.deepspeed_experts

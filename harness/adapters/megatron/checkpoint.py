@@ -2,8 +2,49 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from harness.adapters.megatron.cpu import on_cpu
 from harness.contracts import Unsupported
+
+
+@contextlib.contextmanager
+def writers_in_a_rank():
+    """Within it, megatron-core's synchronous torch_dist save can run in a World's rank. Its writer forks a process
+    per bucket (joined before the save returns) and collects their results through a queue it makes with a
+    spawn-context Manager: a World's rank is a daemonic process (multiprocessing forbids it children) whose spawn
+    would re-run no main. So, for the save, the rank is not daemonic (CPython's private ``BaseProcess._config``:
+    its "daemon") and the collecting queue — read in this process — is an in-process one (megatron-core's private
+    module global ``filesystem_async._results_queue``, which it fills on first use). Each is set only where it is
+    what it was written against (a dict; the module global present) and put back after; where one is not, that part
+    is left to the library's own behaviour. Yields the names of what it set."""
+    import multiprocessing
+    import queue
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    config = getattr(multiprocessing.current_process(), "_config", None)
+    done = []
+    with contextlib.ExitStack() as undo:
+        if isinstance(config, dict):
+            undo.callback(_put_back, config, "daemon", config.get("daemon", _ABSENT))
+            config["daemon"] = False
+            done.append("daemon")
+        if hasattr(filesystem_async, "_results_queue"):
+            undo.callback(setattr, filesystem_async, "_results_queue", filesystem_async._results_queue)
+            filesystem_async._results_queue = queue.Queue()
+            done.append("results queue")
+        yield done
+
+
+_ABSENT = object()
+
+
+def _put_back(mapping: dict, key: str, held) -> None:
+    if held is _ABSENT:
+        mapping.pop(key, None)
+    else:
+        mapping[key] = held
 
 
 class MegatronCheckpoint:
@@ -30,29 +71,16 @@ class MegatronCheckpoint:
 
     def save(self, directory) -> None:
         import importlib.util
-        import multiprocessing
-        import queue
 
         from megatron.core import dist_checkpointing
-        from megatron.core.dist_checkpointing.strategies import filesystem_async
 
         if importlib.util.find_spec("psutil") is None:  # its finding: without psutil the save never returns
             raise Unsupported("megatron-core's checkpoint writer needs psutil, which megatron-core does not declare: "
                               "without it each writer process raises and the save waits for them forever (pip "
                               "install psutil).")
 
-        # Its torch_dist writer forks a writer process per bucket (joined before save returns) and collects their
-        # results through a queue it makes with a spawn-context Manager: a World's rank is a daemonic process
-        # (multiprocessing forbids it children) whose spawn would re-run no main; for the save the rank is not
-        # daemonic and the collecting queue (read in this process: the save is synchronous) is an in-process one
-        config = multiprocessing.current_process()._config
-        daemon, held = config.get("daemon"), filesystem_async._results_queue
-        config["daemon"], filesystem_async._results_queue = False, queue.Queue()
-        try:
-            with on_cpu():
-                dist_checkpointing.save(self._sharded(False), str(directory))
-        finally:
-            config["daemon"], filesystem_async._results_queue = daemon, held
+        with writers_in_a_rank(), on_cpu():
+            dist_checkpointing.save(self._sharded(False), str(directory))
 
     def load(self, directory) -> None:
         with on_cpu():
@@ -60,8 +88,9 @@ class MegatronCheckpoint:
 
             chunks = self.trainer
             for opt in self._optimizers():
-                if hasattr(opt, "_init_optimizer_states_with_dummy_values"):  # the distributed optimizer's states,
-                    opt._init_optimizer_states_with_dummy_values()  # to be replaced in place by the load (its own)
+                dummies = getattr(opt, "_init_optimizer_states_with_dummy_values", None)  # private: where it has it,
+                if callable(dummies):  # the distributed optimizer's states, to be replaced in place by the load
+                    dummies()
             state = dist_checkpointing.load(self._sharded(True), str(directory))
             for i, chunk in enumerate(chunks):
                 loaded = state["model"] if len(chunks) == 1 else state[f"model{i}"]

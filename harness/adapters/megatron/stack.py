@@ -121,8 +121,10 @@ class MegatronStack:
         SUPPORTS.check(spec, layout, recipe)
         import megatron.core  # noqa: F401 - the package under test, importable
 
-        from harness.adapters.megatron.trainer import MegatronStackTrainer
+        from harness.adapters.megatron.trainer import MegatronStackTrainer, distributed_optimizer_readable
 
+        if layout.zero == 1:  # the distributed optimizer: its state read through its private readers
+            distributed_optimizer_readable()
         return MegatronStackTrainer(spec, layout, recipe, self.ddp_options)
 
     ddp_options: dict = {}

@@ -39,6 +39,26 @@ def lr_arguments(lr: float, schedule) -> dict:
     return {**out, "lr_decay_steps": schedule.total, "lr_decay_style": schedule.decay}
 
 
+STATE_READERS = ("_get_model_param_range_map", "_get_main_param_and_optimizer_states")
+"""megatron-core's distributed optimizer's readers of a parameter's range on this rank and its fp32 main shard and
+optimizer state there — private (it has no public per-parameter read): ``dense_state`` reads the ZeRO 1 state
+through them."""
+
+
+def distributed_optimizer_readable() -> None:
+    """Unsupported (one sentence, before anything is built) where this megatron-core's ``DistributedOptimizer`` has no
+    ``STATE_READERS``: its sharded state could not be read back, so ZeRO 1 is not held here."""
+    try:
+        from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+    except ImportError as exc:
+        raise Unsupported(f"megatron-core's distributed optimizer does not import here ({exc}): ZeRO 1 is not held "
+                          "here.") from None
+    missing = [name for name in STATE_READERS if not callable(getattr(DistributedOptimizer, name, None))]
+    if missing:
+        raise Unsupported(f"this megatron-core's DistributedOptimizer has no {' / '.join(missing)}: its sharded state "
+                          "cannot be read back per parameter, so ZeRO 1 is not held here.")
+
+
 class MegatronStackTrainer(MegatronCheckpoint, BuiltFromDense):
     perform_initialization = True
     """Megatron initialises its weights (then the one-device weights are loaded over them): with
