@@ -64,14 +64,13 @@ def expert_group_readers() -> tuple:
     no such callables, unsupported in one sentence (nothing built)."""
     from deepspeed.utils import groups
 
-    readers = tuple(getattr(groups, name, None) for name in _READERS)
+    readers = (getattr(groups, "_get_expert_data_parallel_group", None),
+               getattr(groups, "_get_expert_parallel_group", None))
     if not all(callable(r) for r in readers):
-        raise Unsupported(f"this DeepSpeed has no {' / '.join('groups.' + n for n in _READERS)}: the expert groups "
-                          "its engine reduces over cannot be read, so its MoE layer is not held here.")
+        raise Unsupported("this DeepSpeed has no groups._get_expert_data_parallel_group / "
+                          "groups._get_expert_parallel_group: the expert groups its engine reduces over cannot be "
+                          "read, so its MoE layer is not held here.")
     return readers
-
-
-_READERS = ("_get_expert_data_parallel_group", "_get_expert_parallel_group")
 
 
 class _Layer(torch.nn.Module):

@@ -40,6 +40,19 @@ def writers_in_a_rank():
 _ABSENT = object()
 
 
+def _dummy_states(optimizer) -> None:
+    """The distributed optimizer's states made before a load replaces them in place — what Megatron-LM's loaders do
+    (a freshly built one holds none; megatron-core's own load then asserts) — through its private
+    ``_init_optimizer_states_with_dummy_values``; where this release has no such callable, loading is unsupported in
+    one sentence (megatron-core's load without it is not what its users' trainer runs)."""
+    make = getattr(optimizer, "_init_optimizer_states_with_dummy_values", None)
+    if not callable(make):
+        raise Unsupported("this megatron-core's DistributedOptimizer has no _init_optimizer_states_with_dummy_values "
+                          "(what Megatron-LM's loaders make its states with before a load): its checkpoint is not "
+                          "loaded here.")
+    make()
+
+
 def _put_back(mapping: dict, key: str, held) -> None:
     if held is _ABSENT:
         mapping.pop(key, None)
@@ -88,9 +101,8 @@ class MegatronCheckpoint:
 
             chunks = self.trainer
             for opt in self._optimizers():
-                dummies = getattr(opt, "_init_optimizer_states_with_dummy_values", None)  # private: where it has it,
-                if callable(dummies):  # the distributed optimizer's states, to be replaced in place by the load
-                    dummies()
+                if hasattr(opt, "model_param_group_index_map"):  # the distributed optimizer: its states made
+                    _dummy_states(opt)  # as Megatron-LM's loaders make them, replaced in place by the load
             state = dist_checkpointing.load(self._sharded(True), str(directory))
             for i, chunk in enumerate(chunks):
                 loaded = state["model"] if len(chunks) == 1 else state[f"model{i}"]
