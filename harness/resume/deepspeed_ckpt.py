@@ -2,7 +2,7 @@
 at one (world size, ZeRO stage), loaded at another, trained on, against one device — the data-parallel
 suite's model (``mlp``, float32, SGD with momentum) and bound. Whatever DeepSpeed does is the outcome:
 loaded and equal, loaded and different, or refused (its exception, first line); the universal route unsupported
-where this DeepSpeed keeps its flag elsewhere (``harness.adapters.deepspeed.resume.ask_universal``)."""
+where this DeepSpeed keeps its flag elsewhere (``harness.adapters.deepspeed.universal``)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def save(path: str, stage: int, steps: int, opt: str = "sgd") -> None:
 
 def resume_and_compare(path: str, stage: int, done: int, more: int, universal: bool = False,
                        opt: str = "sgd") -> dict:
-    from harness.adapters.deepspeed.resume import ask_universal
+    from harness.adapters.deepspeed.universal import ask_universal
 
     model, trainer = _build(stage, opt)
     try:

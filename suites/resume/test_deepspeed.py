@@ -42,7 +42,7 @@ def _universal_asked_of(engine_kind: str) -> tuple:
     keeps no ``load_universal_checkpoint`` ("no-flag") and on one whose public reader reads something else
     ("other-reader"): (the public reader's answer after, or the sentence it raised; whether the config's flag is as
     it was)."""
-    from harness.adapters.deepspeed.resume import ask_universal
+    from harness.adapters.deepspeed.universal import ask_universal
 
     engine = ds._build(2, "adam")[1].engine
     config = engine._config
