@@ -40,6 +40,13 @@ def writers_in_a_rank():
 _ABSENT = object()
 
 
+def _put_back(mapping: dict, key: str, held) -> None:
+    if held is _ABSENT:
+        mapping.pop(key, None)
+    else:
+        mapping[key] = held
+
+
 def _dummy_states(optimizer) -> None:
     """The distributed optimizer's states made before a load replaces them in place — what Megatron-LM's loaders do
     (a freshly built one holds none; megatron-core's own load then asserts) — through its private
@@ -51,13 +58,6 @@ def _dummy_states(optimizer) -> None:
                           "(what Megatron-LM's loaders make its states with before a load): its checkpoint is not "
                           "loaded here.")
     make()
-
-
-def _put_back(mapping: dict, key: str, held) -> None:
-    if held is _ABSENT:
-        mapping.pop(key, None)
-    else:
-        mapping[key] = held
 
 
 class MegatronCheckpoint:
