@@ -84,14 +84,10 @@ def private_uses(source: str) -> set[str]:
     return found
 
 
-def _uses() -> dict[tuple[str, str], None]:
-    uses = {}
-    for package in ("harness", "reference"):
-        for path in sorted((ROOT / package).rglob("*.py")):
-            where = path.relative_to(ROOT).as_posix()
-            for name in sorted(private_uses(path.read_text())):
-                uses[(where, name)] = None
-    return uses
+def _uses() -> set[tuple[str, str]]:
+    """(file, name) of every private name of another library ``harness/`` and ``reference/`` reach."""
+    return {(path.relative_to(ROOT).as_posix(), name) for package in ("harness", "reference")
+            for path in (ROOT / package).rglob("*.py") for name in private_uses(path.read_text())}
 
 
 def _entries() -> list[str]:
@@ -132,7 +128,7 @@ def test_the_scan_sees_each_kind_of_private_use_and_not_ours():
 def test_every_private_api_used_is_listed_with_its_file():
     entries = _entries()
     uses = _uses()
-    unlisted = [f"{where}: {name}" for where, name in uses if (where, name) not in OURS
+    unlisted = [f"{where}: {name}" for where, name in sorted(uses) if (where, name) not in OURS
                 and not any(where in e and re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", e)
                             for e in entries)]
     assert not unlisted, ("docs/architecture.md's section on private APIs lists no row or paragraph naming both "
@@ -144,8 +140,9 @@ def test_every_private_api_used_is_listed_with_its_file():
 def test_every_fallback_test_the_section_names_exists():
     tests = {node.name for path in (ROOT / "suites").rglob("test_*.py")
              for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.FunctionDef)}
-    named = {m for e in _entries() for m in re.findall(r"`(?:[\w/.]+::)?(test_\w+)`", e)}
-    rows = [e for e in _entries() if e.startswith("| `")]
+    entries = _entries()
+    named = {m for e in entries for m in re.findall(r"`(?:[\w/.]+::)?(test_\w+)`", e)}
+    rows = [e for e in entries if e.startswith("| `")]
     assert named and not named - tests, f"the section names tests that do not exist: {sorted(named - tests)}"
     without = [row.split("|")[1].strip() for row in rows if not re.search(r"`(?:[\w/.]+::)?test_\w+`|`suites/", row)]
     assert not without, f"rows naming no test of their fallback: {without}"

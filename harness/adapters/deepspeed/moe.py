@@ -45,13 +45,13 @@ class DeepSpeedMoE:
         if (dense.top_k == 1) == dense.renormalize:
             raise Unsupported("DeepSpeed weights a top-1 expert by its probability and renormalises top-2's two: "
                               f"renormalize={dense.renormalize} at k = {dense.top_k} is not what it computes.")
-        expert_group_readers()  # before any group is built: unsupported where this DeepSpeed has no such readers
+        readers = expert_group_readers()  # before any group is built: unsupported where DeepSpeed has no such readers
         n = dist.get_world_size(group)
         ep = ep or n
         if n != dist.get_world_size():
             raise Unsupported("DeepSpeed lays its expert groups over the whole world.")
         init()
-        return _Layer(dense, ep)
+        return _Layer(dense, ep, readers)
 
     def full_grads(self, sharded, group) -> dict:
         return sharded.full_grads(group)
@@ -74,7 +74,7 @@ def expert_group_readers() -> tuple:
 
 
 class _Layer(torch.nn.Module):
-    def __init__(self, dense, ep: int):
+    def __init__(self, dense, ep: int, readers: tuple):
         from deepspeed.moe.layer import MoE
 
         super().__init__()
@@ -83,7 +83,7 @@ class _Layer(torch.nn.Module):
                        k=dense.top_k, min_capacity=0, drop_tokens=False, use_rts=False,
                        top2_2nd_expert_sampling=False)
         self.moe.set_deepspeed_parallelism()
-        edp, ep_of = expert_group_readers()
+        edp, ep_of = readers  # what shard() read (expert_group_readers)
         self.edp_group = edp(self.moe.expert_group_name)
         self.ep_group = ep_of(self.moe.expert_group_name)
         local = E // ep
