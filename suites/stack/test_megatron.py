@@ -300,7 +300,6 @@ def test_watch_megatrons_distributed_optimizer_cannot_load_its_checkpoint(world_
     conformance.settle()
 
 
-
 def _built_without(gone: str) -> tuple:
     """Rank side (one rank, megatron-core imported there already): ``MegatronStack.build`` at ZeRO 1 with the
     distributed optimizer's private ``gone`` missing (the sentence it raised, or None), at ZeRO 0 with it missing, and
